@@ -1,0 +1,104 @@
+# icespool developer entry points. Works as root on a fresh clone (Debian/Ubuntu) with only the
+# package registries reachable: creates .venv, installs the project, runs it or tests it.
+#
+#   make run     install and run the daemon on the embedded default config
+#   make test    install test extras + Debian test packages, lint, run the test suite
+#   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
+#   make bench   run every tests/bench/bench_*.py script
+#   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
+#   make distclean   clean + remove .venv
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+PIP_FLAGS := --disable-pip-version-check --quiet
+# The stamps are rebuilt (packages reinstalled) only when pyproject.toml changes.
+STAMP_RUN := $(VENV)/.icespool-installed
+STAMP_TEST := $(VENV)/.icespool-installed-test
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help run test lint pytest bench test-deps clean distclean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+# ------------------------------------------------------------------ virtualenv and installs
+
+$(BIN)/python:
+	@if ! $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+	  echo "error: icespool needs Python >= 3.11 as '$(PYTHON)' (override with PYTHON=...)" >&2; \
+	  exit 1; \
+	fi
+	@# Debian's python3 lacks venv/ensurepip until python3-venv is installed.
+	@if ! $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null; then \
+	  $(SUDO) apt-get update; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends python3-venv; \
+	fi
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install $(PIP_FLAGS) --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(PIP) install $(PIP_FLAGS) -e .
+	touch $@
+
+$(STAMP_TEST): pyproject.toml | $(BIN)/python
+	$(PIP) install $(PIP_FLAGS) -e '.[test]'
+	touch $@ $(STAMP_RUN)
+
+# ------------------------------------------------------------------ Debian test packages
+# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool,
+# libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java / libjarjar-java for Spark tests).
+# Add package names here; they are installed only when missing, and `apt-get update` runs
+# only then.
+TEST_DEB_PACKAGES :=
+
+test-deps:
+	@missing=""; \
+	for pkg in $(TEST_DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$pkg" 2>/dev/null | grep -q 'install ok installed' \
+	    || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+# ------------------------------------------------------------------ entry points
+
+run: $(STAMP_RUN)
+	$(BIN)/icespool run
+
+lint: $(STAMP_TEST)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy spool daemon
+
+pytest: $(STAMP_TEST) test-deps
+	$(BIN)/pytest -q tests --ignore=tests/bench
+
+test: $(STAMP_TEST) test-deps
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory pytest
+
+bench: $(STAMP_TEST) test-deps
+	@shopt -s nullglob; benches=(tests/bench/bench_*.py); \
+	if [ $${#benches[@]} -eq 0 ]; then echo "no tests/bench/bench_*.py yet"; exit 0; fi; \
+	for bench in "$${benches[@]}"; do \
+	  echo "=== $$bench"; \
+	  $(BIN)/python "$$bench"; \
+	done
+
+clean:
+	rm -rf build dist .eggs *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+	rm -f $(STAMP_RUN) $(STAMP_TEST)
+
+distclean: clean
+	rm -rf $(VENV)

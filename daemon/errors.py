@@ -1,0 +1,65 @@
+"""The daemon's exception hierarchy: one root, errors that say what to do next."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackpressureError",
+    "BadInputError",
+    "CatalogError",
+    "CommitError",
+    "ConfigError",
+    "IcespoolError",
+    "SchemaError",
+    "ShuttingDownError",
+    "UnknownTableError",
+]
+
+
+class IcespoolError(Exception):
+    """Root of every error the daemon raises on purpose."""
+
+
+class ConfigError(IcespoolError):
+    """The configuration is invalid; the message names the key and the fix."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"config key {key!r}: {problem}")
+
+
+class BadInputError(IcespoolError):
+    """Input records cannot be accepted as sent (bad body, wrong types, missing fields)."""
+
+
+class SchemaError(BadInputError):
+    """A batch does not fit the table's schema; the message names the column."""
+
+    def __init__(self, column: str, problem: str) -> None:
+        self.column = column
+        self.problem = problem
+        super().__init__(f"column {column!r}: {problem}")
+
+
+class UnknownTableError(IcespoolError):
+    """A record was sent to a table that is not configured."""
+
+
+class BackpressureError(IcespoolError):
+    """Queues or the spool are full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class ShuttingDownError(BackpressureError):
+    """The daemon is draining and accepts no new records; retry against a live replica."""
+
+
+class CatalogError(IcespoolError):
+    """The Iceberg catalog or table storage could not be reached or used."""
+
+
+class CommitError(IcespoolError):
+    """An Iceberg commit failed for good; the spool still holds its records."""
