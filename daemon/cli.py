@@ -1,0 +1,190 @@
+"""The ``icespool`` command: run, replay, check-config, spark-conf.
+
+argparse rather than click/typer: four subcommands with a handful of options need no
+dependency, and the standard library's help and error output are good enough.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from daemon.config import (
+    Config,
+    ConfigFileError,
+    env_overrides,
+    load_config,
+    redacted,
+    render_toml,
+    resolve_config_path,
+)
+from daemon.errors import ConfigError, IcespoolError
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("icespool")
+    except metadata.PackageNotFoundError:  # running from a source tree without installing
+        return "unknown"
+
+
+def _add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="TOML config file (default: $ICESPOOL_CONFIG, else the embedded default: "
+        "everything local under ./icespool-data, HTTP on 127.0.0.1:8080)",
+    )
+
+
+def _add_log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), help="overrides [log] format")
+    parser.add_argument(
+        "--log-level", type=str.lower, choices=_LOG_LEVELS, help="overrides [log] level"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="icespool",
+        description="Ingestion daemon: Kafka/HTTP -> durable Arrow IPC spool -> Parquet -> "
+        "Apache Iceberg.",
+    )
+    parser.add_argument("--version", action="version", version=f"icespool {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon in the foreground")
+    _add_config_option(run)
+    _add_log_options(run)
+
+    replay = sub.add_parser("replay", help="commit whatever the spool holds, then exit")
+    _add_config_option(replay)
+    _add_log_options(replay)
+
+    check = sub.add_parser(
+        "check-config", help="validate and print the effective config (secrets redacted)"
+    )
+    _add_config_option(check)
+    check.add_argument(
+        "--format",
+        choices=("toml", "json"),
+        default="toml",
+        help="output format (default: toml, which is valid config input again)",
+    )
+
+    spark = sub.add_parser(
+        "spark-conf", help="print the Spark settings that read the daemon's catalog"
+    )
+    _add_config_option(spark)
+    return parser
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+def _load(args: argparse.Namespace) -> Config:
+    config = load_config(args.config)
+    updates: dict[str, Any] = {}
+    if getattr(args, "log_level", None):
+        updates["level"] = args.log_level
+    if getattr(args, "log_format", None):
+        updates["format"] = args.log_format
+    if updates:
+        config = config.model_copy(update={"log": config.log.model_copy(update=updates)})
+    return config
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args)
+    data = redacted(config)
+    if args.format == "json":
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    path = resolve_config_path(args.config)
+    source = f"config file {path}" if path is not None else "embedded default (no config file)"
+    header = [f"icespool effective config from the {source}"]
+    overrides = sorted(env_overrides())
+    if overrides:
+        header.append(f"environment overrides: {', '.join(overrides)}")
+    header.append("secrets are shown as ***")
+    print(render_toml(data, header="\n".join(header)), end="")
+    return EXIT_OK
+
+
+def _app() -> Any:
+    # Imported lazily: the CLI (check-config, --help) must work without the daemon's heavy
+    # imports, and import_module keeps type checking independent of daemon.app's state.
+    return importlib.import_module("daemon.app")
+
+
+def _configure_logging(config: Config) -> None:
+    from daemon.logs import configure_logging
+
+    configure_logging(config.log.level, config.log.format)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args)
+    _configure_logging(config)
+    result = _app().run_daemon(config)
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    config = _load(args)
+    _configure_logging(config)
+    result = _app().replay(config)
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def _cmd_spark_conf(args: argparse.Namespace) -> int:
+    _load(args)  # a bad config is still reported as such
+    _error("spark-conf is not implemented yet; it prints Spark catalog settings in a later release")
+    return EXIT_USAGE
+
+
+_COMMANDS = {
+    "run": _cmd_run,
+    "replay": _cmd_replay,
+    "check-config": _cmd_check_config,
+    "spark-conf": _cmd_spark_conf,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``icespool`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigFileError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except ConfigError as exc:
+        _error(f"config key {exc.key!r}: {exc.problem}")
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        if exc.name != "daemon.app":
+            raise
+        _error(f"'icespool {args.command}' needs the daemon (daemon.app), which is not built yet")
+        return EXIT_USAGE
+    except IcespoolError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,91 @@
+"""icespool's configuration: the TOML contract of DESIGN.md as validated, immutable models.
+
+    config = load_config("/etc/icespool/icespool.toml")  # None: $ICESPOOL_CONFIG or the default
+    settings = config.table_settings("demo.events")       # [defaults] + the table's overrides
+
+Every problem is a ``daemon.errors.ConfigError`` whose ``key`` is the dotted path of the value
+at fault (``tables[0].schema[1].type``) and whose message says how to fix it.
+"""
+
+from __future__ import annotations
+
+from daemon.config._load import (
+    CONFIG_ENV,
+    ENV_PREFIX,
+    ConfigFileError,
+    apply_env_overrides,
+    embedded_default,
+    env_overrides,
+    format_key,
+    load_config,
+    read_config_file,
+    resolve_config_path,
+    validate_config,
+)
+from daemon.config._model import (
+    COLUMN_TYPES,
+    DEFAULT_DATA_DIR,
+    CatalogConfig,
+    ColumnConfig,
+    Compression,
+    Config,
+    Durability,
+    EncodeConfig,
+    HttpConfig,
+    KafkaConfig,
+    LogConfig,
+    LogFormat,
+    LogLevel,
+    PartitionField,
+    SpoolConfig,
+    TableConfig,
+    WriterSettings,
+    embedded_catalog,
+    parse_partition,
+)
+from daemon.config._redact import REDACTED, is_secret_key, redact_uri, redact_value, redacted
+from daemon.config._render import render_toml
+from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
+
+__all__ = [
+    "COLUMN_TYPES",
+    "CONFIG_ENV",
+    "DEFAULT_DATA_DIR",
+    "ENV_PREFIX",
+    "REDACTED",
+    "CatalogConfig",
+    "ColumnConfig",
+    "Compression",
+    "Config",
+    "ConfigFileError",
+    "Durability",
+    "EncodeConfig",
+    "HttpConfig",
+    "KafkaConfig",
+    "LogConfig",
+    "LogFormat",
+    "LogLevel",
+    "PartitionField",
+    "SpoolConfig",
+    "TableConfig",
+    "WriterSettings",
+    "apply_env_overrides",
+    "embedded_catalog",
+    "embedded_default",
+    "env_overrides",
+    "format_bytes",
+    "format_duration",
+    "format_key",
+    "is_secret_key",
+    "load_config",
+    "parse_bytes",
+    "parse_duration",
+    "parse_partition",
+    "read_config_file",
+    "redact_uri",
+    "redact_value",
+    "redacted",
+    "render_toml",
+    "resolve_config_path",
+    "validate_config",
+]

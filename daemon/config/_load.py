@@ -1,0 +1,270 @@
+"""Loading: TOML file (or the embedded default), ``ICESPOOL__SECTION__KEY`` overrides, validation.
+
+Every problem comes out as ConfigError whose key is the dotted path of the offending value
+(``tables[0].schema[1].type``), so check-config can point at it.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import difflib
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from daemon.config._model import Config, annotation_at, embedded_catalog, keys_at
+from daemon.errors import ConfigError
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "ConfigFileError",
+    "apply_env_overrides",
+    "embedded_default",
+    "env_overrides",
+    "format_key",
+    "load_config",
+    "read_config_file",
+    "resolve_config_path",
+    "validate_config",
+]
+
+CONFIG_ENV = "ICESPOOL_CONFIG"
+ENV_PREFIX = "ICESPOOL__"
+
+Loc = tuple[str | int, ...]
+
+
+class ConfigFileError(ConfigError):
+    """The config file cannot be read or is not TOML (no single key is at fault)."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__("", problem)
+        self.path = path
+        self.args = (f"config file '{path}': {problem}",)
+
+
+def embedded_default(data_dir: Path | None = None) -> dict[str, Any]:
+    """The config used when no file is given: everything local under ./icespool-data.
+
+    One demo table is declared so a fresh ``icespool run`` has somewhere to POST to.
+    """
+    base = Path(os.path.abspath(data_dir if data_dir is not None else "icespool-data"))
+    return {
+        "catalog": embedded_catalog(base),
+        "spool": {"dir": str(base / "spool")},
+        "http": {"listen": "127.0.0.1:8080"},
+        "tables": [
+            {
+                "name": "demo.events",
+                "create": True,
+                "schema": [
+                    {"name": "event_id", "type": "long", "required": True},
+                    {"name": "ts", "type": "timestamptz"},
+                    {"name": "kind", "type": "string"},
+                ],
+                "partition_by": ["day(ts)"],
+            }
+        ],
+    }
+
+
+def resolve_config_path(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> Path | None:
+    """``path``, else ``$ICESPOOL_CONFIG``, else None (the embedded default)."""
+    if path is not None and str(path) != "":
+        return Path(path)
+    env = os.environ if env is None else env
+    from_env = env.get(CONFIG_ENV, "")
+    return Path(from_env) if from_env else None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigFileError(
+            path,
+            "does not exist; pass an existing file with --config (or ICESPOOL_CONFIG), "
+            "or neither to use the embedded default",
+        ) from None
+    except IsADirectoryError:
+        raise ConfigFileError(path, "is a directory; pass the path of a TOML file") from None
+    except OSError as exc:
+        raise ConfigFileError(
+            path, f"cannot be read ({exc.strerror}); check its permissions"
+        ) from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigFileError(path, "is not UTF-8 text; save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(path, f"is not valid TOML: {exc}") from None
+
+
+def env_overrides(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``ICESPOOL__...`` variables of ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIX)}
+
+
+def format_key(loc: Sequence[str | int]) -> str:
+    """("tables", 0, "schema", 1, "type") -> "tables[0].schema[1].type"."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _parse_env_value(text: str, loc: Loc) -> Any:
+    """TOML scalar/array when the text is one (``1024``, ``true``, ``["a"]``), else the string.
+
+    String-typed keys always take the text as is, so ``ICESPOOL__KAFKA__0__GROUP_ID=42``
+    means the group "42", not an integer.
+    """
+    target = annotation_at(loc)
+    if target is str or target is Path or target is None or "\n" in text or "\r" in text:
+        return text
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    if isinstance(value, dt.date | dt.time):  # datetime is a date
+        return text
+    return value
+
+
+def apply_env_overrides(
+    raw: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A copy of ``raw`` with ``ICESPOOL__SECTION__KEY=value`` applied.
+
+    Parts are lowercased; a number selects an entry of an array of tables
+    (``ICESPOOL__TABLES__0__BATCH_TIMEOUT=5s``). Returns the new dict and a map from the
+    dotted keys that were set to the variable that set them.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(raw))
+    sources: dict[str, str] = {}
+    for var, text in env_overrides(env).items():
+        parts = var[len(ENV_PREFIX) :].split("__")
+        if any(not p for p in parts):
+            raise ConfigError(
+                var, "empty part in the variable name; write ICESPOOL__SECTION__KEY=value"
+            )
+        node: Any = out
+        loc: list[str | int] = []
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(
+                        format_key(loc),
+                        f"{var}: '{part}' is not an index of this array of {len(node)} entries; "
+                        f"use 0..{len(node) - 1}, or add the entry in the config file",
+                    )
+                index = int(part)
+                loc.append(index)
+                if last:
+                    node[index] = _parse_env_value(text, tuple(loc))
+                    break
+                child = node[index]
+            else:
+                key = part.lower()
+                loc.append(key)
+                if last:
+                    node[key] = _parse_env_value(text, tuple(loc))
+                    break
+                child = node.setdefault(key, {})
+            if not isinstance(child, dict | list):
+                raise ConfigError(
+                    format_key(loc),
+                    f"{var} sets a key inside {format_key(loc)!r}, which is a value, not a table",
+                )
+            node = child
+        sources[format_key(loc)] = var
+    return out, sources
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(err: ErrorDetails) -> str:
+    loc: Loc = tuple(err["loc"])
+    kind = err["type"]
+    msg = err["msg"]
+    if kind == "extra_forbidden":
+        unknown = str(loc[-1])
+        valid = keys_at(loc[:-1])
+        hint = difflib.get_close_matches(unknown, valid, n=1)
+        did_you_mean = f"did you mean {hint[0]!r}? " if hint else ""
+        return f"unknown key; {did_you_mean}valid keys here: {', '.join(valid)}"
+    if kind == "missing":
+        return "is required but missing; add it"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return (
+            "must be a table ([section], [[array]] or { key = value }), "
+            f"got {type(err['input']).__name__} {_short_repr(err['input'])}"
+        )
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    return f"{msg}; got {_short_repr(err['input'])}"
+
+
+def _with_source(error: ConfigError, sources: Mapping[str, str]) -> ConfigError:
+    for key, var in sources.items():
+        if error.key == key or error.key.startswith((key + ".", key + "[")):
+            return ConfigError(error.key, f"{error.problem} (set by {var})")
+    return error
+
+
+def validate_config(raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Config:
+    """Validate a raw config mapping; the first problem is raised as ConfigError.
+
+    ``sources`` (dotted key -> environment variable) lets the message say where a bad value
+    came from.
+    """
+    sources = sources or {}
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        problem = _describe(first)
+        if len(errors) > 1:
+            more = len(errors) - 1
+            problem += f" (and {more} more problem{'s' if more > 1 else ''} after this one)"
+        raise _with_source(ConfigError(format_key(first["loc"]), problem), sources) from None
+    except ConfigError as exc:
+        raise _with_source(exc, sources) from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+) -> Config:
+    """The effective config: file (or ``$ICESPOOL_CONFIG``, or the embedded default) + env.
+
+    A file without a ``[catalog]`` section gets the embedded SQLite catalog; the embedded
+    demo table is only used when there is no file at all.
+    """
+    env = os.environ if env is None else env
+    resolved = resolve_config_path(path, env)
+    if resolved is None:
+        raw = embedded_default()
+    else:
+        raw = read_config_file(resolved)
+        if "catalog" not in raw:
+            raw["catalog"] = embedded_catalog()
+    merged, sources = apply_env_overrides(raw, env)
+    return validate_config(merged, sources)

@@ -1,0 +1,733 @@
+"""The config model: exactly the keys of the contract in DESIGN.md, unknown keys rejected.
+
+Single-value checks live on the fields (so pydantic reports the exact location); checks that
+relate several values live in ``Config._cross_check`` and raise ConfigError with the dotted
+key themselves, because a nested model does not know its own position in the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from annotated_types import Ge, Gt, Le
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
+
+from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
+from daemon.errors import ConfigError, UnknownTableError
+
+__all__ = [
+    "COLUMN_TYPES",
+    "DEFAULT_DATA_DIR",
+    "CatalogConfig",
+    "ColumnConfig",
+    "Compression",
+    "Config",
+    "Durability",
+    "EncodeConfig",
+    "HttpConfig",
+    "KafkaConfig",
+    "LogConfig",
+    "LogFormat",
+    "LogLevel",
+    "PartitionField",
+    "SpoolConfig",
+    "TableConfig",
+    "WriterSettings",
+    "embedded_catalog",
+    "parse_partition",
+]
+
+DEFAULT_DATA_DIR = "icespool-data"
+
+Durability = Literal["page-cache", "fsync"]
+Compression = Literal["zstd", "snappy", "lz4_raw", "gzip", "none"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LogFormat = Literal["text", "json"]
+
+# Iceberg primitive types (format v1/v2) plus the parameterised fixed[L] and decimal(P,S).
+COLUMN_TYPES = (
+    "boolean",
+    "int",
+    "long",
+    "float",
+    "double",
+    "date",
+    "time",
+    "timestamp",
+    "timestamptz",
+    "string",
+    "uuid",
+    "binary",
+    "fixed[L]",
+    "decimal(P,S)",
+)
+_SIMPLE_TYPES = frozenset(t for t in COLUMN_TYPES if "[" not in t and "(" not in t)
+_FIXED_RE = re.compile(r"^fixed\[(\d+)\]$")
+_DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
+
+_TABLE_NAME_MAX = 255
+_KAFKA_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+# ------------------------------------------------------------------ value types
+
+
+# Serialised back in the spelling users write, so check-config output is valid input again.
+Bytes = Annotated[
+    int,
+    BeforeValidator(parse_bytes),
+    Gt(0),
+    PlainSerializer(format_bytes, when_used="json"),
+]
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Gt(0),
+    PlainSerializer(format_duration, when_used="json"),
+]
+PositiveInt = Annotated[int, Gt(0)]
+
+
+def _lower(value: object) -> object:
+    return value.lower().strip() if isinstance(value, str) else value
+
+
+def _has_control_chars(text: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    if _has_control_chars(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
+
+
+def _abs_path(value: object) -> object:
+    if isinstance(value, str | Path):
+        text = str(value)
+        if not text.strip():
+            raise ValueError("must be a path, got an empty string")
+        if "\x00" in text:
+            raise ValueError("a path must not contain NUL")
+        return Path(os.path.abspath(os.path.expanduser(text)))
+    return value
+
+
+def _optional_abs_path(value: object) -> object:
+    if value == "":
+        return None
+    return _abs_path(value)
+
+
+# Relative paths are resolved against the working directory at load time, so the effective
+# config (and check-config's output) shows where files really go.
+AbsPath = Annotated[Path, BeforeValidator(_abs_path), PlainSerializer(str, when_used="json")]
+OptionalAbsPath = Annotated[
+    Path | None,
+    BeforeValidator(_optional_abs_path),
+    PlainSerializer(lambda p: "" if p is None else str(p), when_used="json"),
+]
+
+
+def _check_table_name(value: str) -> str:
+    if len(value) > _TABLE_NAME_MAX:
+        raise ValueError(f"must be at most {_TABLE_NAME_MAX} characters, got {len(value)}")
+    if "\x00" in value or _has_control_chars(value):
+        raise ValueError("must not contain NUL or control characters")
+    if "/" in value or "\\" in value:
+        raise ValueError(f"{value!r} must not contain '/' or '\\'; write it as 'namespace.table'")
+    parts = value.split(".")
+    if len(parts) != 2:
+        raise ValueError(
+            f"{value!r} must be 'namespace.table': exactly one '.' between two non-empty names"
+        )
+    for part in parts:
+        if not part or part != part.strip():
+            raise ValueError(
+                f"{value!r} must be 'namespace.table' with non-empty parts and no surrounding "
+                "whitespace"
+            )
+    return value
+
+
+TableName = Annotated[str, AfterValidator(_check_table_name)]
+
+
+def _normalise_column_type(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    text = re.sub(r"\s+", "", value.lower())
+    if text in _SIMPLE_TYPES:
+        return text
+    if m := _FIXED_RE.match(text):
+        if int(m.group(1)) < 1:
+            raise ValueError(f"{value!r}: fixed length must be at least 1")
+        return text
+    if m := _DECIMAL_RE.match(text):
+        precision, scale = int(m.group(1)), int(m.group(2))
+        if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+            raise ValueError(
+                f"{value!r}: decimal(P,S) needs 1 <= P <= 38 and 0 <= S <= P, e.g. decimal(18,2)"
+            )
+        return text
+    raise ValueError(f"unknown column type {value!r}; use one of {', '.join(COLUMN_TYPES)}")
+
+
+ColumnType = Annotated[str, BeforeValidator(_normalise_column_type)]
+
+
+def _check_topic(value: str) -> str:
+    if not _KAFKA_TOPIC_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a Kafka topic name: 1-249 characters of A-Z, a-z, 0-9, '.', '_', '-'"
+        )
+    return value
+
+
+TopicName = Annotated[str, AfterValidator(_check_topic)]
+
+
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    return value
+
+
+def _split_servers(value: object) -> object:
+    if isinstance(value, str):
+        return [s.strip() for s in value.split(",") if s.strip()]
+    return value
+
+
+def _check_server(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} must be 'host:port', e.g. '127.0.0.1:9092'")
+    return value
+
+
+# ------------------------------------------------------------------ partitions
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionField:
+    """One parsed ``partition_by`` entry: ``day(ts)`` -> PartitionField("day", "ts")."""
+
+    transform: Literal["identity", "year", "month", "day", "hour", "bucket", "truncate", "void"]
+    column: str
+    param: int | None = None  # bucket count or truncate width
+
+
+_PARTITION_RE = re.compile(
+    r"^\s*(?:(?P<fn>[A-Za-z_]+)\s*\(\s*(?:(?P<param>\d+)\s*,\s*)?(?P<arg>[^\s,()]+)\s*\)"
+    r"|(?P<bare>[^\s,()]+))\s*$"
+)
+_TRANSFORM_ALIASES = {
+    "identity": "identity",
+    "year": "year",
+    "years": "year",
+    "month": "month",
+    "months": "month",
+    "day": "day",
+    "days": "day",
+    "date": "day",
+    "hour": "hour",
+    "hours": "hour",
+    "bucket": "bucket",
+    "truncate": "truncate",
+    "void": "void",
+}
+_PARTITION_HELP = (
+    "write 'col', 'identity(col)', 'year(col)', 'month(col)', 'day(col)', 'hour(col)', "
+    "'bucket(N, col)', 'truncate(W, col)' or 'void(col)'"
+)
+# Which column types each transform accepts (Iceberg spec, "Partition Transforms").
+_TEMPORAL = frozenset({"date", "timestamp", "timestamptz"})
+_TRANSFORM_TYPES: dict[str, frozenset[str] | None] = {
+    "identity": None,
+    "void": None,
+    "year": _TEMPORAL,
+    "month": _TEMPORAL,
+    "day": _TEMPORAL,
+    "hour": frozenset({"timestamp", "timestamptz"}),
+    "bucket": frozenset(
+        {"int", "long", "date", "time", "timestamp", "timestamptz", "string", "uuid", "binary"}
+    ),
+    "truncate": frozenset({"int", "long", "string", "binary"}),
+}
+
+
+def parse_partition(spec: str) -> PartitionField:
+    """Parse one ``partition_by`` entry; raises ValueError saying what is accepted."""
+    m = _PARTITION_RE.match(spec)
+    if m is None:
+        raise ValueError(f"{spec!r} is not a partition field; {_PARTITION_HELP}")
+    if m.group("bare") is not None:
+        return PartitionField("identity", m.group("bare"))
+    fn = m.group("fn").lower()
+    transform = _TRANSFORM_ALIASES.get(fn)
+    if transform is None:
+        raise ValueError(f"{spec!r}: unknown transform {m.group('fn')!r}; {_PARTITION_HELP}")
+    param = int(m.group("param")) if m.group("param") is not None else None
+    if transform in ("bucket", "truncate"):
+        if param is None or param < 1:
+            raise ValueError(
+                f"{spec!r}: {transform} needs a positive number first, e.g. "
+                f"'{transform}(16, {m.group('arg')})'"
+            )
+    elif param is not None:
+        raise ValueError(f"{spec!r}: {transform} takes only a column, e.g. '{fn}(col)'")
+    return PartitionField(transform, m.group("arg"), param)  # type: ignore[arg-type]
+
+
+def _check_partition(value: str) -> str:
+    parse_partition(value)
+    return value
+
+
+PartitionSpec = Annotated[str, AfterValidator(_check_partition)]
+
+
+def _transform_accepts(transform: str, column_type: str) -> bool:
+    allowed = _TRANSFORM_TYPES[transform]
+    if allowed is None:
+        return True
+    base = column_type.split("(")[0].split("[")[0]
+    if base == "decimal":
+        return transform in ("bucket", "truncate")
+    if base == "fixed":
+        return transform == "bucket"
+    return column_type in allowed
+
+
+# ------------------------------------------------------------------ sections
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _flatten_extras(data: dict[str, Any], fields: frozenset[str]) -> dict[str, Any]:
+    """``s3.endpoint = "..."`` (a nested table in TOML) becomes the key "s3.endpoint"."""
+    out: dict[str, Any] = {}
+
+    def put(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                put(f"{prefix}.{k}", v)
+        elif isinstance(value, bool):
+            out[prefix] = "true" if value else "false"
+        elif isinstance(value, int | float):
+            out[prefix] = str(value)
+        else:
+            out[prefix] = value
+
+    for key, value in data.items():
+        if key in fields:
+            out[key] = value
+        else:
+            put(str(key), value)
+    return out
+
+
+class CatalogConfig(BaseModel):
+    """``[catalog]``: passed to pyiceberg ``load_catalog(name, **properties())``.
+
+    The one section that allows unknown keys: pyiceberg catalogs take arbitrary string
+    properties (``s3.endpoint``, ``credential``, ``py-io-impl``, ...).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, str] = Field(init=False)
+
+    name: NonEmptyStr = "icespool"
+    type: NonEmptyStr = "sql"
+    uri: NonEmptyStr | None = None
+    warehouse: NonEmptyStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return _flatten_extras(data, frozenset(cls.model_fields))
+        return data
+
+    @property
+    def extra_properties(self) -> dict[str, str]:
+        return dict(self.__pydantic_extra__ or {})
+
+    def properties(self) -> dict[str, str]:
+        """Everything but ``name``, as pyiceberg's ``load_catalog`` takes it."""
+        props = {"type": self.type}
+        if self.uri is not None:
+            props["uri"] = self.uri
+        if self.warehouse is not None:
+            props["warehouse"] = self.warehouse
+        props.update(self.extra_properties)
+        return props
+
+
+def default_data_dir() -> Path:
+    return Path(os.path.abspath(DEFAULT_DATA_DIR))
+
+
+def embedded_catalog(data_dir: Path | None = None) -> dict[str, str]:
+    """The embedded default catalog: SQLite SQL catalog and a local warehouse in data_dir."""
+    base = Path(os.path.abspath(data_dir)) if data_dir is not None else default_data_dir()
+    return {
+        "name": "icespool",
+        "type": "sql",
+        "uri": f"sqlite:///{base / 'catalog.db'}",
+        "warehouse": (base / "warehouse").as_uri(),
+    }
+
+
+class SpoolConfig(_Section):
+    """``[spool]``: where acked records wait for their Iceberg commit."""
+
+    dir: AbsPath = Field(default_factory=lambda: default_data_dir() / "spool")
+    durability: Durability = "page-cache"
+    max_bytes: Bytes = 10 * 2**30
+    segment_max_bytes: Bytes = 128 * 2**20
+
+
+def _check_listen(value: str) -> str:
+    _split_listen(value)
+    return value
+
+
+def _split_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(
+            f"{value!r} must be 'host:port' with a port 0-65535, e.g. '127.0.0.1:8080' "
+            "or '[::1]:8080'"
+        )
+    return host, int(port)
+
+
+class HttpConfig(_Section):
+    """``[http]``: the ingest, admin, metrics and health endpoints."""
+
+    listen: Annotated[str, AfterValidator(_check_listen)] = "127.0.0.1:8080"
+    auth_token_file: OptionalAbsPath = None
+    max_body_bytes: Bytes = 64 * 2**20
+
+    @property
+    def host(self) -> str:
+        return _split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split_listen(self.listen)[1]
+
+
+class WriterSettings(_Section):
+    """``[defaults]``: per-table writer settings; each one can be overridden in ``[[tables]]``."""
+
+    max_batch_records: PositiveInt = 500_000
+    max_batch_bytes: Bytes = 256 * 2**20
+    batch_timeout: Seconds = 60.0
+    target_file_size: Bytes = 128 * 2**20
+    compression: Compression = "zstd"
+    # pyarrow's own default (1 Mi rows): a 500k-record flush stays one row group per file.
+    row_group_records: PositiveInt = 2**20
+    max_queue_bytes: Bytes = 512 * 2**20
+
+
+class EncodeConfig(_Section):
+    """``[encode]``: the encode worker pool."""
+
+    workers: Annotated[int, Ge(0), Le(1024)] = 0
+
+    @property
+    def resolved_workers(self) -> int:
+        """``workers``, or 2 x the CPU cores this process may run on when it is 0."""
+        if self.workers:
+            return self.workers
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not on Linux
+            cores = os.cpu_count() or 1
+        return 2 * max(cores, 1)
+
+
+class LogConfig(_Section):
+    """``[log]``: level and line format (human text or one JSON object per line)."""
+
+    level: Annotated[LogLevel, BeforeValidator(_lower)] = "info"
+    format: Annotated[LogFormat, BeforeValidator(_lower)] = "text"
+
+
+class ColumnConfig(_Section):
+    """One entry of a table's ``schema``."""
+
+    name: NonEmptyStr
+    type: ColumnType
+    required: bool = False
+    doc: str | None = None
+
+
+class TableConfig(_Section):
+    """One ``[[tables]]`` entry: an Iceberg table and its writer-setting overrides."""
+
+    name: TableName
+    create: bool = False
+    # "schema" would shadow a BaseModel attribute, hence the alias.
+    columns: list[ColumnConfig] | None = Field(default=None, alias="schema")
+    partition_by: list[PartitionSpec] = Field(default_factory=list)
+
+    # Overrides of [defaults]; None means "use the default".
+    max_batch_records: PositiveInt | None = None
+    max_batch_bytes: Bytes | None = None
+    batch_timeout: Seconds | None = None
+    target_file_size: Bytes | None = None
+    compression: Compression | None = None
+    row_group_records: PositiveInt | None = None
+    max_queue_bytes: Bytes | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.name.split(".", 1)[1]
+
+    @property
+    def identifier(self) -> tuple[str, str]:
+        return (self.namespace, self.table)
+
+    @property
+    def partition_fields(self) -> list[PartitionField]:
+        return [parse_partition(spec) for spec in self.partition_by]
+
+    def overrides(self) -> dict[str, Any]:
+        """The writer settings this table sets itself."""
+        return {
+            key: value
+            for key in WriterSettings.model_fields
+            if (value := getattr(self, key)) is not None
+        }
+
+
+class KafkaConfig(_Section):
+    """One ``[[kafka]]`` consumer: topics (or a pattern) routed to a table."""
+
+    bootstrap_servers: Annotated[
+        list[Annotated[str, AfterValidator(_check_server)]],
+        BeforeValidator(_split_servers),
+        Field(min_length=1),
+    ]
+    group_id: NonEmptyStr = "icespool"
+    topics: list[TopicName] = Field(default_factory=list)
+    topic_pattern: Annotated[str, AfterValidator(_check_regex)] | None = None
+    table: TableName | None = None
+    format: Literal["json"] = "json"
+    # "table" sends bad records to the table "<table>_dead_letter"; anything else is a topic.
+    dead_letter: Annotated[str, AfterValidator(_non_empty)] = "table"
+
+
+# ------------------------------------------------------------------ the whole config
+
+
+def _catalog_default() -> CatalogConfig:
+    return CatalogConfig.model_validate(embedded_catalog())
+
+
+class Config(_Section):
+    """The effective configuration of one daemon."""
+
+    catalog: CatalogConfig = Field(default_factory=_catalog_default)
+    spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    defaults: WriterSettings = Field(default_factory=WriterSettings)
+    encode: EncodeConfig = Field(default_factory=EncodeConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    tables: list[TableConfig] = Field(default_factory=list)
+    kafka: list[KafkaConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Config:
+        # ConfigError is not a ValueError, so pydantic lets it through with our dotted key.
+        if self.catalog.type == "sql" and self.catalog.uri is None:
+            raise ConfigError(
+                "catalog.uri",
+                "a sql catalog needs a database URI, e.g. 'sqlite:////var/lib/icespool/"
+                "catalog.db' or 'postgresql+psycopg2://user@host/db'",
+            )
+        if self.spool.segment_max_bytes > self.spool.max_bytes:
+            raise ConfigError(
+                "spool.segment_max_bytes",
+                f"{format_bytes(self.spool.segment_max_bytes)} is larger than spool.max_bytes "
+                f"({format_bytes(self.spool.max_bytes)}); lower it or raise spool.max_bytes",
+            )
+        seen: dict[str, int] = {}
+        for i, table in enumerate(self.tables):
+            if table.name in seen:
+                raise ConfigError(
+                    f"tables[{i}].name",
+                    f"{table.name!r} is already defined by tables[{seen[table.name]}]; "
+                    "define each table once",
+                )
+            seen[table.name] = i
+            _check_table(i, table)
+        for i, kafka in enumerate(self.kafka):
+            self._check_kafka(i, kafka, seen)
+        return self
+
+    @staticmethod
+    def _check_kafka(i: int, kafka: KafkaConfig, tables: dict[str, int]) -> None:
+        if bool(kafka.topics) == (kafka.topic_pattern is not None):
+            raise ConfigError(
+                f"kafka[{i}].topics",
+                "set exactly one of 'topics' (a list of names) or 'topic_pattern' (a regex)",
+            )
+        if kafka.table is None:
+            raise ConfigError(
+                f"kafka[{i}].table",
+                "missing; name the [[tables]] entry these topics are written to",
+            )
+        if kafka.table not in tables:
+            known = ", ".join(repr(t) for t in tables) or "none"
+            raise ConfigError(
+                f"kafka[{i}].table",
+                f"{kafka.table!r} is not defined in [[tables]] (defined: {known}); "
+                "add a [[tables]] entry for it",
+            )
+        if kafka.dead_letter != "table":
+            try:
+                _check_topic(kafka.dead_letter)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"kafka[{i}].dead_letter", f'use "table" or a topic name: {exc}'
+                ) from None
+
+    @property
+    def table_names(self) -> list[str]:
+        return [t.name for t in self.tables]
+
+    def table(self, name: str) -> TableConfig:
+        """The ``[[tables]]`` entry called ``name``; UnknownTableError if there is none."""
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise UnknownTableError(
+            f"table {name!r} is not configured; add a [[tables]] entry with name = {name!r}"
+        )
+
+    def table_settings(self, name: str) -> WriterSettings:
+        """Effective writer settings of a table: ``[defaults]`` overlaid by its overrides."""
+        return self.defaults.model_copy(update=self.table(name).overrides())
+
+
+def _check_table(i: int, table: TableConfig) -> None:
+    if table.create and not table.columns:
+        raise ConfigError(
+            f"tables[{i}].schema",
+            "create = true needs a schema to create the table from, e.g. "
+            'schema = [{ name = "id", type = "long", required = true }]',
+        )
+    types_by_name: dict[str, str] = {}
+    if table.columns is not None:
+        folded: dict[str, int] = {}
+        for j, column in enumerate(table.columns):
+            key = column.name.casefold()
+            if key in folded:
+                raise ConfigError(
+                    f"tables[{i}].schema[{j}].name",
+                    f"{column.name!r} repeats schema[{folded[key]}] (names are compared "
+                    "case-insensitively, as Spark does); rename one of them",
+                )
+            folded[key] = j
+            types_by_name[column.name] = column.type
+    for j, field in enumerate(table.partition_fields):
+        key = f"tables[{i}].partition_by[{j}]"
+        if table.columns is None:
+            continue  # the table's own schema is checked when it is loaded
+        if field.column not in types_by_name:
+            raise ConfigError(
+                key,
+                f"column {field.column!r} is not in the schema; use one of "
+                f"{', '.join(types_by_name)}",
+            )
+        column_type = types_by_name[field.column]
+        if not _transform_accepts(field.transform, column_type):
+            raise ConfigError(
+                key,
+                f"{field.transform} cannot partition {field.column!r} of type {column_type}; "
+                "use a transform that fits the type (year/month/day: date or timestamp, "
+                "hour: timestamp, truncate: int/long/string/binary/decimal)",
+            )
+
+
+# ------------------------------------------------------------------ schema navigation
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            tp = get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _model_field(model: type[BaseModel], key: str) -> Any | None:
+    for name, info in model.model_fields.items():
+        if (info.alias or name) == key:
+            return info.annotation
+    return None
+
+
+def annotation_at(path: Sequence[str | int]) -> Any | None:
+    """The (unwrapped) type at a location in Config, or None when the location is unknown."""
+    tp: Any = Config
+    for part in path:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+            tp = _model_field(tp, part)
+            if tp is None:
+                return None
+        elif get_origin(tp) is list and isinstance(part, int):
+            tp = get_args(tp)[0]
+        else:
+            return None
+    return _unwrap(tp)
+
+
+def keys_at(path: Sequence[str | int]) -> list[str]:
+    """The keys a section at ``path`` accepts (empty when it is not a section)."""
+    tp = annotation_at(path)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [info.alias or name for name, info in tp.model_fields.items()]
+    return []
