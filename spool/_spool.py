@@ -1,0 +1,462 @@
+"""The spool: durable, per-table, append-only segments of Arrow record batches."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import pyarrow as pa
+
+from ._errors import (
+    SegmentCorruptError,
+    SpoolClosedError,
+    SpoolError,
+    SpoolFullError,
+    UnknownSegmentError,
+)
+from ._format import decode, encode_meta, scan
+from ._lock import DirectoryLock
+from ._names import fsync_directory, new_segment_id
+from ._recovery import RecoveryReport, SegmentInfo, quarantine, recover
+from ._segment import OpenSegment
+
+Durability = Literal["page-cache", "fsync"]
+_T = TypeVar("_T")
+_log = logging.getLogger("icespool.spool")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAck:
+    """Proof that a batch is in the spool (page cache or disk, per durability)."""
+
+    segment_id: str
+    batch_index: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentData:
+    """A sealed segment read back and verified."""
+
+    info: SegmentInfo
+    batches: list[pa.RecordBatch]
+    metas: list[dict[str, object] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class TableUsage:
+    bytes: int
+    segments: int  # sealed plus the open one, if any
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolStats:
+    bytes: int
+    segments: int
+    tables: dict[str, TableUsage]
+    appends: int
+    fsyncs: int
+
+
+class _GroupSync:
+    """Group commit for one open segment: one fsync serves every append before it.
+
+    Each append notes the write sequence number it reached; the first waiter
+    starts an fsync covering everything written so far and later waiters ride
+    on it, so N concurrent appenders cost about one fsync per round, not N.
+    """
+
+    def __init__(self, sync: Callable[[], Awaitable[None]]) -> None:
+        self.written = 0
+        self.synced = 0
+        self._sync = sync
+        self._running: asyncio.Future[None] | None = None
+
+    async def wait(self, seq: int) -> None:
+        while self.synced < seq:
+            if self._running is not None:
+                await asyncio.shield(self._running)
+                continue
+            target = self.written
+            running = self._running = asyncio.get_running_loop().create_future()
+            try:
+                await self._sync()
+                self.synced = max(self.synced, target)
+                running.set_result(None)
+            except BaseException as exc:
+                running.set_exception(exc)
+                running.exception()  # the waiters re-raise it; nothing goes unretrieved
+                raise
+            finally:
+                self._running = None
+
+    def mark_all_synced(self) -> None:
+        self.synced = self.written
+
+
+@dataclass(slots=True)
+class _Pending:
+    batch: pa.RecordBatch
+    meta: str | None
+    future: asyncio.Future[AppendAck]
+
+
+@dataclass(slots=True)
+class _Lane:
+    """Everything the spool tracks for one table."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # writes vs seal
+    open: OpenSegment | None = None
+    sync: _GroupSync | None = None
+    sealed: dict[str, SegmentInfo] = field(default_factory=dict)  # creation order
+    queue: list[_Pending] = field(default_factory=list)
+    writer: asyncio.Task[None] | None = None
+
+
+class Spool:
+    """Durable spool of Arrow record batches in one directory.
+
+    Usage::
+
+        async with Spool(path, durability="fsync", max_bytes=10 << 30) as spool:
+            for info in spool.recovered.segments: ...  # commit leftovers first
+            ack = await spool.append("ns.table", batch, {"offset": 42})
+            info = await spool.seal("ns.table")
+            data = await spool.read(info.id)
+            await spool.delete(info.id)   # only once committed elsewhere
+
+    Appends for one table are written in call order, off the event loop. An
+    append returns only when its bytes are in the page cache (``page-cache``)
+    or on disk (``fsync``).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        durability: Durability = "page-cache",
+        max_bytes: int | None = None,
+        segment_max_bytes: int = 128 << 20,
+        io_threads: int = 8,
+    ) -> None:
+        if durability not in ("page-cache", "fsync"):
+            raise ValueError(f"durability must be 'page-cache' or 'fsync', not {durability!r}")
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        if segment_max_bytes <= 0:
+            raise ValueError("segment_max_bytes must be positive")
+        self.directory = Path(directory)
+        self.durability: Durability = durability
+        self.max_bytes = max_bytes
+        self.segment_max_bytes = segment_max_bytes
+        self.recovered = RecoveryReport()
+        self._io_threads = io_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = DirectoryLock(self.directory)
+        self._lanes: dict[str, _Lane] = {}
+        self._owner: dict[str, str] = {}  # sealed segment id -> table
+        self._bytes = 0
+        self._reserved = 0
+        self._appends = 0
+        self._fsyncs = 0
+        self._state: Literal["new", "open", "closed"] = "new"
+        self._acking: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Spool:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> RecoveryReport:
+        """Lock the directory and recover leftover segments (which become sealed)."""
+        if self._state != "new":
+            raise SpoolError("a Spool object can be opened once")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        self._executor = ThreadPoolExecutor(self._io_threads, thread_name_prefix="icespool-spool")
+        try:
+            self.recovered = await self._in_thread(recover, self.directory)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._lock.release()
+            raise
+        for info in self.recovered.segments:
+            self._add_sealed(info)
+            self._bytes += info.bytes
+        self._state = "open"
+        return self.recovered
+
+    async def close(self) -> None:
+        """Seal every open segment and release the directory. Idempotent."""
+        if self._state != "open":
+            self._state = "closed"
+            return
+        self._state = "closed"
+        try:
+            for lane in self._lanes.values():
+                if lane.writer is not None:
+                    await asyncio.wait([lane.writer])
+            if self._acking:
+                await asyncio.wait(list(self._acking))
+            for table, lane in self._lanes.items():
+                async with lane.lock:
+                    if lane.open is not None:
+                        try:
+                            await self._seal_locked(table, lane)
+                        except OSError:
+                            _log.exception("sealing %s on close failed", table)
+        finally:
+            assert self._executor is not None
+            self._executor.shutdown(wait=True)
+            self._lock.release()
+
+    async def append(
+        self, table: str, batch: pa.RecordBatch, meta: Mapping[str, object] | None = None
+    ) -> AppendAck:
+        """Spool one batch for `table`; returns once it is durable per `durability`.
+
+        Raises `SpoolFullError` (retriable) when the batch would pass ``max_bytes``.
+        """
+        if self._state != "open":
+            raise SpoolClosedError("the spool is not open")
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(f"append takes a pyarrow.RecordBatch, not {type(batch).__name__}")
+        meta_text = encode_meta(meta)
+        estimate = batch.nbytes
+        if self.max_bytes is not None:
+            if estimate > self.max_bytes:
+                raise SpoolError(
+                    f"a batch of {estimate} bytes can never fit max_bytes {self.max_bytes}; "
+                    "send smaller batches or raise spool.max_bytes"
+                )
+            used = self._bytes + self._reserved
+            if used + estimate > self.max_bytes:
+                raise SpoolFullError(used, estimate, self.max_bytes)
+        lane = self._lanes.setdefault(table, _Lane())
+        future: asyncio.Future[AppendAck] = asyncio.get_running_loop().create_future()
+        lane.queue.append(_Pending(batch, meta_text, future))
+        if lane.writer is None:
+            lane.writer = asyncio.create_task(self._write_queue(table, lane))
+        self._reserved += estimate
+        try:
+            return await future
+        finally:
+            self._reserved -= estimate
+
+    async def _write_queue(self, table: str, lane: _Lane) -> None:
+        """Drain a table's queued appends in order, a group per thread hop.
+
+        Everything queued while the previous group was being written goes out
+        in the next hop, and in fsync mode one fsync (overlapping the next
+        group's write) acknowledges the whole group: that is the group commit.
+        """
+        try:
+            while lane.queue:
+                schema = lane.queue[0].batch.schema
+                count = 1
+                while count < len(lane.queue) and lane.queue[count].batch.schema.equals(schema):
+                    count += 1
+                group, lane.queue[:count] = lane.queue[:count], []
+                try:
+                    await self._write_group(table, lane, group)
+                except Exception:
+                    # The group's callers got the error; later appends still get their turn.
+                    _log.exception("spool write for %s failed", table)
+        finally:
+            lane.writer = None
+
+    async def _write_group(self, table: str, lane: _Lane, group: list[_Pending]) -> None:
+        async with lane.lock:
+            segment = lane.open
+            if segment is not None and not group[0].batch.schema.equals(segment.schema):
+                await self._seal_locked(table, lane)  # the schema changed: rotate
+                segment = None
+            if segment is None:
+                segment = OpenSegment(
+                    self.directory, table, group[0].batch.schema, new_segment_id()
+                )
+                lane.open = segment
+                lane.sync = _GroupSync(functools.partial(self._fsync, segment))
+            sync = lane.sync
+            assert sync is not None
+            first_index = segment.batches
+            try:
+                results = await self._in_thread(
+                    segment.write_many, [(p.batch, p.meta) for p in group]
+                )
+            except BaseException as exc:
+                for pending in group:
+                    _settle(pending.future, exc)
+                raise
+            acks: list[tuple[_Pending, AppendAck | Exception]] = []
+            index = first_index
+            for pending, result in zip(group, results, strict=True):
+                if isinstance(result, Exception):
+                    acks.append((pending, result))
+                    continue
+                self._bytes += result
+                self._appends += 1
+                acks.append((pending, AppendAck(segment.id, index, result)))
+                index += 1
+            sync.written += 1
+            seq = sync.written
+            if segment.size >= self.segment_max_bytes:
+                await self._seal_locked(table, lane)
+        if self.durability == "fsync":
+            # Acknowledge after the fsync, but let the next group start writing now.
+            task = asyncio.create_task(self._ack_after_sync(sync, seq, acks))
+            self._acking.add(task)
+            task.add_done_callback(self._acking.discard)
+        else:
+            for pending, outcome in acks:
+                _settle(pending.future, outcome)
+
+    async def _ack_after_sync(
+        self, sync: _GroupSync, seq: int, acks: list[tuple[_Pending, AppendAck | Exception]]
+    ) -> None:
+        try:
+            await sync.wait(seq)
+        except BaseException as exc:
+            for pending, _ in acks:
+                _settle(pending.future, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for pending, outcome in acks:
+            _settle(pending.future, outcome)
+
+    async def seal(self, table: str) -> SegmentInfo | None:
+        """Seal the table's open segment; None when it has none (nothing appended)."""
+        lane = self._lanes.get(table)
+        if lane is None:
+            return None
+        async with lane.lock:
+            return await self._seal_locked(table, lane)
+
+    def segments(self, table: str) -> list[SegmentInfo]:
+        """The table's sealed, not yet deleted segments, oldest first."""
+        lane = self._lanes.get(table)
+        return list(lane.sealed.values()) if lane else []
+
+    def tables(self) -> list[str]:
+        return list(self._lanes)
+
+    def open_segment(self, table: str) -> tuple[str, int, int] | None:
+        """(id, bytes, rows) of the table's open segment, if it has one."""
+        lane = self._lanes.get(table)
+        if lane is None or lane.open is None or lane.open.batches == 0:
+            return None
+        return (lane.open.id, lane.open.size, lane.open.rows)
+
+    async def read(self, segment_id: str) -> SegmentData:
+        """Read a sealed segment back, verifying every checksum.
+
+        A segment that no longer verifies is quarantined and `SegmentCorruptError`
+        raised: its records must not be committed as if they were intact.
+        """
+        info = self._sealed_info(segment_id)
+        data = await self._in_thread(info.path.read_bytes)
+        result = scan(data)
+        if result.error is not None or not result.clean_end:
+            reason = result.error or "not cleanly sealed"
+            await self._in_thread(quarantine, self.directory, info.path, reason)
+            self._forget(info)
+            raise SegmentCorruptError(f"segment {segment_id} failed verification: {reason}")
+        decoded = await self._in_thread(decode, data, len(data))
+        return SegmentData(info, decoded.batches, decoded.metas)
+
+    async def delete(self, segment_id: str) -> None:
+        """Remove a sealed segment; call only after its records are committed."""
+        info = self._sealed_info(segment_id)
+        await self._in_thread(_unlink, info.path, self.directory)
+        self._forget(info)
+
+    def stats(self) -> SpoolStats:
+        tables: dict[str, TableUsage] = {}
+        for table, lane in self._lanes.items():
+            size = sum(s.bytes for s in lane.sealed.values())
+            count = len(lane.sealed)
+            if lane.open is not None and lane.open.size:
+                size += lane.open.size
+                count += 1
+            tables[table] = TableUsage(size, count)
+        return SpoolStats(
+            bytes=self._bytes,
+            segments=sum(t.segments for t in tables.values()),
+            tables=tables,
+            appends=self._appends,
+            fsyncs=self._fsyncs,
+        )
+
+    async def _seal_locked(self, table: str, lane: _Lane) -> SegmentInfo | None:
+        segment = lane.open
+        if segment is None:
+            return None
+        lane.open = None
+        before = segment.size
+        try:
+            sealed = await self._in_thread(segment.seal)
+        except BaseException:
+            segment.abandon()
+            raise
+        if self.durability == "fsync":
+            self._fsyncs += 1
+        if lane.sync is not None:
+            lane.sync.mark_all_synced()
+        if not sealed:
+            return None
+        self._bytes += segment.size - before
+        info = SegmentInfo(
+            segment.id, table, segment.path, segment.size, segment.batches, segment.rows
+        )
+        self._add_sealed(info)
+        return info
+
+    def _add_sealed(self, info: SegmentInfo) -> None:
+        lane = self._lanes.setdefault(info.table, _Lane())
+        lane.sealed[info.id] = info
+        self._owner[info.id] = info.table
+
+    def _sealed_info(self, segment_id: str) -> SegmentInfo:
+        table = self._owner.get(segment_id)
+        if table is None:
+            raise UnknownSegmentError(f"no sealed segment {segment_id!r}")
+        return self._lanes[table].sealed[segment_id]
+
+    def _forget(self, info: SegmentInfo) -> None:
+        del self._lanes[info.table].sealed[info.id]
+        del self._owner[info.id]
+        self._bytes -= info.bytes
+
+    async def _fsync(self, segment: OpenSegment) -> None:
+        if await self._in_thread(segment.sync):
+            self._fsyncs += 1
+
+    async def _in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        # Arrow IPC encoding and file I/O block; they run in the spool's threads.
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+
+def _settle(future: asyncio.Future[AppendAck], outcome: AppendAck | BaseException) -> None:
+    # A caller that gave up (cancelled) no longer listens; its batch is spooled anyway.
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _unlink(path: Path, directory: Path) -> None:
+    path.unlink(missing_ok=True)
+    fsync_directory(directory)
