@@ -1,0 +1,205 @@
+"""Catalog loading and table creation/validation.
+
+Everything here blocks (catalog round trips, metadata file I/O); the daemon calls it
+through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from urllib.parse import urlparse
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import load_catalog as _pyiceberg_load_catalog
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField
+
+from daemon.errors import CatalogError, SchemaError
+
+__all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
+
+
+def load_catalog(name: str, props: Mapping[str, str]) -> Catalog:
+    """Load the pyiceberg catalog ``name`` configured by ``props`` (the ``[catalog]`` table).
+
+    For SQL catalogs on SQLite the database's directory is created first, because
+    SQLite creates the file but not its parent directories, and a local warehouse
+    directory likewise.
+    """
+    properties = {key: str(value) for key, value in props.items() if key != "name"}
+    if properties.get("type", "").lower() == "sql":
+        uri = properties.get("uri", "")
+        if uri.startswith("sqlite"):
+            _ensure_sqlite_directory(uri)
+    _ensure_local_warehouse(properties.get("warehouse", ""))
+    try:
+        return _pyiceberg_load_catalog(name, **properties)
+    except Exception as exc:
+        raise CatalogError(
+            f"cannot load catalog {name!r} ({type(exc).__name__}: {exc}); "
+            "check the [catalog] settings and that the catalog service is reachable"
+        ) from exc
+
+
+def _ensure_sqlite_directory(uri: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    directory = os.path.dirname(os.path.abspath(database))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise CatalogError(
+            f"cannot create the SQLite catalog directory {directory!r}: {exc}"
+        ) from exc
+
+
+def _ensure_local_warehouse(warehouse: str) -> None:
+    parsed = urlparse(warehouse)
+    if not warehouse or parsed.scheme not in ("", "file"):
+        return
+    path = parsed.path if parsed.scheme == "file" else warehouse
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise CatalogError(f"cannot create the warehouse directory {path!r}: {exc}") from exc
+
+
+def split_identifier(identifier: str | tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """Split ``namespace.table`` (or a tuple) into (namespace tuple, table name)."""
+    parts = tuple(identifier.split(".")) if isinstance(identifier, str) else identifier
+    if len(parts) < 2 or any(not part for part in parts):
+        raise CatalogError(
+            f"table identifier {'.'.join(parts)!r} must be 'namespace.table' with non-empty parts"
+        )
+    return parts[:-1], parts[-1]
+
+
+def ensure_table(
+    catalog: Catalog,
+    identifier: str | tuple[str, ...],
+    schema: Schema,
+    spec: PartitionSpec,
+    properties: Mapping[str, str],
+    create: bool,
+) -> Table:
+    """Load the table, creating namespace and table when ``create`` and it is missing.
+
+    An existing table is checked against the declared ``schema``: every declared
+    column must exist with a type the declared values can be written as, and no
+    required table column may be left undeclared. A mismatch raises ``SchemaError``
+    naming the column. The existing table's partition spec and properties are used
+    as they are (the table, not the declaration, decides how data is laid out).
+    """
+    namespace, name = split_identifier(identifier)
+    full = (*namespace, name)
+    table = _load_existing(catalog, full)
+    if table is None:
+        if not create:
+            raise CatalogError(
+                f"table {'.'.join(full)!r} does not exist; create it or set create = true"
+            )
+        table = _create(catalog, namespace, full, schema, spec, properties)
+        if table is None:
+            # Another replica created it between our load and create: use theirs.
+            table = _load_existing(catalog, full)
+        if table is None:
+            raise CatalogError(f"table {'.'.join(full)!r} vanished right after it was created")
+    check_compatible(table.schema(), schema, table_name=".".join(full))
+    return table
+
+
+def _load_existing(catalog: Catalog, full: tuple[str, ...]) -> Table | None:
+    try:
+        return catalog.load_table(full)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    except Exception as exc:
+        raise CatalogError(
+            f"cannot load table {'.'.join(full)!r} ({type(exc).__name__}: {exc}); "
+            "check that the catalog is reachable"
+        ) from exc
+
+
+def _create(
+    catalog: Catalog,
+    namespace: tuple[str, ...],
+    full: tuple[str, ...],
+    schema: Schema,
+    spec: PartitionSpec,
+    properties: Mapping[str, str],
+) -> Table | None:
+    try:
+        # Another replica may create the namespace at the same moment; either way it exists.
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            catalog.create_namespace(namespace)
+        return catalog.create_table(
+            full, schema=schema, partition_spec=spec, properties=dict(properties)
+        )
+    except TableAlreadyExistsError:
+        return None
+    except Exception as exc:
+        raise CatalogError(
+            f"cannot create table {'.'.join(full)!r} ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _writable_as(declared: NestedField, existing: NestedField) -> bool:
+    """Whether values of the declared type can be stored in the existing column unchanged."""
+    source, target = declared.field_type, existing.field_type
+    if source == target:
+        return True
+    # The Iceberg-legal promotions: casting the declared values up is lossless.
+    if isinstance(source, IntegerType) and isinstance(target, LongType):
+        return True
+    if isinstance(source, FloatType) and isinstance(target, DoubleType):
+        return True
+    return (
+        isinstance(source, DecimalType)
+        and isinstance(target, DecimalType)
+        and source.scale == target.scale
+        and source.precision <= target.precision
+    )
+
+
+def check_compatible(existing: Schema, declared: Schema, *, table_name: str = "table") -> None:
+    """Raise ``SchemaError`` naming the first column where ``declared`` cannot be written."""
+    for field in declared.fields:
+        try:
+            current = existing.find_field(field.name)
+        except ValueError:
+            raise SchemaError(
+                field.name,
+                f"declared but missing from existing table {table_name}; add it to the table "
+                "(ALTER TABLE ... ADD COLUMN) or remove it from the declaration",
+            ) from None
+        if not _writable_as(field, current):
+            raise SchemaError(
+                field.name,
+                f"declared as {field.field_type} but table {table_name} has {current.field_type}; "
+                "make the declaration match the table",
+            )
+        if field.optional and current.required:
+            raise SchemaError(
+                field.name,
+                f"declared optional but required in table {table_name}; declare it required = true",
+            )
+    declared_names = {field.name for field in declared.fields}
+    for current in existing.fields:
+        if current.required and current.name not in declared_names:
+            raise SchemaError(
+                current.name,
+                f"required in table {table_name} but not declared; declare it",
+            )

@@ -1,0 +1,397 @@
+"""One fast-append snapshot per flush, idempotent per spool segment.
+
+Idempotence rests on the snapshot summary: every snapshot the daemon commits carries
+``icespool.segments`` = the comma-joined ids of the spool segments whose rows it
+adds. Before committing (and whenever a commit's outcome is unknown) the table is
+refreshed and every snapshot in its metadata is searched for those ids.
+
+Why the summary and not a table property: the summary is written atomically with
+the data (same metadata commit), costs nothing extra, cannot be clobbered by another
+replica's concurrent property update, and does not grow table metadata per commit.
+Why every snapshot and not only the current ancestry: a snapshot that someone rolled
+back or that lives on another branch still means "these segments were committed
+once"; committing them again would undo an operator's rollback or duplicate rows on
+a fast-forward.
+
+Limit: ``expire_snapshots`` removes old snapshots and their summaries. A segment
+that is still in the spool after its snapshot expired (crash between commit and
+spool delete, then a downtime longer than the table's snapshot retention) would be
+committed again. Recovery runs at start-up before new traffic, so the window is the
+downtime; keep snapshot retention (``history.expire.max-snapshot-age-ms``) longer
+than any outage you would restart the daemon after.
+
+Safety of retrying after an unknown outcome: every attempt is built on the table
+state observed *after* checking that our segments are absent, and catalogs commit by
+compare-and-swap on that state (SQL: metadata_location; REST: assert-ref-snapshot-id).
+If the earlier attempt lands late, the retry's swap fails, and the next check finds
+the segments; if the retry lands, the earlier attempt's swap fails. Either way one
+snapshot holds the segments.
+
+Everything here blocks; the daemon calls it through ``asyncio.to_thread``. A Table
+instance must not be shared between threads while a commit runs (it is refreshed in
+place).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    ResolveError,
+    ValidationException,
+)
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import (
+    ADDED_DATA_FILES,
+    ADDED_FILE_SIZE,
+    ADDED_RECORDS,
+    CHANGED_PARTITION_COUNT_PROP,
+    CHANGED_PARTITION_PREFIX,
+    OPERATION,
+    PARTITION_SUMMARY_PROP,
+    Snapshot,
+)
+
+from daemon.errors import CommitError
+
+__all__ = [
+    "SEGMENTS_SUMMARY_KEY",
+    "CommitResult",
+    "RetryPolicy",
+    "StaleEncodingError",
+    "commit_files",
+    "find_committed_segments",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Snapshot summary key listing the spool segment ids a snapshot covers.
+SEGMENTS_SUMMARY_KEY: Final = "icespool.segments"
+
+# Errors that say the request itself is wrong: retrying cannot help, and the commit
+# certainly did not land (they are raised while building or validating it).
+_PERMANENT_ERRORS: Final = (
+    NoSuchTableError,
+    NoSuchNamespaceError,
+    ValidationException,
+    ResolveError,
+    ValueError,
+    TypeError,
+)
+
+# Summary keys pyiceberg computes itself; a caller key with one of these names would
+# make pyiceberg's Summary(...) fail or lie.
+_RESERVED_SUMMARY_KEYS: Final = frozenset(
+    {
+        OPERATION,
+        SEGMENTS_SUMMARY_KEY,
+        CHANGED_PARTITION_COUNT_PROP,
+        PARTITION_SUMMARY_PROP,
+        "added-data-files",
+        "added-delete-files",
+        "added-equality-delete-files",
+        "added-equality-deletes",
+        "added-files-size",
+        "added-position-delete-files",
+        "added-position-deletes",
+        "added-records",
+        "deleted-data-files",
+        "deleted-records",
+        "removed-delete-files",
+        "removed-equality-delete-files",
+        "removed-equality-deletes",
+        "removed-files-size",
+        "removed-position-delete-files",
+        "removed-position-deletes",
+        "total-data-files",
+        "total-delete-files",
+        "total-equality-deletes",
+        "total-files-size",
+        "total-position-deletes",
+        "total-records",
+    }
+)
+
+
+class StaleEncodingError(CommitError):
+    """The data files were encoded for a partition spec the table no longer has.
+
+    pyiceberg writes appended files into a manifest of the table's current spec, so
+    committing them would record wrong partition values. Re-encode the segments (the
+    spool still holds them) and commit again.
+    """
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with jittered exponential backoff.
+
+    ``attempts`` counts commit attempts (first try included). pyiceberg itself retries
+    a conflicting commit ``commit.retry.num-retries`` times (table property, default 4)
+    inside each attempt, so conflicts are retried at both levels.
+    """
+
+    attempts: int = 8
+    base_delay_s: float = 0.05
+    max_delay_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        """Full-jitter backoff before retry number ``attempt`` (1-based)."""
+        ceiling = min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
+        return random.uniform(ceiling / 2, ceiling)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Outcome of ``commit_files``.
+
+    ``already_committed`` is true when the segments were found in a snapshot that
+    this call did not create (a retry after a crash between commit and spool delete);
+    the figures then come from that snapshot's summary.
+    """
+
+    snapshot_id: int
+    records: int
+    files: int
+    bytes: int
+    already_committed: bool
+    attempts: int = 1
+
+
+def _segments_of(snapshot: Snapshot) -> list[str]:
+    summary = snapshot.summary
+    if summary is None:
+        return []
+    value = summary.get(SEGMENTS_SUMMARY_KEY)
+    return value.split(",") if value else []
+
+
+def find_committed_segments(table: Table, segment_ids: Iterable[str]) -> dict[str, int]:
+    """Map each of ``segment_ids`` that a snapshot of ``table`` covers to that snapshot.
+
+    Looks at every snapshot in the table's metadata as loaded (call ``table.refresh()``
+    first for the catalog's current state), not only the current ancestry.
+    """
+    wanted = set(segment_ids)
+    found: dict[str, int] = {}
+    if not wanted:
+        return found
+    for snapshot in table.metadata.snapshots:
+        for segment in _segments_of(snapshot):
+            if segment in wanted and segment not in found:
+                found[segment] = snapshot.snapshot_id
+    return found
+
+
+def _validate(
+    data_files: Sequence[DataFile], segment_ids: Sequence[str], summary: Mapping[str, str]
+) -> None:
+    if not data_files:
+        raise ValueError("commit_files needs at least one data file")
+    if not segment_ids:
+        raise ValueError("commit_files needs the spool segment ids the files come from")
+    for segment in segment_ids:
+        if not segment or "," in segment or segment != segment.strip():
+            raise ValueError(
+                f"segment id {segment!r} must be non-empty, without commas or outer spaces"
+            )
+    if len(set(segment_ids)) != len(segment_ids):
+        raise ValueError(f"segment ids contain duplicates: {list(segment_ids)}")
+    for key, value in summary.items():
+        if key in _RESERVED_SUMMARY_KEYS or key.startswith(CHANGED_PARTITION_PREFIX):
+            raise ValueError(f"summary key {key!r} is reserved by Iceberg or icespool")
+        if not isinstance(value, str):
+            raise ValueError(f"summary value for {key!r} must be a string")
+
+
+def _summary_int(snapshot: Snapshot, key: str) -> int:
+    value = snapshot.summary.get(key) if snapshot.summary is not None else None
+    return int(value) if value else 0
+
+
+def _result_from_snapshot(
+    table: Table, snapshot_id: int, *, attempts: int, ours: bool
+) -> CommitResult:
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None:  # pragma: no cover - the id was read from the same metadata
+        raise CommitError(f"snapshot {snapshot_id} vanished from table {_name(table)}")
+    return CommitResult(
+        snapshot_id=snapshot_id,
+        records=_summary_int(snapshot, ADDED_RECORDS),
+        files=_summary_int(snapshot, ADDED_DATA_FILES),
+        bytes=_summary_int(snapshot, ADDED_FILE_SIZE),
+        already_committed=not ours,
+        attempts=attempts,
+    )
+
+
+def _name(table: Table) -> str:
+    return ".".join(table.name())
+
+
+def _check_segments(table: Table, segment_ids: Sequence[str]) -> int | None:
+    """The snapshot already holding all ``segment_ids``, or None if none holds any."""
+    committed = find_committed_segments(table, segment_ids)
+    if not committed:
+        return None
+    missing = [segment for segment in segment_ids if segment not in committed]
+    if missing:
+        # Committing the files would duplicate the committed segments' rows, and they
+        # cannot be told apart inside the encoded files.
+        raise CommitError(
+            f"table {_name(table)}: segments {sorted(committed)} are already committed "
+            f"(snapshots {sorted(set(committed.values()))}) but {missing} are not; "
+            "encode and commit the uncommitted segments on their own "
+            "(the spool still holds their records)"
+        )
+    snapshots = set(committed.values())
+    if len(snapshots) > 1:
+        raise CommitError(
+            f"table {_name(table)}: segments {list(segment_ids)} were committed by several "
+            f"snapshots {sorted(snapshots)}; delete them from the spool only after checking"
+        )
+    return snapshots.pop()
+
+
+def _check_spec(table: Table, data_files: Sequence[DataFile]) -> None:
+    current = table.metadata.default_spec_id
+    for data_file in data_files:
+        try:
+            spec_id = data_file.spec_id
+        except AttributeError:  # built elsewhere without a spec id: nothing to compare
+            continue
+        if spec_id != current:
+            raise StaleEncodingError(
+                f"table {_name(table)}: {data_file.file_path} was encoded for partition spec "
+                f"{spec_id} but the table now uses spec {current}; re-encode the segments "
+                "(the spool still holds the records)"
+            )
+
+
+def _stage(
+    table: Table, data_files: Sequence[DataFile], properties: dict[str, str]
+) -> tuple[Transaction, int]:
+    """Build the fast append (writes manifests) and return it with its snapshot id."""
+    transaction = table.transaction()
+    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for data_file in data_files:
+            append.append_data_file(data_file)
+        snapshot_id: int = append.snapshot_id
+    return transaction, snapshot_id
+
+
+def _refresh(table: Table) -> BaseException | None:
+    """Refresh the table; return the error if the catalog could not be read."""
+    try:
+        table.refresh()
+    except _PERMANENT_ERRORS as exc:
+        raise CommitError(
+            f"table {_name(table)}: cannot load it ({type(exc).__name__}: {exc}); "
+            "the spool still holds the records"
+        ) from exc
+    except Exception as exc:  # catalog unreachable: the caller retries with backoff
+        _log.warning("table %s: refresh failed: %s: %s", _name(table), type(exc).__name__, exc)
+        return exc
+    return None
+
+
+def commit_files(
+    table: Table,
+    data_files: Sequence[DataFile],
+    *,
+    segment_ids: Sequence[str],
+    summary: Mapping[str, str],
+    retry: RetryPolicy | None = None,
+) -> CommitResult:
+    """Commit ``data_files`` as ONE fast-append snapshot tagged with ``segment_ids``.
+
+    Idempotent per segment set: if the table already has a snapshot covering
+    ``segment_ids``, nothing is committed and that snapshot is returned with
+    ``already_committed=True``. Conflicts with other writers are retried on a
+    refreshed table; an error with an unknown outcome is resolved by looking for the
+    segment ids in the refreshed table, never by committing blindly. Gives up with
+    ``CommitError`` after ``retry.attempts`` attempts; the caller keeps the spool
+    segments and tries again later.
+    """
+    policy = retry or RetryPolicy()
+    segments = list(segment_ids)
+    _validate(data_files, segments, summary)
+    properties = {**summary, SEGMENTS_SUMMARY_KEY: ",".join(segments)}
+
+    last_error: BaseException | None = None
+    # Snapshot ids of our attempts: a snapshot found later with our segments is ours
+    # (not "already committed") when its id is one of these.
+    attempted: set[int] = set()
+    for attempt in range(1, policy.attempts + 1):
+        if attempt > 1:
+            time.sleep(policy.delay(attempt - 1))
+        # Always look before committing: a previous attempt (this call's or an earlier
+        # process's) may have landed, and the refresh builds on other writers' commits.
+        if (refresh_error := _refresh(table)) is not None:
+            last_error = refresh_error
+            continue
+        existing = _check_segments(table, segments)
+        if existing is not None:
+            return _result_from_snapshot(
+                table, existing, attempts=attempt, ours=existing in attempted
+            )
+        _check_spec(table, data_files)
+        started = time.monotonic()
+        try:
+            transaction, snapshot_id = _stage(table, data_files, properties)
+            attempted.add(snapshot_id)
+            transaction.commit_transaction()
+        except CommitFailedException as exc:
+            # The catalog refused the swap: nothing of ours landed. Retry on a fresh table.
+            last_error = exc
+            _log.info(
+                "table %s: commit conflict (attempt %d/%d): %s",
+                _name(table),
+                attempt,
+                policy.attempts,
+                exc,
+            )
+            continue
+        except _PERMANENT_ERRORS as exc:
+            raise CommitError(
+                f"table {_name(table)}: commit rejected ({type(exc).__name__}: {exc}); "
+                "the spool still holds the records"
+            ) from exc
+        except Exception as exc:
+            # Unknown outcome (lost response, connection reset, storage hiccup): the next
+            # loop iteration refreshes the table and looks for our segments first.
+            last_error = exc
+            _log.warning(
+                "table %s: commit outcome unknown after %.0f ms (attempt %d/%d): %s: %s",
+                _name(table),
+                (time.monotonic() - started) * 1000,
+                attempt,
+                policy.attempts,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        return _result_from_snapshot(table, snapshot_id, attempts=attempt, ours=True)
+
+    # A last look: the final attempt may have landed despite its error.
+    if _refresh(table) is None:
+        existing = _check_segments(table, segments)
+        if existing is not None:
+            return _result_from_snapshot(
+                table, existing, attempts=policy.attempts, ours=existing in attempted
+            )
+    raise CommitError(
+        f"table {_name(table)}: commit of segments {segments} failed after "
+        f"{policy.attempts} attempts ({type(last_error).__name__}: {last_error}); "
+        "the spool still holds the records; a later attempt first checks the table for "
+        "them, so nothing is committed twice"
+    ) from last_error

@@ -1,0 +1,487 @@
+"""One-snapshot commits: round trip, idempotence, unknown outcomes, concurrent writers.
+
+Runs against a real SQLite SQL catalog and, for the multi-process race, the real
+PostgreSQL on 127.0.0.1:5432 (a fresh database per run, dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2  # type: ignore[import-untyped]
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitStateUnknownException
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.transforms import IdentityTransform
+
+from daemon.catalogs import ensure_table, load_catalog
+from daemon.committer import (
+    SEGMENTS_SUMMARY_KEY,
+    CommitResult,
+    RetryPolicy,
+    StaleEncodingError,
+    commit_files,
+    find_committed_segments,
+)
+from daemon.errors import CommitError
+from daemon.parquet_encode import encode_data_files
+from daemon.table_schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+
+REPO = Path(__file__).resolve().parent.parent
+FAST = RetryPolicy(attempts=6, base_delay_s=0.001, max_delay_s=0.02)
+COLUMNS: list[dict[str, object]] = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "ts", "type": "timestamptz"},
+    {"name": "kind", "type": "string"},
+    # Not a valid Avro name: stored sanitized in Parquet, read back by field id.
+    {"name": "event-type", "type": "string"},
+    {"name": "amount", "type": "decimal(12,2)"},
+    {"name": "ok", "type": "boolean"},
+]
+
+
+def _props(tmp_path: Path) -> dict[str, str]:
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": f"file://{tmp_path}/warehouse",
+    }
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    return load_catalog("lake", _props(tmp_path))
+
+
+def _create(catalog: Catalog, properties: dict[str, str] | None = None) -> Table:
+    schema = parse_schema(COLUMNS)
+    spec = parse_partition_spec(schema, ["day(ts)"])
+    return ensure_table(catalog, "demo.events", schema, spec, properties or {}, create=True)
+
+
+def _rows(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table(
+        {
+            "id": ids,
+            "ts": [dt.datetime(2024, 5, 1, tzinfo=dt.UTC) + dt.timedelta(hours=7 * i) for i in ids],
+            "kind": [None if i % 5 == 0 else f"k{i % 3}" for i in ids],
+            "event-type": [f"type-{i % 4}" for i in ids],
+            "amount": [decimal.Decimal(i) / 100 for i in ids],
+            "ok": [i % 2 == 0 for i in ids],
+        }
+    )
+
+
+def _encode(table: Table, rows: pa.Table, prefix: str) -> list[DataFile]:
+    return encode_data_files(
+        table,
+        [conform(rows, arrow_schema_for(table))],
+        target_file_size=1 << 20,
+        row_group_records=10_000,
+        compression="zstd",
+        file_prefix=prefix,
+    )
+
+
+def _read_back(table: Table) -> pa.Table:
+    return table.scan().to_arrow().sort_by("id")
+
+
+def test_round_trip_one_snapshot_with_segments_and_summary(catalog: Catalog) -> None:
+    table = _create(catalog)
+    rows = _rows(0, 500)
+    files = _encode(table, rows, "seg-1")
+    assert len(files) > 1  # day(ts) partitions: several files, still one snapshot
+    result = commit_files(
+        table,
+        files,
+        segment_ids=["seg-1", "seg-2"],
+        summary={"icespool.reason": "records", "kafka.offsets": '{"t/0": 41}'},
+        retry=FAST,
+    )
+    assert result == CommitResult(
+        snapshot_id=result.snapshot_id,
+        records=500,
+        files=len(files),
+        bytes=sum(f.file_size_in_bytes for f in files),
+        already_committed=False,
+        attempts=1,
+    )
+    assert [s.snapshot_id for s in table.snapshots()] == [result.snapshot_id]
+    summary = table.snapshots()[0].summary
+    assert summary is not None
+    assert summary[SEGMENTS_SUMMARY_KEY] == "seg-1,seg-2"
+    assert summary["icespool.reason"] == "records"
+    assert summary["kafka.offsets"] == '{"t/0": 41}'
+    assert summary["added-records"] == "500"
+    assert summary.operation.value == "append"
+
+    fresh = catalog.load_table("demo.events")
+    back = _read_back(fresh)
+    expected = conform(rows, arrow_schema_for(fresh))
+    assert back.schema.types == expected.schema.types
+    assert back.column_names == expected.schema.names
+    assert back.to_pylist() == expected.to_pylist()
+
+
+def test_same_segments_twice_give_one_snapshot(catalog: Catalog) -> None:
+    table = _create(catalog)
+    files = _encode(table, _rows(0, 100), "seg-9")
+    first = commit_files(table, files, segment_ids=["seg-9"], summary={}, retry=FAST)
+    # A second process (e.g. after a crash before the spool delete) with its own table.
+    other = catalog.load_table("demo.events")
+    second = commit_files(other, files, segment_ids=["seg-9"], summary={}, retry=FAST)
+    assert second == CommitResult(
+        snapshot_id=first.snapshot_id,
+        records=100,
+        files=len(files),
+        bytes=first.bytes,
+        already_committed=True,
+        attempts=1,
+    )
+    other.refresh()
+    assert len(other.snapshots()) == 1
+    assert other.scan().to_arrow().num_rows == 100
+    assert find_committed_segments(other, ["seg-9", "seg-10"]) == {"seg-9": first.snapshot_id}
+
+
+def test_partly_committed_segment_set_is_refused(catalog: Catalog) -> None:
+    table = _create(catalog)
+    commit_files(table, _encode(table, _rows(0, 10), "a"), segment_ids=["a"], summary={})
+    files = _encode(table, _rows(10, 10), "a-b")
+    with pytest.raises(CommitError, match=r"segments \['a'\] are already committed") as info:
+        commit_files(table, files, segment_ids=["a", "b"], summary={}, retry=FAST)
+    assert "['b'] are not" in str(info.value)
+    assert len(table.snapshots()) == 1
+
+
+def test_rolled_back_snapshot_still_counts_as_committed(catalog: Catalog) -> None:
+    table = _create(catalog)
+    first = commit_files(table, _encode(table, _rows(0, 10), "a"), segment_ids=["a"], summary={})
+    b_files = _encode(table, _rows(10, 10), "b")
+    second = commit_files(table, b_files, segment_ids=["b"], summary={})
+    table.manage_snapshots().rollback_to_snapshot(first.snapshot_id).commit()
+    table.refresh()
+    assert table.current_snapshot() is not None
+    assert table.current_snapshot().snapshot_id == first.snapshot_id  # type: ignore[union-attr]
+    # B's snapshot is no longer an ancestor of the current one, but it is in the metadata.
+    assert find_committed_segments(table, ["a", "b"]) == {
+        "a": first.snapshot_id,
+        "b": second.snapshot_id,
+    }
+    again = commit_files(table, b_files, segment_ids=["b"], summary={}, retry=FAST)
+    assert again.already_committed
+    assert again.snapshot_id == second.snapshot_id
+    assert table.scan().to_arrow().num_rows == 10  # the operator's rollback stands
+
+
+class _LossyCatalog(SqlCatalog):
+    """A real SQL catalog whose commits fail in scripted ways (fault injection).
+
+    ``faults`` is consumed one entry per commit: "after" commits and then reports an
+    unknown outcome (a lost response); "before" fails without committing (a connection
+    reset before the request reached the database); None commits normally.
+    """
+
+    faults: list[str | None]
+    load_failures = 0
+
+    def load_table(self, identifier: str | tuple[str, ...]) -> Table:
+        if self.load_failures:
+            self.load_failures -= 1
+            raise ConnectionRefusedError("catalog unreachable (injected)")
+        return super().load_table(identifier)
+
+    def commit_table(
+        self,
+        table: Table,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> CommitTableResponse:
+        fault = self.faults.pop(0) if self.faults else None
+        if fault == "before":
+            raise ConnectionResetError("connection reset by peer (injected)")
+        response = super().commit_table(table, requirements, updates)
+        if fault == "after":
+            raise CommitStateUnknownException("response lost after commit (injected)")
+        return response
+
+
+def _lossy(tmp_path: Path, faults: list[str | None]) -> Table:
+    props = _props(tmp_path)
+    del props["type"]
+    lossy = _LossyCatalog("lake", **props)
+    lossy.faults = faults
+    return lossy.load_table("demo.events")
+
+
+def test_unknown_outcome_that_landed_is_not_committed_again(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["after"])
+    files = _encode(table, _rows(0, 50), "s1")
+    result = commit_files(table, files, segment_ids=["s1"], summary={}, retry=FAST)
+    assert result.already_committed is False  # it was our attempt that landed
+    assert result.attempts == 2  # resolved by looking, not by committing again
+    assert result.records == 50
+    check = catalog.load_table("demo.events")
+    assert [s.snapshot_id for s in check.snapshots()] == [result.snapshot_id]
+    assert check.scan().to_arrow().num_rows == 50
+
+
+def test_unknown_outcome_that_did_not_land_is_retried_once(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["before"])
+    files = _encode(table, _rows(0, 50), "s1")
+    result = commit_files(table, files, segment_ids=["s1"], summary={}, retry=FAST)
+    assert result.already_committed is False
+    assert result.attempts == 2
+    check = catalog.load_table("demo.events")
+    assert [s.snapshot_id for s in check.snapshots()] == [result.snapshot_id]
+    assert check.scan().to_arrow().num_rows == 50
+
+
+def test_unreachable_catalog_during_refresh_is_retried(catalog: Catalog, tmp_path: Path) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, [])
+    assert isinstance(table.catalog, _LossyCatalog)
+    table.catalog.load_failures = 2
+    files = _encode(table, _rows(0, 7), "s1")
+    result = commit_files(table, files, segment_ids=["s1"], summary={}, retry=FAST)
+    assert (result.attempts, result.records, result.already_committed) == (3, 7, False)
+    assert len(catalog.load_table("demo.events").snapshots()) == 1
+
+
+def test_gives_up_after_bounded_attempts_and_says_the_spool_keeps_the_data(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["before"] * 3)
+    files = _encode(table, _rows(0, 5), "s1")
+    policy = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.002)
+    with pytest.raises(CommitError, match="the spool still holds the records") as info:
+        commit_files(table, files, segment_ids=["s1"], summary={}, retry=policy)
+    assert "failed after 3 attempts (ConnectionResetError" in str(info.value)
+    assert catalog.load_table("demo.events").snapshots() == []
+
+
+def test_files_encoded_for_an_old_partition_spec_are_refused(catalog: Catalog) -> None:
+    table = _create(catalog)
+    files = _encode(table, _rows(0, 20), "s1")
+    with table.update_spec() as update:
+        update.add_field("kind", IdentityTransform(), "kind")
+    with pytest.raises(StaleEncodingError, match="re-encode the segments"):
+        commit_files(table, files, segment_ids=["s1"], summary={}, retry=FAST)
+    assert table.snapshots() == []
+
+
+@pytest.mark.parametrize(
+    ("segments", "summary", "message"),
+    [
+        ([], {}, "needs the spool segment ids"),
+        (["a,b"], {}, "without commas"),
+        (["a", "a"], {}, "duplicates"),
+        (["a"], {"operation": "x"}, "'operation' is reserved"),
+        (["a"], {SEGMENTS_SUMMARY_KEY: "x"}, "is reserved"),
+        (["a"], {"total-records": "1"}, "is reserved"),
+    ],
+)
+def test_invalid_requests_are_rejected_before_touching_the_table(
+    catalog: Catalog, segments: list[str], summary: dict[str, str], message: str
+) -> None:
+    table = _create(catalog)
+    files = _encode(table, _rows(0, 3), "s1")
+    with pytest.raises(ValueError, match=message):
+        commit_files(table, files, segment_ids=segments, summary=summary)
+    with pytest.raises(ValueError, match="at least one data file"):
+        commit_files(table, [], segment_ids=["a"], summary={})
+    assert table.snapshots() == []
+
+
+def test_threads_committing_concurrently_all_land_exactly_once(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    table = _create(catalog, {"commit.retry.num-retries": "0"})
+    writers, commits_each, rows_each = 4, 5, 40
+    work: dict[tuple[int, int], list[DataFile]] = {
+        (w, c): _encode(table, _rows((w * commits_each + c) * rows_each, rows_each), f"w{w}-{c}")
+        for w in range(writers)
+        for c in range(commits_each)
+    }
+    results: dict[int, list[CommitResult]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
+
+    def writer(w: int) -> None:
+        try:
+            own = load_catalog("lake", _props(tmp_path)).load_table("demo.events")
+            start.wait()
+            results[w] = [
+                commit_files(
+                    own,
+                    work[(w, c)],
+                    segment_ids=[f"w{w}-{c}"],
+                    summary={},
+                    retry=RetryPolicy(attempts=50, base_delay_s=0.002, max_delay_s=0.05),
+                )
+                for c in range(commits_each)
+            ]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    table.refresh()
+    assert len(table.snapshots()) == writers * commits_each
+    segments = [str(s.summary[SEGMENTS_SUMMARY_KEY]) for s in table.snapshots() if s.summary]
+    assert sorted(segments) == sorted(
+        f"w{w}-{c}" for w in range(writers) for c in range(commits_each)
+    )
+    ids = table.scan().to_arrow().column("id").to_pylist()
+    assert sorted(ids) == list(range(writers * commits_each * rows_each))
+    assert all(not r.already_committed for rs in results.values() for r in rs)
+    retries = sum(r.attempts - 1 for rs in results.values() for r in rs)
+    print(f"sqlite threads: {retries} conflict retries in {writers * commits_each} commits")
+
+
+# ---------------------------------------------------------------- PostgreSQL, two processes
+
+_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    sys.path.insert(0, os.environ["ICESPOOL_REPO"])
+    import pyarrow as pa
+    from daemon.catalogs import load_catalog
+    from daemon.committer import RetryPolicy, commit_files
+    from daemon.parquet_encode import encode_data_files
+    from daemon.table_schema import arrow_schema_for, conform
+
+    worker, commits, rows = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    props = json.loads(os.environ["ICESPOOL_CATALOG"])
+    table = load_catalog("lake", props).load_table("race.events")
+    prepared = []
+    for c in range(commits):
+        first = (worker * commits + c) * rows
+        batch = pa.table({"id": list(range(first, first + rows)), "w": [worker] * rows})
+        files = encode_data_files(
+            table, [conform(batch, arrow_schema_for(table))], target_file_size=1 << 20,
+            row_group_records=1000, compression="zstd", file_prefix=f"p{worker}-{c}",
+        )
+        prepared.append((f"p{worker}-{c}", files))
+    go = os.environ["ICESPOOL_GO"]
+    open(f"{go}.ready{worker}", "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    attempts = []
+    policy = RetryPolicy(attempts=60, base_delay_s=0.005, max_delay_s=0.1)
+    for segment, files in prepared:
+        result = commit_files(table, files, segment_ids=[segment], summary={}, retry=policy)
+        attempts.append(result.attempts)
+    print(json.dumps({"attempts": attempts}))
+    """
+)
+
+
+@pytest.fixture
+def postgres_catalog_props(tmp_path: Path) -> Iterator[dict[str, str]]:
+    database = f"icespool_test_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{database}"')
+        yield {
+            "type": "sql",
+            "uri": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}",
+            "warehouse": f"file://{tmp_path}/warehouse",
+        }
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
+
+
+def test_two_processes_race_on_postgres_and_every_commit_lands_once(
+    postgres_catalog_props: dict[str, str], tmp_path: Path
+) -> None:
+    catalog = load_catalog("lake", postgres_catalog_props)
+    schema = parse_schema(
+        [{"name": "id", "type": "long", "required": True}, {"name": "w", "type": "int"}]
+    )
+    # Without pyiceberg's inner retries every conflict goes through our retry loop.
+    table = ensure_table(
+        catalog,
+        "race.events",
+        schema,
+        parse_partition_spec(schema, []),
+        {"commit.retry.num-retries": "0"},
+        create=True,
+    )
+    workers, commits, rows = 2, 12, 50
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "ICESPOOL_REPO": str(REPO),
+        "ICESPOOL_CATALOG": json.dumps(postgres_catalog_props),
+        "ICESPOOL_GO": str(go),
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-W", "error", "-c", _WORKER, str(w), str(commits), str(rows)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(workers)
+    ]
+    # Start both commit loops at the same instant so that they really race.
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{go}.ready{w}").exists() for w in range(workers)):
+        assert time.monotonic() < deadline, "workers did not get ready"
+        assert all(p.poll() is None for p in processes), "a worker died early"
+        time.sleep(0.01)
+    go.touch()
+    outputs: list[dict[str, Any]] = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+        outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+
+    table.refresh()
+    assert len(table.snapshots()) == workers * commits
+    segments = sorted(str(s.summary[SEGMENTS_SUMMARY_KEY]) for s in table.snapshots() if s.summary)
+    assert segments == sorted(f"p{w}-{c}" for w in range(workers) for c in range(commits))
+    data = table.scan().to_arrow()
+    assert sorted(data.column("id").to_pylist()) == list(range(workers * commits * rows))
+    attempts = [a for output in outputs for a in output["attempts"]]
+    assert len(attempts) == workers * commits
+    assert all(a >= 1 for a in attempts)
+    retries = sum(a - 1 for a in attempts)
+    print(f"postgres race: {retries} conflict retries in {len(attempts)} commits")
+    assert retries > 0, "the two processes never conflicted: the race did not happen"
