@@ -1,0 +1,146 @@
+"""Prometheus metrics the daemon exports (prefix ``icespool_``, units in the names).
+
+One registry per daemon instance, so several in-process daemons (tests) never
+share counters. Dashboards and alert rules in ``deploy/`` may use only these names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_FILE_SIZE_BUCKETS = tuple(float(2**n) for n in range(16, 33, 2))  # 64 KiB .. 4 GiB
+
+
+class Metrics:
+    """Every metric of one daemon, registered in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.records_acked = Counter(
+            "icespool_records_acked_total",
+            "Records acknowledged (in the spool)",
+            ["table"],
+            registry=r,
+        )
+        self.records_committed = Counter(
+            "icespool_records_committed_total",
+            "Records committed to Iceberg",
+            ["table"],
+            registry=r,
+        )
+        self.commits = Counter(
+            "icespool_commits_total",
+            "Iceberg snapshots committed",
+            ["table", "reason"],
+            registry=r,
+        )
+        self.commit_failures = Counter(
+            "icespool_commit_failures_total",
+            "Commit attempts that failed (the spool keeps the records)",
+            ["table"],
+            registry=r,
+        )
+        self.commit_duration = Histogram(
+            "icespool_commit_duration_seconds",
+            "Time from flush start to committed snapshot (read, encode, commit)",
+            ["table"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.encode_duration = Histogram(
+            "icespool_encode_duration_seconds",
+            "Parquet encode and upload time per flush",
+            ["table"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.data_file_size = Histogram(
+            "icespool_data_file_size_bytes",
+            "Size of each data file written",
+            ["table"],
+            buckets=_FILE_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.last_commit = Gauge(
+            "icespool_last_commit_timestamp_seconds",
+            "Unix time of the table's last commit",
+            ["table"],
+            registry=r,
+        )
+        self.queue_records = Gauge(
+            "icespool_queue_records",
+            "Records acknowledged and not yet committed",
+            ["table"],
+            registry=r,
+        )
+        self.queue_bytes = Gauge(
+            "icespool_queue_bytes",
+            "Spool bytes of the table not yet committed",
+            ["table"],
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "icespool_oldest_pending_age_seconds",
+            "Age of the oldest uncommitted record of the table",
+            ["table"],
+            registry=r,
+        )
+        self.spool_bytes = Gauge("icespool_spool_bytes", "Bytes in the spool", registry=r)
+        self.spool_max_bytes = Gauge(
+            "icespool_spool_max_bytes", "Configured spool.max_bytes", registry=r
+        )
+        self.spool_segments = Gauge(
+            "icespool_spool_segments", "Segment files in the spool", registry=r
+        )
+        self.quarantined_segments = Counter(
+            "icespool_quarantined_segments_total",
+            "Spool segments moved to quarantine/ because they failed verification",
+            registry=r,
+        )
+        self.truncated_segments = Counter(
+            "icespool_truncated_segments_total",
+            "Spool segments whose torn tail was cut at recovery",
+            registry=r,
+        )
+        self.backpressure = Counter(
+            "icespool_backpressure_total",
+            "Ingest requests refused because a queue or the spool was full",
+            ["table", "reason"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "icespool_dead_letters_total",
+            "Records sent to a dead-letter destination",
+            ["table", "reason"],
+            registry=r,
+        )
+        self.kafka_lag = Gauge(
+            "icespool_kafka_lag_records",
+            "Consumer lag per partition (high watermark - committed offset)",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "icespool_http_requests_total",
+            "HTTP requests by route and status code",
+            ["route", "code"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "icespool_ready", "1 when recovery is done and the catalog reachable", registry=r
+        )
+
+    def table(self, name: str) -> None:
+        """Create the per-table series at zero so dashboards show them before traffic."""
+        for metric in (self.records_acked, self.records_committed, self.commit_failures):
+            metric.labels(table=name)
+        for gauge in (self.queue_records, self.queue_bytes, self.oldest_pending_age):
+            gauge.labels(table=name).set(0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

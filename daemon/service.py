@@ -1,0 +1,260 @@
+"""The daemon's core, usable in-process: spool, catalog, tables, writers, encode pool.
+
+``async with Icespool(config) as ice: await ice.writer("ns.t").append(batch)``
+
+`start` opens (and recovers) the spool, loads the catalog, creates or checks the
+configured tables, and commits every recovered segment before it reports ready,
+so new traffic never overtakes records acked before a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+
+from daemon.catalogs import ensure_table, load_catalog
+from daemon.config import Config, TableConfig
+from daemon.encode_pool import EncodePool
+from daemon.errors import CatalogError, ShuttingDownError, UnknownTableError
+from daemon.metrics import Metrics
+from daemon.table_schema import arrow_schema_for, parse_partition_spec, parse_schema
+from daemon.writer import FlushResult, TableWriter
+from spool import Spool
+
+__all__ = ["Icespool"]
+
+_log = logging.getLogger("icespool.service")
+
+
+class Icespool:
+    """Everything between a decoded batch and a committed Iceberg snapshot."""
+
+    def __init__(self, config: Config, *, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.ready = False
+        self.draining = False
+        self.started_at = time.time()
+        self._spool = Spool(
+            config.spool.dir,
+            durability=config.spool.durability,
+            max_bytes=config.spool.max_bytes,
+            segment_max_bytes=config.spool.segment_max_bytes,
+        )
+        self._pool = EncodePool(config.encode.resolved_workers, on_job_done=self._job_done)
+        self._catalog: Catalog | None = None
+        self._writers: dict[str, TableWriter] = {}
+        self._state = "new"
+        self._gauge_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Icespool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._state != "new":
+            raise RuntimeError("an Icespool service starts once")
+        self._state = "starting"
+        report = await self._spool.open()
+        self.metrics.quarantined_segments.inc(len(report.quarantined))
+        self.metrics.truncated_segments.inc(len(report.truncated))
+        self.metrics.spool_max_bytes.set(self.config.spool.max_bytes)
+        try:
+            catalog = self.config.catalog
+            self._catalog = await asyncio.to_thread(
+                load_catalog, catalog.name, catalog.properties()
+            )
+            await self._pool.start()
+            for table_config in self.config.tables:
+                await self._add_writer(table_config.name, table_config)
+            await self._recover()
+        except BaseException:
+            await self._abort()
+            raise
+        for writer in self._writers.values():
+            writer.start()
+        self._gauge_task = asyncio.create_task(self._gauge_loop(), name="spool-gauges")
+        self._state = "running"
+        self.ready = True
+        self.metrics.ready.set(1)
+
+    async def stop(self, grace: float = 30.0) -> None:
+        """Drain: commit everything pending (reason ``shutdown``) within ``grace`` s.
+
+        Whatever cannot be committed in time stays in the spool and is committed
+        at the next start. Idempotent.
+        """
+        if self._state in ("stopped", "new"):
+            self._state = "stopped"
+            return
+        self._state = "stopped"
+        self.ready = False
+        self.draining = True
+        self.metrics.ready.set(0)
+        closing = [w.close("shutdown") for w in self._writers.values()]
+        done, pending = await asyncio.wait(
+            [asyncio.ensure_future(c) for c in closing], timeout=grace
+        )
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                _log.error("final commit failed; the spool keeps the records: %s", task.exception())
+        if pending:
+            _log.warning(
+                "shutdown grace of %.0fs passed with %d tables still committing; their "
+                "records stay in the spool for the next start",
+                grace,
+                len(pending),
+            )
+        await self._pool.stop(drain=not pending)
+        for task in pending:
+            task.cancel()
+        if self._gauge_task is not None:
+            self._gauge_task.cancel()
+            await asyncio.gather(self._gauge_task, return_exceptions=True)
+        await self._spool.close()
+
+    async def _abort(self) -> None:
+        self._state = "stopped"
+        await self._pool.stop(drain=False)
+        await self._spool.close()
+
+    # ------------------------------------------------------------------ tables
+
+    def writer(self, name: str) -> TableWriter:
+        """The writer of a configured table."""
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down; retry against another replica")
+        try:
+            return self._writers[name]
+        except KeyError:
+            raise UnknownTableError(
+                f"table {name!r} is not configured; add it to [[tables]]"
+            ) from None
+
+    @property
+    def table_names(self) -> list[str]:
+        return list(self._writers)
+
+    async def flush(self, name: str) -> FlushResult:
+        return await self.writer(name).flush("manual")
+
+    async def flush_all(self, reason: str = "manual") -> list[FlushResult]:
+        return list(await asyncio.gather(*(w.flush(reason) for w in self._writers.values())))
+
+    async def _add_writer(self, name: str, table_config: TableConfig | None) -> TableWriter:
+        table = await asyncio.to_thread(self._load_table, name, table_config)
+        settings = self.config.table_settings(name) if table_config else self.config.defaults
+        writer = TableWriter(
+            name,
+            table,
+            arrow_schema_for(table),
+            settings,
+            self._spool,
+            self._pool.lane(name),
+            self.metrics,
+        )
+        self._writers[name] = writer
+        return writer
+
+    def _load_table(self, name: str, table_config: TableConfig | None) -> Any:
+        assert self._catalog is not None
+        if table_config is None or table_config.columns is None:
+            try:
+                return self._catalog.load_table(name)
+            except Exception as exc:
+                raise CatalogError(
+                    f"table {name!r} cannot be loaded ({exc}); declare its schema with "
+                    "create = true or create it in the catalog"
+                ) from exc
+        schema = parse_schema([c.model_dump() for c in table_config.columns])
+        spec = parse_partition_spec(schema, table_config.partition_by)
+        return ensure_table(self._catalog, name, schema, spec, {}, table_config.create)
+
+    async def _recover(self) -> None:
+        """Commit leftover segments before any new record is accepted."""
+        leftovers = {s.table for s in self._spool.recovered.segments}
+        if not leftovers:
+            return
+        total = len(self._spool.recovered.segments)
+        _log.info("replaying %d spooled segments of %d tables", total, len(leftovers))
+        for name in sorted(leftovers):
+            if name not in self._writers:
+                try:
+                    await self._add_writer(name, None)
+                except CatalogError as exc:
+                    _log.error(
+                        "spooled segments of %s are kept but cannot be committed: %s", name, exc
+                    )
+                    continue
+            writer = self._writers[name]
+            writer.adopt(self._spool.segments(name))
+            result = await writer.flush("recovery")
+            _log.info(
+                "replayed %s: %d records committed",
+                name,
+                result.records,
+                extra={"table": name, "records": result.records},
+            )
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        stats = self._spool.stats()
+        lanes = self._pool.stats()
+        tables: dict[str, Any] = {}
+        for name, writer in self._writers.items():
+            last = writer.last_commit
+            tables[name] = {
+                "pending_records": writer.pending_records,
+                "pending_bytes": writer.pending_bytes,
+                "oldest_pending_age_seconds": round(writer.oldest_pending_age(), 3),
+                "spool_segments": stats.tables[name].segments if name in stats.tables else 0,
+                "encode_queue": lanes[name]["pending"] if name in lanes else 0,
+                "last_commit": None
+                if last is None
+                else {
+                    "snapshot_id": last.snapshot_id,
+                    "reason": last.reason,
+                    "records": last.records,
+                    "files": last.files,
+                    "duration_ms": last.duration_ms,
+                },
+            }
+        return {
+            "ready": self.ready,
+            "draining": self.draining,
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "spool": {
+                "dir": str(self.config.spool.dir),
+                "bytes": stats.bytes,
+                "max_bytes": self.config.spool.max_bytes,
+                "segments": stats.segments,
+                "durability": self.config.spool.durability,
+            },
+            "tables": tables,
+            "kafka": {"assignments": [], "lag": {}},
+        }
+
+    def _job_done(self, lane: str, seconds: float, error: BaseException | None) -> None:
+        del lane, seconds, error  # per-job figures are recorded by the writer itself
+
+    async def _gauge_loop(self) -> None:
+        while True:
+            stats = self._spool.stats()
+            self.metrics.spool_bytes.set(stats.bytes)
+            self.metrics.spool_segments.set(stats.segments)
+            await asyncio.sleep(1.0)
+
+    def refresh_gauges(self) -> None:
+        stats = self._spool.stats()
+        self.metrics.spool_bytes.set(stats.bytes)
+        self.metrics.spool_segments.set(stats.segments)

@@ -1,0 +1,467 @@
+"""One writer per Iceberg table: acks via the spool, commits one snapshot per flush.
+
+Data path of a table::
+
+    append/queue -> conform to the table's Arrow schema -> spool append (= ack)
+    trigger (records | bytes | age | manual | shutdown | close | recovery)
+      -> job on the table's encode-pool lane: seal, read segments back, encode
+         Parquet, ONE fast-append snapshot naming the segments, delete them.
+
+The lane runs one job of this table at a time (FIFO), so commits of a table never
+race each other, while other tables' jobs run on other workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.table import Table
+
+from daemon.committer import commit_files, find_committed_segments
+from daemon.config import WriterSettings
+from daemon.encode_pool import Lane
+from daemon.errors import BackpressureError, BadInputError, ShuttingDownError
+from daemon.metrics import Metrics
+from daemon.parquet_encode import encode_data_files
+from daemon.table_schema import conform
+from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError
+
+__all__ = ["Column", "FlushResult", "TableWriter"]
+
+_log = logging.getLogger("icespool.writer")
+# Test-only fault injection: SIGKILL ourselves right after an Iceberg commit and
+# before the spool delete, the window guarantee 2 is about.
+_CRASH_AFTER_COMMIT = "ICESPOOL_TEST_CRASH_AFTER_COMMIT"
+_MAX_RETRY_DELAY = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """Column data for `TableWriter.append` (seed 002's column-write API).
+
+    ``validity`` is source-aligned (``validity[i]`` says whether ``values[i]`` is
+    valid); ``selection`` picks and orders source rows, and validity is gathered
+    through it too.
+    """
+
+    values: Any
+    validity: Sequence[bool] | pa.Array | None = None
+    selection: Sequence[int] | pa.Array | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """What one flush committed. ``snapshot_id`` is None when nothing was pending."""
+
+    table: str
+    reason: str
+    snapshot_id: int | None
+    records: int
+    files: int = 0
+    bytes: int = 0
+    duration_ms: float = 0.0
+    segments: tuple[str, ...] = ()
+    already_committed: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    records: int = 0
+    bytes: int = 0
+    first_ack: dict[str, float] = field(default_factory=dict)  # segment id -> monotonic
+
+
+class TableWriter:
+    """Ingest for one Iceberg table. Create through the daemon's service."""
+
+    def __init__(
+        self,
+        name: str,
+        table: Table,
+        arrow_schema: pa.Schema,
+        settings: WriterSettings,
+        spool: Spool,
+        lane: Lane,
+        metrics: Metrics,
+    ) -> None:
+        self.name = name
+        self.arrow_schema = arrow_schema
+        self.settings = settings
+        self._table = table
+        self._spool = spool
+        self._lane = lane
+        self._metrics = metrics
+        self._pending = _Pending()
+        self._queued_flush: asyncio.Future[FlushResult] | None = None
+        self._queued_reason = ""
+        self._closing = False
+        self._timer: asyncio.Task[None] | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._background: set[asyncio.Future[FlushResult]] = set()
+        self.last_commit: FlushResult | None = None
+        metrics.table(name)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.create_task(self._age_trigger(), name=f"age-{self.name}")
+
+    def adopt(self, segments: Iterable[SegmentInfo]) -> None:
+        """Count recovered segments as pending, so they are committed and gauged."""
+        now = time.monotonic()
+        for info in segments:
+            self._pending.records += info.rows
+            self._pending.bytes += info.bytes
+            self._pending.first_ack.setdefault(info.id, now)
+        self._gauge()
+
+    async def close(self, reason: str = "close") -> FlushResult:
+        """Stop accepting, commit what is pending, stop the timer. Idempotent."""
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+            self._timer = None
+        return await self._schedule(reason)
+
+    # ------------------------------------------------------------------ ingest
+
+    async def append(
+        self,
+        data: pa.RecordBatch | pa.Table | Mapping[str, Column | Any],
+        meta: Mapping[str, object] | None = None,
+    ) -> int:
+        """Spool a batch (or columns); returns the record count once acked.
+
+        Raises `SchemaError` naming the column when the data cannot be cast to the
+        table's schema (nothing of it is spooled), `BackpressureError` when the
+        table's queue or the spool is full.
+        """
+        if self._closing:
+            raise ShuttingDownError(f"table {self.name} is closing; retry elsewhere or later")
+        if isinstance(data, Mapping):
+            batch = await asyncio.to_thread(_columns_to_batch, data, self.arrow_schema)
+        else:
+            batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+        rows: int = batch.num_rows
+        if rows == 0:
+            return 0
+        self._check_queue(batch.nbytes)
+        try:
+            ack = await self._spool.append(self.name, batch, meta)
+        except SpoolFullError as exc:
+            self._metrics.backpressure.labels(table=self.name, reason="spool").inc()
+            raise BackpressureError(str(exc), retry_after=2.0) from exc
+        self._pending.records += rows
+        self._pending.bytes += ack.bytes
+        self._pending.first_ack.setdefault(ack.segment_id, time.monotonic())
+        self._metrics.records_acked.labels(table=self.name).inc(rows)
+        self._gauge()
+        self._size_trigger()
+        return rows
+
+    async def queue(self, record: Mapping[str, object]) -> None:
+        """Spool one record (a mapping of column to value)."""
+        await self.queue_all([record])
+
+    async def queue_all(self, records: Iterable[Mapping[str, object]]) -> int:
+        """Spool records given as mappings; all or nothing."""
+        rows = list(records)
+        if not rows:
+            return 0
+        try:
+            table = pa.Table.from_pylist(rows)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise BadInputError(f"records cannot be converted: {exc}") from exc
+        return await self.append(table)
+
+    async def flush(self, reason: str = "manual") -> FlushResult:
+        """Commit everything acked so far; returns the commit's result."""
+        return await self._schedule(reason)
+
+    @property
+    def pending_records(self) -> int:
+        return self._pending.records
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending.bytes
+
+    def oldest_pending_age(self) -> float:
+        if not self._pending.first_ack:
+            return 0.0
+        return time.monotonic() - min(self._pending.first_ack.values())
+
+    # ------------------------------------------------------------------ triggers
+
+    def _check_queue(self, incoming: int) -> None:
+        limit = self.settings.max_queue_bytes
+        if self._pending.bytes and self._pending.bytes + incoming > limit:
+            self._metrics.backpressure.labels(table=self.name, reason="queue").inc()
+            raise BackpressureError(
+                f"table {self.name} has {self._pending.bytes} bytes waiting for commit "
+                f"(max_queue_bytes {limit}); retry shortly",
+                retry_after=1.0,
+            )
+
+    def _size_trigger(self) -> None:
+        if self._pending.records >= self.settings.max_batch_records:
+            self._background_flush("records")
+        elif self._pending.bytes >= self.settings.max_batch_bytes:
+            self._background_flush("bytes")
+
+    async def _age_trigger(self) -> None:
+        tick = min(1.0, max(0.05, self.settings.batch_timeout / 4))
+        while True:
+            await asyncio.sleep(tick)
+            self._gauge()
+            if not self._pending.first_ack or time.monotonic() < self._retry_at:
+                continue
+            if self.oldest_pending_age() >= self.settings.batch_timeout:
+                self._background_flush("age")
+
+    def _background_flush(self, reason: str) -> None:
+        if self._queued_flush is not None or time.monotonic() < self._retry_at:
+            return
+        future = self._schedule_nowait(reason)
+        # Failures are logged and counted by the job; the timer retries.
+        self._background.add(future)
+        future.add_done_callback(self._background_done)
+
+    def _background_done(self, future: asyncio.Future[FlushResult]) -> None:
+        self._background.discard(future)
+        if not future.cancelled():
+            future.exception()
+
+    async def _schedule(self, reason: str) -> FlushResult:
+        return await asyncio.shield(self._schedule_nowait(reason))
+
+    def _schedule_nowait(self, reason: str) -> asyncio.Future[FlushResult]:
+        # Triggers that fire while a flush is still queued ride on it: it will
+        # seal and commit everything acked up to the moment it starts.
+        if self._queued_flush is not None and self._queued_flush.done():
+            self._queued_flush = None  # cancelled before it started (pool stopped)
+        if self._queued_flush is None:
+            self._queued_reason = reason
+            self._queued_flush = self._lane.submit(self._flush_job)
+        return self._queued_flush
+
+    # ------------------------------------------------------------------ the flush job
+
+    async def _flush_job(self) -> FlushResult:
+        reason = self._queued_reason
+        self._queued_flush = None  # from here on, new triggers queue a new job
+        started = time.perf_counter()
+        try:
+            await self._spool.seal(self.name)
+            result = FlushResult(self.name, reason, None, 0)
+            segments = self._spool.segments(self.name)
+            while segments:
+                chunk = _take_chunk(segments, self.settings.max_batch_bytes)
+                segments = segments[len(chunk) :]
+                result = await self._commit_chunk(chunk, reason, started)
+                if segments:
+                    _log.info(
+                        "%s: %d more segments to commit (%s)",
+                        self.name,
+                        len(segments),
+                        reason,
+                        extra={"table": self.name, "segments_left": len(segments)},
+                    )
+        except Exception as exc:
+            self._failures += 1
+            delay = min(_MAX_RETRY_DELAY, 0.5 * 2**self._failures)
+            self._retry_at = time.monotonic() + delay
+            self._metrics.commit_failures.labels(table=self.name).inc()
+            _log.error(
+                "%s: flush (%s) failed, retrying in %.1fs; the spool keeps every record: %s",
+                self.name,
+                reason,
+                delay,
+                exc,
+                extra={"table": self.name, "reason": reason, "error": str(exc)},
+            )
+            raise
+        self._failures = 0
+        self._retry_at = 0.0
+        return result
+
+    async def _commit_chunk(
+        self, chunk: list[SegmentInfo], reason: str, started: float
+    ) -> FlushResult:
+        ids = [s.id for s in chunk]
+        committed = await asyncio.to_thread(self._find_committed, ids)
+        fresh: list[SegmentInfo] = []
+        for info in chunk:
+            if info.id in committed:
+                # Committed before a crash, not yet deleted: never commit twice.
+                _log.warning(
+                    "%s: segment %s already in snapshot %d; deleting it from the spool",
+                    self.name,
+                    info.id,
+                    committed[info.id],
+                    extra={"table": self.name, "segment": info.id},
+                )
+                await self._spool.delete(info.id)
+                self._settled(info)
+            else:
+                fresh.append(info)
+        if not fresh:
+            return FlushResult(self.name, reason, None, 0, already_committed=bool(committed))
+        batches: list[pa.RecordBatch] = []
+        readable: list[SegmentInfo] = []
+        for info in fresh:
+            try:
+                data = await self._spool.read(info.id)
+            except SegmentCorruptError:
+                self._metrics.quarantined_segments.inc()
+                self._settled(info)
+                continue
+            batches.extend(data.batches)
+            readable.append(info)
+        if not readable:
+            return FlushResult(self.name, reason, None, 0)
+        encode_started = time.perf_counter()
+        files = await asyncio.to_thread(
+            encode_data_files,
+            self._table,
+            batches,
+            target_file_size=self.settings.target_file_size,
+            row_group_records=self.settings.row_group_records,
+            compression=self.settings.compression,
+            file_prefix=readable[0].id,
+        )
+        self._metrics.encode_duration.labels(table=self.name).observe(
+            time.perf_counter() - encode_started
+        )
+        seg_ids = [s.id for s in readable]
+        records = sum(s.rows for s in readable)
+        if not files:
+            for info in readable:
+                await self._spool.delete(info.id)
+                self._settled(info)
+            return FlushResult(self.name, reason, None, 0)
+        commit = await asyncio.to_thread(
+            commit_files,
+            self._table,
+            files,
+            segment_ids=seg_ids,
+            summary={"icespool.reason": reason},
+        )
+        if os.environ.get(_CRASH_AFTER_COMMIT):
+            os.kill(os.getpid(), signal.SIGKILL)
+        for info in readable:
+            await self._spool.delete(info.id)
+            self._settled(info)
+        duration_ms = (time.perf_counter() - started) * 1000
+        result = FlushResult(
+            table=self.name,
+            reason=reason,
+            snapshot_id=commit.snapshot_id,
+            records=records,
+            files=commit.files,
+            bytes=commit.bytes,
+            duration_ms=round(duration_ms, 1),
+            segments=tuple(seg_ids),
+            already_committed=commit.already_committed,
+        )
+        self._record(result, files)
+        return result
+
+    def _find_committed(self, ids: list[str]) -> dict[str, int]:
+        self._table.refresh()
+        return find_committed_segments(self._table, ids)
+
+    def _settled(self, info: SegmentInfo) -> None:
+        """The segment left the spool (committed or quarantined): stop counting it."""
+        self._pending.records = max(0, self._pending.records - info.rows)
+        self._pending.bytes = max(0, self._pending.bytes - info.bytes)
+        self._pending.first_ack.pop(info.id, None)
+        self._gauge()
+
+    def _record(self, result: FlushResult, files: Sequence[Any]) -> None:
+        m = self._metrics
+        m.records_committed.labels(table=self.name).inc(result.records)
+        m.commits.labels(table=self.name, reason=result.reason).inc()
+        m.commit_duration.labels(table=self.name).observe(result.duration_ms / 1000)
+        m.last_commit.labels(table=self.name).set(time.time())
+        for data_file in files:
+            m.data_file_size.labels(table=self.name).observe(data_file.file_size_in_bytes)
+        self.last_commit = result
+        _log.info(
+            "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s",
+            self.name,
+            result.reason,
+            result.records,
+            result.files,
+            result.bytes,
+            result.duration_ms,
+            result.snapshot_id,
+            extra={
+                "table": self.name,
+                "reason": result.reason,
+                "records": result.records,
+                "files": result.files,
+                "bytes": result.bytes,
+                "duration_ms": result.duration_ms,
+                "snapshot_id": result.snapshot_id,
+            },
+        )
+
+    def _gauge(self) -> None:
+        m = self._metrics
+        m.queue_records.labels(table=self.name).set(self._pending.records)
+        m.queue_bytes.labels(table=self.name).set(self._pending.bytes)
+        m.oldest_pending_age.labels(table=self.name).set(self.oldest_pending_age())
+
+
+def _take_chunk(segments: list[SegmentInfo], max_bytes: int) -> list[SegmentInfo]:
+    """Oldest segments up to ``max_bytes`` (at least one): bounds a replay's memory."""
+    chunk: list[SegmentInfo] = []
+    size = 0
+    for info in segments:
+        if chunk and size + info.bytes > max_bytes:
+            break
+        chunk.append(info)
+        size += info.bytes
+    return chunk
+
+
+def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) -> pa.RecordBatch:
+    arrays: dict[str, pa.Array] = {}
+    for name, spec in columns.items():
+        column = spec if isinstance(spec, Column) else Column(spec)
+        try:
+            target = schema.field(name).type
+        except KeyError:
+            raise BadInputError(f"column {name!r} is not in the table's schema") from None
+        try:
+            values = pa.array(column.values, type=target)
+            if column.validity is not None:
+                valid = pa.array(column.validity, pa.bool_())
+                if len(valid) < len(values):
+                    raise BadInputError(
+                        f"column {name!r}: validity has {len(valid)} entries for "
+                        f"{len(values)} values"
+                    )
+                values = pc.if_else(valid[: len(values)], values, pa.nulls(len(values), target))
+            if column.selection is not None:
+                values = values.take(pa.array(column.selection, pa.int64()))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise BadInputError(f"column {name!r}: {exc}") from exc
+        arrays[name] = values
+    lengths = {len(a) for a in arrays.values()}
+    if len(lengths) > 1:
+        raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
+    return conform(pa.table(arrays), schema)
