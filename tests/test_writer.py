@@ -56,7 +56,7 @@ async def test_flush_commits_one_snapshot_with_exact_rows(tmp_path: Path) -> Non
     config = _config(tmp_path)
     async with Icespool(config) as ice:
         writer = ice.writer(TABLE)
-        assert await writer.append(_batch(range(0, 5))) == 5
+        assert await writer.append(_batch(range(5))) == 5
         await writer.queue({"id": 5, "v": "v5"})
         await writer.queue_all([{"id": 6, "v": "v6"}, {"id": 7}])
         first = await writer.flush()
@@ -80,7 +80,7 @@ async def test_record_count_and_age_triggers_commit(tmp_path: Path) -> None:
     config = _config(tmp_path, max_batch_records=100, batch_timeout="300ms")
     async with Icespool(config) as ice:
         writer = ice.writer(TABLE)
-        await writer.append(_batch(range(0, 150)))  # passes max_batch_records
+        await writer.append(_batch(range(150)))  # passes max_batch_records
         for _ in range(100):
             if writer.pending_records == 0:
                 break
@@ -144,7 +144,7 @@ async def test_bad_batches_name_the_column_and_spool_nothing(tmp_path: Path) -> 
             await writer.append(pa.table({"id": pa.array([1, None], pa.int64())}))
         assert writer.pending_records == 0
         assert ice.status()["spool"]["bytes"] == 0
-        with pytest.raises(UnknownTableError, match="nope.nope"):
+        with pytest.raises(UnknownTableError, match=r"nope\.nope"):
             ice.writer("nope.nope")
         result = await writer.flush()
         assert result.snapshot_id is None
@@ -177,7 +177,7 @@ async def test_segment_committed_before_a_crash_is_deleted_not_recommitted(
         arrow_schema = ice.writer(TABLE).arrow_schema
     # Reproduce the crash window by hand: commit a sealed segment, keep the file.
     async with Spool(config.spool.dir) as spool:
-        await spool.append(TABLE, _batch(range(0, 7)).cast(arrow_schema).to_batches()[0])
+        await spool.append(TABLE, _batch(range(7)).cast(arrow_schema).to_batches()[0])
         info = await spool.seal(TABLE)
         assert info is not None
         data = await spool.read(info.id)
