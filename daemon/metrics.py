@@ -6,10 +6,19 @@ share counters. Dashboards and alert rules in ``deploy/`` may use only these nam
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+# `*_created` series double every counter's cardinality and nothing here reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FILE_SIZE_BUCKETS = tuple(float(2**n) for n in range(16, 33, 2))  # 64 KiB .. 4 GiB

@@ -247,3 +247,40 @@ async def test_many_tables_flush_concurrently(tmp_path: Path) -> None:
         assert sorted(ids) == list(range(50)), name
         assert len(table.snapshots()) == 5
         assert arrow_schema_for(table).field("id").nullable is False
+
+
+async def test_storage_outage_backs_off_keeps_acking_and_loses_nothing(tmp_path: Path) -> None:
+    config = _config(tmp_path, batch_timeout="100ms")
+    warehouse = tmp_path / "warehouse"
+    async with Icespool(config) as ice:
+        writer = ice.writer(TABLE)
+        await writer.append(_batch(range(10)))
+        for _ in range(100):
+            if writer.pending_records == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert writer.pending_records == 0
+        # Storage goes away: data files cannot be written under the table location.
+        hidden = tmp_path / "warehouse.away"
+        warehouse.rename(hidden)
+        warehouse.write_text("not a directory")
+        try:
+            await writer.append(_batch(range(10, 20)))
+            failures = ice.metrics.commit_failures.labels(table=TABLE)
+            for _ in range(200):
+                if failures._value.get() >= 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert failures._value.get() >= 1
+            # Still acking while commits fail: the spool holds it all.
+            assert await writer.append(_batch(range(20, 30))) == 10
+            assert writer.pending_records == 20
+        finally:
+            warehouse.unlink()
+            hidden.rename(warehouse)
+        for _ in range(500):  # the backoff retry commits everything
+            if writer.pending_records == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert writer.pending_records == 0
+    assert [r["id"] for r in _rows(config)] == list(range(30))

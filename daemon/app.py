@@ -1,0 +1,131 @@
+"""`icespool run` and `icespool replay`: start, serve, drain with a bounded grace period.
+
+Signal handlers only set an event. The first SIGTERM/SIGINT starts the drain
+(ingest answers 503, every table commits with reason ``shutdown``); a second one
+exits at once with status 130 — safe, because everything acked is in the spool
+and is committed at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import uvloop
+
+from daemon.config import Config
+from daemon.errors import IcespoolError
+from daemon.http_api import start_http
+from daemon.service import Icespool
+from spool import SpoolLockedError
+
+__all__ = ["SHUTDOWN_GRACE_SECONDS", "replay", "run_daemon"]
+
+_log = logging.getLogger("icespool.app")
+SHUTDOWN_GRACE_SECONDS = 30.0
+_EXIT_FAILED = 1
+_EXIT_FORCED = 130
+
+
+def run_daemon(config: Config) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit status."""
+    return uvloop.run(_serve(config))
+
+
+def replay(config: Config) -> int:
+    """Commit everything the spool holds, then exit (no HTTP, no Kafka)."""
+    return uvloop.run(_replay(config))
+
+
+async def _serve(config: Config) -> int:
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    _prepare_local_dirs(config)
+    service = Icespool(config)
+    try:
+        await service.start()
+    except SpoolLockedError as exc:
+        _log.error("%s", exc)
+        return _EXIT_FAILED
+    except (IcespoolError, OSError) as exc:
+        _log.error("cannot start: %s", exc)
+        return _EXIT_FAILED
+    token = _read_token(config.http.auth_token_file)
+    try:
+        http = await start_http(
+            service,
+            config.http.host,
+            config.http.port,
+            auth_token=token,
+            max_body_bytes=config.http.max_body_bytes,
+        )
+    except OSError as exc:
+        _log.error("cannot listen on %s: %s", config.http.listen, exc)
+        await service.stop()
+        return _EXIT_FAILED
+    _log.info(
+        "icespool ready: http://%s:%d, tables %s, spool %s",
+        config.http.host,
+        http.port,
+        ", ".join(service.table_names) or "(none)",
+        config.spool.dir,
+        extra={"port": http.port, "tables": service.table_names},
+    )
+    await stop.wait()
+    _log.info("shutting down: committing pending records (grace %.0fs)", SHUTDOWN_GRACE_SECONDS)
+    service.draining = True  # ingest answers 503 from now on; status stays readable
+    await service.stop(grace=SHUTDOWN_GRACE_SECONDS)
+    await http.stop()
+    _log.info("stopped cleanly")
+    return 0
+
+
+async def _replay(config: Config) -> int:
+    _prepare_local_dirs(config)
+    service = Icespool(config)
+    try:
+        await service.start()  # start() commits every recovered segment first
+    except (IcespoolError, OSError) as exc:
+        _log.error("replay failed: %s", exc)
+        return _EXIT_FAILED
+    await service.stop()
+    left = service.status()["spool"]["segments"]
+    if left:
+        _log.error("replay finished with %d segments still in the spool", left)
+        return _EXIT_FAILED
+    _log.info("replay finished: the spool is empty")
+    return 0
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            _log.warning("second signal: exiting now; acked records stay in the spool")
+            os._exit(_EXIT_FORCED)
+        _log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+def _prepare_local_dirs(config: Config) -> None:
+    """Create the local directories the embedded default points at (SQLite won't)."""
+    config.spool.dir.mkdir(parents=True, exist_ok=True)
+    uri = config.catalog.uri or ""
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _read_token(path: Path | str | None) -> str | None:
+    if not path:
+        return None
+    token = Path(path).read_text().strip()
+    if not token:
+        raise IcespoolError(f"http.auth_token_file {path} is empty")
+    return token

@@ -1,0 +1,445 @@
+"""The HTTP endpoints of DESIGN.md's contract, on aiohttp.
+
+    POST /v1/tables/{table}/records   ingest (application/x-ndjson or Arrow IPC stream)
+    POST /v1/tables/{table}/flush     commit now
+    GET  /v1/status                   service.status()
+    GET  /metrics                     Prometheus text
+    GET  /healthz, /readyz            liveness, readiness
+
+Ingest is all-or-nothing: a request is decoded whole (off the event loop), handed to
+the table's writer in one ``append``, and answered 200 only once that returned, i.e.
+once every record is in the spool. Every refusal is JSON ``{"error": "..."}`` with
+the status the contract names; cheap checks (auth, table, content type, declared
+length) run before a byte of the body is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import pyarrow as pa
+from aiohttp import web
+
+from daemon.decode import decode_arrow_stream, decode_ndjson
+from daemon.errors import (
+    BackpressureError,
+    BadInputError,
+    IcespoolError,
+    ShuttingDownError,
+    UnknownTableError,
+)
+from daemon.metrics import CONTENT_TYPE_LATEST
+from daemon.service import Icespool
+from daemon.writer import TableWriter
+
+__all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
+
+NDJSON: Final = "application/x-ndjson"
+ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
+
+_log = logging.getLogger("icespool.http")
+
+Decoder = Callable[[bytes, pa.Schema], pa.Table]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_DECODERS: Final[Mapping[str, Decoder]] = {
+    NDJSON: decode_ndjson,
+    ARROW_STREAM: decode_arrow_stream,
+}
+# Routes that need the Bearer token when one is configured; probes and metrics
+# stay open so kubelet and Prometheus need no secret.
+_PROTECTED: Final = frozenset({"ingest", "flush", "status"})
+_UNMATCHED_ROUTE: Final = "unmatched"  # one label for every unknown path: bounded cardinality
+_SHOWN_NAME_CHARS: Final = 120
+_STARTING_RETRY_AFTER: Final = 1.0
+_DRAINING_RETRY_AFTER: Final = 1.0
+_BUSY_RETRY_AFTER: Final = 1.0
+# Default budget of request bytes held at once (bodies being read, decoded, appended):
+# without it, memory grows with the number of concurrent clients, not with the config.
+_INFLIGHT_BODIES: Final = 4
+
+
+class _Problem(Exception):
+    """An answer other than 200: status, message and extra headers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        close: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+        # The body may still be on its way: do not keep the connection for reuse.
+        self.close = close
+
+
+class HttpServer:
+    """A listening HTTP server; ``port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, runner: web.AppRunner, port: int) -> None:
+        self._runner = runner
+        self._port = port
+        self._stopped = False
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def stop(self) -> None:
+        """Stop listening and close connections. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._runner.cleanup()
+
+
+async def start_http(
+    service: Icespool,
+    host: str,
+    port: int,
+    *,
+    auth_token: str | None,
+    max_body_bytes: int,
+    max_inflight_bytes: int | None = None,
+    body_timeout: float = 60.0,
+    shutdown_timeout: float = 5.0,
+) -> HttpServer:
+    """Serve ``service`` on ``host:port`` (0 picks a free port) until ``stop()``.
+
+    ``auth_token``: when set, ingest, flush and status need ``Authorization: Bearer
+    <token>``. ``max_body_bytes`` bounds a request body (413 beyond it);
+    ``max_inflight_bytes`` (default 4 x ``max_body_bytes``) bounds the bodies of all
+    ingest requests in progress together (503 + Retry-After beyond it);
+    ``body_timeout`` bounds the time to receive a body (408), so slow clients cannot
+    hold a request open forever.
+    """
+    if auth_token is not None and not auth_token.strip():
+        raise ValueError("auth_token must not be empty; pass None to disable auth")
+    inflight = max_inflight_bytes or _INFLIGHT_BODIES * max_body_bytes
+    api = _Api(service, auth_token, max_body_bytes, max(inflight, max_body_bytes), body_timeout)
+    # client_max_size guards any path that would call request.read(); ingest reads
+    # the body itself with its own limit.
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[api.middleware])
+    app.router.add_post("/v1/tables/{table}/records", api.ingest, name="ingest")
+    app.router.add_post("/v1/tables/{table}/flush", api.flush, name="flush")
+    app.router.add_get("/v1/status", api.status, name="status")
+    app.router.add_get("/metrics", api.metrics, name="metrics")
+    app.router.add_get("/healthz", api.healthz, name="healthz")
+    app.router.add_get("/readyz", api.readyz, name="readyz")
+    # access_log=None: no log line per request at info; the middleware logs at debug.
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1] if runner.addresses else port
+    return HttpServer(runner, int(bound))
+
+
+class _Api:
+    def __init__(
+        self,
+        service: Icespool,
+        token: str | None,
+        max_body_bytes: int,
+        max_inflight_bytes: int,
+        body_timeout: float,
+    ) -> None:
+        self._service = service
+        self._token = None if token is None else token.encode("utf-8")
+        self._max_body = max_body_bytes
+        self._max_inflight = max_inflight_bytes
+        self._inflight = 0  # body bytes held by ingest requests right now
+        self._body_timeout = body_timeout
+
+    # ------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        route = request.match_info.route
+        resource = route.resource
+        label = resource.canonical if resource is not None else _UNMATCHED_ROUTE
+        try:
+            if self._token is not None and route.name in _PROTECTED:
+                self._authorize(request)
+            response = await handler(request)
+        except _Problem as problem:
+            response = _error(problem.status, problem.message, problem.headers)
+            if problem.close:
+                response.force_close()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            response = _error(exc.status, _describe_http_exception(request, exc), exc.headers)
+        except Exception:
+            _log.exception("%s %s failed", request.method, label)
+            response = _error(500, "internal error; the daemon logged the details")
+        self._service.metrics.http_requests.labels(route=label, code=str(response.status)).inc()
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "%s %s -> %d in %.1f ms",
+                request.method,
+                label,
+                response.status,
+                (time.perf_counter() - started) * 1000,
+            )
+        return response
+
+    def _authorize(self, request: web.Request) -> None:
+        assert self._token is not None
+        header = request.headers.get("Authorization", "")
+        scheme, _, credentials = header.strip().partition(" ")
+        challenge = {"WWW-Authenticate": 'Bearer realm="icespool"'}
+        if scheme.lower() != "bearer" or not credentials.strip():
+            raise _Problem(
+                401, "missing 'Authorization: Bearer <token>' header", headers=challenge, close=True
+            )
+        # surrogateescape: a header with undecodable bytes must compare unequal, not raise.
+        given = credentials.strip().encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, self._token):
+            raise _Problem(401, "wrong bearer token", headers=challenge, close=True)
+
+    # ------------------------------------------------------------------ ingest and admin
+
+    async def ingest(self, request: web.Request) -> web.StreamResponse:
+        writer = self._writer(request.match_info["table"])
+        decoder = _DECODERS.get(request.content_type)
+        if decoder is None:
+            raise _Problem(
+                415,
+                f"unsupported Content-Type {_shown(request.content_type)}; send "
+                f"{NDJSON} (one JSON object per line) or {ARROW_STREAM}",
+                close=True,
+            )
+        self._refuse_if_queue_full(writer)
+        held = 0
+        try:
+            body, held = await self._read_body(request, writer.name)
+            table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
+            # Shielded: a client that hangs up must not cancel a half-done spool append.
+            accepted = await asyncio.shield(writer.append(table))
+        except BadInputError as exc:
+            raise _Problem(400, str(exc)) from None
+        except BackpressureError as exc:
+            raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
+        finally:
+            self._inflight -= held
+        return _json({"accepted": accepted})
+
+    async def flush(self, request: web.Request) -> web.StreamResponse:
+        writer = self._writer(request.match_info["table"])
+        try:
+            result = await asyncio.shield(writer.flush("manual"))
+        except ShuttingDownError as exc:
+            raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
+        except IcespoolError as exc:
+            # Commit or catalog trouble: the records stay in the spool and are retried.
+            raise _Problem(
+                503,
+                f"flush of {writer.name} failed: {exc}; the spool keeps every record and "
+                "the daemon retries",
+                headers=_retry_after(5.0),
+            ) from None
+        return _json(
+            {
+                "table": result.table,
+                "snapshot_id": result.snapshot_id,
+                "records": result.records,
+                "files": result.files,
+                "bytes": result.bytes,
+                "reason": result.reason,
+                "duration_ms": result.duration_ms,
+            }
+        )
+
+    async def status(self, request: web.Request) -> web.StreamResponse:
+        del request
+        return _json(self._service.status())
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        del request
+        self._service.refresh_gauges()
+        return web.Response(
+            body=self._service.metrics.exposition(),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def healthz(self, request: web.Request) -> web.StreamResponse:
+        del request
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.StreamResponse:
+        del request
+        service = self._service
+        if service.ready and not service.draining:
+            return _json({"status": "ready"})
+        reason = "shutting down" if service.draining else "starting (spool recovery)"
+        raise _Problem(503, f"not ready: {reason}")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _writer(self, name: str) -> TableWriter:
+        service = self._service
+        if service.draining:
+            raise _Problem(
+                503,
+                "the daemon is shutting down; retry against another replica",
+                headers=_retry_after(_DRAINING_RETRY_AFTER),
+                close=True,
+            )
+        if not service.ready:
+            # Writers exist during recovery, but new records must not overtake it.
+            raise _Problem(
+                503,
+                "the daemon is starting (spool recovery); retry shortly",
+                headers=_retry_after(_STARTING_RETRY_AFTER),
+                close=True,
+            )
+        try:
+            return service.writer(name)
+        except ShuttingDownError as exc:
+            raise _Problem(
+                503, str(exc), headers=_retry_after(exc.retry_after), close=True
+            ) from None
+        except UnknownTableError:
+            # Table names are only ever looked up, never joined into a path, so a
+            # traversal attempt is just another unknown name.
+            known = ", ".join(service.table_names) or "(none)"
+            raise _Problem(
+                404,
+                f"table {_shown(name)} is not configured on this daemon; tables: {known}",
+                close=True,
+            ) from None
+
+    def _refuse_if_queue_full(self, writer: TableWriter) -> None:
+        """503 before the body is read when the table's queue is already full.
+
+        The writer makes the exact check at append time; this one only spares
+        reading and decoding a body that would be refused anyway.
+        """
+        limit = writer.settings.max_queue_bytes
+        if writer.pending_bytes >= limit:
+            self._service.metrics.backpressure.labels(table=writer.name, reason="queue").inc()
+            raise _Problem(
+                503,
+                f"table {writer.name} has {writer.pending_bytes} bytes waiting for commit "
+                f"(max_queue_bytes {limit}); retry shortly",
+                headers=_retry_after(_BUSY_RETRY_AFTER),
+                close=True,
+            )
+
+    async def _read_body(self, request: web.Request, table: str) -> tuple[bytes, int]:
+        """The whole body and the in-flight bytes reserved for it (caller releases them)."""
+        limit = self._max_body
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise _Problem(413, _too_large(f"{declared} bytes are declared", limit), close=True)
+        held = 0
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            if declared:
+                held = self._reserve(declared, table)
+            async with asyncio.timeout(self._body_timeout):
+                # Chunked (or lying) clients: count while reading, stop at the limit.
+                async for chunk in request.content.iter_any():
+                    size += len(chunk)
+                    if size > limit:
+                        raise _Problem(
+                            413, _too_large(f"more than {limit} bytes arrived", limit), close=True
+                        )
+                    if size > held:
+                        held += self._reserve(size - held, table)
+                    chunks.append(chunk)
+        except TimeoutError:
+            self._inflight -= held
+            raise _Problem(
+                408,
+                f"the request body did not arrive within {self._body_timeout:g} s "
+                f"({size} bytes received); send it faster or in smaller requests",
+                close=True,
+            ) from None
+        except BaseException:
+            self._inflight -= held
+            raise
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), held
+
+    def _reserve(self, extra: int, table: str) -> int:
+        # max_inflight >= max_body, so a lone request within max_body_bytes always fits.
+        if self._inflight + extra > self._max_inflight:
+            self._service.metrics.backpressure.labels(table=table, reason="http_inflight").inc()
+            raise _Problem(
+                503,
+                f"the daemon is already receiving {self._inflight} bytes of request bodies "
+                f"(limit {self._max_inflight}); retry shortly",
+                headers=_retry_after(_BUSY_RETRY_AFTER),
+                close=True,
+            )
+        self._inflight += extra
+        return extra
+
+
+def _too_large(what: str, limit: int) -> str:
+    return (
+        f"request body too large: {what}, the limit is {limit} bytes (http.max_body_bytes); "
+        "split the records over several requests"
+    )
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted and cut short, safe to echo into a response or a log line."""
+    shown = repr(text)
+    if len(shown) > _SHOWN_NAME_CHARS:
+        shown = shown[: _SHOWN_NAME_CHARS - 4] + "...'"
+    return shown
+
+
+def _describe_http_exception(request: web.Request, exc: web.HTTPException) -> str:
+    path = _shown(request.path)
+    if exc.status == 404:
+        return (
+            f"no such endpoint: {request.method} {path}; the API is under "
+            "/v1/tables/{namespace.table}/records|flush, /v1/status, /metrics, /healthz, /readyz"
+        )
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return f"method {request.method} is not allowed on {path}; use {allowed}"
+    return f"{exc.reason} ({request.method} {path})"
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), default=str)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=_dumps)
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    response = _json({"error": message}, status)
+    for key in ("Retry-After", "WWW-Authenticate", "Allow"):
+        if headers and key in headers:
+            response.headers[key] = headers[key]
+    return response

@@ -1,0 +1,84 @@
+"""Shared fixtures: a config in a temp dir, and a real daemon (service + HTTP) on a free port."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.config import Config, embedded_default, validate_config
+from daemon.http_api import start_http
+from daemon.service import Icespool
+
+MakeConfig = Callable[..., Config]
+RunDaemon = Callable[..., AbstractAsyncContextManager[tuple[Icespool, str]]]
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    """``make_config(tables=[...], defaults={...}, ...)``: the embedded default under
+    ``tmp_path`` with sections merged in (lists such as ``tables`` are replaced)."""
+
+    def build(**sections: Any) -> Config:
+        raw = embedded_default(tmp_path / "icespool-data")
+        raw["encode"] = {"workers": 2}  # the default (2 x cores) only adds idle tasks here
+        raw["http"] = {"listen": "127.0.0.1:0"}
+        return validate_config(_merge(raw, sections))
+
+    return build
+
+
+@pytest.fixture
+def run_daemon(make_config: MakeConfig) -> RunDaemon:
+    """``async with run_daemon(config=None, auth_token=None, max_body_bytes=None) as
+    (service, base_url)``: a started `Icespool` behind `start_http` on a free port."""
+
+    @asynccontextmanager
+    async def run(
+        config: Config | None = None,
+        *,
+        auth_token: str | None = None,
+        max_body_bytes: int | None = None,
+        **http_options: Any,
+    ) -> AsyncIterator[tuple[Icespool, str]]:
+        config = config or make_config()
+        service = Icespool(config)
+        await service.start()
+        try:
+            http = await start_http(
+                service,
+                "127.0.0.1",
+                0,
+                auth_token=auth_token,
+                max_body_bytes=max_body_bytes or config.http.max_body_bytes,
+                **http_options,
+            )
+            try:
+                yield service, f"http://127.0.0.1:{http.port}"
+            finally:
+                await http.stop()
+        finally:
+            await service.stop()
+
+    return run
+
+
+@pytest.fixture
+async def daemon(run_daemon: RunDaemon) -> AsyncIterator[tuple[Icespool, str]]:
+    """The embedded default config (table ``demo.events``), no auth."""
+    async with run_daemon() as running:
+        yield running
