@@ -108,6 +108,17 @@ def _recover_one(directory: Path, segment_id: str, path: Path, report: RecoveryR
     if result.error is not None:
         report.quarantined.append((quarantine(directory, path, result.error), result.error))
         return
+    cut = 0 if result.clean_end else len(data) - result.good_end
+    if cut:
+        report.truncated.append((path, cut))
+        _log.warning(
+            "segment %s: torn tail of %d bytes cut off (kill or crash mid-append); "
+            "%d complete batches recovered",
+            path.name,
+            cut,
+            result.batches,
+            extra={"segment": path.name, "bytes_cut": cut, "batches": result.batches},
+        )
     if result.batches == 0 or result.table is None:
         # Acks happen only after a whole batch is written, so a file without one
         # holds nothing anybody was promised.
@@ -116,18 +127,7 @@ def _recover_one(directory: Path, segment_id: str, path: Path, report: RecoveryR
         report.removed_empty.append(path)
         return
     if not result.clean_end:
-        cut = len(data) - result.good_end
         _finish(path, data, result)
-        if cut:
-            report.truncated.append((path, cut))
-            _log.warning(
-                "segment %s: torn tail of %d bytes cut off (kill or crash mid-append); "
-                "%d complete batches recovered",
-                path.name,
-                cut,
-                result.batches,
-                extra={"segment": path.name, "bytes_cut": cut, "batches": result.batches},
-            )
         data = path.read_bytes()
     rows = sum(b.num_rows for b in decode(data, len(data)).batches)
     report.segments.append(

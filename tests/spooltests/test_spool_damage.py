@@ -34,6 +34,7 @@ async def test_truncation_at_every_byte_offset(tmp_path: Path) -> None:
     source, boundaries = await _write_segment(tmp_path / "src", batches=3)
     raw = source.read_bytes()
     assert len(raw) > boundaries[-1]  # seal and end-of-stream follow the last batch
+    schema_end = 8 + int.from_bytes(raw[4:8], "little")  # the schema message has no body
     for cut in range(len(raw) + 1):
         directory = tmp_path / f"cut{cut}"
         directory.mkdir()
@@ -48,6 +49,8 @@ async def test_truncation_at_every_byte_offset(tmp_path: Path) -> None:
             cut_bytes = sum(n for _, n in report.truncated)
             if expected == 0:
                 assert report.segments == [] and not any(directory.glob("*.arrow"))
+                # A torn first batch is still reported as a cut, not silently dropped.
+                assert (cut_bytes > 0) == (cut > 0 and cut != schema_end), f"cut at {cut}"
             else:
                 # Bytes past the last complete message are cut: a torn batch or
                 # seal, or part of the end-of-stream marker after the seal.
