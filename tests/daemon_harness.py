@@ -1,0 +1,391 @@
+"""A real `icespool run` child process for fault tests.
+
+Everything lives under one directory (normally pytest's ``tmp_path``): the TOML
+config, a SQLite SQL catalog, the warehouse, the spool, and one log file per start.
+The daemon listens on ``127.0.0.1:0``; its "icespool ready" log line names the port
+it bound, so restarts never race other processes for a pre-picked port.
+
+Failures carry the tail of the daemon's log, so a red test says what the daemon saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pyiceberg.catalog import load_catalog
+from pyiceberg.table import Table
+
+__all__ = [
+    "CATALOG_NAME",
+    "NDJSON",
+    "TABLE",
+    "Daemon",
+    "DaemonDir",
+    "DaemonError",
+    "daemon_command",
+    "ndjson",
+]
+
+TABLE = "t.events"
+CATALOG_NAME = "lake"
+NDJSON = "application/x-ndjson"
+_READY_RE = re.compile(r"icespool ready: http://(?P<host>[^\s,]+):(?P<port>\d+)")
+_READY_TIMEOUT = 60.0
+
+
+class DaemonError(AssertionError):
+    """The daemon did not do what the test waited for (the message has its log tail)."""
+
+
+def daemon_command() -> list[str]:
+    """The console script next to this interpreter, else ``python -m daemon``."""
+    script = Path(sys.executable).parent / "icespool"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "daemon"]
+
+
+def ndjson(records: Iterable[Mapping[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+
+
+@dataclass(frozen=True)
+class DaemonDir:
+    """The paths of one daemon installation under ``root``."""
+
+    root: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "icespool.toml"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def catalog_db(self) -> Path:
+        return self.root / "catalog.db"
+
+    @property
+    def warehouse(self) -> Path:
+        return self.root / "warehouse"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def catalog_properties(self) -> dict[str, str]:
+        return {
+            "type": "sql",
+            "uri": f"sqlite:///{self.catalog_db}",
+            "warehouse": self.warehouse.as_uri(),
+        }
+
+    def write_config(
+        self,
+        *,
+        batch_timeout: str = "60s",
+        max_batch_records: int = 500_000,
+        durability: str = "page-cache",
+        encode_workers: int = 2,
+        extra: str = "",
+    ) -> Path:
+        """Write the daemon's TOML: table ``t.events`` (id long required, v string)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        text = f"""\
+[catalog]
+name = "{CATALOG_NAME}"
+type = "sql"
+uri = {json.dumps(f"sqlite:///{self.catalog_db}")}
+warehouse = {json.dumps(self.warehouse.as_uri())}
+
+[spool]
+dir = {json.dumps(str(self.spool_dir))}
+durability = "{durability}"
+
+[http]
+listen = "127.0.0.1:0"
+
+[defaults]
+batch_timeout = "{batch_timeout}"
+max_batch_records = {max_batch_records}
+
+[encode]
+workers = {encode_workers}
+
+[log]
+level = "info"
+format = "text"
+
+[[tables]]
+name = "{TABLE}"
+create = true
+schema = [
+  {{ name = "id", type = "long", required = true }},
+  {{ name = "v", type = "string" }},
+]
+{extra}"""
+        self.config_path.write_text(text)
+        return self.config_path
+
+    # ------------------------------------------------------------------ reading back
+
+    def load_table(self) -> tuple[Table, Any]:
+        """The table as the daemon's catalog holds it, and the catalog (dispose its engine)."""
+        catalog = load_catalog(CATALOG_NAME, **self.catalog_properties)
+        return catalog.load_table(TABLE), catalog
+
+    def read_rows(self) -> tuple[list[dict[str, Any]], Table]:
+        """Every row of the table (current snapshot) and the loaded table."""
+        table, catalog = self.load_table()
+        try:
+            arrow = table.scan().to_arrow()
+        finally:
+            _dispose(catalog)
+        return arrow.to_pylist(), table
+
+    def spool_files(self) -> list[Path]:
+        if not self.spool_dir.exists():
+            return []
+        return sorted(p for p in self.spool_dir.iterdir() if p.name.endswith(".arrow"))
+
+    def quarantined(self) -> list[Path]:
+        q = self.spool_dir / "quarantine"
+        return sorted(q.iterdir()) if q.exists() else []
+
+
+def _dispose(catalog: Any) -> None:
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+class Daemon:
+    """One daemon installation; `start` may be called again after it died."""
+
+    def __init__(self, home: DaemonDir) -> None:
+        self.home = home
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self.starts = 0
+        self._log_file: Any = None
+        self.log_path: Path | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        if self.running:
+            raise DaemonError(f"daemon already running (pid {self.pid})")
+        self._close_log()
+        self.starts += 1
+        self.port = None
+        self.home.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.home.log_dir / f"start-{self.starts:03d}.log"
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the child
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
+        child_env.update(env or {})
+        child_env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            [*daemon_command(), "run", "--config", str(self.home.config_path)],
+            cwd=self.home.root,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+        )
+
+    async def wait_ready(self, within: float = _READY_TIMEOUT) -> int:
+        """Wait for the ready log line, then for ``GET /readyz`` == 200; returns the port."""
+        proc = self._require_proc()
+        deadline = time.monotonic() + within
+        while self.port is None:
+            match = _READY_RE.search(self.log())
+            if match:
+                self.port = int(match.group("port"))
+                break
+            if proc.poll() is not None:
+                raise DaemonError(
+                    f"daemon exited with {_describe_exit(proc.returncode)} before it was "
+                    f"ready\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise DaemonError(f"daemon not ready after {within:.0f}s\n{self.tail()}")
+            await asyncio.sleep(0.02)
+        if self.port == 0:
+            raise DaemonError(f"the ready line names port 0, not the bound port\n{self.tail()}")
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(f"{self.url}/readyz") as resp:
+                        if resp.status == 200:
+                            return self.port
+                        last = f"{resp.status} {await resp.text()}"
+                except aiohttp.ClientError as exc:
+                    last = repr(exc)
+                if proc.poll() is not None:
+                    raise DaemonError(
+                        f"daemon exited with {_describe_exit(proc.returncode)} while waiting "
+                        "for /readyz "
+                        f"({last})\n{self.tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise DaemonError(f"/readyz never answered 200 (last: {last})\n{self.tail()}")
+                await asyncio.sleep(0.02)
+
+    def kill(self) -> int:
+        """SIGKILL and reap; returns the exit status (-9 unless it had already exited)."""
+        proc = self._require_proc()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        return proc.wait(timeout=30)
+
+    def signal(self, signum: int) -> None:
+        self._require_proc().send_signal(signum)
+
+    async def wait_exit(self, within: float) -> int:
+        """Wait (without blocking the loop) for the child to exit; returns its status."""
+        proc = self._require_proc()
+        deadline = time.monotonic() + within
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise DaemonError(f"daemon still running after {within:.1f}s\n{self.tail()}")
+            await asyncio.sleep(0.01)
+        return proc.returncode
+
+    async def wait_log(self, needle: str, within: float, *, count: int = 1) -> None:
+        """Wait until ``needle`` occurs ``count`` times in this start's log."""
+        deadline = time.monotonic() + within
+        while self.log().count(needle) < count:
+            if time.monotonic() > deadline:
+                raise DaemonError(f"log never showed {needle!r} x{count}\n{self.tail()}")
+            await asyncio.sleep(0.005)
+
+    def cleanup(self) -> None:
+        """Make sure no child survives the test (fixture teardown, also on failure)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+        self._close_log()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise DaemonError("the daemon has not reported its port yet")
+        return f"http://127.0.0.1:{self.port}"
+
+    def records_url(self, table: str = TABLE) -> str:
+        return f"{self.url}/v1/tables/{table}/records"
+
+    def flush_url(self, table: str = TABLE) -> str:
+        return f"{self.url}/v1/tables/{table}/flush"
+
+    # ------------------------------------------------------------------ HTTP helpers
+
+    async def post_records(
+        self, session: aiohttp.ClientSession, records: list[Mapping[str, Any]]
+    ) -> tuple[int, str]:
+        async with session.post(
+            self.records_url(), data=ndjson(records), headers={"Content-Type": NDJSON}
+        ) as resp:
+            return resp.status, await resp.text()
+
+    async def ingest(
+        self, session: aiohttp.ClientSession, records: list[Mapping[str, Any]]
+    ) -> None:
+        """POST records and insist on ``200 {"accepted": len(records)}``."""
+        status, text = await self.post_records(session, records)
+        if status != 200 or _json(text).get("accepted") != len(records):
+            raise DaemonError(
+                f"ingest of {len(records)} records answered {status} {text!r}\n{self.tail()}"
+            )
+
+    async def flush(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        async with session.post(self.flush_url()) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise DaemonError(f"flush answered {resp.status} {text!r}\n{self.tail()}")
+        return _json(text)
+
+    async def metrics(self, session: aiohttp.ClientSession) -> str:
+        async with session.get(f"{self.url}/metrics") as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise DaemonError(f"/metrics answered {resp.status}\n{self.tail()}")
+            return text
+
+    # ------------------------------------------------------------------ logs
+
+    def log(self, start: int | None = None) -> str:
+        """The log of one start (default: the latest)."""
+        path = self.log_path if start is None else self.home.log_dir / f"start-{start:03d}.log"
+        if path is None or not path.exists():
+            return ""
+        return path.read_text(errors="replace")
+
+    def all_logs(self) -> str:
+        return "".join(self.log(n) for n in range(1, self.starts + 1))
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log().splitlines()[-lines:]
+        status = "never started"
+        if self.proc is not None:
+            code = self.proc.poll()
+            status = "running" if code is None else _describe_exit(code)
+        return (
+            f"--- daemon log tail (start #{self.starts}, pid {self.pid}, {status}, "
+            f"{self.log_path}) ---\n" + "\n".join(text)
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _require_proc(self) -> subprocess.Popen[bytes]:
+        if self.proc is None:
+            raise DaemonError("the daemon was never started")
+        return self.proc
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"exit status {code} (killed by {name})"
