@@ -118,6 +118,7 @@ class _Lane:
     sealed: dict[str, SegmentInfo] = field(default_factory=dict)  # creation order
     queue: list[_Pending] = field(default_factory=list)
     writer: asyncio.Task[None] | None = None
+    sealing: set[asyncio.Task[SegmentInfo | None]] = field(default_factory=set)
 
 
 class Spool:
@@ -209,11 +210,10 @@ class Spool:
                 await asyncio.wait(list(self._acking))
             for table, lane in self._lanes.items():
                 async with lane.lock:
-                    if lane.open is not None:
-                        try:
-                            await self._seal_locked(table, lane)
-                        except OSError:
-                            _log.exception("sealing %s on close failed", table)
+                    try:
+                        await self._seal_locked(table, lane)
+                    except OSError:
+                        _log.exception("sealing %s on close failed", table)
         finally:
             assert self._executor is not None
             self._executor.shutdown(wait=True)
@@ -310,7 +310,7 @@ class Spool:
             sync.written += 1
             seq = sync.written
             if segment.size >= self.segment_max_bytes:
-                await self._seal_locked(table, lane)
+                self._seal_in_background(table, lane)
         if self.durability == "fsync":
             # Acknowledge after the fsync, but let the next group start writing now.
             task = asyncio.create_task(self._ack_after_sync(sync, seq, acks))
@@ -345,7 +345,8 @@ class Spool:
     def segments(self, table: str) -> list[SegmentInfo]:
         """The table's sealed, not yet deleted segments, oldest first."""
         lane = self._lanes.get(table)
-        return list(lane.sealed.values()) if lane else []
+        # Background seals may finish out of order; uuid7 ids sort by creation.
+        return sorted(lane.sealed.values(), key=lambda s: s.id) if lane else []
 
     def tables(self) -> list[str]:
         return list(self._lanes)
@@ -398,10 +399,29 @@ class Spool:
         )
 
     async def _seal_locked(self, table: str, lane: _Lane) -> SegmentInfo | None:
-        segment = lane.open
-        if segment is None:
-            return None
-        lane.open = None
+        """Seal the open segment and wait for rotations still sealing in the background."""
+        info = None
+        if lane.open is not None:
+            segment, sync = lane.open, lane.sync
+            lane.open, lane.sync = None, None
+            info = await self._seal(table, lane, segment, sync)
+        if lane.sealing:
+            await asyncio.wait(set(lane.sealing))
+        return info
+
+    def _seal_in_background(self, table: str, lane: _Lane) -> None:
+        """Rotate on size: appends go on into a new segment while the old one's
+        fsync runs, instead of every later append waiting behind it."""
+        assert lane.open is not None
+        segment, sync = lane.open, lane.sync
+        lane.open, lane.sync = None, None
+        task = asyncio.create_task(self._seal(table, lane, segment, sync))
+        lane.sealing.add(task)
+        task.add_done_callback(functools.partial(_sealed_in_background, lane, segment))
+
+    async def _seal(
+        self, table: str, lane: _Lane, segment: OpenSegment, sync: _GroupSync | None
+    ) -> SegmentInfo | None:
         before = segment.size
         try:
             sealed = await self._in_thread(segment.seal)
@@ -410,8 +430,8 @@ class Spool:
             raise
         if self.durability == "fsync":
             self._fsyncs += 1
-        if lane.sync is not None:
-            lane.sync.mark_all_synced()
+        if sync is not None:
+            sync.mark_all_synced()
         if not sealed:
             return None
         self._bytes += segment.size - before
@@ -445,6 +465,18 @@ class Spool:
         # Arrow IPC encoding and file I/O block; they run in the spool's threads.
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+
+def _sealed_in_background(
+    lane: _Lane, segment: OpenSegment, task: asyncio.Task[SegmentInfo | None]
+) -> None:
+    lane.sealing.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        _log.error(
+            "sealing segment %s failed: %s; it stays on disk and is recovered at the next start",
+            segment.path.name,
+            task.exception(),
+        )
 
 
 def _settle(future: asyncio.Future[AppendAck], outcome: AppendAck | BaseException) -> None:
