@@ -349,7 +349,7 @@ def _cast_values(values: pa.Array, target: pa.DataType) -> pa.Array:
         raise pa.ArrowInvalid(
             "numbers are ambiguous as times; send ISO-8601 text or Arrow temporal values"
         )
-    if isinstance(target, pa.ExtensionType):
+    if isinstance(target, pa.BaseExtensionType):
         # Arrow cannot cast into extension types (uuid) directly: cast to the storage
         # type, then wrap, which is zero-copy.
         storage = values.storage if isinstance(values, pa.ExtensionArray) else values

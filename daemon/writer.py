@@ -101,6 +101,7 @@ class TableWriter:
         self._lane = lane
         self._metrics = metrics
         self._pending = _Pending()
+        self._reserved = 0
         self._queued_flush: asyncio.Future[FlushResult] | None = None
         self._queued_reason = ""
         self._closing = False
@@ -157,12 +158,18 @@ class TableWriter:
         rows: int = batch.num_rows
         if rows == 0:
             return 0
-        self._check_queue(batch.nbytes)
+        incoming = batch.nbytes
+        self._check_queue(incoming)
+        # Reserved until the spool answers, so concurrent appends cannot all pass
+        # the check before any of them is counted.
+        self._reserved += incoming
         try:
             ack = await self._spool.append(self.name, batch, meta)
         except SpoolFullError as exc:
             self._metrics.backpressure.labels(table=self.name, reason="spool").inc()
             raise BackpressureError(str(exc), retry_after=2.0) from exc
+        finally:
+            self._reserved -= incoming
         self._pending.records += rows
         self._pending.bytes += ack.bytes
         self._pending.first_ack.setdefault(ack.segment_id, time.monotonic())
@@ -207,10 +214,11 @@ class TableWriter:
 
     def _check_queue(self, incoming: int) -> None:
         limit = self.settings.max_queue_bytes
-        if self._pending.bytes and self._pending.bytes + incoming > limit:
+        queued = self._pending.bytes + self._reserved
+        if queued and queued + incoming > limit:
             self._metrics.backpressure.labels(table=self.name, reason="queue").inc()
             raise BackpressureError(
-                f"table {self.name} has {self._pending.bytes} bytes waiting for commit "
+                f"table {self.name} has {queued} bytes waiting for commit "
                 f"(max_queue_bytes {limit}); retry shortly",
                 retry_after=1.0,
             )
