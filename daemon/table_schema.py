@@ -25,6 +25,7 @@ from pyiceberg.transforms import (
     MonthTransform,
     Transform,
     TruncateTransform,
+    VoidTransform,
     YearTransform,
 )
 from pyiceberg.types import (
@@ -48,6 +49,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from daemon.config import parse_partition
 from daemon.errors import SchemaError
 
 __all__ = [
@@ -89,7 +91,6 @@ _NESTED_PREFIXES: Final = ("struct", "list", "map")
 _MAX_DECIMAL_PRECISION: Final = 38
 _COLUMN_KEYS: Final = frozenset({"name", "type", "required", "doc"})
 
-_PARTITION_RE: Final = re.compile(r"^(\w+)\s*\((.*)\)$", re.DOTALL)
 _TIME_TRANSFORMS: Final[dict[str, Callable[[], Transform[Any, Any]]]] = {
     "year": YearTransform,
     "month": MonthTransform,
@@ -163,54 +164,28 @@ def parse_schema(columns: Sequence[Mapping[str, object]]) -> Schema:
     return Schema(*fields)
 
 
-def _split_args(expression: str, inner: str) -> list[str]:
-    args = [part.strip() for part in inner.split(",")]
-    if any(not part for part in args):
-        raise SchemaError(expression, f"partition_by {expression!r}: empty argument")
-    return args
-
-
-def _parse_positive_int(expression: str, text: str, what: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise SchemaError(
-            expression, f"partition_by {expression!r}: {what} must be a positive integer"
-        )
-    return int(text)
-
-
 def _parse_partition_expression(expression: str) -> tuple[str, Transform[Any, Any], str]:
-    """Return (source column, transform, default partition field name) for one expression."""
-    text = expression.strip()
-    if not text:
-        raise SchemaError(expression, "partition_by contains an empty expression")
-    match = _PARTITION_RE.match(text)
-    if match is None:
-        if not re.fullmatch(r"[^\s(),]+", text):
-            raise SchemaError(text, f"partition_by {expression!r}: not a column or transform")
-        return text, IdentityTransform(), text
-    name = match.group(1).lower()
-    args = _split_args(expression, match.group(2))
-    if name in ("identity", *_TIME_TRANSFORMS):
-        if len(args) != 1:
-            raise SchemaError(expression, f"partition_by {expression!r}: {name} takes one column")
-        column = args[0]
-        if name == "identity":
-            return column, IdentityTransform(), column
-        return column, _TIME_TRANSFORMS[name](), f"{column}_{name}"
-    if name in ("bucket", "truncate"):
-        if len(args) != 2:
-            raise SchemaError(expression, f"partition_by {expression!r}: {name} takes (N, column)")
-        count_text, column = args
-        if name == "bucket":
-            buckets = _parse_positive_int(expression, count_text, "bucket count")
-            return column, BucketTransform(num_buckets=buckets), f"{column}_bucket"
-        width = _parse_positive_int(expression, count_text, "truncate width")
-        return column, TruncateTransform(width=width), f"{column}_trunc"
-    raise SchemaError(
-        expression,
-        f"partition_by {expression!r}: unknown transform {name!r}; use identity, year, month, "
-        "day, hour, bucket(N, col) or truncate(W, col)",
-    )
+    """Return (source column, transform, default partition field name) for one expression.
+
+    The grammar is the config's (`parse_partition`), so a file that passes
+    check-config never fails here for syntax.
+    """
+    try:
+        field = parse_partition(expression)
+    except ValueError as exc:
+        raise SchemaError(expression.strip() or expression, f"partition_by {exc}") from None
+    column = field.column
+    if field.transform == "identity":
+        return column, IdentityTransform(), column
+    if field.transform == "void":
+        return column, VoidTransform(), f"{column}_null"
+    if field.transform == "bucket":
+        assert field.param is not None
+        return column, BucketTransform(num_buckets=field.param), f"{column}_bucket"
+    if field.transform == "truncate":
+        assert field.param is not None
+        return column, TruncateTransform(width=field.param), f"{column}_trunc"
+    return column, _TIME_TRANSFORMS[field.transform](), f"{column}_{field.transform}"
 
 
 def parse_partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec:
