@@ -9,6 +9,7 @@ and is committed at the next start.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -66,6 +67,10 @@ async def _serve(config: Config) -> int:
         _log.error("cannot listen on %s: %s", config.http.listen, exc)
         await service.stop()
         return _EXIT_FAILED
+    # Everything alive now (modules, catalog, schemas) lives as long as the process;
+    # moving it out of the collector's view keeps full collections short (they
+    # otherwise paused ingest for 30-45 ms every ~10 s).
+    gc.freeze()
     _log.info(
         "icespool ready: http://%s:%d, tables %s, spool %s",
         config.http.host,

@@ -208,12 +208,11 @@ class Spool:
                     await asyncio.wait([lane.writer])
             if self._acking:
                 await asyncio.wait(list(self._acking))
-            for table, lane in self._lanes.items():
-                async with lane.lock:
-                    try:
-                        await self._seal_locked(table, lane)
-                    except OSError:
-                        _log.exception("sealing %s on close failed", table)
+            for table in self._lanes:
+                try:
+                    await self.seal(table)
+                except OSError:
+                    _log.exception("sealing %s on close failed", table)
         finally:
             assert self._executor is not None
             self._executor.shutdown(wait=True)
@@ -278,7 +277,7 @@ class Spool:
         async with lane.lock:
             segment = lane.open
             if segment is not None and not group[0].batch.schema.equals(segment.schema):
-                await self._seal_locked(table, lane)  # the schema changed: rotate
+                self._seal_in_background(table, lane)  # the schema changed: rotate
                 segment = None
             if segment is None:
                 segment = OpenSegment(
@@ -340,7 +339,12 @@ class Spool:
         if lane is None:
             return None
         async with lane.lock:
-            return await self._seal_locked(table, lane)
+            # Detach under the lock (the next append starts a new segment), but
+            # fsync outside it so appends never wait behind a flush's seal.
+            sealing = self._seal_in_background(table, lane) if lane.open else None
+        if lane.sealing:
+            await asyncio.wait(set(lane.sealing))
+        return None if sealing is None else sealing.result()
 
     def segments(self, table: str) -> list[SegmentInfo]:
         """The table's sealed, not yet deleted segments, oldest first."""
@@ -398,29 +402,22 @@ class Spool:
             fsyncs=self._fsyncs,
         )
 
-    async def _seal_locked(self, table: str, lane: _Lane) -> SegmentInfo | None:
-        """Seal the open segment and wait for rotations still sealing in the background."""
-        info = None
-        if lane.open is not None:
-            segment, sync = lane.open, lane.sync
-            lane.open, lane.sync = None, None
-            info = await self._seal(table, lane, segment, sync)
-        if lane.sealing:
-            await asyncio.wait(set(lane.sealing))
-        return info
+    def _seal_in_background(self, table: str, lane: _Lane) -> asyncio.Task[SegmentInfo | None]:
+        """Detach the open segment and seal it in a task (call with the lane locked).
 
-    def _seal_in_background(self, table: str, lane: _Lane) -> None:
-        """Rotate on size: appends go on into a new segment while the old one's
-        fsync runs, instead of every later append waiting behind it."""
+        Appends go on into a new segment while the old one's fsync runs, instead
+        of every later append waiting behind the disk.
+        """
         assert lane.open is not None
         segment, sync = lane.open, lane.sync
         lane.open, lane.sync = None, None
-        task = asyncio.create_task(self._seal(table, lane, segment, sync))
+        task = asyncio.create_task(self._seal(table, segment, sync))
         lane.sealing.add(task)
         task.add_done_callback(functools.partial(_sealed_in_background, lane, segment))
+        return task
 
     async def _seal(
-        self, table: str, lane: _Lane, segment: OpenSegment, sync: _GroupSync | None
+        self, table: str, segment: OpenSegment, sync: _GroupSync | None
     ) -> SegmentInfo | None:
         before = segment.size
         try:

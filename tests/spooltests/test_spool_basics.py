@@ -61,8 +61,9 @@ async def test_schema_change_rotates_segment(tmp_path: Path) -> None:
         second = await spool.append("ns.t", other)
         third = await spool.append("ns.t", batch(2))
         assert len({first.segment_id, second.segment_id, third.segment_id}) == 3
-        assert [s.id for s in spool.segments("ns.t")] == [first.segment_id, second.segment_id]
         await spool.seal("ns.t")
+        ids = [s.id for s in spool.segments("ns.t")]
+        assert ids == [first.segment_id, second.segment_id, third.segment_id]
         got = await read_all(spool, "ns.t")
         assert [b.num_columns for b, _ in got] == [3, 1, 3]
 
