@@ -229,9 +229,11 @@ class _Api:
                 f"{NDJSON} (one JSON object per line) or {ARROW_STREAM}",
                 close=True,
             )
-        self._refuse_if_queue_full(writer)
         held = 0
         try:
+            # Spares reading and decoding a body whose table is already full; the
+            # writer checks again, exactly, at append time.
+            writer.check_capacity()
             body, held = await self._read_body(request, writer.name)
             table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
             # Shielded: a client that hangs up must not cancel a half-done spool append.
@@ -328,23 +330,6 @@ class _Api:
                 f"table {_shown(name)} is not configured on this daemon; tables: {known}",
                 close=True,
             ) from None
-
-    def _refuse_if_queue_full(self, writer: TableWriter) -> None:
-        """503 before the body is read when the table's queue is already full.
-
-        The writer makes the exact check at append time; this one only spares
-        reading and decoding a body that would be refused anyway.
-        """
-        limit = writer.settings.max_queue_bytes
-        if writer.pending_bytes >= limit:
-            self._service.metrics.backpressure.labels(table=writer.name, reason="queue").inc()
-            raise _Problem(
-                503,
-                f"table {writer.name} has {writer.pending_bytes} bytes waiting for commit "
-                f"(max_queue_bytes {limit}); retry shortly",
-                headers=_retry_after(_BUSY_RETRY_AFTER),
-                close=True,
-            )
 
     async def _read_body(self, request: web.Request, table: str) -> tuple[bytes, int]:
         """The whole body and the in-flight bytes reserved for it (caller releases them)."""

@@ -45,11 +45,10 @@ class Icespool:
             max_bytes=config.spool.max_bytes,
             segment_max_bytes=config.spool.segment_max_bytes,
         )
-        self._pool = EncodePool(config.encode.resolved_workers, on_job_done=self._job_done)
+        self._pool = EncodePool(config.encode.resolved_workers)
         self._catalog: Catalog | None = None
         self._writers: dict[str, TableWriter] = {}
         self._state = "new"
-        self._gauge_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Icespool:
         await self.start()
@@ -82,7 +81,6 @@ class Icespool:
             raise
         for writer in self._writers.values():
             writer.start()
-        self._gauge_task = asyncio.create_task(self._gauge_loop(), name="spool-gauges")
         self._state = "running"
         self.ready = True
         self.metrics.ready.set(1)
@@ -117,9 +115,6 @@ class Icespool:
         await self._pool.stop(drain=not pending)
         for task in pending:
             task.cancel()
-        if self._gauge_task is not None:
-            self._gauge_task.cancel()
-            await asyncio.gather(self._gauge_task, return_exceptions=True)
         await self._spool.close()
 
     async def _abort(self) -> None:
@@ -146,9 +141,6 @@ class Icespool:
 
     async def flush(self, name: str) -> FlushResult:
         return await self.writer(name).flush("manual")
-
-    async def flush_all(self, reason: str = "manual") -> list[FlushResult]:
-        return list(await asyncio.gather(*(w.flush(reason) for w in self._writers.values())))
 
     async def _add_writer(self, name: str, table_config: TableConfig | None) -> TableWriter:
         table = await asyncio.to_thread(self._load_table, name, table_config)
@@ -244,17 +236,8 @@ class Icespool:
             "kafka": {"assignments": [], "lag": {}},
         }
 
-    def _job_done(self, lane: str, seconds: float, error: BaseException | None) -> None:
-        del lane, seconds, error  # per-job figures are recorded by the writer itself
-
-    async def _gauge_loop(self) -> None:
-        while True:
-            stats = self._spool.stats()
-            self.metrics.spool_bytes.set(stats.bytes)
-            self.metrics.spool_segments.set(stats.segments)
-            await asyncio.sleep(1.0)
-
     def refresh_gauges(self) -> None:
+        """Bring the spool gauges up to date (called on every /metrics scrape)."""
         stats = self._spool.stats()
         self.metrics.spool_bytes.set(stats.bytes)
         self.metrics.spool_segments.set(stats.segments)

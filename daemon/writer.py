@@ -159,7 +159,7 @@ class TableWriter:
         if rows == 0:
             return 0
         incoming = batch.nbytes
-        self._check_queue(incoming)
+        self.check_capacity(incoming)
         # Reserved until the spool answers, so concurrent appends cannot all pass
         # the check before any of them is counted.
         self._reserved += incoming
@@ -212,10 +212,11 @@ class TableWriter:
 
     # ------------------------------------------------------------------ triggers
 
-    def _check_queue(self, incoming: int) -> None:
+    def check_capacity(self, incoming: int = 0) -> None:
+        """Raise `BackpressureError` if ``incoming`` more bytes would pass max_queue_bytes."""
         limit = self.settings.max_queue_bytes
         queued = self._pending.bytes + self._reserved
-        if queued and queued + incoming > limit:
+        if queued and queued + incoming >= limit:
             self._metrics.backpressure.labels(table=self.name, reason="queue").inc()
             raise BackpressureError(
                 f"table {self.name} has {queued} bytes waiting for commit "
