@@ -21,21 +21,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+from _events import JSON_SCHEMA
 
 from spool import Spool
 
-SCHEMA = pa.schema(
-    [
-        ("event_id", pa.int64()),
-        ("ts", pa.timestamp("us", "UTC")),
-        ("kind", pa.string()),
-        ("user", pa.string()),
-        ("value", pa.float64()),
-        ("count", pa.int32()),
-        ("ok", pa.bool_()),
-        ("payload", pa.string()),
-    ]
-)
+SCHEMA = JSON_SCHEMA  # the 8-column event every benchmark uses
 
 
 def event_batch(rows: int, seed: int) -> pa.RecordBatch:
