@@ -18,6 +18,7 @@ import re
 import signal
 import sqlite3
 import struct
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ import aiohttp
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-from daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, ndjson
+from daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, daemon_command, ndjson
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField, StringType
 
@@ -568,3 +569,50 @@ async def test_table_reads_back_equal_with_one_snapshot_per_flush(
     assert [s.summary[REASON_KEY] for s in snaps] == ["manual"] * len(batches)
     daemon.signal(signal.SIGTERM)
     assert await daemon.wait_exit(35) == 0, daemon.tail()
+
+
+async def test_second_daemon_on_the_same_spool_fails_fast_naming_the_holder(
+    make_daemon: MakeDaemon,
+) -> None:
+    home, first = make_daemon()
+    first.start()
+    await first.wait_ready()
+    second = Daemon(home)  # same config, same spool directory, port 0 again
+    started = time.monotonic()
+    second.start()
+    try:
+        code = await second.wait_exit(within=20)
+        assert code == 1, second.tail()
+        assert time.monotonic() - started < 20
+        assert f"locked by pid {first.pid}" in second.log(), second.tail()
+        assert first.running  # the holder is unaffected
+    finally:
+        second.cleanup()
+
+
+async def test_replay_commits_the_spool_and_exits(make_daemon: MakeDaemon) -> None:
+    home, daemon = make_daemon(batch_timeout="1h")
+    daemon.start()
+    await daemon.wait_ready()
+    async with aiohttp.ClientSession() as session:
+        for start in range(0, 3000, 1000):
+            await daemon.ingest(
+                session, [{"id": i, "v": f"r{i}"} for i in range(start, start + 1000)]
+            )
+    assert daemon.kill() == -signal.SIGKILL
+    assert home.spool_files()  # acked, never committed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
+    done = subprocess.run(
+        [*daemon_command(), "replay", "--config", str(home.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the spool is empty" in done.stdout + done.stderr
+    rows, table = home.read_rows()
+    assert sorted(r["id"] for r in rows) == list(range(3000))
+    assert home.spool_files() == []
+    assert [s.summary["icespool.reason"] for s in table.metadata.snapshots] == ["recovery"]
