@@ -54,6 +54,14 @@ async def _serve(config: Config) -> int:
     except (IcespoolError, OSError) as exc:
         _log.error("cannot start: %s", exc)
         return _EXIT_FAILED
+    if config.kafka:
+        # Validated already so files stay forward-compatible, but not consumed yet:
+        # say so rather than let an operator wonder why no topic is read.
+        _log.warning(
+            "%d [[kafka]] sources are configured but Kafka ingestion is not in this "
+            "release; they are ignored (HTTP and the Python API are served)",
+            len(config.kafka),
+        )
     token = _read_token(config.http.auth_token_file)
     try:
         http = await start_http(
