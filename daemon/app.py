@@ -45,6 +45,11 @@ async def _serve(config: Config) -> int:
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     _prepare_local_dirs(config)
+    try:
+        token = _read_token(config.http.auth_token_file)
+    except (OSError, IcespoolError) as exc:
+        _log.error("cannot read http.auth_token_file: %s", exc)
+        return _EXIT_FAILED
     service = Icespool(config)
     try:
         await service.start()
@@ -62,7 +67,6 @@ async def _serve(config: Config) -> int:
             "release; they are ignored (HTTP and the Python API are served)",
             len(config.kafka),
         )
-    token = _read_token(config.http.auth_token_file)
     try:
         http = await start_http(
             service,
