@@ -279,7 +279,7 @@ class TableWriter:
             while segments:
                 chunk = _take_chunk(segments, self.settings.max_batch_bytes)
                 segments = segments[len(chunk) :]
-                result = await self._commit_chunk(chunk, reason, started)
+                result = _combine(result, await self._commit_chunk(chunk, reason, started))
                 if segments:
                     _log.info(
                         "%s: %d more segments to commit (%s)",
@@ -433,6 +433,25 @@ class TableWriter:
         m.queue_records.labels(table=self.name).set(self._pending.records)
         m.queue_bytes.labels(table=self.name).set(self._pending.bytes)
         m.oldest_pending_age.labels(table=self.name).set(self.oldest_pending_age())
+
+
+def _combine(earlier: FlushResult, later: FlushResult) -> FlushResult:
+    """One answer for a flush that committed a backlog in several snapshots."""
+    if earlier.snapshot_id is None:
+        return later
+    if later.snapshot_id is None:
+        return earlier
+    return FlushResult(
+        table=later.table,
+        reason=later.reason,
+        snapshot_id=later.snapshot_id,  # the newest; the others precede it
+        records=earlier.records + later.records,
+        files=earlier.files + later.files,
+        bytes=earlier.bytes + later.bytes,
+        duration_ms=later.duration_ms,
+        segments=earlier.segments + later.segments,
+        already_committed=earlier.already_committed and later.already_committed,
+    )
 
 
 def _take_chunk(segments: list[SegmentInfo], max_bytes: int) -> list[SegmentInfo]:

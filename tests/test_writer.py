@@ -284,3 +284,25 @@ async def test_storage_outage_backs_off_keeps_acking_and_loses_nothing(tmp_path:
             await asyncio.sleep(0.02)
         assert writer.pending_records == 0
     assert [r["id"] for r in _rows(config)] == list(range(30))
+
+
+async def test_a_backlog_commits_in_bounded_chunks_and_the_flush_reports_all(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path, max_batch_bytes=2000)
+    async with Icespool(config) as ice:  # creates the table
+        arrow_schema = ice.writer(TABLE).arrow_schema
+    async with Spool(config.spool.dir) as spool:
+        for start in (0, 100, 200):  # three segments, each above max_batch_bytes
+            await spool.append(
+                TABLE, _batch(range(start, start + 100)).cast(arrow_schema).to_batches()[0]
+            )
+            info = await spool.seal(TABLE)
+            assert info is not None and info.bytes > 2000
+    caplog.set_level("INFO", logger="icespool.service")
+    async with Icespool(config) as ice:
+        # One flush (reason recovery), one snapshot per bounded chunk.
+        assert ice.metrics.commits.labels(table=TABLE, reason="recovery")._value.get() == 3.0
+    assert "replayed t.events: 300 records committed" in caplog.text
+    assert [r["id"] for r in _rows(config)] == list(range(300))
+    assert len(_table(config).snapshots()) == 3
