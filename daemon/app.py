@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
@@ -20,6 +21,8 @@ import uvloop
 from daemon.config import Config
 from daemon.errors import IcespoolError
 from daemon.http_api import start_http
+from daemon.reload import reload
+from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool
 from spool import SpoolLockedError
 
@@ -31,9 +34,13 @@ _EXIT_FAILED = 1
 _EXIT_FORCED = 130
 
 
-def run_daemon(config: Config) -> int:
-    """Run until SIGTERM/SIGINT; returns the process exit status."""
-    return uvloop.run(_serve(config))
+def run_daemon(config: Config, reload_config: Callable[[], Config] | None = None) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit status.
+
+    ``reload_config`` loads the config again on SIGHUP (the CLI passes its own loader,
+    so command-line overrides survive a reload); without it SIGHUP is only logged.
+    """
+    return uvloop.run(_serve(config, reload_config))
 
 
 def replay(config: Config) -> int:
@@ -41,9 +48,10 @@ def replay(config: Config) -> int:
     return uvloop.run(_replay(config))
 
 
-async def _serve(config: Config) -> int:
+async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> int:
     stop = asyncio.Event()
-    _install_signal_handlers(stop)
+    hangup = asyncio.Event()
+    _install_signal_handlers(stop, hangup)
     _prepare_local_dirs(config)
     try:
         token = _read_token(config.http.auth_token_file)
@@ -51,22 +59,19 @@ async def _serve(config: Config) -> int:
         _log.error("cannot read http.auth_token_file: %s", exc)
         return _EXIT_FAILED
     service = Icespool(config)
+    # Started before recovery so the watchdog is fed while a large spool replays.
+    systemd = SystemdNotifier.from_environ(lambda: status_line(service))
+    systemd.start()
     try:
         await service.start()
     except SpoolLockedError as exc:
         _log.error("%s", exc)
+        await systemd.stop()
         return _EXIT_FAILED
     except (IcespoolError, OSError) as exc:
         _log.error("cannot start: %s", exc)
+        await systemd.stop()
         return _EXIT_FAILED
-    if config.kafka:
-        # Validated already so files stay forward-compatible, but not consumed yet:
-        # say so rather than let an operator wonder why no topic is read.
-        _log.warning(
-            "%d [[kafka]] sources are configured but Kafka ingestion is not in this "
-            "release; they are ignored (HTTP and the Python API are served)",
-            len(config.kafka),
-        )
     try:
         http = await start_http(
             service,
@@ -78,6 +83,7 @@ async def _serve(config: Config) -> int:
     except OSError as exc:
         _log.error("cannot listen on %s: %s", config.http.listen, exc)
         await service.stop()
+        await systemd.stop()
         return _EXIT_FAILED
     # Everything alive now (modules, catalog, schemas) lives as long as the process;
     # moving it out of the collector's view keeps full collections short (they
@@ -91,13 +97,31 @@ async def _serve(config: Config) -> int:
         config.spool.dir,
         extra={"port": http.port, "tables": service.table_names},
     )
+    # After the ready line: recovery is done and the socket accepts, as READY=1 promises.
+    systemd.ready()
+    reloader = asyncio.create_task(_reload_on_hangup(service, hangup, reload_config))
     await stop.wait()
+    reloader.cancel()
     _log.info("shutting down: committing pending records (grace %.0fs)", SHUTDOWN_GRACE_SECONDS)
     service.draining = True  # ingest answers 503 from now on; status stays readable
+    systemd.stopping(status_line(service))
     await service.stop(grace=SHUTDOWN_GRACE_SECONDS)
     await http.stop()
+    await systemd.stop()  # after the drain: the watchdog is fed while tables commit
     _log.info("stopped cleanly")
     return 0
+
+
+async def _reload_on_hangup(
+    service: Icespool, hangup: asyncio.Event, reload_config: Callable[[], Config] | None
+) -> None:
+    while True:
+        await hangup.wait()
+        hangup.clear()
+        if reload_config is None:
+            _log.warning("SIGHUP ignored: this daemon was started without a config loader")
+            continue
+        await reload(service, reload_config)
 
 
 async def _replay(config: Config) -> int:
@@ -117,7 +141,7 @@ async def _replay(config: Config) -> int:
     return 0
 
 
-def _install_signal_handlers(stop: asyncio.Event) -> None:
+def _install_signal_handlers(stop: asyncio.Event, hangup: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
@@ -129,6 +153,8 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    if hangup is not None:
+        loop.add_signal_handler(signal.SIGHUP, hangup.set)
 
 
 def _prepare_local_dirs(config: Config) -> None:

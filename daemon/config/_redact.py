@@ -9,6 +9,7 @@ a secret (``auth_token_file``). Values are also scanned for URIs with a password
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,8 @@ _SECRET_WORDS = frozenset(
         "apikey",
         "authorization",
         "cookie",
+        # Kafka's sasl.jaas.config embeds the password in the module options.
+        "jaas",
     }
 )
 # "<qualifier> key" is a secret key: access-key, secret_key, account-key, s3.sse.key, ...
@@ -68,6 +71,9 @@ def is_secret_key(key: str) -> bool:
     if any(w in _SECRET_WORDS for w in words):
         return True
     if words == ["key"]:
+        return True
+    # Azure-style connection strings carry the account key (AccountKey=...).
+    if any(a == "connection" and b == "string" for a, b in itertools.pairwise(words)):
         return True
     return any(
         word == "key" and i > 0 and words[i - 1] in _KEY_QUALIFIERS for i, word in enumerate(words)
