@@ -22,9 +22,10 @@ from pyiceberg.exceptions import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, NestedField
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from daemon.errors import CatalogError, SchemaError
+from daemon.table_schema import SchemaDifference, schema_diff
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
@@ -94,14 +95,15 @@ def ensure_table(
     spec: PartitionSpec,
     properties: Mapping[str, str],
     create: bool,
+    sort_order: SortOrder = UNSORTED_SORT_ORDER,
 ) -> Table:
     """Load the table, creating namespace and table when ``create`` and it is missing.
 
-    An existing table is checked against the declared ``schema``: every declared
-    column must exist with a type the declared values can be written as, and no
-    required table column may be left undeclared. A mismatch raises ``SchemaError``
-    naming the column. The existing table's partition spec and properties are used
-    as they are (the table, not the declaration, decides how data is laid out).
+    A new table gets ``spec``, ``sort_order`` and ``properties``. An existing table is
+    checked against the declared ``schema`` (``check_compatible``): a difference that
+    records of the declared shape cannot be written through raises ``SchemaError``
+    listing every such difference. The existing table's partition spec, sort order and
+    properties are used as they are (the table, not the declaration, decides layout).
     """
     namespace, name = split_identifier(identifier)
     full = (*namespace, name)
@@ -111,7 +113,7 @@ def ensure_table(
             raise CatalogError(
                 f"table {'.'.join(full)!r} does not exist; create it or set create = true"
             )
-        table = _create(catalog, namespace, full, schema, spec, properties)
+        table = _create(catalog, namespace, full, schema, spec, properties, sort_order)
         if table is None:
             # Another replica created it between our load and create: use theirs.
             table = _load_existing(catalog, full)
@@ -140,13 +142,18 @@ def _create(
     schema: Schema,
     spec: PartitionSpec,
     properties: Mapping[str, str],
+    sort_order: SortOrder,
 ) -> Table | None:
     try:
         # Another replica may create the namespace at the same moment; either way it exists.
         with contextlib.suppress(NamespaceAlreadyExistsError):
             catalog.create_namespace(namespace)
         return catalog.create_table(
-            full, schema=schema, partition_spec=spec, properties=dict(properties)
+            full,
+            schema=schema,
+            partition_spec=spec,
+            sort_order=sort_order,
+            properties=dict(properties),
         )
     except TableAlreadyExistsError:
         return None
@@ -156,50 +163,25 @@ def _create(
         ) from exc
 
 
-def _writable_as(declared: NestedField, existing: NestedField) -> bool:
-    """Whether values of the declared type can be stored in the existing column unchanged."""
-    source, target = declared.field_type, existing.field_type
-    if source == target:
-        return True
-    # The Iceberg-legal promotions: casting the declared values up is lossless.
-    if isinstance(source, IntegerType) and isinstance(target, LongType):
-        return True
-    if isinstance(source, FloatType) and isinstance(target, DoubleType):
-        return True
-    return (
-        isinstance(source, DecimalType)
-        and isinstance(target, DecimalType)
-        and source.scale == target.scale
-        and source.precision <= target.precision
-    )
+def check_compatible(
+    existing: Schema, declared: Schema, *, table_name: str = "table"
+) -> list[SchemaDifference]:
+    """Compare ``declared`` with the ``existing`` table schema (see ``schema_diff``).
 
-
-def check_compatible(existing: Schema, declared: Schema, *, table_name: str = "table") -> None:
-    """Raise ``SchemaError`` naming the first column where ``declared`` cannot be written."""
-    for field in declared.fields:
-        try:
-            current = existing.find_field(field.name)
-        except ValueError:
-            raise SchemaError(
-                field.name,
-                f"declared but missing from existing table {table_name}; add it to the table "
-                "(ALTER TABLE ... ADD COLUMN) or remove it from the declaration",
-            ) from None
-        if not _writable_as(field, current):
-            raise SchemaError(
-                field.name,
-                f"declared as {field.field_type} but table {table_name} has {current.field_type}; "
-                "make the declaration match the table",
-            )
-        if field.optional and current.required:
-            raise SchemaError(
-                field.name,
-                f"declared optional but required in table {table_name}; declare it required = true",
-            )
-    declared_names = {field.name for field in declared.fields}
-    for current in existing.fields:
-        if current.required and current.name not in declared_names:
-            raise SchemaError(
-                current.name,
-                f"required in table {table_name} but not declared; declare it",
-            )
+    Raises ``SchemaError`` naming the first offending column and listing every
+    difference that declared records cannot be written through (missing column,
+    incompatible type, declared-optional vs table-required, undeclared required
+    column). Returns the remaining, writable differences (legal promotions, extra
+    optional columns) so the caller can log them.
+    """
+    differences = schema_diff(existing, declared)
+    blocking = [d for d in differences if not d.writable]
+    if blocking:
+        where = f"table {table_name}"
+        listed = "; ".join(d.describe(where) for d in blocking)
+        raise SchemaError(
+            blocking[0].path,
+            f"the declared schema does not match {where}: {listed}. Make the [[tables]] "
+            "schema match the table, or change the table (ALTER TABLE)",
+        )
+    return [d for d in differences if d.writable]

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import decimal
 import functools
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,8 +49,16 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pj
 
 from daemon.errors import BadInputError, SchemaError
+from daemon.table_schema import cast_array, check_required_children
 
-__all__ = ["decode_arrow_stream", "decode_ndjson"]
+__all__ = [
+    "JsonOptions",
+    "LenientResult",
+    "RecordError",
+    "decode_arrow_stream",
+    "decode_ndjson",
+    "decode_ndjson_lenient",
+]
 
 _JSON_WS: Final = b" \t\r\n"
 _BLANK: Final = re.compile(rb"[ \t\r\n]*")
@@ -71,11 +80,16 @@ Converter = Callable[[pa.ChunkedArray], pa.Array | pa.ChunkedArray]
 
 
 class _RowError(Exception):
-    """A converted column failed at ``row`` (0-based record index)."""
+    """A converted column failed at ``row`` (0-based record index; -1: inside a nested
+    value, record unknown). ``problem`` replaces the generic "expected ..." message."""
 
-    def __init__(self, row: int, value: object) -> None:
+    def __init__(
+        self, row: int, value: object, problem: str | None = None, column: str | None = None
+    ) -> None:
         self.row = row
         self.value = value
+        self.problem = problem
+        self.column = column  # nested path at fault, when deeper than the column
         super().__init__(row, value)
 
 
@@ -87,6 +101,7 @@ class _Column:
     convert: Converter | None  # parse_type -> target; None when they are equal
     required: bool
     expected: str  # for error messages: "expected <this>"
+    nested: bool  # struct, list or map: converted arrays are cast to the target at the end
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,46 +109,271 @@ class _Plan:
     columns: tuple[_Column, ...]
     parse_schema: pa.Schema
     by_name: dict[str, _Column]
+    duals: frozenset[str]  # timestamp paths that take epoch numbers or ISO text
+    numbers: frozenset[str]  # ... of which this plan parses these as numbers
 
 
 # ------------------------------------------------------------------ public API
 
+_UNITS: Final = ("s", "ms", "us", "ns")
 
-def decode_ndjson(body: bytes, schema: pa.Schema) -> pa.Table:
+
+@dataclass(frozen=True, slots=True)
+class JsonOptions:
+    """How JSON values map to a table's columns beyond the fixed rules.
+
+    ``timestamp_unit`` (``s``, ``ms``, ``us``, ``ns``) lets timestamp columns take
+    epoch numbers in that unit besides ISO-8601 text; ``column_units`` overrides it
+    per top-level column (and the timestamps nested in that column). Hashable, so
+    decode plans are cached per (schema, options).
+    """
+
+    timestamp_unit: str | None = None
+    column_units: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        for unit in (self.timestamp_unit, *(u for _, u in self.column_units)):
+            if unit is not None and unit not in _UNITS:
+                raise ValueError(f"timestamp unit {unit!r}: use one of {', '.join(_UNITS)}")
+
+    def unit_for(self, column: str) -> str | None:
+        for name, unit in self.column_units:
+            if name == column:
+                return unit
+        return self.timestamp_unit
+
+    @classmethod
+    def for_table(cls, table: Any) -> JsonOptions:
+        """Options from a ``TableConfig`` (its ``timestamp_unit`` and its columns')."""
+        columns = getattr(table, "columns", None) or ()
+        return cls(
+            getattr(table, "timestamp_unit", None),
+            tuple(
+                (c.name, c.timestamp_unit)
+                for c in columns
+                if getattr(c, "timestamp_unit", None) is not None
+            ),
+        )
+
+
+_DEFAULT_OPTIONS: Final = JsonOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordError:
+    """One record that could not be decoded: ``index`` is its position in the input
+    (0-based value index for a sequence, 0-based line index for a body), ``column``
+    the column at fault (dotted path for nested fields; None when the record is not
+    a JSON object at all), ``raw`` its bytes as received."""
+
+    index: int
+    column: str | None
+    message: str
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LenientResult:
+    """``table`` holds every good record in input order (None when there is none)."""
+
+    table: pa.Table | None
+    errors: list[RecordError]
+
+
+def decode_ndjson(body: bytes, schema: pa.Schema, options: JsonOptions | None = None) -> pa.Table:
     """Decode newline-delimited JSON objects into a table with exactly ``schema``.
 
     All or nothing: any bad line raises `BadInputError` (or `SchemaError`) naming
     the first bad line and, where one is at fault, the column.
     """
+    options = options or _DEFAULT_OPTIONS
+    try:
+        return _decode(body, schema, options, explain=True)
+    except SchemaError:
+        if not _plan(schema, options, None).duals:
+            raise
+        # Epoch numbers and ISO text mixed in one timestamp column: pyarrow reads one
+        # JSON kind per column and body, so the body is split where the kind changes.
+        result = decode_ndjson_lenient(body, schema, options)
+        if not result.errors and result.table is not None:
+            return result.table
+        _raise_first(result)
+    except _Locate:
+        # A value deep inside a nested column failed; its record is found by
+        # bisecting the body (only on this failure path).
+        _raise_first(decode_ndjson_lenient(body, schema, options))
+
+
+def _raise_first(result: LenientResult) -> NoReturn:
+    first = result.errors[0]
+    problem = f"{first.message} (line {first.index + 1})"
+    if first.column is None:
+        raise BadInputError(problem) from None
+    raise SchemaError(first.column, problem) from None
+
+
+def decode_ndjson_lenient(
+    data: bytes | Sequence[bytes], schema: pa.Schema, options: JsonOptions | None = None
+) -> LenientResult:
+    """Decode what can be decoded; report each bad record instead of failing the batch.
+
+    ``data`` is an NDJSON body (records are its non-blank lines) or a sequence of
+    JSON values (Kafka message values; an empty value is a bad record). The whole
+    input is decoded at once; only when that fails is it bisected, so k bad records
+    cost O(k log n) pyarrow calls and the good ones keep the vectorized path.
+    """
+    options = options or _DEFAULT_OPTIONS
+    if isinstance(data, bytes | bytearray | memoryview):
+        body = bytes(data)
+    else:
+        data = list(data)
+        body = b"\n".join(data)
+        if not data or body.count(b"\n") != len(data) - 1 or _BLANK_LINE.search(body):
+            body = b""  # a value is empty or spans lines: the per-record split decides
+    if body:
+        try:
+            return LenientResult(_decode(body, schema, options, explain=False), [])
+        except (BadInputError, _Locate):
+            pass  # found below, record by record
+    lines, indices, errors = _split_records(data)
+    tables: list[pa.Table] = []
+    if lines:
+        _bisect(lines, indices, schema, options, tables, errors)
+    errors.sort(key=lambda e: e.index)
+    table = None
+    if tables:
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    return LenientResult(table, errors)
+
+
+def _split_records(
+    data: bytes | Sequence[bytes],
+) -> tuple[list[bytes], list[int], list[RecordError]]:
+    errors: list[RecordError] = []
+    if isinstance(data, bytes | bytearray | memoryview):
+        lines: list[bytes] = []
+        indices: list[int] = []
+        for index, line in enumerate(bytes(data).split(b"\n")):
+            if line.strip(_JSON_WS):
+                lines.append(line)
+                indices.append(index)
+        return lines, indices, errors
+    lines, indices = [], []
+    for index, value in enumerate(data):
+        raw = bytes(value)
+        if not raw.strip(_JSON_WS):
+            errors.append(RecordError(index, None, "empty value; expected a JSON object", raw))
+            continue
+        # A newline outside a JSON string is whitespace, and one inside is invalid JSON
+        # either way: flattening keeps one record per line.
+        lines.append(raw.replace(b"\n", b" ") if b"\n" in raw else raw)
+        indices.append(index)
+    return lines, indices, errors
+
+
+def _bisect(
+    lines: list[bytes],
+    indices: list[int],
+    schema: pa.Schema,
+    options: JsonOptions,
+    tables: list[pa.Table],
+    errors: list[RecordError],
+) -> None:
+    single = len(lines) == 1
+    try:
+        tables.append(_decode(b"\n".join(lines), schema, options, explain=single))
+        return
+    except (BadInputError, _Locate) as exc:
+        if single:
+            errors.append(_record_error(indices[0], lines[0], exc))
+            return
+    middle = len(lines) // 2
+    _bisect(lines[:middle], indices[:middle], schema, options, tables, errors)
+    _bisect(lines[middle:], indices[middle:], schema, options, tables, errors)
+
+
+_LINE_REF: Final = re.compile(r" \((?:line|row) \d+\)|^line \d+: ")
+
+
+def _record_error(index: int, raw: bytes, exc: Exception) -> RecordError:
+    if isinstance(exc, _Locate):
+        return RecordError(index, exc.column, _LINE_REF.sub("", exc.message), raw)
+    if isinstance(exc, SchemaError):
+        return RecordError(index, exc.column, _LINE_REF.sub("", exc.problem), raw)
+    return RecordError(index, None, _LINE_REF.sub("", str(exc)), raw)
+
+
+class _Locate(Exception):
+    """A nested value failed conversion; the record must be found by bisection."""
+
+    def __init__(self, column: str, message: str) -> None:
+        self.column = column
+        self.message = message
+        super().__init__(column, message)
+
+
+def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bool) -> pa.Table:
     if _BLANK.fullmatch(body):
         raise BadInputError("no records: the body is empty; send one JSON object per line")
-    plan = _plan(schema)
     if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
         _check_one_object_per_line(body)
-    try:
-        raw = pj.read_json(
-            pa.BufferReader(body),
-            read_options=pj.ReadOptions(
-                # Blocks split at newlines (newlines_in_values=False), so records never
-                # straddle them; parsing blocks on pyarrow's CPU pool halves the latency
-                # of a 1.6 MB body (8 -> 4.5 ms on 2 cores), and that pool is sized to
-                # the cores, so concurrent requests cannot oversubscribe them.
-                block_size=_BLOCK,
-                use_threads=len(body) > _BLOCK,
-            ),
-            parse_options=pj.ParseOptions(
-                explicit_schema=plan.parse_schema,
-                unexpected_field_behavior="error",
-                newlines_in_values=False,
-            ),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise _explain(body, plan, exc) from exc
+    key = (schema, options)
+    numbers = _PREFERRED.get(key)
+    plan = _plan(schema, options, numbers)
+    tried = {plan.numbers}
+    while True:
+        try:
+            raw = _read(body, plan)
+            break
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            # A timestamp column that takes epoch numbers and ISO text is parsed as
+            # one of the two; pyarrow names the column whose JSON kind did not match.
+            flipped = _flip(plan, str(exc))
+            if flipped is None or flipped in tried:
+                if not explain:
+                    raise BadInputError(_first_line(str(exc))) from exc
+                raise _explain(body, plan, exc) from exc
+            tried.add(flipped)
+            plan = _plan(schema, options, flipped)
+    if len(_PREFERRED) < 256:
+        _PREFERRED[key] = plan.numbers
     if raw.num_rows != _count_lines(body) and raw.num_rows != _count_nonblank_lines(body):
         # pyarrow also reads an object spread over several lines; NDJSON does not
         # allow that, and error messages could no longer name the right line.
         _check_one_object_per_line(body)
     return _finish(raw, plan, schema, body)
+
+
+def _read(body: bytes, plan: _Plan) -> pa.Table:
+    return pj.read_json(
+        pa.BufferReader(body),
+        read_options=pj.ReadOptions(
+            # Blocks split at newlines (newlines_in_values=False), so records never
+            # straddle them; parsing blocks on pyarrow's CPU pool halves the latency
+            # of a 1.6 MB body (8 -> 4.5 ms on 2 cores), and that pool is sized to
+            # the cores, so concurrent requests cannot oversubscribe them.
+            block_size=_BLOCK,
+            use_threads=len(body) > _BLOCK,
+        ),
+        parse_options=pj.ParseOptions(
+            explicit_schema=plan.parse_schema,
+            unexpected_field_behavior="error",
+            newlines_in_values=False,
+        ),
+    )
+
+
+_KIND_CHANGE: Final = re.compile(r"Column\((?P<path>[^)]*)\) changed from (?:number|string) to")
+# Which dual (epoch or text) timestamp paths were parsed as numbers last time, per
+# (schema, options): a stream keeps its spelling, so the next body parses first time.
+_PREFERRED: dict[tuple[pa.Schema, JsonOptions], frozenset[str]] = {}
+
+
+def _flip(plan: _Plan, message: str) -> frozenset[str] | None:
+    match = _KIND_CHANGE.search(message)
+    if match is None or match.group("path") not in plan.duals:
+        return None
+    return plan.numbers ^ {match.group("path")}
 
 
 def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
@@ -162,18 +402,116 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(schema: pa.Schema) -> _Plan:
-    columns = tuple(_column(field) for field in schema)
+def _plan(schema: pa.Schema, options: JsonOptions, numbers: frozenset[str] | None) -> _Plan:
+    duals: set[str] = set()
+    columns = tuple(
+        _column(field, options.unit_for(field.name), numbers, duals) for field in schema
+    )
     parse_schema = pa.schema([pa.field(c.name, c.parse_type) for c in columns])
-    return _Plan(columns, parse_schema, {c.name: c for c in columns})
+    chosen = frozenset(duals) if numbers is None else numbers & frozenset(duals)
+    if numbers is None and duals:
+        # First sight: a unit was configured, so numbers are the likely spelling.
+        return _plan(schema, options, chosen)
+    return _Plan(columns, parse_schema, {c.name: c for c in columns}, frozenset(duals), chosen)
 
 
-def _column(field: pa.Field) -> _Column:
-    t = field.type
-    required = not field.nullable
+def _column(
+    field: pa.Field, unit: str | None, numbers: frozenset[str] | None, duals: set[str]
+) -> _Column:
+    node = _node(field.type, f"/{field.name}", unit, numbers, duals)
+    return _Column(
+        field.name,
+        field.type,
+        node.parse_type,
+        node.convert,
+        not field.nullable,
+        node.expected,
+        pa.types.is_nested(field.type),
+    )
 
-    def col(parse: pa.DataType, convert: Converter | None, expected: str) -> _Column:
-        return _Column(field.name, t, parse, convert, required, expected)
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    parse_type: pa.DataType
+    convert: Converter | None
+    expected: str
+
+
+def _node(
+    t: pa.DataType,
+    path: str,
+    unit: str | None,
+    numbers: frozenset[str] | None,
+    duals: set[str],
+    dotted: str = "",
+) -> _Node:
+    """How pyarrow.json reads one (possibly nested) type and converts it to ``t``.
+
+    ``path`` is pyarrow's spelling of the JSON location (``/col/field/[]``), which its
+    kind-mismatch errors quote; ``dotted`` is the Iceberg column path for messages.
+    """
+    dotted = dotted or path.strip("/")
+    if pa.types.is_struct(t):
+        children = [
+            _node(f.type, f"{path}/{f.name}", unit, numbers, duals, f"{dotted}.{f.name}")
+            for f in t.fields
+        ]
+        parse = pa.struct(
+            [pa.field(f.name, c.parse_type) for f, c in zip(t.fields, children, strict=True)]
+        )
+        convert = None
+        if any(c.convert is not None for c in children):
+            convert = _struct_converter(t, [c.convert for c in children])
+        return _Node(parse, convert, f"a JSON object {_render(t)}")
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        element = _node(t.value_type, f"{path}/[]", unit, numbers, duals, f"{dotted}.element")
+        convert = None if element.convert is None else _list_converter(t, element.convert)
+        return _Node(pa.list_(element.parse_type), convert, f"a JSON array {_render(t)}")
+    if pa.types.is_map(t):
+        key = _node(t.key_type, f"{path}/[]/key", unit, numbers, duals, f"{dotted}.key")
+        item = _node(t.item_type, f"{path}/[]/value", unit, numbers, duals, f"{dotted}.value")
+        parse = pa.list_(pa.struct([("key", key.parse_type), ("value", item.parse_type)]))
+        return _Node(
+            parse,
+            _map_converter(dotted, key.convert, item.convert),
+            f'a JSON array of {{"key": ..., "value": ...}} objects {_render(t)}',
+        )
+    leaf = _leaf(t)
+    if pa.types.is_timestamp(t) and unit is not None:
+        duals.add(path)
+        if numbers is None or path in numbers:
+            leaf = _Node(
+                pa.int64(),
+                _epoch(t, unit),
+                f"an integer epoch in {unit} or an ISO-8601 timestamp string",
+            )
+    if path.count("/") > 1 and leaf.convert is not None:
+        leaf = _Node(leaf.parse_type, _inner(dotted, leaf), leaf.expected)
+    return leaf
+
+
+def _inner(column: str, leaf: _Node) -> Converter:
+    assert leaf.convert is not None
+    convert = leaf.convert
+
+    def run(values: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        try:
+            return convert(values)
+        except _RowError as exc:
+            raise _RowError(
+                -1, exc.value, f"expected {leaf.expected}, got {_show(exc.value)}", column
+            ) from None
+
+    return run
+
+
+def _render(t: pa.DataType) -> str:
+    return f"({t})"
+
+
+def _leaf(t: pa.DataType) -> _Node:
+    def col(parse: pa.DataType, convert: Converter | None, expected: str) -> _Node:
+        return _Node(parse, convert, expected)
 
     if pa.types.is_boolean(t):
         return col(t, None, "true or false")
@@ -185,9 +523,11 @@ def _column(field: pa.Field) -> _Column:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return col(t, None, "a string")
     if pa.types.is_decimal(t):
+        # pyarrow.json converts the number's own text (or the string), never via a
+        # double, so 0.1 and 38-digit values stay exact.
         return col(
             t,
-            None,
+            _decimal_range(t),
             f"a decimal (number or string) with at most {t.precision - t.scale} integer "
             f"and {t.scale} fractional digits",
         )
@@ -223,6 +563,105 @@ def _column(field: pa.Field) -> _Column:
         return col(pa.string(), _per_value(t, _base64), "a base64 string")
     # Anything newer than this list: let Arrow's own string cast try.
     return col(pa.string(), _cast_text(t), f"a string convertible to {t}")
+
+
+def _combined(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _struct_converter(t: pa.StructType, converts: list[Converter | None]) -> Converter:
+    def convert(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        array = _combined(values)
+        children = []
+        for index, child_convert in enumerate(converts):
+            child = array.field(index)
+            children.append(_combined(child_convert(child)) if child_convert else child)
+        names = [f.name for f in t.fields]
+        mask = array.is_null() if array.null_count else None
+        return pa.StructArray.from_arrays(children, names=names, mask=mask)
+
+    return _nested(convert)
+
+
+def _list_converter(t: pa.DataType, element: Converter) -> Converter:
+    def convert(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        array = _combined(values)
+        mask = array.is_null() if array.null_count else None
+        return pa.ListArray.from_arrays(array.offsets, _combined(element(array.values)), mask=mask)
+
+    return _nested(convert)
+
+
+def _map_converter(path: str, key: Converter | None, item: Converter | None) -> Converter:
+    def convert(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        array = _combined(values)
+        entries = array.values
+        keys = entries.field(0)
+        if keys.null_count:
+            raise _RowError(-1, None, "a map key is missing or null", f"{path}.key")
+        keys = _combined(key(keys)) if key else keys
+        items = entries.field(1)
+        items = _combined(item(items)) if item else items
+        mask = array.is_null() if array.null_count else None
+        return pa.MapArray.from_arrays(array.offsets, keys, items, mask=mask)
+
+    return _nested(convert)
+
+
+def _nested(convert: Callable[[pa.Array | pa.ChunkedArray], pa.Array]) -> Converter:
+    # Rows of a nested value's children are not records: a failure inside is
+    # reported with row -1, and the caller finds the record by bisection.
+    def run(values: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        try:
+            return convert(values)
+        except _RowError as exc:
+            raise _RowError(-1, exc.value, exc.problem, exc.column) from None
+
+    return run
+
+
+def _decimal_range(t: pa.Decimal128Type) -> Converter | None:
+    # pyarrow 26 checks the precision of the text as written, then rescales: 1234.5
+    # passes as decimal(5,2) and becomes 1234.50, six digits. Check the magnitude.
+    if t.precision >= 38:
+        return None  # 38 digits is the most the reader produces at all
+    wide = pa.decimal128(38, t.scale)
+    limit = pa.scalar(decimal.Decimal(10) ** (t.precision - t.scale), wide)
+
+    def convert(values: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        too_big = pc.greater_equal(pc.abs(pc.cast(values, wide)), limit)
+        if pc.any(too_big).as_py():
+            row = pc.index(too_big, True).as_py()
+            raise _RowError(row, _Raw(values[row].as_py()))
+        return values
+
+    return convert
+
+
+def _epoch(target: pa.TimestampType, unit: str) -> Converter:
+    per_second = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+    source, wanted = per_second[unit], per_second[target.unit]
+
+    def to_stamp(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        if wanted >= source:
+            scaled = pc.multiply_checked(values, wanted // source)
+        else:
+            divisor = source // wanted
+            scaled = pc.divide(values, divisor)
+            exact = pc.all(pc.equal(pc.multiply(scaled, divisor), values)).as_py()
+            if exact is False:
+                raise pa.ArrowInvalid(
+                    f"the column stores {target.unit}; finer digits would be lost"
+                )
+        return pc.cast(scaled, target)
+
+    def convert(values: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        try:
+            return to_stamp(values)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise _first_failure(values, lambda v: to_stamp(pa.array([v], pa.int64()))) from exc
+
+    return convert
 
 
 def _int_range(t: pa.DataType) -> tuple[int, int]:
@@ -333,18 +772,39 @@ def _finish(raw: pa.Table, plan: _Plan, schema: pa.Schema, body: bytes) -> pa.Ta
             try:
                 values = column.convert(raw.column(index))
             except _RowError as exc:
+                if exc.row < 0:
+                    raise _Locate(
+                        exc.column or column.name,
+                        exc.problem or f"expected {column.expected}, got {_show(exc.value)}",
+                    ) from None
                 where = _line_of_row(body, exc.row)
                 raise SchemaError(
                     column.name,
-                    f"expected {column.expected}, got {_show(exc.value)}{where}",
+                    exc.problem or f"expected {column.expected}, got {_show(exc.value)}{where}",
                 ) from None
         if column.required and values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
             raise SchemaError(
                 column.name, f"required column is missing or null{_line_of_row(body, row)}"
             )
+        if column.nested:
+            values = _conform_nested(column, values)
         columns.append(values)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _conform_nested(column: _Column, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    array = _combined(values)
+    try:
+        # Required nested fields are checked here so that a bad record is a record
+        # error (the writer's conform would only fail the whole batch).
+        check_required_children(column.name, array, column.target)
+        # Child names (list "element", map "entries") and nullability as the table has them.
+        return cast_array(array, column.target)
+    except SchemaError as exc:
+        raise _Locate(exc.column, exc.problem) from None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise _Locate(column.name, _first_line(str(exc))) from None
 
 
 def _check_utf8(name: str, values: pa.ChunkedArray, body: bytes) -> None:
@@ -441,7 +901,12 @@ def _explain(body: bytes, plan: _Plan, exc: Exception) -> BadInputError:
         )
     for key, value in record.items():
         column = plan.by_name[key]
-        if not _parses(line, column):
+        reason = _parse_error(line, column)
+        if reason is not None:
+            if column.nested:
+                # The column's own description would be a whole type; pyarrow's reason
+                # names the value that failed.
+                return SchemaError(key, f"{reason} (line {number})")
             return SchemaError(
                 key, f"expected {column.expected}, got {_show(value)} (line {number})"
             )
@@ -487,8 +952,8 @@ def _first_bad_line(body: bytes, plan: _Plan) -> int | None:
     return low
 
 
-def _parses(line: bytes, column: _Column) -> bool:
-    """Whether pyarrow reads this one column of one (valid JSON) line."""
+def _parse_error(line: bytes, column: _Column) -> str | None:
+    """Why pyarrow cannot read this one column of one (valid JSON) line (None: it can)."""
     try:
         pj.read_json(
             pa.BufferReader(line),
@@ -497,9 +962,9 @@ def _parses(line: bytes, column: _Column) -> bool:
                 unexpected_field_behavior="ignore",
             ),
         )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return False
-    return True
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        return _first_line(str(exc)).removeprefix("JSON parse error: ")
+    return None
 
 
 def _names(plan: _Plan) -> str:
@@ -517,11 +982,17 @@ def _kind(value: object) -> str:
         return "a number"
     if isinstance(value, str):
         return "a string"
+    if isinstance(value, dict):
+        return "an object"
     return "an array"
 
 
+class _Raw(str):
+    """A value shown as it is (a decimal's digits), not as a JSON string."""
+
+
 def _show(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=True)
+    text = str(value) if isinstance(value, _Raw) else json.dumps(value, ensure_ascii=True)
     if len(text) > _SHOWN_VALUE_CHARS:
         text = text[: _SHOWN_VALUE_CHARS - 3] + "..."
     return text

@@ -64,7 +64,7 @@ from pyiceberg.types import (
 )
 
 from daemon.errors import CatalogError
-from daemon.table_schema import arrow_schema_for, conform
+from daemon.table_schema import arrow_schema_for, conform, fill_masked_children
 
 __all__ = ["COMPRESSION_CODECS", "encode_data_files", "partition_transform"]
 
@@ -540,6 +540,16 @@ def _file_arrow_schema(schema: Schema, file_schema: Schema) -> tuple[pa.Schema, 
     return target, pa.schema(renamed, metadata=target.metadata)
 
 
+def _fill_masked(data: pa.Table) -> pa.Table:
+    # conform() has checked required nested fields; the Parquet writer also wants them
+    # non-null under null parents (see fill_masked_children).
+    for index, field in enumerate(data.schema):
+        if pa.types.is_nested(field.type):
+            filled = fill_masked_children(data.column(index).combine_chunks(), field.type)
+            data = data.set_column(index, field, filled)
+    return data
+
+
 def encode_data_files(
     table: Table,
     batches: Sequence[pa.RecordBatch],
@@ -582,7 +592,7 @@ def encode_data_files(
     ]
     if not conformed:
         return []
-    data = pa.Table.from_batches(conformed, schema=target_schema)
+    data = _fill_masked(pa.Table.from_batches(conformed, schema=target_schema))
     partitions = _split_partitions(metadata.spec(), schema, data)
 
     context = _Context(

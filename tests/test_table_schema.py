@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyiceberg.partitioning import PartitionField
+from pyiceberg.table.sorting import NullOrder, SortDirection
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -28,7 +29,9 @@ from pyiceberg.types import (
     FixedType,
     FloatType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
     TimestampType,
@@ -41,11 +44,15 @@ from daemon.catalogs import ensure_table, load_catalog
 from daemon.errors import CatalogError, SchemaError
 from daemon.table_schema import (
     FIELD_ID_KEY,
+    SchemaDifference,
     arrow_schema_for,
     conform,
+    infer_schema,
     parse_partition_spec,
     parse_schema,
+    parse_sort_order,
     parse_type,
+    schema_diff,
 )
 
 ALL_TYPES: list[dict[str, object]] = [
@@ -108,10 +115,12 @@ def test_parse_type_spellings(text: str, expected: object) -> None:
     ("columns", "column", "fragment"),
     [
         ([{"name": "a", "type": "text"}], "a", "unknown type 'text'"),
-        ([{"name": "a", "type": "decimal(39,2)"}], "a", "precision must be 1..38"),
-        ([{"name": "a", "type": "decimal(4,5)"}], "a", "scale 5 exceeds precision 4"),
+        ([{"name": "a", "type": "decimal(39,2)"}], "a", "needs 1 <= P <= 38"),
+        ([{"name": "a", "type": "decimal(4,5)"}], "a", "0 <= S <= P"),
         ([{"name": "a", "type": "fixed(0)"}], "a", "fixed length"),
-        ([{"name": "a", "type": "struct<x: int>"}], "a", "nested type"),
+        ([{"name": "a", "type": "struct<x int>"}], "a", "expected ':', found 'int'"),
+        ([{"name": "a", "type": "list<int"}], "a", "the type ends too early"),
+        ([{"name": "a", "type": "timestamp_ns"}], "a", "format version 3"),
         ([{"name": "a", "type": 3}], "a", "'type' must be"),
         ([{"name": "a", "type": "long", "required": "yes"}], "a", "'required' must be"),
         ([{"name": "a", "type": "long", "nullable": True}], "a", "unknown key(s) ['nullable']"),
@@ -367,12 +376,20 @@ def test_ensure_table_creates_then_validates(tmp_path: Path) -> None:
             "id",
             "declared as string but table demo.events has long",
         ),
-        ([{"name": "id", "type": "long"}], "id", "declared optional but required"),
-        ([{"name": "ts", "type": "timestamptz"}], "id", "required in table demo.events"),
+        (
+            [{"name": "id", "type": "long"}],
+            "id",
+            "id: declared optional but table demo.events has required",
+        ),
+        (
+            [{"name": "ts", "type": "timestamptz"}],
+            "id",
+            "id: table demo.events has long not null, which is not declared",
+        ),
         (
             [*declared, {"name": "new", "type": "string"}],
             "new",
-            "missing from existing table demo.events",
+            "new: declared as string but missing from table demo.events",
         ),
     ]
     for columns, column, fragment in mismatches:
@@ -385,3 +402,144 @@ def test_ensure_table_creates_then_validates(tmp_path: Path) -> None:
 def test_load_catalog_errors_are_catalog_errors() -> None:
     with pytest.raises(CatalogError, match="check the \\[catalog\\] settings"):
         load_catalog("c", {"type": "sql"})
+
+
+# ------------------------------------------------------------------ nested, sort, diff, infer
+
+
+def test_nested_types_get_ids_after_the_top_level_columns() -> None:
+    schema = parse_schema(
+        [
+            {"name": "id", "type": "long", "required": True},
+            {"name": "tags", "type": "list<string not null>"},
+            {"name": "attrs", "type": "map<string, struct<a: int not null, b: double>>"},
+        ]
+    )
+    assert [f.field_id for f in schema.fields] == [1, 2, 3]
+    tags = schema.find_field("tags").field_type
+    assert isinstance(tags, ListType) and tags.element_id == 4 and tags.element_required
+    attrs = schema.find_field("attrs").field_type
+    assert isinstance(attrs, MapType) and (attrs.key_id, attrs.value_id) == (5, 6)
+    assert str(attrs.value_type) == "struct<7: a: required int, 8: b: optional double>"
+    arrow = arrow_schema_for(schema)
+    assert not arrow.field("tags").type.value_field.nullable
+
+
+def test_sort_order_directions_nulls_and_transforms() -> None:
+    schema = parse_schema(ALL_TYPES)
+    order = parse_sort_order(schema, ["tstz", "l desc", "day(ts) asc nulls last"])
+    assert [(f.source_id, str(f.transform), f.direction, f.null_order) for f in order.fields] == [
+        (10, "identity", SortDirection.ASC, NullOrder.NULLS_FIRST),
+        (3, "identity", SortDirection.DESC, NullOrder.NULLS_LAST),
+        (9, "day", SortDirection.ASC, NullOrder.NULLS_LAST),
+    ]
+    with pytest.raises(SchemaError) as info:
+        parse_sort_order(schema, ["nope desc"])
+    assert info.value.column == "nope" and "no such column" in info.value.problem
+
+
+def test_sort_order_and_properties_are_set_at_creation(tmp_path: Path) -> None:
+    catalog = load_catalog(
+        "c", {"type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": f"file://{tmp_path}"}
+    )
+    schema = parse_schema(ALL_TYPES)
+    table = ensure_table(
+        catalog,
+        "ns.sorted",
+        schema,
+        parse_partition_spec(schema, []),
+        {"write.parquet.compression-codec": "snappy"},
+        create=True,
+        sort_order=parse_sort_order(schema, ["l desc"]),
+    )
+    assert table.properties["write.parquet.compression-codec"] == "snappy"
+    (field,) = table.sort_order().fields
+    assert table.schema().find_column_name(field.source_id) == "l"
+    assert field.direction == SortDirection.DESC
+
+
+def test_schema_diff_reports_every_difference_with_its_path() -> None:
+    existing = parse_schema(
+        [
+            {"name": "id", "type": "long", "required": True},
+            {"name": "n", "type": "long"},
+            {"name": "st", "type": "struct<a: int not null, b: string>"},
+            {"name": "gone", "type": "string"},
+        ]
+    )
+    declared = parse_schema(
+        [
+            {"name": "id", "type": "long"},
+            {"name": "n", "type": "int"},
+            {"name": "st", "type": "struct<a: int, c: list<long>>"},
+            {"name": "new", "type": "date", "required": True},
+        ]
+    )
+    assert schema_diff(existing, declared) == [
+        SchemaDifference("id", "required", "optional", "required", False),
+        SchemaDifference("n", "type", "int", "long", True),
+        SchemaDifference("st.a", "required", "optional", "required", False),
+        SchemaDifference("st.c", "missing", "list<long>", None, False),
+        SchemaDifference("st.b", "extra", None, "string", True),
+        SchemaDifference("new", "missing", "date not null", None, False),
+        SchemaDifference("gone", "extra", None, "string", True),
+    ]
+    assert schema_diff(existing, existing) == []
+
+
+def test_infer_schema_from_arrow_types() -> None:
+    arrow = pa.schema(
+        [
+            ("i8", pa.int8()),
+            ("u32", pa.uint32()),
+            ("f", pa.float32()),
+            ("dec", pa.decimal128(12, 3)),
+            ("ts", pa.timestamp("ms", "UTC")),
+            ("u", pa.uuid()),
+            ("fx", pa.binary(3)),
+            ("s", pa.large_string()),
+            ("l", pa.list_(pa.struct([("x", pa.int64())]))),
+            ("m", pa.map_(pa.string(), pa.float64())),
+        ]
+    )
+    schema = infer_schema(arrow)
+    assert [str(f.field_type) for f in schema.fields] == [
+        "int",
+        "long",
+        "float",
+        "decimal(12, 3)",
+        "timestamptz",
+        "uuid",
+        "fixed[3]",
+        "string",
+        "list<struct<12: x: optional long>>",
+        "map<string, double>",
+    ]
+    assert not any(f.required for f in schema.fields)
+    # The inferred schema is usable as is: arrow_schema_for and conform accept the batch.
+    batch = pa.table({"l": [[{"x": 1}]], "m": pa.array([[("k", 1.5)]], arrow.field("m").type)})
+    assert conform(batch, arrow_schema_for(schema)).column("l").to_pylist() == [[{"x": 1}]]
+    for bad, fragment in [
+        (pa.uint64(), "decimal(20,0)"),
+        (pa.null(), "every value of the first batch is null"),
+        (pa.timestamp("ns"), "format version 3"),
+    ]:
+        with pytest.raises(SchemaError) as info:
+            infer_schema(pa.schema([("c", bad)]))
+        assert info.value.column == "c" and fragment in info.value.problem
+
+
+def test_conform_checks_nested_fields_by_path() -> None:
+    target = arrow_schema_for(
+        parse_schema([{"name": "st", "type": "struct<a: int not null, b: list<string>>"}])
+    )
+    ok = conform(pa.table({"st": [{"a": 1, "b": ["x"]}, None]}), target)
+    assert ok.column("st").to_pylist() == [{"a": 1, "b": ["x"]}, None]
+    for value, column, fragment in [
+        ({"a": None}, "st.a", "required field is null"),
+        ({"a": 1, "zz": 2}, "st.zz", "not in the table schema"),
+        ({"a": 1, "b": [5]}, "st.b.element", "only text converts"),
+    ]:
+        with pytest.raises(SchemaError) as info:
+            conform(pa.table({"st": [value]}), target)
+        assert info.value.column == column and fragment in info.value.problem
