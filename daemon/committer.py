@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -60,15 +60,18 @@ from pyiceberg.table.snapshots import (
     PARTITION_SUMMARY_PROP,
     Snapshot,
 )
+from pyiceberg.table.update import AssertTableUUID
 
 from daemon.errors import CommitError
 
 __all__ = [
     "SEGMENTS_SUMMARY_KEY",
     "CommitResult",
+    "PropertyUpdate",
     "RetryPolicy",
     "StaleEncodingError",
     "commit_files",
+    "commit_properties",
     "find_committed_segments",
 ]
 
@@ -122,6 +125,11 @@ _RESERVED_SUMMARY_KEYS: Final = frozenset(
 )
 
 
+#: Called inside every commit attempt with the refreshed table's properties; returns the
+#: properties to set in the same metadata commit, or raises (nothing is committed).
+PropertyUpdate = Callable[[Mapping[str, str]], Mapping[str, str]]
+
+
 class StaleEncodingError(CommitError):
     """The data files were encoded for a partition spec the table no longer has.
 
@@ -135,12 +143,12 @@ class StaleEncodingError(CommitError):
 class RetryPolicy:
     """Bounded retries with jittered exponential backoff.
 
-    ``attempts`` counts commit attempts (first try included). pyiceberg itself retries
-    a conflicting commit ``commit.retry.num-retries`` times (table property, default 4)
-    inside each attempt, so conflicts are retried at both levels.
+    ``attempts`` counts commit attempts (first try included); each one refreshes the
+    table and checks it again (pyiceberg's own conflict retry is bypassed, see
+    ``_commit_once``).
     """
 
-    attempts: int = 8
+    attempts: int = 12
     base_delay_s: float = 0.05
     max_delay_s: float = 5.0
 
@@ -278,15 +286,43 @@ def _check_spec(table: Table, data_files: Sequence[DataFile]) -> None:
 
 
 def _stage(
-    table: Table, data_files: Sequence[DataFile], properties: dict[str, str]
+    table: Table,
+    data_files: Sequence[DataFile],
+    summary: dict[str, str],
+    table_properties: Mapping[str, str],
 ) -> tuple[Transaction, int]:
     """Build the fast append (writes manifests) and return it with its snapshot id."""
     transaction = table.transaction()
-    with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+    if table_properties:
+        transaction.set_properties(dict(table_properties))
+    with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
         for data_file in data_files:
             append.append_data_file(data_file)
         snapshot_id: int = append.snapshot_id
     return transaction, snapshot_id
+
+
+def _commit_once(transaction: Transaction) -> None:
+    """Send the staged commit once; a conflict raises CommitFailedException.
+
+    pyiceberg's ``commit_transaction`` retries a conflict by re-applying our updates
+    on the refreshed table. That would skip our own checks (segment ids, Kafka
+    offset ranges) against what the other writer just committed, so conflicts come
+    back to ``commit_files``' loop, which refreshes and checks again. Uses pyiceberg
+    internals (pinned <0.13); tests/test_committer.py covers conflicts.
+    """
+    table = transaction._table
+    requirements = (
+        *transaction._requirements,
+        AssertTableUUID(uuid=transaction.table_metadata.table_uuid),
+    )
+    try:
+        table._do_commit(updates=transaction._updates, requirements=requirements)
+    except CommitFailedException:
+        # Certainly not landed: the manifests written for this attempt are garbage.
+        for producer in transaction._snapshot_producers:
+            producer._clean_all_uncommitted()
+        raise
 
 
 def _refresh(table: Table) -> BaseException | None:
@@ -304,6 +340,18 @@ def _refresh(table: Table) -> BaseException | None:
     return None
 
 
+def commit_properties(table: Table, properties: Mapping[str, str]) -> None:
+    """Set table properties in one metadata commit built on ``table`` as loaded.
+
+    A concurrent change raises CommitFailedException (nothing changed); the caller
+    refreshes and decides again.
+    """
+    transaction = table.transaction()
+    transaction.set_properties(dict(properties))
+    _commit_once(transaction)
+    table.refresh()
+
+
 def commit_files(
     table: Table,
     data_files: Sequence[DataFile],
@@ -311,6 +359,7 @@ def commit_files(
     segment_ids: Sequence[str],
     summary: Mapping[str, str],
     retry: RetryPolicy | None = None,
+    update_properties: PropertyUpdate | None = None,
 ) -> CommitResult:
     """Commit ``data_files`` as ONE fast-append snapshot tagged with ``segment_ids``.
 
@@ -321,6 +370,10 @@ def commit_files(
     segment ids in the refreshed table, never by committing blindly. Gives up with
     ``CommitError`` after ``retry.attempts`` attempts; the caller keeps the spool
     segments and tries again later.
+
+    ``update_properties`` (Kafka offsets) is called in every attempt with the
+    refreshed table's properties; what it returns is set in the same commit, and
+    an exception from it aborts the commit.
     """
     policy = retry or RetryPolicy()
     segments = list(segment_ids)
@@ -345,11 +398,13 @@ def commit_files(
                 table, existing, attempts=attempt, ours=existing in attempted
             )
         _check_spec(table, data_files)
+        # Raises (nothing committed) when the refreshed table contradicts the caller.
+        table_properties = update_properties(table.metadata.properties) if update_properties else {}
         started = time.monotonic()
         try:
-            transaction, snapshot_id = _stage(table, data_files, properties)
+            transaction, snapshot_id = _stage(table, data_files, properties, table_properties)
             attempted.add(snapshot_id)
-            transaction.commit_transaction()
+            _commit_once(transaction)
         except CommitFailedException as exc:
             # The catalog refused the swap: nothing of ours landed. Retry on a fresh table.
             last_error = exc

@@ -11,6 +11,7 @@ __all__ = [
     "IcespoolError",
     "SchemaError",
     "ShuttingDownError",
+    "SparkConfError",
     "UnknownTableError",
 ]
 
@@ -63,3 +64,7 @@ class CatalogError(IcespoolError):
 
 class CommitError(IcespoolError):
     """An Iceberg commit failed for good; the spool still holds its records."""
+
+
+class SparkConfError(IcespoolError):
+    """The daemon's catalog or the local Spark runtime cannot give Spark a working setup."""

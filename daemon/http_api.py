@@ -27,7 +27,7 @@ from typing import Any, Final
 import pyarrow as pa
 from aiohttp import web
 
-from daemon.decode import decode_arrow_stream, decode_ndjson
+from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson
 from daemon.errors import (
     BackpressureError,
     BadInputError,
@@ -235,7 +235,12 @@ class _Api:
             # writer checks again, exactly, at append time.
             writer.check_capacity()
             body, held = await self._read_body(request, writer.name)
-            table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
+            if decoder is decode_ndjson:
+                # The table's JSON options (epoch units of timestamp columns).
+                options = _json_options(self._service, writer.name)
+                table = await asyncio.to_thread(decode_ndjson, body, writer.arrow_schema, options)
+            else:
+                table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
             # Shielded: a client that hangs up must not cancel a half-done spool append.
             accepted = await asyncio.shield(writer.append(table))
         except BadInputError as exc:
@@ -290,10 +295,9 @@ class _Api:
 
     async def readyz(self, request: web.Request) -> web.StreamResponse:
         del request
-        service = self._service
-        if service.ready and not service.draining:
+        reason = self._service.not_ready_reason()
+        if reason is None:
             return _json({"status": "ready"})
-        reason = "shutting down" if service.draining else "starting (spool recovery)"
         raise _Problem(503, f"not ready: {reason}")
 
     # ------------------------------------------------------------------ helpers
@@ -380,6 +384,11 @@ class _Api:
             )
         self._inflight += extra
         return extra
+
+
+def _json_options(service: Any, name: str) -> JsonOptions:
+    tables = {table.name: table for table in service.config.tables}
+    return JsonOptions.for_table(tables[name]) if name in tables else JsonOptions()
 
 
 def _too_large(what: str, limit: int) -> str:

@@ -134,6 +134,28 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.kafka_records = Counter(
+            "icespool_kafka_records_consumed_total",
+            "Kafka records fetched, before de-duplication and routing",
+            ["topic"],
+            registry=r,
+        )
+        self.kafka_duplicates = Counter(
+            "icespool_kafka_duplicates_dropped_total",
+            "Kafka records dropped because the table already holds their offset",
+            ["table"],
+            registry=r,
+        )
+        self.kafka_paused = Gauge(
+            "icespool_kafka_paused_partitions",
+            "Assigned partitions paused by backpressure",
+            registry=r,
+        )
+        self.kafka_connected = Gauge(
+            "icespool_kafka_connected",
+            "1 while every Kafka source is connected to its brokers (0 when none is configured)",
+            registry=r,
+        )
         self.http_requests = Counter(
             "icespool_http_requests_total",
             "HTTP requests by route and status code",

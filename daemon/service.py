@@ -18,10 +18,17 @@ from pyiceberg.catalog import Catalog
 
 from daemon.catalogs import ensure_table, load_catalog
 from daemon.config import Config, TableConfig
+from daemon.decode import JsonOptions
 from daemon.encode_pool import EncodePool
 from daemon.errors import CatalogError, ShuttingDownError, UnknownTableError
+from daemon.kafka import KafkaSource, dead_letter_schema
 from daemon.metrics import Metrics
-from daemon.table_schema import arrow_schema_for, parse_partition_spec, parse_schema
+from daemon.table_schema import (
+    arrow_schema_for,
+    parse_partition_spec,
+    parse_schema,
+    parse_sort_order,
+)
 from daemon.writer import FlushResult, TableWriter
 from spool import Spool
 
@@ -48,6 +55,7 @@ class Icespool:
         self._pool = EncodePool(config.encode.resolved_workers)
         self._catalog: Catalog | None = None
         self._writers: dict[str, TableWriter] = {}
+        self._sources: list[KafkaSource] = []
         self._state = "new"
 
     async def __aenter__(self) -> Icespool:
@@ -75,6 +83,10 @@ class Icespool:
             await self._pool.start()
             for table_config in self.config.tables:
                 await self._add_writer(table_config.name, table_config)
+            for kafka in self.config.kafka:
+                dead_letters = kafka.dead_letter_table
+                if dead_letters is not None and dead_letters not in self._writers:
+                    await self._add_writer(dead_letters, None, create=True)
             await self._recover()
         except BaseException:
             await self._abort()
@@ -84,6 +96,21 @@ class Icespool:
         self._state = "running"
         self.ready = True
         self.metrics.ready.set(1)
+        # Sources start last: recovered segments are committed, so the offsets the
+        # tables hold are final when the first partitions are assigned.
+        for i, kafka in enumerate(self.config.kafka):
+            source = KafkaSource(
+                kafka,
+                name=f"kafka[{i}]",
+                writer_for=self._writers.__getitem__,  # also while draining
+                load_properties=self._load_properties,
+                spool_has_room=self._spool_has_room,
+                metrics=self.metrics,
+                table_names=list(self._writers),
+                json_options={t.name: JsonOptions.for_table(t) for t in self.config.tables},
+            )
+            self._sources.append(source)
+            source.start()
 
     async def stop(self, grace: float = 30.0) -> None:
         """Drain: commit everything pending (reason ``shutdown``) within ``grace`` s.
@@ -98,6 +125,8 @@ class Icespool:
         self.ready = False
         self.draining = True
         self.metrics.ready.set(0)
+        for source in self._sources:
+            await source.stop_fetching()
         closing = [w.close("shutdown") for w in self._writers.values()]
         done, pending = await asyncio.wait(
             [asyncio.ensure_future(c) for c in closing], timeout=grace
@@ -112,6 +141,8 @@ class Icespool:
                 grace,
                 len(pending),
             )
+        for source in self._sources:
+            await source.close()  # offsets to Kafka only after the final commits
         await self._pool.stop(drain=not pending)
         for task in pending:
             task.cancel()
@@ -123,6 +154,17 @@ class Icespool:
         await self._spool.close()
 
     # ------------------------------------------------------------------ tables
+
+    def not_ready_reason(self) -> str | None:
+        """Why /readyz says no (None when ready)."""
+        if self.draining:
+            return "shutting down"
+        if not self.ready:
+            return "starting (spool recovery)"
+        down = [s.name for s in self._sources if not s.connected]
+        if down:
+            return f"Kafka not connected ({', '.join(down)}); retrying with backoff"
+        return None
 
     def writer(self, name: str) -> TableWriter:
         """The writer of a configured table."""
@@ -142,8 +184,13 @@ class Icespool:
     async def flush(self, name: str) -> FlushResult:
         return await self.writer(name).flush("manual")
 
-    async def _add_writer(self, name: str, table_config: TableConfig | None) -> TableWriter:
-        table = await asyncio.to_thread(self._load_table, name, table_config)
+    async def _add_writer(
+        self, name: str, table_config: TableConfig | None, *, create: bool = False
+    ) -> TableWriter:
+        if create:  # a dead-letter table: our schema, created when missing
+            table = await asyncio.to_thread(self._dead_letter_table, name)
+        else:
+            table = await asyncio.to_thread(self._load_table, name, table_config)
         settings = self.config.table_settings(name) if table_config else self.config.defaults
         writer = TableWriter(
             name,
@@ -163,13 +210,38 @@ class Icespool:
             try:
                 return self._catalog.load_table(name)
             except Exception as exc:
-                raise CatalogError(
-                    f"table {name!r} cannot be loaded ({exc}); declare its schema with "
-                    "create = true or create it in the catalog"
-                ) from exc
+                hint = (
+                    "infer = true is validated but creating a table from the first batch "
+                    "is not implemented yet; declare its schema"
+                    if table_config is not None and table_config.infer
+                    else "declare its schema with create = true or create it in the catalog"
+                )
+                raise CatalogError(f"table {name!r} cannot be loaded ({exc}); {hint}") from exc
         schema = parse_schema([c.model_dump() for c in table_config.columns])
         spec = parse_partition_spec(schema, table_config.partition_by)
-        return ensure_table(self._catalog, name, schema, spec, {}, table_config.create)
+        return ensure_table(
+            self._catalog,
+            name,
+            schema,
+            spec,
+            table_config.properties,
+            table_config.create,
+            sort_order=parse_sort_order(schema, table_config.sort_by),
+        )
+
+    def _dead_letter_table(self, name: str) -> Any:
+        assert self._catalog is not None
+        schema = dead_letter_schema()
+        return ensure_table(self._catalog, name, schema, parse_partition_spec(schema, []), {}, True)
+
+    def _load_properties(self, name: str) -> dict[str, str]:
+        """A table's current properties, read with a Table of its own (blocking)."""
+        assert self._catalog is not None
+        return dict(self._catalog.load_table(name).metadata.properties)
+
+    def _spool_has_room(self) -> bool:
+        # Sources pause before the spool refuses appends, leaving room for HTTP.
+        return self._spool.stats().bytes < 0.9 * self.config.spool.max_bytes
 
     async def _recover(self) -> None:
         """Commit leftover segments before any new record is accepted."""
@@ -233,7 +305,18 @@ class Icespool:
                 "durability": self.config.spool.durability,
             },
             "tables": tables,
-            "kafka": {"assignments": [], "lag": {}},
+            "kafka": self._kafka_status(),
+        }
+
+    def _kafka_status(self) -> dict[str, Any]:
+        sources = [s.status() for s in self._sources]
+        assignments = [a for s in sources for a in s["assignments"]]
+        return {
+            "sources": sources,
+            "assignments": [
+                {"topic": a["topic"], "partition": a["partition"]} for a in assignments
+            ],
+            "lag": {f"{a['topic']}[{a['partition']}]": a["lag"] for a in assignments},
         }
 
     def refresh_gauges(self) -> None:

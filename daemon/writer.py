@@ -24,13 +24,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from daemon.committer import commit_files, find_committed_segments
+from daemon.committer import (
+    CommitResult,
+    commit_files,
+    commit_properties,
+    find_committed_segments,
+)
 from daemon.config import WriterSettings
 from daemon.encode_pool import Lane
 from daemon.errors import BackpressureError, BadInputError, ShuttingDownError
 from daemon.metrics import Metrics
+from daemon.offsets import OffsetClaims, OffsetsMovedError, Ranges
 from daemon.parquet_encode import encode_data_files
 from daemon.table_schema import conform
 from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError
@@ -42,6 +49,9 @@ _log = logging.getLogger("icespool.writer")
 # before the spool delete, the window guarantee 2 is about.
 _CRASH_AFTER_COMMIT = "ICESPOOL_TEST_CRASH_AFTER_COMMIT"
 _MAX_RETRY_DELAY = 60.0
+# Re-filtering after another replica committed overlapping Kafka offsets converges
+# quickly (each round sees more of its commits); more rounds mean a livelock bug.
+_OFFSET_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +234,47 @@ class TableWriter:
                 retry_after=1.0,
             )
 
+    def has_capacity(self) -> bool:
+        """Whether an append would pass the queue limit now (no metric, no exception)."""
+        queued = self._pending.bytes + self._reserved
+        return not queued or queued < self.settings.max_queue_bytes
+
+    @property
+    def table_properties(self) -> Mapping[str, str]:
+        """The table's properties as of its last refresh or commit."""
+        props: Mapping[str, str] = self._table.metadata.properties
+        return props
+
+    async def commit_offsets(self, claims: Mapping[str, Ranges]) -> bool:
+        """Record Kafka offset ranges without data (a source saw no records for us).
+
+        Runs on the table's lane, so it never races this table's own commits. The
+        caller guarantees nothing of these ranges is pending for this table.
+        Returns whether the table changed.
+        """
+        future: asyncio.Future[bool] = self._lane.submit(
+            lambda: asyncio.to_thread(self._commit_offsets, dict(claims))
+        )
+        return await future
+
+    def _commit_offsets(self, claims: dict[str, Ranges]) -> bool:
+        for attempt in range(1, 6):
+            self._table.refresh()
+            current = self._table.metadata.properties
+            updates = {
+                key: text
+                for key, ranges in claims.items()
+                if (text := str(Ranges.parse(current.get(key)).union(ranges))) != current.get(key)
+            }
+            if not updates:
+                return False
+            try:
+                commit_properties(self._table, updates)
+                return True
+            except CommitFailedException:
+                time.sleep(0.05 * attempt)
+        return False
+
     def _size_trigger(self) -> None:
         if self._pending.records >= self.settings.max_batch_records:
             self._background_flush("records")
@@ -329,6 +380,7 @@ class TableWriter:
         if not fresh:
             return FlushResult(self.name, reason, None, 0, already_committed=bool(committed))
         batches: list[pa.RecordBatch] = []
+        metas: list[dict[str, object] | None] = []
         readable: list[SegmentInfo] = []
         for info in fresh:
             try:
@@ -338,36 +390,26 @@ class TableWriter:
                 self._settled(info)
                 continue
             batches.extend(data.batches)
+            metas.extend(data.metas)
             readable.append(info)
         if not readable:
             return FlushResult(self.name, reason, None, 0)
-        encode_started = time.perf_counter()
-        files = await asyncio.to_thread(
-            encode_data_files,
-            self._table,
-            batches,
-            target_file_size=self.settings.target_file_size,
-            row_group_records=self.settings.row_group_records,
-            compression=self.settings.compression,
-            file_prefix=readable[0].id,
-        )
-        self._metrics.encode_duration.labels(table=self.name).observe(
-            time.perf_counter() - encode_started
-        )
         seg_ids = [s.id for s in readable]
-        records = sum(s.rows for s in readable)
-        if not files:
+        for attempt in range(1, _OFFSET_ATTEMPTS + 1):
+            try:
+                outcome = await self._encode_and_commit(batches, metas, seg_ids, reason)
+                break
+            except OffsetsMovedError as exc:
+                if attempt == _OFFSET_ATTEMPTS:
+                    raise
+                _log.warning("%s: %s; filtering again", self.name, exc)
+                await asyncio.to_thread(self._table.refresh)
+        if outcome is None:  # every row was already in the table
             for info in readable:
                 await self._spool.delete(info.id)
                 self._settled(info)
             return FlushResult(self.name, reason, None, 0)
-        commit = await asyncio.to_thread(
-            commit_files,
-            self._table,
-            files,
-            segment_ids=seg_ids,
-            summary={"icespool.reason": reason},
-        )
+        commit, files, records = outcome
         if os.environ.get(_CRASH_AFTER_COMMIT):
             os.kill(os.getpid(), signal.SIGKILL)
         for info in readable:
@@ -387,6 +429,52 @@ class TableWriter:
         )
         self._record(result, files)
         return result
+
+    async def _encode_and_commit(
+        self,
+        batches: list[pa.RecordBatch],
+        metas: list[dict[str, object] | None],
+        seg_ids: list[str],
+        reason: str,
+    ) -> tuple[CommitResult, list[Any], int] | None:
+        """Encode and commit the rows the table does not hold yet (None: all held)."""
+        claims = OffsetClaims()
+        # The table was refreshed just before (segment check or OffsetsMovedError).
+        rows, dropped = claims.filter(batches, metas, self._table.metadata.properties)
+        if dropped:
+            self._metrics.kafka_duplicates.labels(table=self.name).inc(dropped)
+            _log.warning(
+                "%s: dropped %d spooled Kafka records another replica already committed",
+                self.name,
+                dropped,
+                extra={"table": self.name, "records": dropped},
+            )
+        if not rows:
+            return None
+        encode_started = time.perf_counter()
+        files = await asyncio.to_thread(
+            encode_data_files,
+            self._table,
+            rows,
+            target_file_size=self.settings.target_file_size,
+            row_group_records=self.settings.row_group_records,
+            compression=self.settings.compression,
+            file_prefix=seg_ids[0],
+        )
+        self._metrics.encode_duration.labels(table=self.name).observe(
+            time.perf_counter() - encode_started
+        )
+        if not files:
+            return None
+        commit = await asyncio.to_thread(
+            commit_files,
+            self._table,
+            files,
+            segment_ids=seg_ids,
+            summary={"icespool.reason": reason},
+            update_properties=claims.properties if claims else None,
+        )
+        return commit, files, sum(b.num_rows for b in rows)
 
     def _find_committed(self, ids: list[str]) -> dict[str, int]:
         self._table.refresh()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_harness import Broker
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http_api import start_http
@@ -82,3 +83,13 @@ async def daemon(run_daemon: RunDaemon) -> AsyncIterator[tuple[Icespool, str]]:
     """The embedded default config (table ``demo.events``), no auth."""
     async with run_daemon() as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A real Kafka-protocol broker (Tansu, in-memory) on a free port for one module."""
+    running = Broker.start(tmp_path_factory.mktemp("broker"))
+    try:
+        yield running
+    finally:
+        running.stop()

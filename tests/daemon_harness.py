@@ -66,6 +66,9 @@ class DaemonDir:
     """The paths of one daemon installation under ``root``."""
 
     root: Path
+    # Several daemons can share one catalog (e.g. PostgreSQL) and warehouse.
+    catalog_uri: str | None = None
+    shared_warehouse: Path | None = None
 
     @property
     def config_path(self) -> Path:
@@ -81,7 +84,7 @@ class DaemonDir:
 
     @property
     def warehouse(self) -> Path:
-        return self.root / "warehouse"
+        return self.shared_warehouse or self.root / "warehouse"
 
     @property
     def log_dir(self) -> Path:
@@ -91,7 +94,7 @@ class DaemonDir:
     def catalog_properties(self) -> dict[str, str]:
         return {
             "type": "sql",
-            "uri": f"sqlite:///{self.catalog_db}",
+            "uri": self.catalog_uri or f"sqlite:///{self.catalog_db}",
             "warehouse": self.warehouse.as_uri(),
         }
 
@@ -103,6 +106,7 @@ class DaemonDir:
         durability: str = "page-cache",
         encode_workers: int = 2,
         extra: str = "",
+        spool_extra: str = "",
     ) -> Path:
         """Write the daemon's TOML: table ``t.events`` (id long required, v string)."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -111,12 +115,13 @@ class DaemonDir:
 [catalog]
 name = "{CATALOG_NAME}"
 type = "sql"
-uri = {json.dumps(f"sqlite:///{self.catalog_db}")}
+uri = {json.dumps(self.catalog_properties["uri"])}
 warehouse = {json.dumps(self.warehouse.as_uri())}
 
 [spool]
 dir = {json.dumps(str(self.spool_dir))}
 durability = "{durability}"
+{spool_extra}
 
 [http]
 listen = "127.0.0.1:0"

@@ -393,19 +393,24 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             lambda r: r["tables"][0].update(partition=["day(ts)"]),
             "tables[0].partition",
             "unknown key; did you mean 'partition_by'? valid keys here: name, create, schema, "
-            "partition_by, max_batch_records, max_batch_bytes, batch_timeout, "
+            "partition_by, sort_by, properties, infer, timestamp_unit, max_batch_records, "
+            "max_batch_bytes, batch_timeout, "
             "target_file_size, compression, row_group_records, max_queue_bytes",
         ),
         (
             lambda r: r["tables"][0]["schema"][1].update(nullable=True),
             "tables[0].schema[1].nullable",
-            "unknown key; valid keys here: name, type, required, doc",
+            "unknown key; valid keys here: name, type, required, doc, timestamp_unit",
         ),
         (
             lambda r: r["kafka"][0].update(topic="events"),
             "kafka[0].topic",
             "unknown key; did you mean 'topics'? valid keys here: bootstrap_servers, group_id, "
-            "topics, topic_pattern, table, format, dead_letter",
+            "topics, topic_pattern, table, route_field, route_header, table_template, format, "
+            "dead_letter, metadata_columns, max_record_bytes, auto_offset_reset, "
+            "offset_commit_interval, max_poll_records, session_timeout, security_protocol, "
+            "sasl_mechanism, sasl_plain_username, sasl_plain_password, ssl_cafile, "
+            "ssl_certfile, ssl_keyfile, ssl_password",
         ),
     ],
 )
@@ -440,13 +445,16 @@ def test_catalog_passes_unknown_keys_through_as_strings() -> None:
         (
             lambda r: r["tables"][0]["schema"][1].update(type="text"),
             "tables[0].schema[1].type",
-            "unknown column type 'text'; use one of boolean, int, long, float, double, date, "
-            "time, timestamp, timestamptz, string, uuid, binary, fixed[L], decimal(P,S)",
+            "type 'text': unknown type 'text'; use boolean, int, long, float, double, "
+            "decimal(P,S), date, time, timestamp, timestamptz, string, uuid, fixed[L], binary, "
+            "list<T>, map<K, V> or struct<name: T, ...> (append 'not null' to a nested field, "
+            'element or value to make it required), e.g. "map<string, list<long>>"',
         ),
         (
             lambda r: r["tables"][0]["schema"][0].update(type="decimal(40, 2)"),
             "tables[0].schema[0].type",
-            "'decimal(40, 2)': decimal(P,S) needs 1 <= P <= 38 and 0 <= S <= P, e.g. decimal(18,2)",
+            "type 'decimal(40, 2)': decimal(40,2) needs 1 <= P <= 38 and 0 <= S <= P, "
+            "e.g. decimal(18,2)",
         ),
         (
             lambda r: r["defaults"].update(max_batch_bytes="lots"),
@@ -501,7 +509,8 @@ def test_catalog_passes_unknown_keys_through_as_strings() -> None:
             lambda r: r["tables"][0].pop("schema"),
             "tables[0].schema",
             "create = true needs a schema to create the table from, e.g. schema = "
-            '[{ name = "id", type = "long", required = true }]',
+            '[{ name = "id", type = "long", required = true }], or infer = true to create it '
+            "from the first batch",
         ),
         (
             lambda r: r["tables"][0].update(partition_by=["day(when)"]),
@@ -919,3 +928,39 @@ def test_rendered_toml_reads_back_as_the_same_config() -> None:
 
     assert text.startswith("# effective config\n# second line\n")
     assert validate_config(tomllib.loads(text)) == config
+
+
+@pytest.mark.parametrize(
+    ("kafka", "key", "fragment"),
+    [
+        ({"route_field": "kind"}, "kafka[0].table_template", "needs both"),
+        (
+            {"table": None, "route_field": "k", "table_template": "nope"},
+            "kafka[0].table_template",
+            "namespace.",
+        ),
+        (
+            {"table": None, "route_field": "k", "table_template": "other.{value}"},
+            "kafka[0].table_template",
+            "no [[tables]] entry matches",
+        ),
+        (
+            {"table": None, "route_field": "k", "route_header": "h", "table_template": "x.{value}"},
+            "kafka[0].route_header",
+            "not both",
+        ),
+        ({"sasl_mechanism": "PLAIN"}, "kafka[0].security_protocol", "SASL_PLAINTEXT"),
+        ({"format": "avro"}, "kafka[0].format", "json"),
+        ({"metadata_columns": ["_kafka_bogus"]}, "kafka[0].metadata_columns", "_kafka_offset"),
+    ],
+)
+def test_bad_kafka_routing_and_security_settings_name_the_key(
+    kafka: dict[str, Any], key: str, fragment: str
+) -> None:
+    raw = raw_contract()
+    raw["kafka"][0].update(kafka)
+    raw["kafka"][0] = {k: v for k, v in raw["kafka"][0].items() if v is not None}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(raw)
+    assert caught.value.key.startswith(key), caught.value
+    assert fragment in str(caught.value), caught.value

@@ -11,7 +11,7 @@ import os
 import re
 import types
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from daemon.config._types import parse_sort, parse_type_string, render_type
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 from daemon.errors import ConfigError, UnknownTableError
 
@@ -47,6 +48,7 @@ __all__ = [
     "PartitionField",
     "SpoolConfig",
     "TableConfig",
+    "TimestampUnit",
     "WriterSettings",
     "embedded_catalog",
     "parse_partition",
@@ -58,6 +60,8 @@ Durability = Literal["page-cache", "fsync"]
 Compression = Literal["zstd", "snappy", "lz4_raw", "gzip", "none"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["text", "json"]
+# Unit of epoch numbers sent for timestamp columns in JSON (unset: only ISO-8601 text).
+TimestampUnit = Literal["s", "ms", "us", "ns"]
 
 # Iceberg primitive types (format v1/v2) plus the parameterised fixed[L] and decimal(P,S).
 COLUMN_TYPES = (
@@ -76,9 +80,6 @@ COLUMN_TYPES = (
     "fixed[L]",
     "decimal(P,S)",
 )
-_SIMPLE_TYPES = frozenset(t for t in COLUMN_TYPES if "[" not in t and "(" not in t)
-_FIXED_RE = re.compile(r"^fixed\[(\d+)\]$")
-_DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
 _TABLE_NAME_MAX = 255
 _KAFKA_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -176,21 +177,9 @@ TableName = Annotated[str, AfterValidator(_check_table_name)]
 def _normalise_column_type(value: object) -> object:
     if not isinstance(value, str):
         return value
-    text = re.sub(r"\s+", "", value.lower())
-    if text in _SIMPLE_TYPES:
-        return text
-    if m := _FIXED_RE.match(text):
-        if int(m.group(1)) < 1:
-            raise ValueError(f"{value!r}: fixed length must be at least 1")
-        return text
-    if m := _DECIMAL_RE.match(text):
-        precision, scale = int(m.group(1)), int(m.group(2))
-        if not 1 <= precision <= 38 or not 0 <= scale <= precision:
-            raise ValueError(
-                f"{value!r}: decimal(P,S) needs 1 <= P <= 38 and 0 <= S <= P, e.g. decimal(18,2)"
-            )
-        return text
-    raise ValueError(f"unknown column type {value!r}; use one of {', '.join(COLUMN_TYPES)}")
+    # The grammar (nested types included) is shared with the schema builder; the
+    # canonical spelling keeps check-config's output valid input.
+    return render_type(parse_type_string(value))
 
 
 ColumnType = Annotated[str, BeforeValidator(_normalise_column_type)]
@@ -319,6 +308,8 @@ def _transform_accepts(transform: str, column_type: str) -> bool:
         return transform in ("bucket", "truncate")
     if base == "fixed":
         return transform == "bucket"
+    if "<" in column_type:
+        return False  # struct, list and map columns cannot be partition sources
     return column_type in allowed
 
 
@@ -490,6 +481,20 @@ class ColumnConfig(_Section):
     type: ColumnType
     required: bool = False
     doc: str | None = None
+    # Overrides the table's timestamp_unit for this column (and timestamps nested in it).
+    timestamp_unit: TimestampUnit | None = None
+
+
+def _check_sort(value: str) -> str:
+    term, _, _ = parse_sort(value)
+    parse_partition(term)
+    return value
+
+
+def _table_properties(value: object) -> object:
+    # TOML reads `write.target-file-size-bytes = 1` as nested tables and numbers;
+    # Iceberg properties are flat strings.
+    return _flatten_extras(value, frozenset()) if isinstance(value, dict) else value
 
 
 class TableConfig(_Section):
@@ -500,6 +505,15 @@ class TableConfig(_Section):
     # "schema" would shadow a BaseModel attribute, hence the alias.
     columns: list[ColumnConfig] | None = Field(default=None, alias="schema")
     partition_by: list[PartitionSpec] = Field(default_factory=list)
+    sort_by: list[Annotated[str, AfterValidator(_check_sort)]] = Field(default_factory=list)
+    # Table properties set when the table is created (an existing table keeps its own).
+    properties: Annotated[dict[str, str], BeforeValidator(_table_properties)] = Field(
+        default_factory=dict
+    )
+    # Create the table from the first batch's inferred schema when none is declared.
+    infer: bool = False
+    # Unit of epoch numbers in JSON timestamp columns; unset means ISO-8601 text only.
+    timestamp_unit: TimestampUnit | None = None
 
     # Overrides of [defaults]; None means "use the default".
     max_batch_records: PositiveInt | None = None
@@ -535,8 +549,13 @@ class TableConfig(_Section):
         }
 
 
+KafkaMetadataColumn = Literal[
+    "_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key"
+]
+
+
 class KafkaConfig(_Section):
-    """One ``[[kafka]]`` consumer: topics (or a pattern) routed to a table."""
+    """One ``[[kafka]]`` consumer: topics (or a pattern) routed to tables."""
 
     bootstrap_servers: Annotated[
         list[Annotated[str, AfterValidator(_check_server)]],
@@ -546,13 +565,71 @@ class KafkaConfig(_Section):
     group_id: NonEmptyStr = "icespool"
     topics: list[TopicName] = Field(default_factory=list)
     topic_pattern: Annotated[str, AfterValidator(_check_regex)] | None = None
+    # Routing: a static table, or a template filled from a record field or header.
     table: TableName | None = None
-    format: Literal["json"] = "json"
-    # "table" sends bad records to the table "<table>_dead_letter"; anything else is a topic.
+    route_field: NonEmptyStr | None = None
+    route_header: NonEmptyStr | None = None
+    table_template: NonEmptyStr | None = None
+    format: Literal["json", "raw"] = "json"
+    # "table" sends bad records to the table "<table>_dead_letter" (dynamic routing:
+    # "<namespace>.kafka_dead_letter"); anything else is a topic.
     dead_letter: Annotated[str, AfterValidator(_non_empty)] = "table"
+    metadata_columns: list[KafkaMetadataColumn] = Field(default_factory=list)
+    # Bigger values go to the dead-letter destination (reason "oversized").
+    max_record_bytes: Bytes = 2**20
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # How often consumer-group offsets are committed to Kafka (after Iceberg).
+    offset_commit_interval: Seconds = 5.0
+    max_poll_records: PositiveInt = 20_000
+    # A member that stops heartbeating (killed) loses its partitions after this.
+    session_timeout: Seconds = 10.0
+    # Security, passed through to aiokafka.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    ssl_cafile: OptionalAbsPath = None
+    ssl_certfile: OptionalAbsPath = None
+    ssl_keyfile: OptionalAbsPath = None
+    ssl_password: str | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.table_template is not None
+
+    @property
+    def dead_letter_table(self) -> str | None:
+        """The dead-letter table's name, or None when dead letters go to a topic."""
+        if self.dead_letter != "table":
+            return None
+        if self.table is not None:
+            return f"{self.table}_dead_letter"
+        namespace = (self.table_template or "").split(".", 1)[0]
+        return f"{namespace}.kafka_dead_letter"
+
+    def route(self, value: str) -> str:
+        """The table a route value maps to."""
+        if self.table_template is None:
+            raise ValueError("static source: no template")
+        return self.table_template.replace("{value}", value)
+
+    def targets(self, tables: Iterable[str]) -> list[str]:
+        """The configured tables this source may write (dead-letter table excluded)."""
+        if self.table_template is None:
+            return [self.table] if self.table else []
+        return [name for name in tables if _matches_template(self.table_template, name)]
 
 
 # ------------------------------------------------------------------ the whole config
+
+
+def _matches_template(template: str, name: str) -> bool:
+    prefix, suffix = template.split("{value}")
+    return (
+        len(name) > len(prefix) + len(suffix)
+        and name.startswith(prefix)
+        and (name.endswith(suffix))
+    )
 
 
 def _catalog_default() -> CatalogConfig:
@@ -607,17 +684,56 @@ class Config(_Section):
                 f"kafka[{i}].topics",
                 "set exactly one of 'topics' (a list of names) or 'topic_pattern' (a regex)",
             )
-        if kafka.table is None:
+        routed = kafka.route_field is not None or kafka.route_header is not None
+        if kafka.route_field is not None and kafka.route_header is not None:
+            raise ConfigError(
+                f"kafka[{i}].route_header", "set one of 'route_field' or 'route_header', not both"
+            )
+        if routed != (kafka.table_template is not None):
+            raise ConfigError(
+                f"kafka[{i}].table_template",
+                "dynamic routing needs both 'table_template' (e.g. \"ns.{value}\") and one of "
+                "'route_field' or 'route_header'",
+            )
+        if kafka.table_template is not None:
+            if kafka.table is not None:
+                raise ConfigError(
+                    f"kafka[{i}].table", "set either a static 'table' or 'table_template', not both"
+                )
+            template = kafka.table_template
+            if template.count("{value}") != 1 or "." not in template.split("{value}")[0]:
+                raise ConfigError(
+                    f"kafka[{i}].table_template",
+                    f"{template!r} must be 'namespace.<name with {{value}}>', e.g. 'ns.{{value}}'",
+                )
+            if not any(_matches_template(template, name) for name in tables):
+                raise ConfigError(
+                    f"kafka[{i}].table_template",
+                    f"no [[tables]] entry matches {template!r}; declare the tables records "
+                    "may be routed to (unknown routes go to the dead-letter destination)",
+                )
+        elif kafka.table is None:
             raise ConfigError(
                 f"kafka[{i}].table",
                 "missing; name the [[tables]] entry these topics are written to",
             )
-        if kafka.table not in tables:
+        elif kafka.table not in tables:
             known = ", ".join(repr(t) for t in tables) or "none"
             raise ConfigError(
                 f"kafka[{i}].table",
                 f"{kafka.table!r} is not defined in [[tables]] (defined: {known}); "
                 "add a [[tables]] entry for it",
+            )
+        if kafka.format == "raw" and kafka.dynamic and kafka.route_field is not None:
+            raise ConfigError(
+                f"kafka[{i}].route_field",
+                "format 'raw' does not parse values; route raw records by 'route_header'",
+            )
+        if kafka.sasl_mechanism is not None and not kafka.security_protocol.startswith("SASL"):
+            raise ConfigError(
+                f"kafka[{i}].security_protocol",
+                f"sasl_mechanism is set but security_protocol is {kafka.security_protocol!r}; "
+                "use SASL_PLAINTEXT or SASL_SSL",
             )
         if kafka.dead_letter != "table":
             try:
@@ -646,11 +762,12 @@ class Config(_Section):
 
 
 def _check_table(i: int, table: TableConfig) -> None:
-    if table.create and not table.columns:
+    if table.create and not table.columns and not table.infer:
         raise ConfigError(
             f"tables[{i}].schema",
             "create = true needs a schema to create the table from, e.g. "
-            'schema = [{ name = "id", type = "long", required = true }]',
+            'schema = [{ name = "id", type = "long", required = true }], '
+            "or infer = true to create it from the first batch",
         )
     types_by_name: dict[str, str] = {}
     if table.columns is not None:
@@ -682,6 +799,14 @@ def _check_table(i: int, table: TableConfig) -> None:
                 f"{field.transform} cannot partition {field.column!r} of type {column_type}; "
                 "use a transform that fits the type (year/month/day: date or timestamp, "
                 "hour: timestamp, truncate: int/long/string/binary/decimal)",
+            )
+    for j, sort in enumerate(table.sort_by):
+        sort_column = parse_partition(parse_sort(sort)[0]).column
+        if table.columns is not None and sort_column not in types_by_name:
+            raise ConfigError(
+                f"tables[{i}].sort_by[{j}]",
+                f"column {sort_column!r} is not in the schema; use one of "
+                f"{', '.join(types_by_name)}",
             )
 
 

