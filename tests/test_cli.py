@@ -18,6 +18,7 @@ import pytest
 import structlog
 
 from daemon.cli import main
+from daemon.config._types import TYPE_HELP
 from daemon.logs import configure_logging
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "icespool"
@@ -50,11 +51,6 @@ schema = [
 ]
 partition_by = ["day(ts)"]
 """
-
-COLUMN_TYPES_HELP = (
-    "boolean, int, long, float, double, date, time, timestamp, timestamptz, string, uuid, "
-    "binary, fixed[L], decimal(P,S)"
-)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -157,8 +153,8 @@ def test_check_config_bad_value_exits_2_naming_the_key(command: list[str], tmp_p
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr == (
-        "error: config key 'tables[0].schema[1].type': unknown column type 'text'; "
-        f"use one of {COLUMN_TYPES_HELP}\n"
+        "error: config key 'tables[0].schema[1].type': type 'text': unknown type 'text'; "
+        f"{TYPE_HELP}\n"
     )
 
 
@@ -223,6 +219,9 @@ def test_check_config_without_file_shows_the_embedded_default(tmp_path: Path) ->
                 {"name": "kind", "type": "string", "required": False},
             ],
             "partition_by": ["day(ts)"],
+            "sort_by": [],
+            "properties": {},
+            "infer": False,
         }
     ]
     # Checking a config must not create anything.
@@ -257,15 +256,50 @@ def test_check_config_bad_env_override_names_key_and_variable(tmp_path: Path) ->
     )
 
 
-def test_spark_conf_is_not_implemented_yet(tmp_path: Path) -> None:
+def test_spark_conf_prints_the_jdbc_catalog_and_leaves_the_password_out(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD_CONFIG)
 
     proc = icespool(COMMANDS["console-script"], "spark-conf", "--config", str(path), cwd=tmp_path)
 
+    assert (proc.returncode, proc.stderr) == (
+        0,
+        "note: secret spark.sql.catalog.lake.jdbc.password left out; add it at submit time, "
+        "or rerun with --include-secrets and keep the output private\n",
+    )
+    assert proc.stdout == (
+        "--conf spark.jars.packages=org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2,"
+        "org.postgresql:postgresql:42.7.4\n"
+        "--conf spark.sql.extensions="
+        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions\n"
+        "--conf spark.sql.catalog.lake=org.apache.iceberg.spark.SparkCatalog\n"
+        "--conf spark.sql.catalog.lake.catalog-impl=org.apache.iceberg.jdbc.JdbcCatalog\n"
+        "--conf spark.sql.catalog.lake.uri=jdbc:postgresql://db.internal:5432/lake\n"
+        "--conf spark.sql.catalog.lake.jdbc.schema-version=V1\n"
+        "--conf spark.sql.catalog.lake.jdbc.init-catalog-tables=false\n"
+        "--conf spark.sql.catalog.lake.jdbc.user=icespool\n"
+        "--conf spark.sql.catalog.lake.warehouse=file:///var/lib/icespool/warehouse\n"
+        "--conf spark.sql.catalog.lake.cache-enabled=false\n"
+    )
+
+
+def test_spark_conf_refuses_to_rename_a_sql_catalog(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD_CONFIG)
+
+    proc = icespool(
+        COMMANDS["console-script"],
+        "spark-conf",
+        "--config",
+        str(path),
+        "--catalog-name",
+        "other",
+        cwd=tmp_path,
+    )
+
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
-        "error: spark-conf is not implemented yet; it prints Spark catalog settings in a "
-        "later release\n"
+        "error: a sql catalog is seen by Spark only under the daemon's catalog name 'lake' "
+        "(Iceberg's JdbcCatalog and pyiceberg's SqlCatalog both key the iceberg_tables rows by "
+        "it), not 'other'; drop --catalog-name or rename [catalog] name\n"
     )
 
 

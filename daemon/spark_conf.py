@@ -1,0 +1,308 @@
+"""The Spark settings that make a Spark job see the daemon's catalog (``icespool spark-conf``).
+
+Pure mapping from the ``[catalog]`` section to Iceberg Spark runtime properties:
+
+- ``sql`` (pyiceberg ``SqlCatalog``) -> ``SparkCatalog`` over Iceberg's ``JdbcCatalog`` on the
+  same database. Both keep one row per table in ``iceberg_tables`` keyed by a
+  ``catalog_name`` column: pyiceberg writes the ``[catalog] name``, ``JdbcCatalog`` the
+  Spark catalog name. So the Spark catalog must carry the daemon's catalog name, or Spark
+  sees an empty catalog. ``jdbc.schema-version=V1`` makes ``JdbcCatalog`` use the table
+  layout pyiceberg creates (with the ``iceberg_type`` column). Spark does not create the
+  catalog's tables (``jdbc.init-catalog-tables=false``): start the daemon once first.
+- ``rest`` -> ``RESTCatalog`` (same URI, credential/token, warehouse), ``glue`` ->
+  ``GlueCatalog``, ``hive`` -> ``HiveCatalog``.
+
+Jars: with a local runtime directory (``python -m daemon.spark_runtime`` builds one from
+the package registries) every jar in it goes into ``spark.jars``; without one
+``spark.jars.packages`` names the Maven coordinates, which Spark resolves itself (needs
+network access to Maven Central).
+
+Secrets (a password in the SQLAlchemy URI, a REST ``credential`` or ``token``) are left
+out unless asked for (``include_secrets``), and the keys left out are reported, so that
+printing the settings never leaks them by accident. Ways to supply them: pass
+``--include-secrets`` and keep the output private, set the key at submit time
+(``--conf spark.sql.catalog.<name>.jdbc.password=...``), or for PostgreSQL let the JDBC
+driver read ``~/.pgpass`` / ``$PGPASSFILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+from urllib.parse import urlencode
+
+from daemon.config import CatalogConfig, Config
+from daemon.errors import SparkConfError
+
+__all__ = [
+    "EXTENSIONS",
+    "FORMATS",
+    "ICEBERG_VERSION",
+    "MAVEN_ICEBERG_RUNTIME",
+    "RUNTIME_DIR_ENV",
+    "JdbcConnection",
+    "SparkConfError",
+    "SparkSettings",
+    "catalog_options",
+    "jdbc_connection",
+    "render",
+    "runtime_jars",
+    "spark_settings",
+]
+
+#: The Iceberg release the runtime jar and the Maven coordinates are pinned to.
+ICEBERG_VERSION: Final = "1.10.2"
+MAVEN_ICEBERG_RUNTIME: Final = (
+    f"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:{ICEBERG_VERSION}"
+)
+_MAVEN_AWS_BUNDLE: Final = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
+_MAVEN_SQLITE: Final = "org.xerial:sqlite-jdbc:3.46.1.0"
+_MAVEN_POSTGRESQL: Final = "org.postgresql:postgresql:42.7.4"
+EXTENSIONS: Final = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+#: Environment variable naming a local runtime directory when --runtime-dir is not given.
+RUNTIME_DIR_ENV: Final = "ICESPOOL_SPARK_RUNTIME"
+FORMATS: Final = ("spark-submit", "properties", "json")
+Format = Literal["spark-submit", "properties", "json"]
+
+_RUNTIME_JAR_GLOB: Final = "iceberg-spark-runtime-3.5_2.12-*.jar"
+# Catalog keys pyiceberg and Iceberg Java spell the same way and mean the same thing: the
+# REST client's (only for rest catalogs) and the FileIO/cloud clients' (for every catalog).
+_REST_KEYS: Final = frozenset(
+    {"credential", "token", "scope", "oauth2-server-uri", "prefix", "audience", "resource"}
+)
+_REST_PREFIXES: Final = ("header.", "rest.")
+_SHARED_PREFIXES: Final = ("s3.", "client.", "gcs.", "adls.")
+# Keys only pyiceberg understands (its FileIO choice, its own knobs): never passed on.
+_PYICEBERG_ONLY_PREFIXES: Final = ("py-", "downcast-", "pool", "echo", "init_catalog_tables")
+_SECRET_KEYS: Final = frozenset(
+    {"credential", "token", "jdbc.password", "s3.secret-access-key", "s3.session-token"}
+)
+
+
+@dataclass(frozen=True)
+class JdbcConnection:
+    """A JDBC URL and credentials derived from a SQLAlchemy database URI."""
+
+    url: str
+    maven_driver: str
+    user: str | None = None
+    password: str | None = None
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """Spark properties in a stable order, and the secret keys that were left out."""
+
+    conf: dict[str, str]
+    catalog_name: str
+    omitted_secrets: tuple[str, ...] = field(default=())
+
+
+def jdbc_connection(uri: str) -> JdbcConnection:
+    """The JDBC form of a pyiceberg SQL catalog's SQLAlchemy ``uri``.
+
+    ``sqlite:////abs/catalog.db`` -> ``jdbc:sqlite:/abs/catalog.db`` (a relative path is
+    resolved against the working directory, as the daemon does), and
+    ``postgresql+psycopg2://user:pw@host:port/db?sslmode=require`` ->
+    ``jdbc:postgresql://host:port/db?sslmode=require`` with user and password apart.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(uri)
+    except ArgumentError as exc:
+        raise SparkConfError(f"catalog.uri {uri!r} is not a database URI: {exc}") from None
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        database = url.database or ""
+        if not database or database == ":memory:" or database.startswith("file:"):
+            raise SparkConfError(
+                f"catalog.uri {uri!r}: an in-memory or URI-style SQLite database cannot be "
+                "shared with Spark; use a file path, e.g. 'sqlite:////var/lib/icespool/catalog.db'"
+            )
+        return JdbcConnection(f"jdbc:sqlite:{os.path.abspath(database)}", _MAVEN_SQLITE)
+    if backend == "postgresql":
+        if not url.database:
+            raise SparkConfError(f"catalog.uri {uri!r} names no database; add '/dbname'")
+        host = url.host or "localhost"
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        port = url.port or 5432
+        query = urlencode(
+            [(k, v) for k, values in url.query.items() for v in _as_list(values)], safe="/:"
+        )
+        suffix = f"?{query}" if query else ""
+        return JdbcConnection(
+            f"jdbc:postgresql://{host}:{port}/{url.database}{suffix}",
+            _MAVEN_POSTGRESQL,
+            user=url.username,
+            password=url.password if isinstance(url.password, str) else None,
+        )
+    raise SparkConfError(
+        f"catalog.uri {uri!r}: no JDBC mapping for the {backend!r} database; "
+        "icespool spark-conf supports SQLite and PostgreSQL SQL catalogs"
+    )
+
+
+def _as_list(values: str | Sequence[str]) -> list[str]:
+    return [values] if isinstance(values, str) else list(values)
+
+
+def _passed_on(kind: str, key: str) -> bool:
+    if key.startswith(_PYICEBERG_ONLY_PREFIXES):
+        return False
+    if kind == "rest" and (key in _REST_KEYS or key.startswith(_REST_PREFIXES)):
+        return True
+    if kind == "glue" and key.startswith("glue.") and key != "glue.region":
+        return True
+    return key.startswith(_SHARED_PREFIXES)
+
+
+def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
+    """Iceberg catalog options (without the ``spark.sql.catalog.<name>.`` prefix) and the
+    Maven packages the catalog needs besides the Iceberg runtime. Secrets included."""
+    kind = catalog.type.lower()
+    extra = catalog.extra_properties
+    options: dict[str, str] = {}
+    packages: list[str] = []
+    if kind == "sql":
+        if catalog.uri is None:  # the config model already insists; keep mypy and users safe
+            raise SparkConfError("a sql catalog needs catalog.uri")
+        jdbc = jdbc_connection(catalog.uri)
+        options["catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
+        options["uri"] = jdbc.url
+        options["jdbc.schema-version"] = "V1"
+        # JdbcCatalog's table initialisation leaves a metadata ResultSet open on its pooled
+        # connection: on SQLite that read transaction blocks every later commit of the
+        # daemon ("database is locked") and pins Spark to a stale view. pyiceberg creates
+        # the tables when the daemon starts, so Spark never needs to.
+        options["jdbc.init-catalog-tables"] = "false"
+        if jdbc.user is not None:
+            options["jdbc.user"] = jdbc.user
+        if jdbc.password is not None:
+            options["jdbc.password"] = jdbc.password
+        packages.append(jdbc.maven_driver)
+    elif kind == "rest":
+        if catalog.uri is None:
+            raise SparkConfError("a rest catalog needs catalog.uri (the REST endpoint)")
+        options["type"] = "rest"
+        options["uri"] = catalog.uri
+    elif kind == "hive":
+        if catalog.uri is None:
+            raise SparkConfError("a hive catalog needs catalog.uri (thrift://metastore:9083)")
+        options["type"] = "hive"
+        options["uri"] = catalog.uri
+    elif kind == "glue":
+        options["catalog-impl"] = "org.apache.iceberg.aws.glue.GlueCatalog"
+        options["io-impl"] = "org.apache.iceberg.aws.s3.S3FileIO"
+        # pyiceberg names the region glue.region; Iceberg's AWS client factory client.region.
+        region = extra.get("glue.region") or extra.get("client.region")
+        if region:
+            options["client.region"] = region
+        packages.append(_MAVEN_AWS_BUNDLE)
+    else:
+        raise SparkConfError(
+            f"catalog.type {catalog.type!r} has no Spark mapping; "
+            "icespool spark-conf supports sql, rest, glue and hive catalogs"
+        )
+    if catalog.warehouse is not None:
+        options["warehouse"] = catalog.warehouse
+    # The daemon commits all the time; Spark's table cache would hide its commits from a
+    # running session for up to cache.expiration-interval-ms (30 s by default).
+    options["cache-enabled"] = "false"
+    for key, value in sorted(extra.items()):
+        if not _passed_on(kind, key):
+            continue
+        options.setdefault(key, value)
+    if (
+        kind != "glue"
+        and (catalog.warehouse or "").startswith(("s3://", "s3a://"))
+        and _MAVEN_AWS_BUNDLE not in packages
+    ):
+        options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
+        packages.append(_MAVEN_AWS_BUNDLE)
+    return options, packages
+
+
+def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every jar of a local runtime directory, the Iceberg runtime first.
+
+    Raises SparkConfError naming the directory when it holds no Iceberg runtime jar.
+    """
+    directory = Path(runtime_dir).resolve()
+    if not directory.is_dir():
+        raise SparkConfError(
+            f"Spark runtime directory {str(directory)!r} does not exist; build it with "
+            "'make spark-runtime' (or 'python -m daemon.spark_runtime --dir DIR')"
+        )
+    runtime = sorted(directory.glob(_RUNTIME_JAR_GLOB))
+    if not runtime:
+        raise SparkConfError(
+            f"Spark runtime directory {str(directory)!r} has no {_RUNTIME_JAR_GLOB}; build "
+            "it with 'make spark-runtime' (or 'python -m daemon.spark_runtime --dir DIR')"
+        )
+    others = sorted(p for p in directory.glob("*.jar") if p not in runtime)
+    return [*runtime, *others]
+
+
+def spark_settings(
+    config: Config,
+    *,
+    catalog_name: str | None = None,
+    runtime_dir: str | os.PathLike[str] | None = None,
+    include_secrets: bool = False,
+) -> SparkSettings:
+    """The Spark properties that read (and write) the daemon's catalog.
+
+    ``catalog_name`` defaults to the daemon's ``[catalog] name``; a SQL catalog cannot be
+    renamed (see the module docstring). ``runtime_dir``: a local runtime directory whose
+    jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven).
+    """
+    catalog = config.catalog
+    name = catalog_name or catalog.name
+    if not name.replace("_", "a").isalnum() or name[0].isdigit():
+        raise SparkConfError(
+            f"catalog name {name!r} is not a Spark identifier (letters, digits, '_', not "
+            "starting with a digit); pass --catalog-name NAME"
+        )
+    if catalog.type.lower() == "sql" and name != catalog.name:
+        raise SparkConfError(
+            f"a sql catalog is seen by Spark only under the daemon's catalog name "
+            f"{catalog.name!r} (Iceberg's JdbcCatalog and pyiceberg's SqlCatalog both key the "
+            f"iceberg_tables rows by it), not {name!r}; drop --catalog-name or rename "
+            "[catalog] name"
+        )
+    options, packages = catalog_options(catalog)
+    conf: dict[str, str] = {}
+    if runtime_dir is not None:
+        conf["spark.jars"] = ",".join(str(jar) for jar in runtime_jars(runtime_dir))
+    else:
+        conf["spark.jars.packages"] = ",".join([MAVEN_ICEBERG_RUNTIME, *packages])
+    conf["spark.sql.extensions"] = EXTENSIONS
+    prefix = f"spark.sql.catalog.{name}"
+    conf[prefix] = "org.apache.iceberg.spark.SparkCatalog"
+    omitted: list[str] = []
+    for key, value in options.items():
+        if key in _SECRET_KEYS and not include_secrets:
+            omitted.append(f"{prefix}.{key}")
+            continue
+        conf[f"{prefix}.{key}"] = value
+    return SparkSettings(conf=conf, catalog_name=name, omitted_secrets=tuple(omitted))
+
+
+def render(conf: Mapping[str, str], fmt: Format) -> str:
+    """``spark-submit``: ``--conf k=v`` lines (shell-quoted where needed); ``properties``:
+    spark-defaults.conf lines; ``json``: one object."""
+    if fmt == "json":
+        return json.dumps(dict(conf), indent=2) + "\n"
+    if fmt == "properties":
+        return "".join(f"{key} {value}\n" for key, value in conf.items())
+    if fmt == "spark-submit":
+        return "".join(f"--conf {shlex.quote(f'{key}={value}')}\n" for key, value in conf.items())
+    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

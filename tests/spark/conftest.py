@@ -1,0 +1,123 @@
+"""One real local SparkSession for every Spark test, and helpers to point it at a daemon.
+
+The session is built once (a JVM start costs seconds) with the local Iceberg Spark runtime
+(``make spark-runtime``; ``$ICESPOOL_SPARK_RUNTIME`` or ``.spark-runtime/`` at the repo
+root). A missing runtime FAILS every Spark test with the missing piece named: these tests
+are the proof that Spark reads the daemon's tables, so they never skip.
+
+Each test gives its daemon a catalog name of its own and registers it on the running
+session (``register_catalog``): a SQL catalog is visible to Spark only under the daemon's
+catalog name, and Spark caches a catalog by name once it was used.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2  # type: ignore[import-untyped]
+import pytest
+from spark_helpers import unique_catalog_name
+
+from daemon.config import Config, validate_config
+from daemon.errors import SparkConfError
+from daemon.spark_conf import RUNTIME_DIR_ENV
+from daemon.spark_runtime import check_runtime_files
+from daemon.spark_session import register_catalog, spark_session
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME_DIR = Path(os.environ.get(RUNTIME_DIR_ENV) or REPO / ".spark-runtime")
+
+# Small, fast, quiet: two local cores, two shuffle partitions, no UI or progress bars.
+TEST_SESSION_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "1g",
+    "spark.sql.adaptive.enabled": "false",  # keeps the scan node (and its metrics) in the plan
+}
+
+
+# pyspark 3.5 reads every collect()'s result from a fresh local socket to the JVM and never
+# closes it (its _load_from_socket leaves the socket to the garbage collector), so each
+# collect() emits a ResourceWarning for an unclosed socket to 127.0.0.1. Ignored for the
+# Spark tests only, and only that exact shape of warning.
+_PYSPARK_SOCKET_LEAK = r"ignore:unclosed <socket\.socket .*raddr=\('127\.0\.0\.1':ResourceWarning"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.filterwarnings(_PYSPARK_SOCKET_LEAK))
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        check_runtime_files(RUNTIME_DIR)
+    except SparkConfError as exc:
+        pytest.fail(f"the Iceberg Spark runtime is not usable: {exc}", pytrace=False)
+    home = tmp_path_factory.mktemp("spark-session")
+    # The session needs some catalog at start; tests register their own daemons' catalogs.
+    placeholder = validate_config(
+        {
+            "catalog": {
+                "name": "spark_tests",
+                "type": "sql",
+                "uri": f"sqlite:///{home}/catalog.db",
+                "warehouse": (home / "warehouse").as_uri(),
+            },
+            "spool": {"dir": str(home / "spool")},
+        }
+    )
+    session = spark_session(
+        placeholder,
+        runtime_dir=RUNTIME_DIR,
+        app_name="icespool-tests",
+        master="local[2]",
+        conf={**TEST_SESSION_CONF, "spark.sql.warehouse.dir": str(home / "spark-warehouse")},
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def catalog_name() -> str:
+    return unique_catalog_name()
+
+
+Register = Callable[[Config], str]
+
+
+@pytest.fixture
+def register(spark: Any) -> Register:
+    """``register(config)``: the session sees the daemon's catalog; returns its Spark name."""
+
+    def run(config: Config) -> str:
+        return register_catalog(spark, config)
+
+    return run
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    """A fresh PostgreSQL database (SQLAlchemy URI) on 127.0.0.1:5432, dropped afterwards."""
+    database = f"icespool_spark_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{database}"')
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()
