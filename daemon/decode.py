@@ -58,6 +58,7 @@ __all__ = [
     "decode_arrow_stream",
     "decode_ndjson",
     "decode_ndjson_lenient",
+    "infer_ndjson_schema",
 ]
 
 _JSON_WS: Final = b" \t\r\n"
@@ -310,6 +311,26 @@ class _Locate(Exception):
         self.column = column
         self.message = message
         super().__init__(column, message)
+
+
+def infer_ndjson_schema(body: bytes) -> pa.Schema:
+    """The Arrow schema pyarrow infers for an NDJSON body (for schema evolution).
+
+    Same guards as `decode_ndjson` (pyarrow must not see a top-level null); raises
+    `BadInputError` when the body is not one JSON object per line.
+    """
+    if _BLANK.fullmatch(body):
+        raise BadInputError("no records: the body is empty; send one JSON object per line")
+    if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
+        _check_one_object_per_line(body)
+    try:
+        schema: pa.Schema = pj.read_json(
+            pa.BufferReader(body),
+            parse_options=pj.ParseOptions(newlines_in_values=False),
+        ).schema
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise BadInputError(f"the records' types cannot be inferred: {exc}") from exc
+    return schema
 
 
 def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bool) -> pa.Table:

@@ -27,11 +27,12 @@ from typing import Any, Final
 import pyarrow as pa
 from aiohttp import web
 
-from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson
+from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import (
     BackpressureError,
     BadInputError,
     IcespoolError,
+    SchemaError,
     ShuttingDownError,
     UnknownTableError,
 )
@@ -238,7 +239,7 @@ class _Api:
             if decoder is decode_ndjson:
                 # The table's JSON options (epoch units of timestamp columns).
                 options = _json_options(self._service, writer.name)
-                table = await asyncio.to_thread(decode_ndjson, body, writer.arrow_schema, options)
+                table = await _decode_evolving(writer, body, options)
             else:
                 table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
             # Shielded: a client that hangs up must not cancel a half-done spool append.
@@ -396,6 +397,25 @@ def _too_large(what: str, limit: int) -> str:
         f"request body too large: {what}, the limit is {limit} bytes (http.max_body_bytes); "
         "split the records over several requests"
     )
+
+
+async def _decode_evolving(writer: TableWriter, body: bytes, options: JsonOptions) -> pa.Table:
+    """Decode NDJSON; where the table's evolve policy allows, add or widen the columns
+    the records need first (one column per round: each error names one)."""
+    evolved: set[str] = set()
+    while True:
+        try:
+            return await asyncio.to_thread(decode_ndjson, body, writer.arrow_schema, options)
+        except SchemaError as exc:
+            if writer.evolve_policy == "none" or exc.column in evolved:
+                raise
+            evolved.add(exc.column)
+            inferred = await asyncio.to_thread(infer_ndjson_schema, body)
+            if exc.column not in inferred.names:
+                raise
+            plan = await writer.evolve(inferred, only={exc.column}, exact=False)
+            if not plan:
+                raise
 
 
 def _retry_after(seconds: float) -> dict[str, str]:

@@ -588,7 +588,10 @@ def encode_data_files(
     target_schema, write_schema = _file_arrow_schema(schema, file_schema)
 
     conformed = [
-        conform(batch, target_schema, match_field_ids=True) for batch in batches if batch.num_rows
+        # Spooled batches may predate a rename (matched by field id) or a dropped column.
+        conform(batch, target_schema, match_field_ids=True, drop_extra=True)
+        for batch in batches
+        if batch.num_rows
     ]
     if not conformed:
         return []

@@ -200,6 +200,7 @@ class Icespool:
             self._spool,
             self._pool.lane(name),
             self.metrics,
+            evolve=table_config.evolve if table_config else "none",
         )
         self._writers[name] = writer
         return writer

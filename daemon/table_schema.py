@@ -573,8 +573,12 @@ def conform(
     arrow_schema: pa.Schema,
     *,
     match_field_ids: bool = False,
+    drop_extra: bool = False,
 ) -> pa.RecordBatch:
     """Cast ``batch`` to ``arrow_schema`` column by column, in the schema's order.
+
+    ``drop_extra`` ignores columns the schema lacks (spooled before someone dropped
+    them from the table) instead of refusing the batch.
 
     Columns are matched by name (or by Iceberg field id when ``match_field_ids`` is set
     and both sides carry ids: that survives a column rename between spooling and
@@ -617,7 +621,7 @@ def conform(
         arrays.append(_cast_column(target.name, batch.column(found), target))
 
     extra = [batch.schema.field(i).name for i in range(batch.num_columns) if i not in used]
-    if extra:
+    if extra and not drop_extra:
         raise SchemaError(extra[0], "column is not in the table schema")
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 

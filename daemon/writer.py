@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,11 +35,12 @@ from daemon.committer import (
 )
 from daemon.config import WriterSettings
 from daemon.encode_pool import Lane
-from daemon.errors import BackpressureError, BadInputError, ShuttingDownError
+from daemon.errors import BackpressureError, BadInputError, SchemaError, ShuttingDownError
+from daemon.evolution import EvolutionPlan, Policy, apply_plan
 from daemon.metrics import Metrics
 from daemon.offsets import OffsetClaims, OffsetsMovedError, Ranges
 from daemon.parquet_encode import encode_data_files
-from daemon.table_schema import conform
+from daemon.table_schema import arrow_schema_for, conform
 from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError
 
 __all__ = ["Column", "FlushResult", "TableWriter"]
@@ -102,9 +103,12 @@ class TableWriter:
         spool: Spool,
         lane: Lane,
         metrics: Metrics,
+        evolve: Policy = "none",
     ) -> None:
         self.name = name
         self.arrow_schema = arrow_schema
+        self.evolve_policy: Policy = evolve
+        self._schema_id = table.metadata.current_schema_id
         self.settings = settings
         self._table = table
         self._spool = spool
@@ -164,7 +168,14 @@ class TableWriter:
         if isinstance(data, Mapping):
             batch = await asyncio.to_thread(_columns_to_batch, data, self.arrow_schema)
         else:
-            batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+            try:
+                batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+            except SchemaError:
+                if self.evolve_policy == "none":
+                    raise
+                # Raises SchemaChangeError naming the column when the policy forbids it.
+                await self.evolve(data.schema)
+                batch = await asyncio.to_thread(conform, data, self.arrow_schema)
         rows: int = batch.num_rows
         if rows == 0:
             return 0
@@ -233,6 +244,39 @@ class TableWriter:
                 f"(max_queue_bytes {limit}); retry shortly",
                 retry_after=1.0,
             )
+
+    async def evolve(
+        self, incoming: pa.Schema, *, only: Collection[str] | None = None, exact: bool = True
+    ) -> EvolutionPlan:
+        """Change the table's schema so data shaped like ``incoming`` fits (per policy).
+
+        Runs on the table's lane (never during one of its commits); afterwards
+        `arrow_schema` is the evolved one.
+        """
+        policy = self.evolve_policy
+        future: asyncio.Future[EvolutionPlan] = self._lane.submit(
+            lambda: asyncio.to_thread(
+                apply_plan, self._table, incoming, policy, only=only, exact=exact
+            )
+        )
+        plan = await future
+        self._sync_schema()
+        return plan
+
+    def _sync_schema(self) -> None:
+        """Adopt the table's current schema (evolved here, or by Spark ALTER TABLE)."""
+        schema_id = self._table.metadata.current_schema_id
+        if schema_id == self._schema_id:
+            return
+        self._schema_id = schema_id
+        self.arrow_schema = arrow_schema_for(self._table)
+        _log.info(
+            "%s: now writing with schema %d: %s",
+            self.name,
+            schema_id,
+            ", ".join(self.arrow_schema.names),
+            extra={"table": self.name, "schema_id": schema_id},
+        )
 
     def has_capacity(self) -> bool:
         """Whether an append would pass the queue limit now (no metric, no exception)."""
@@ -362,6 +406,7 @@ class TableWriter:
     ) -> FlushResult:
         ids = [s.id for s in chunk]
         committed = await asyncio.to_thread(self._find_committed, ids)
+        self._sync_schema()  # columns renamed or dropped elsewhere apply from now on
         fresh: list[SegmentInfo] = []
         for info in chunk:
             if info.id in committed:

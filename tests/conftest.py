@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_types import MakeConfig, RunDaemon
 from kafka_harness import Broker
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http_api import start_http
 from daemon.service import Icespool
-
-MakeConfig = Callable[..., Config]
-RunDaemon = Callable[..., AbstractAsyncContextManager[tuple[Icespool, str]]]
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from conftest import MakeConfig, RunDaemon
 from daemon_harness import daemon_command
+from fixture_types import MakeConfig, RunDaemon
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.app import SHUTDOWN_GRACE_SECONDS

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
 from pydantic import (
@@ -62,6 +63,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["text", "json"]
 # Unit of epoch numbers sent for timestamp columns in JSON (unset: only ISO-8601 text).
 TimestampUnit = Literal["s", "ms", "us", "ns"]
+EvolvePolicy = Literal["none", "add-columns", "add-and-widen"]
 
 # Iceberg primitive types (format v1/v2) plus the parameterised fixed[L] and decimal(P,S).
 COLUMN_TYPES = (
@@ -202,6 +204,13 @@ def _check_regex(value: str) -> str:
     except re.error as exc:
         raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
     return value
+
+
+def _check_http_url(value: str) -> str:
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} must be an http(s) URL, e.g. 'http://registry:8081'")
+    return value.strip()
 
 
 def _split_servers(value: object) -> object:
@@ -514,6 +523,9 @@ class TableConfig(_Section):
     infer: bool = False
     # Unit of epoch numbers in JSON timestamp columns; unset means ISO-8601 text only.
     timestamp_unit: TimestampUnit | None = None
+    # Schema evolution: "none", "add-columns" (new optional columns) or "add-and-widen"
+    # (also int -> long, float -> double, wider decimal precision).
+    evolve: EvolvePolicy = "none"
 
     # Overrides of [defaults]; None means "use the default".
     max_batch_records: PositiveInt | None = None
@@ -570,7 +582,14 @@ class KafkaConfig(_Section):
     route_field: NonEmptyStr | None = None
     route_header: NonEmptyStr | None = None
     table_template: NonEmptyStr | None = None
-    format: Literal["json", "raw"] = "json"
+    format: Literal["json", "raw", "avro"] = "json"
+    # format "avro": exactly one of a Confluent-compatible schema registry (values in the
+    # Confluent wire format: magic byte 0, 4-byte schema id, Avro binary) or one fixed
+    # schema from an .avsc file (values are plain Avro binary).
+    schema_registry_url: Annotated[str, AfterValidator(_check_http_url)] | None = None
+    schema_registry_username: str | None = None
+    schema_registry_password: str | None = None
+    avro_schema_file: OptionalAbsPath = None
     # "table" sends bad records to the table "<table>_dead_letter" (dynamic routing:
     # "<namespace>.kafka_dead_letter"); anything else is a topic.
     dead_letter: Annotated[str, AfterValidator(_non_empty)] = "table"
@@ -729,6 +748,7 @@ class Config(_Section):
                 f"kafka[{i}].route_field",
                 "format 'raw' does not parse values; route raw records by 'route_header'",
             )
+        _check_avro(i, kafka)
         if kafka.sasl_mechanism is not None and not kafka.security_protocol.startswith("SASL"):
             raise ConfigError(
                 f"kafka[{i}].security_protocol",
@@ -759,6 +779,43 @@ class Config(_Section):
     def table_settings(self, name: str) -> WriterSettings:
         """Effective writer settings of a table: ``[defaults]`` overlaid by its overrides."""
         return self.defaults.model_copy(update=self.table(name).overrides())
+
+
+def _check_avro(i: int, kafka: KafkaConfig) -> None:
+    registry, schema_file = kafka.schema_registry_url, kafka.avro_schema_file
+    if kafka.format != "avro":
+        for key in ("schema_registry_url", "avro_schema_file"):
+            if getattr(kafka, key) is not None:
+                raise ConfigError(
+                    f"kafka[{i}].{key}",
+                    f'only used with format = "avro" (format is {kafka.format!r}); remove it',
+                )
+        return
+    if (registry is None) == (schema_file is None):
+        raise ConfigError(
+            f"kafka[{i}].schema_registry_url",
+            "format 'avro' needs exactly one of 'schema_registry_url' (Confluent wire format: "
+            "magic byte, schema id, Avro binary) or 'avro_schema_file' (an .avsc file; values "
+            "are plain Avro binary)",
+        )
+    if (kafka.schema_registry_username is None) != (kafka.schema_registry_password is None):
+        raise ConfigError(
+            f"kafka[{i}].schema_registry_username",
+            "basic auth needs both 'schema_registry_username' and 'schema_registry_password'",
+        )
+    if kafka.dynamic and kafka.route_field is not None:
+        raise ConfigError(
+            f"kafka[{i}].route_field",
+            "format 'avro' routes records before decoding them; route by 'route_header'",
+        )
+    if schema_file is not None:
+        # Imported here: only Avro sources need the decoder.
+        from daemon.kafka._avro import load_schema_file
+
+        try:
+            load_schema_file(schema_file)
+        except ValueError as exc:
+            raise ConfigError(f"kafka[{i}].avro_schema_file", str(exc)) from None
 
 
 def _check_table(i: int, table: TableConfig) -> None:

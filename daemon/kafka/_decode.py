@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from daemon.decode import JsonOptions, decode_ndjson
-from daemon.errors import BadInputError, IcespoolError
+from daemon.errors import BadInputError, IcespoolError, SchemaError
 from daemon.table_schema import conform
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "route_values",
 ]
 
+_LINE_1 = re.compile(r"^line 1: | \(line 1\)")
 _UNSAFE = re.compile(rb"}(?:[ \t\r]*\{|[ \t\r\n]*null)")
 
 
@@ -69,6 +70,7 @@ class DeadRecord:
     index: int  # position in the fetch
     reason: str  # short label for metrics: invalid, oversized, empty, unknown_route
     error: str
+    column: str | None = None  # the column at fault, when one is
 
 
 @dataclass(slots=True)
@@ -148,7 +150,7 @@ def decode_json(
     value_schema = pa.schema([f for f in schema if f.name not in metadata_columns])
     tables: list[tuple[pa.Table, list[int]]] = []
     _decode_split(view.values, good, value_schema, options, tables, dead)
-    dead = [DeadRecord(int(positions[d.index]), d.reason, d.error) for d in dead]
+    dead = [DeadRecord(int(positions[d.index]), d.reason, d.error, d.column) for d in dead]
     if not tables:
         return Decoded(None, np.empty(0, np.int64), dead)
     tables.sort(key=lambda t: t[1][0])
@@ -174,8 +176,9 @@ def _decode_split(
         return
     except (BadInputError, IcespoolError, pa.ArrowException) as exc:
         if len(indices) == 1:
-            message = str(exc).removeprefix("line 1: ")
-            dead.append(DeadRecord(indices[0], "invalid", message))
+            message = _LINE_1.sub("", str(exc))
+            column = exc.column if isinstance(exc, SchemaError) else None
+            dead.append(DeadRecord(indices[0], "invalid", message, column))
             return
     middle = len(indices) // 2
     _decode_split(values, indices[:middle], schema, options, out, dead)

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,8 +38,10 @@ from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from daemon.config import KafkaConfig
-from daemon.decode import JsonOptions
-from daemon.errors import BackpressureError
+from daemon.decode import JsonOptions, infer_ndjson_schema
+from daemon.errors import BackpressureError, BadInputError
+from daemon.evolution import SchemaChangeError
+from daemon.kafka._avro import avro_schemas, decode_avro
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw, route_values
 from daemon.metrics import Metrics
@@ -52,6 +54,8 @@ _log = logging.getLogger("icespool.kafka")
 _POLL_MS = 200
 _MAX_BACKOFF = 30.0
 _PROBE_TIMEOUT = 5.0
+# A record names one unknown column per decode; a few rounds cover several new ones.
+_EVOLVE_ROUNDS = 4
 
 #: Reads the current properties of a table straight from the catalog (blocking).
 LoadProperties = Callable[[str], Mapping[str, str]]
@@ -418,6 +422,10 @@ class KafkaSource:
                 part.handed.setdefault(table, part.start - 1)
         last = int(fetch.offsets[-1])
         per_table, dead = await asyncio.to_thread(self._decode, fetch)
+        for _ in range(_EVOLVE_ROUNDS):
+            if not await self._evolve(fetch, dead):
+                break
+            per_table, dead = await asyncio.to_thread(self._decode, fetch)
         if not self._has_room(per_table, dead):
             self._pause(consumer, part, int(fetch.offsets[0]))
             return
@@ -478,6 +486,15 @@ class KafkaSource:
                     max_record_bytes=c.max_record_bytes,
                     subset=subset,
                 )
+            elif c.format == "avro":
+                decoded = decode_avro(
+                    fetch,
+                    schema,
+                    metadata_columns=c.metadata_columns,
+                    max_record_bytes=c.max_record_bytes,
+                    subset=subset,
+                    schemas=avro_schemas(c),
+                )
             else:
                 decoded = decode_json(
                     fetch,
@@ -491,6 +508,43 @@ class KafkaSource:
             dead.extend((d, table) for d in decoded.dead)
         dead.sort(key=lambda item: item[0].index)
         return out, dead
+
+    async def _evolve(self, fetch: Fetch, dead: list[tuple[DeadRecord, str | None]]) -> bool:
+        """Evolve tables whose policy allows it for the columns their records lacked.
+
+        Returns whether a schema changed (the fetch is decoded again). Records whose
+        change the policy refuses get reason ``schema_change`` and its explanation.
+        """
+        if self.config.format != "json":
+            return False
+        changed = False
+        by_table: dict[str, list[int]] = {}
+        for i, (record, table) in enumerate(dead):
+            if (
+                record.column is not None
+                and table is not None
+                and table in self.targets
+                and self._writer_for(table).evolve_policy != "none"
+            ):
+                by_table.setdefault(table, []).append(i)
+        for table, positions in by_table.items():
+            values = [fetch.values[dead[i][0].index] or b"" for i in positions]
+            columns = {dead[i][0].column for i in positions} - {None}
+            writer = self._writer_for(table)
+            try:
+                inferred = await asyncio.to_thread(_infer_columns, values, columns)
+                plan = await writer.evolve(
+                    inferred, only={c for c in columns if c is not None}, exact=False
+                )
+                changed = changed or bool(plan)
+            except SchemaChangeError as exc:
+                for i in positions:
+                    record = dead[i][0]
+                    if record.column == exc.column:
+                        dead[i] = (replace(record, reason="schema_change", error=str(exc)), table)
+            except BadInputError:
+                continue  # the values are not even JSON objects: they stay invalid
+        return changed
 
     def _has_room(self, per_table: Mapping[str, Decoded], dead: Sequence[object]) -> bool:
         if not self._spool_has_room():
@@ -662,6 +716,34 @@ class KafkaSource:
                 return
             for tp, offset in offsets.items():
                 self._parts[tp].kafka_committed = offset
+
+
+def _infer_columns(values: Sequence[bytes], columns: set[str | None]) -> pa.Schema:
+    """The inferred types of ``columns`` in these records (blocking).
+
+    One inference over all of them first; when that fails (some record is bad in
+    another way) record by record, keeping a column's type only when the records
+    that carry it agree (long and double agree on double).
+    """
+    try:
+        return infer_ndjson_schema(b"\n".join(values))
+    except BadInputError:
+        pass
+    found: dict[str, pa.DataType | None] = {}
+    for value in values:
+        try:
+            schema = infer_ndjson_schema(value)
+        except BadInputError:
+            continue
+        for inferred in schema:
+            if inferred.name not in columns:
+                continue
+            seen = found.setdefault(inferred.name, inferred.type)
+            if seen is None or seen == inferred.type:
+                continue
+            numbers = {seen, inferred.type} <= {pa.int64(), pa.float64()}
+            found[inferred.name] = pa.float64() if numbers else None
+    return pa.schema([(name, t) for name, t in found.items() if t is not None])
 
 
 def _resume(ranges: Iterable[Ranges]) -> int | None:

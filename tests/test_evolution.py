@@ -1,0 +1,279 @@
+"""Schema evolution: planning, HTTP and Arrow input, racing replicas, columns renamed
+or dropped by another writer, and Kafka streams that grow fields."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pyarrow as pa
+import pytest
+from fixture_types import MakeConfig, RunDaemon
+from kafka_harness import Broker, create_topic, produce_values
+from pyiceberg.schema import Schema
+from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
+
+from daemon.evolution import SchemaChangeError, plan_evolution
+from daemon.service import Icespool
+
+TABLE = "demo.evolving"
+NDJSON = {"Content-Type": "application/x-ndjson"}
+
+
+def _existing() -> Schema:
+    return Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "n", IntegerType()),
+        NestedField(3, "st", StructType(NestedField(4, "a", StringType())), required=False),
+    )
+
+
+def test_plan_adds_new_fields_including_nested_ones() -> None:
+    incoming = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("country", pa.string()),
+            ("st", pa.struct([("a", pa.string()), ("b", pa.int64())])),
+        ]
+    )
+    plan = plan_evolution(_existing(), incoming, "add-columns")
+    assert [(p, str(t)) for p, t in plan.adds] == [(("country",), "string"), (("st", "b"), "long")]
+    assert plan.widens == ()
+
+
+def test_plan_widens_only_when_the_policy_allows() -> None:
+    incoming = pa.schema([("n", pa.int64())])
+    with pytest.raises(SchemaChangeError, match=r"'n'.*add-and-widen"):
+        plan_evolution(_existing(), incoming, "add-columns")
+    plan = plan_evolution(_existing(), incoming, "add-and-widen")
+    assert [(p, str(t)) for p, t in plan.widens] == [(("n",), "long")]
+
+
+@pytest.mark.parametrize(
+    ("incoming", "column", "fragment"),
+    [
+        (pa.schema([("n", pa.string())]), "n", "not a legal Iceberg promotion"),
+        (pa.schema([("id", pa.int32())]), None, None),  # narrower input fits: no change
+        (pa.schema([("st", pa.string())]), "st", "not a legal Iceberg promotion"),
+    ],
+)
+def test_plan_refuses_illegal_changes_naming_the_column(
+    incoming: pa.Schema, column: str | None, fragment: str | None
+) -> None:
+    if column is None:
+        assert not plan_evolution(_existing(), incoming, "add-and-widen")
+        return
+    with pytest.raises(SchemaChangeError) as caught:
+        plan_evolution(_existing(), incoming, "add-and-widen")
+    assert caught.value.column == column
+    assert fragment is not None and fragment in str(caught.value)
+
+
+def test_policy_none_names_the_setting() -> None:
+    with pytest.raises(SchemaChangeError, match='evolve = "none"'):
+        plan_evolution(_existing(), pa.schema([("new", pa.string())]), "none")
+
+
+def _config(make_config: MakeConfig, evolve: str, **extra: Any) -> Any:
+    return make_config(
+        tables=[
+            {
+                "name": TABLE,
+                "create": True,
+                "evolve": evolve,
+                "schema": [
+                    {"name": "id", "type": "long", "required": True},
+                    {"name": "n", "type": "int"},
+                ],
+            }
+        ],
+        **extra,
+    )
+
+
+def _rows(service: Icespool, table: str = TABLE) -> tuple[list[dict[str, Any]], list[str]]:
+    assert service._catalog is not None
+    loaded = service._catalog.load_table(table)
+    arrow = loaded.scan().to_arrow()
+    return sorted(arrow.to_pylist(), key=lambda r: r["id"]), [
+        f"{f.name}:{f.field_type}" for f in loaded.schema().fields
+    ]
+
+
+def _ndjson(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+async def test_http_records_add_columns_and_widen_per_policy(
+    make_config: MakeConfig, run_daemon: RunDaemon
+) -> None:
+    async with (
+        run_daemon(_config(make_config, "add-and-widen")) as (service, url),
+        aiohttp.ClientSession() as http,
+    ):
+        post = f"{url}/v1/tables/{TABLE}/records"
+        async with http.post(post, data=_ndjson([{"id": 1, "n": 1}]), headers=NDJSON) as r:
+            assert r.status == 200
+        body = _ndjson(
+            [
+                {"id": 2, "n": 5_000_000_000, "country": "NO", "tags": {"x": 1}},
+                {"id": 3, "country": "SE"},
+            ]
+        )
+        async with http.post(post, data=body, headers=NDJSON) as r:
+            assert r.status == 200, await r.text()
+        # Illegal: text into the (now long) numeric column.
+        async with http.post(post, data=_ndjson([{"id": 4, "n": "many"}]), headers=NDJSON) as r:
+            assert r.status == 400
+            assert "'n'" in (await r.json())["error"]
+        await service.flush(TABLE)
+        rows, columns = await asyncio.to_thread(_rows, service)
+    assert columns == ["id:long", "n:long", "country:string", "tags:struct<5: x: optional long>"]
+    assert rows == [
+        {"id": 1, "n": 1, "country": None, "tags": None},
+        {"id": 2, "n": 5_000_000_000, "country": "NO", "tags": {"x": 1}},
+        {"id": 3, "n": None, "country": "SE", "tags": None},
+    ]
+
+
+async def test_add_columns_policy_refuses_widening_and_none_refuses_everything(
+    make_config: MakeConfig, run_daemon: RunDaemon
+) -> None:
+    for evolve, body, fragment in [
+        ("add-columns", [{"id": 1, "n": 5_000_000_000}], "add-and-widen"),
+        ("none", [{"id": 1, "extra": True}], "not in the table schema"),
+    ]:
+        async with (
+            run_daemon(_config(make_config, evolve)) as (service, url),
+            aiohttp.ClientSession() as http,
+        ):
+            post = f"{url}/v1/tables/{TABLE}/records"
+            async with http.post(post, data=_ndjson(body), headers=NDJSON) as r:
+                assert r.status == 400
+                assert fragment in (await r.json())["error"], evolve
+            _, columns = await asyncio.to_thread(_rows, service)
+            assert columns == ["id:long", "n:int"]
+
+
+async def test_arrow_input_evolves_and_two_replicas_adding_one_column_converge(
+    make_config: MakeConfig, tmp_path: Any
+) -> None:
+    config = _config(make_config, "add-and-widen")
+    other = config.model_copy(
+        update={"spool": config.spool.model_copy(update={"dir": tmp_path / "spool-b"})}
+    )
+
+    def batch(ids: range) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(
+            {
+                "id": pa.array(list(ids), pa.int64()),
+                "n": pa.array([i * 10**10 for i in ids], pa.int64()),
+                "label": pa.array([f"l{i}" for i in ids]),
+            }
+        )
+
+    async with Icespool(config) as a, Icespool(other) as b:
+        await asyncio.gather(
+            a.writer(TABLE).append(batch(range(50))),
+            b.writer(TABLE).append(batch(range(50, 100))),
+        )
+        await a.flush(TABLE)
+        await b.flush(TABLE)
+        rows, columns = await asyncio.to_thread(_rows, a)
+    assert columns == ["id:long", "n:long", "label:string"]
+    assert [r["id"] for r in rows] == list(range(100))
+    assert all(r["n"] == r["id"] * 10**10 and r["label"] == f"l{r['id']}" for r in rows)
+
+
+async def test_columns_renamed_or_dropped_elsewhere_apply_without_a_restart(
+    make_config: MakeConfig,
+) -> None:
+    config = make_config(
+        tables=[
+            {
+                "name": TABLE,
+                "create": True,
+                "schema": [
+                    {"name": "id", "type": "long", "required": True},
+                    {"name": "old_name", "type": "string"},
+                    {"name": "gone", "type": "string"},
+                ],
+            }
+        ]
+    )
+    async with Icespool(config) as service:
+        writer = service.writer(TABLE)
+        await writer.queue_all([{"id": 1, "old_name": "a", "gone": "x"}])
+        # Someone else (Spark ALTER TABLE, here pyiceberg) renames and drops columns
+        # while a record spooled under the old schema waits for its commit.
+        assert service._catalog is not None
+        table = service._catalog.load_table(TABLE)
+        with table.update_schema() as update:
+            update.rename_column("old_name", "new_name")
+            update.delete_column("gone")
+        await service.flush(TABLE)
+        assert writer.arrow_schema.names == ["id", "new_name"]
+        await writer.queue_all([{"id": 2, "new_name": "b"}])
+        await service.flush(TABLE)
+        rows, columns = await asyncio.to_thread(_rows, service)
+    assert columns == ["id:long", "new_name:string"]
+    assert rows == [{"id": 1, "new_name": "a"}, {"id": 2, "new_name": "b"}]
+
+
+async def test_kafka_stream_that_grows_fields_ends_with_every_column_and_value(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    topic = "growing"
+    await create_topic(broker.bootstrap, topic, 1)
+    records: list[dict[str, Any]] = []
+    for i in range(600):
+        record: dict[str, Any] = {"id": i, "n": i}
+        if i >= 200:
+            record["country"] = f"c{i % 7}"
+        if i >= 400:
+            record["score"] = i / 2
+        records.append(record)
+    records[450]["n"] = "not a number"  # illegal: text into an int column
+    await produce_values(broker.bootstrap, topic, [json.dumps(r).encode() for r in records])
+    config = _config(
+        make_config,
+        "add-columns",
+        defaults={"batch_timeout": "1s"},
+        kafka=[
+            {
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [topic],
+                "group_id": "g-growing",
+                "table": TABLE,
+            }
+        ],
+    )
+    async with Icespool(config) as service:
+        for _ in range(120):
+            await asyncio.sleep(0.5)
+            rows, columns = await asyncio.to_thread(_rows, service)
+            if len(rows) >= 599:
+                break
+        dead, _ = await asyncio.to_thread(_rows_by_offset, service)
+    assert columns == ["id:long", "n:int", "country:string", "score:double"]
+    expected = [
+        {"id": r["id"], "n": r["n"], "country": r.get("country"), "score": r.get("score")}
+        for r in records
+        if r["id"] != 450
+    ]
+    assert rows == expected
+    assert [(d["offset"], d["reason"]) for d in dead] == [(450, "schema_change")]
+    assert "'n'" in dead[0]["error"] and "not a legal" in dead[0]["error"]
+
+
+def _rows_by_offset(service: Icespool) -> tuple[list[dict[str, Any]], None]:
+    assert service._catalog is not None
+    for _ in range(40):
+        rows = service._catalog.load_table(f"{TABLE}_dead_letter").scan().to_arrow().to_pylist()
+        if rows:
+            return sorted(rows, key=lambda r: r["offset"]), None
+        time.sleep(0.5)
+    return [], None
