@@ -393,7 +393,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             lambda r: r["tables"][0].update(partition=["day(ts)"]),
             "tables[0].partition",
             "unknown key; did you mean 'partition_by'? valid keys here: name, create, schema, "
-            "partition_by, sort_by, properties, infer, timestamp_unit, max_batch_records, "
+            "partition_by, sort_by, properties, infer, timestamp_unit, evolve, max_batch_records, "
             "max_batch_bytes, batch_timeout, "
             "target_file_size, compression, row_group_records, max_queue_bytes",
         ),
@@ -407,7 +407,8 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "kafka[0].topic",
             "unknown key; did you mean 'topics'? valid keys here: bootstrap_servers, group_id, "
             "topics, topic_pattern, table, route_field, route_header, table_template, format, "
-            "dead_letter, metadata_columns, max_record_bytes, auto_offset_reset, "
+            "schema_registry_url, schema_registry_username, schema_registry_password, "
+            "avro_schema_file, dead_letter, metadata_columns, max_record_bytes, auto_offset_reset, "
             "offset_commit_interval, max_poll_records, session_timeout, security_protocol, "
             "sasl_mechanism, sasl_plain_username, sasl_plain_password, ssl_cafile, "
             "ssl_certfile, ssl_keyfile, ssl_password",
@@ -950,7 +951,7 @@ def test_rendered_toml_reads_back_as_the_same_config() -> None:
             "not both",
         ),
         ({"sasl_mechanism": "PLAIN"}, "kafka[0].security_protocol", "SASL_PLAINTEXT"),
-        ({"format": "avro"}, "kafka[0].format", "json"),
+        ({"format": "protobuf"}, "kafka[0].format", "avro"),
         ({"metadata_columns": ["_kafka_bogus"]}, "kafka[0].metadata_columns", "_kafka_offset"),
     ],
 )

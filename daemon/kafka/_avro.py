@@ -1,0 +1,734 @@
+"""Avro values of one fetch batch -> an Arrow batch in the table's schema.
+
+Two framings: the Confluent wire format (magic byte 0, 4-byte big-endian schema id,
+Avro binary) with the writer schemas from a schema registry, or plain Avro binary
+written with one fixed schema from an ``.avsc`` file.
+
+Each value is read by fastavro's C reader with a copy of the writer schema whose
+logical types are removed, so it yields plain ints, bytes and strings instead of
+``datetime``/``Decimal``/``UUID`` objects. The values are then turned into Arrow one
+column at a time (``pa.array`` over the column's Python values, nested types rebuilt
+from their flattened children), and logical types are applied on whole arrays: a
+``timestamp-micros`` column is its int64 array viewed as ``timestamp[us, UTC]`` and
+cast to the table's type with Arrow's checked casts. Only decimals and uuids convert
+value by value.
+
+A value that does not read, or whose batch does not convert, costs only itself: the
+conversion is retried on halves until the bad records stand alone, and they become
+dead letters (reason ``invalid``, the error names the column). A schema id the
+registry does not know, or a registry that does not answer after a few tries, makes
+its records dead letters with reason ``schema_unavailable``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import http.client
+import io
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import fastavro
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from daemon.errors import BadInputError, SchemaError
+from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from daemon.table_schema import cast_array, conform
+
+if TYPE_CHECKING:
+    from daemon.config import KafkaConfig
+
+__all__ = [
+    "AvroSchemas",
+    "FileSchema",
+    "RegistrySchemas",
+    "SchemaUnavailable",
+    "WriterSchema",
+    "avro_schemas",
+    "decode_avro",
+    "load_schema_file",
+    "parse_writer_schema",
+]
+
+_log = logging.getLogger("icespool.kafka")
+
+#: Registry lookups: tries, the pauses between them, and the timeout of one request.
+_TRIES: Final = 3
+_BACKOFF: Final = (0.25, 0.75)
+_REQUEST_TIMEOUT: Final = 2.0
+#: A failed lookup is not repeated for this long: a stream of records with an unknown
+#: id must not wait for the retries in every fetch batch.
+_FAILURE_TTL: Final = 5.0
+
+_PRIMITIVES: Final = frozenset(
+    {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+)
+_RESOLVE_LIMIT: Final = 64
+
+
+# ------------------------------------------------------------------ writer schemas
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSchema:
+    """One writer schema, parsed twice: as written (logical types, for the column
+    converters) and without logical types (for fastavro's reader)."""
+
+    label: str  # "schema id 7" or the file name, for messages
+    shape: Any
+    reader: Any
+    named: dict[str, Any]
+
+
+class SchemaUnavailable(Exception):
+    """A writer schema cannot be had; ``reason`` is the dead-letter reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+def _strip_logical(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip_logical(v) for k, v in node.items() if k != "logicalType"}
+    if isinstance(node, list):
+        return [_strip_logical(v) for v in node]
+    return node
+
+
+def parse_writer_schema(text: str, label: str) -> WriterSchema:
+    """Parse an Avro schema (JSON text); ValueError says what is wrong with it."""
+    try:
+        raw = json.loads(text)
+        shape = fastavro.parse_schema(copy.deepcopy(raw))
+        reader = fastavro.parse_schema(_strip_logical(raw))
+    except Exception as exc:  # fastavro raises many types for bad schemas
+        raise ValueError(
+            f"{label} is not a valid Avro schema: {type(exc).__name__}: {exc}"
+        ) from None
+    named = shape.get("__named_schemas", {}) if isinstance(shape, dict) else {}
+    return WriterSchema(label, shape, reader, dict(named))
+
+
+def load_schema_file(path: Path) -> WriterSchema:
+    """The fixed schema of an ``.avsc`` file; ValueError when it cannot be read or parsed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {str(path)!r}: {exc}") from None
+    schema = parse_writer_schema(text, path.name)
+    if not (isinstance(schema.shape, dict) and schema.shape.get("type") == "record"):
+        raise ValueError(f"{str(path)!r}: the top-level Avro schema must be a record")
+    return schema
+
+
+class AvroSchemas:
+    """Where writer schemas come from. ``framed``: values carry the Confluent header."""
+
+    framed: bool = True
+
+    def get(self, schema_id: int) -> WriterSchema:
+        raise NotImplementedError
+
+    def fixed(self) -> WriterSchema:
+        raise NotImplementedError
+
+
+class FileSchema(AvroSchemas):
+    framed = False
+
+    def __init__(self, path: Path) -> None:
+        self._schema = load_schema_file(path)
+
+    def fixed(self) -> WriterSchema:
+        return self._schema
+
+
+class RegistrySchemas(AvroSchemas):
+    """A blocking client of a Confluent-compatible registry (``GET /schemas/ids/{id}``)
+    with an in-process cache by id. Safe to share between threads."""
+
+    framed = True
+
+    def __init__(self, url: str, username: str | None = None, password: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
+        if username is not None:
+            token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
+            self._headers["Authorization"] = f"Basic {token}"
+        self._schemas: dict[int, WriterSchema] = {}
+        self._failed: dict[int, tuple[float, SchemaUnavailable]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, schema_id: int) -> WriterSchema:
+        with self._lock:
+            found = self._schemas.get(schema_id)
+            if found is not None:
+                return found
+            failed = self._failed.get(schema_id)
+            if failed is not None and time.monotonic() < failed[0]:
+                raise failed[1]
+        try:
+            schema = self._fetch(schema_id)
+        except SchemaUnavailable as exc:
+            with self._lock:
+                self._failed[schema_id] = (time.monotonic() + _FAILURE_TTL, exc)
+            raise
+        with self._lock:
+            self._failed.pop(schema_id, None)
+            self._schemas[schema_id] = schema
+        return schema
+
+    def _fetch(self, schema_id: int) -> WriterSchema:
+        label = f"schema id {schema_id}"
+        error = ""
+        for attempt in range(_TRIES):
+            if attempt:
+                time.sleep(_BACKOFF[min(attempt - 1, len(_BACKOFF) - 1)])
+            try:
+                body = self._request(f"{self.url}/schemas/ids/{schema_id}")
+            except urllib.error.HTTPError as exc:
+                detail = _error_detail(exc)
+                error = f"the registry answered {exc.code}{': ' + detail if detail else ''}"
+                if exc.code in (401, 403):
+                    break  # credentials do not fix themselves within seconds
+                continue
+            except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, timeouts
+                error = f"the registry is unreachable: {getattr(exc, 'reason', exc)}"
+                continue
+            try:
+                answer = json.loads(body)
+                kind = answer.get("schemaType", "AVRO")
+                text = answer["schema"]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise SchemaUnavailable(
+                    "invalid", f"{label}: the registry's answer has no 'schema'"
+                ) from None
+            if kind != "AVRO":
+                raise SchemaUnavailable("invalid", f"{label} is a {kind} schema, not Avro")
+            try:
+                return parse_writer_schema(text, label)
+            except ValueError as exc:
+                raise SchemaUnavailable("invalid", str(exc)) from None
+        _log.warning("Avro %s is unavailable after %d tries: %s", label, _TRIES, error)
+        raise SchemaUnavailable(
+            "schema_unavailable", f"{label} unavailable after {_TRIES} tries: {error}"
+        )
+
+    def _request(self, url: str) -> bytes:
+        request = urllib.request.Request(url, headers=self._headers)
+        with urllib.request.urlopen(request, timeout=_REQUEST_TIMEOUT) as response:
+            body: bytes = response.read()
+            return body
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = exc.read(2048)
+        message = json.loads(body).get("message")
+        return str(message) if message else ""
+    except Exception:  # any body at all: the status code says enough
+        return ""
+
+
+_SOURCES: dict[tuple[object, ...], AvroSchemas] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def avro_schemas(config: KafkaConfig) -> AvroSchemas:
+    """The schema source of a ``[[kafka]]`` section with format "avro" (one per
+    registry and credentials for the life of the process, or per schema file version)."""
+    changed: int | None = None
+    if config.avro_schema_file is not None:
+        with contextlib.suppress(OSError):  # a missing file fails in FileSchema, by name
+            changed = config.avro_schema_file.stat().st_mtime_ns
+    key = (
+        config.schema_registry_url,
+        config.schema_registry_username,
+        config.schema_registry_password,
+        config.avro_schema_file,
+        changed,
+    )
+    with _SOURCES_LOCK:
+        found = _SOURCES.get(key)
+        if found is None:
+            if config.avro_schema_file is not None:
+                found = FileSchema(config.avro_schema_file)
+            elif config.schema_registry_url is not None:
+                found = RegistrySchemas(
+                    config.schema_registry_url,
+                    config.schema_registry_username,
+                    config.schema_registry_password,
+                )
+            else:
+                raise ValueError("format 'avro' needs schema_registry_url or avro_schema_file")
+            _SOURCES[key] = found
+        return found
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def decode_avro(
+    fetch: Fetch,
+    schema: pa.Schema,
+    *,
+    metadata_columns: Sequence[str] = (),
+    max_record_bytes: int = 2**20,
+    subset: npt.NDArray[np.int64] | None = None,
+    schemas: AvroSchemas,
+) -> Decoded:
+    """Decode the Avro values of ``fetch`` (or of its ``subset`` positions) for one table."""
+    positions = subset if subset is not None else np.arange(len(fetch.offsets), dtype=np.int64)
+    view = fetch.take(positions) if subset is not None else fetch
+    value_schema = pa.schema([f for f in schema if f.name not in metadata_columns])
+    dead: list[DeadRecord] = []
+    groups: dict[int | None, list[int]] = {}
+    for i, value in enumerate(view.values):
+        if not value:
+            dead.append(DeadRecord(i, "empty", "the record has no value (tombstone or empty)"))
+        elif len(value) > max_record_bytes:
+            dead.append(
+                DeadRecord(
+                    i,
+                    "oversized",
+                    f"value of {len(value)} bytes exceeds max_record_bytes ({max_record_bytes})",
+                )
+            )
+        elif not schemas.framed:
+            groups.setdefault(None, []).append(i)
+        elif len(value) < 5 or value[0] != 0:
+            dead.append(DeadRecord(i, "invalid", _bad_header(value)))
+        else:
+            groups.setdefault(int.from_bytes(value[1:5], "big"), []).append(i)
+    tables: list[tuple[pa.RecordBatch, list[int]]] = []
+    for schema_id, indices in groups.items():
+        try:
+            writer = schemas.fixed() if schema_id is None else schemas.get(schema_id)
+        except SchemaUnavailable as exc:
+            dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in indices)
+            continue
+        start = 0 if schema_id is None else 5
+        _decode_group(view.values, indices, start, writer, value_schema, tables, dead)
+    dead = sorted(
+        (DeadRecord(int(positions[d.index]), d.reason, d.error) for d in dead),
+        key=lambda d: d.index,
+    )
+    if not tables:
+        return Decoded(None, np.empty(0, np.int64), dead)
+    ok = np.asarray([i for _, idx in tables for i in idx], dtype=np.int64)
+    table = pa.Table.from_batches([t for t, _ in tables], schema=tables[0][0].schema)
+    order = np.argsort(ok, kind="stable")
+    if np.any(order != np.arange(len(ok))):
+        table = table.take(pa.array(order))
+        ok = ok[order]
+    batch = _with_metadata(table, view.take(ok), schema, metadata_columns)
+    return Decoded(batch, positions[ok], dead)
+
+
+def _bad_header(value: bytes) -> str:
+    if len(value) < 5:
+        return (
+            f"value of {len(value)} byte(s) is too short for the Confluent wire format "
+            "(magic byte 0 and a 4-byte schema id)"
+        )
+    return f"magic byte is {value[0]}, not 0: not the Confluent wire format"
+
+
+def _decode_group(
+    values: list[bytes | None],
+    indices: list[int],
+    start: int,
+    writer: WriterSchema,
+    value_schema: pa.Schema,
+    out: list[tuple[pa.RecordBatch, list[int]]],
+    dead: list[DeadRecord],
+) -> None:
+    try:
+        build = _plan(writer, value_schema)
+    except BadInputError as exc:
+        dead.extend(DeadRecord(i, "invalid", f"{writer.label}: {exc}") for i in indices)
+        return
+    rows: list[Any] = []
+    good: list[int] = []
+    reader = writer.reader
+    for i in indices:
+        value = values[i]
+        assert value is not None
+        stream = io.BytesIO(value)
+        stream.seek(start)
+        try:
+            record = fastavro.schemaless_reader(stream, reader)
+        except Exception as exc:  # fastavro raises EOFError, IndexError, ... on bad bytes
+            dead.append(DeadRecord(i, "invalid", _unreadable(writer, exc)))
+            continue
+        left = len(value) - stream.tell()
+        if left:
+            dead.append(
+                DeadRecord(
+                    i,
+                    "invalid",
+                    f"not Avro of {writer.label}: {left} byte(s) left after the record",
+                )
+            )
+            continue
+        rows.append(record)
+        good.append(i)
+    _build_split(build, rows, good, out, dead)
+
+
+def _unreadable(writer: WriterSchema, exc: Exception) -> str:
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, EOFError | IndexError):
+        # fastavro's reader runs past the end of a short value (or one written with
+        # another schema) with either of these.
+        return (
+            f"not Avro of {writer.label}: the value is cut short or was written with "
+            f"another schema ({detail})"
+        )
+    return f"not Avro of {writer.label}: {detail}"
+
+
+_CONVERSION_ERRORS = (BadInputError, pa.ArrowException, ValueError, TypeError, OverflowError)
+
+
+def _build_split(
+    build: Callable[[list[Any]], pa.RecordBatch],
+    rows: list[Any],
+    indices: list[int],
+    out: list[tuple[pa.RecordBatch, list[int]]],
+    dead: list[DeadRecord],
+) -> None:
+    if not indices:
+        return
+    try:
+        out.append((build(rows), indices))
+        return
+    except _CONVERSION_ERRORS as exc:
+        if len(indices) == 1:
+            dead.append(DeadRecord(indices[0], "invalid", str(exc)))
+            return
+    middle = len(indices) // 2
+    _build_split(build, rows[:middle], indices[:middle], out, dead)
+    _build_split(build, rows[middle:], indices[middle:], out, dead)
+
+
+# ------------------------------------------------------------------ column converters
+
+Convert = Callable[[list[Any]], pa.Array]
+
+
+def _plan(writer: WriterSchema, value_schema: pa.Schema) -> Callable[[list[Any]], pa.RecordBatch]:
+    """rows (fastavro dicts) -> a batch in ``value_schema``; SchemaError when the writer
+    schema cannot fit the table at all (then no record of it can)."""
+    shape = _resolve(writer, writer.shape)
+    if not (isinstance(shape, dict) and shape.get("type") == "record"):
+        raise BadInputError(f"the top-level Avro schema must be a record, not {_describe(shape)}")
+    fields = {f["name"]: f["type"] for f in shape["fields"]}
+    for name in fields:
+        if value_schema.get_field_index(name) < 0:
+            raise SchemaError(name, "Avro field is not a column of the table")
+    columns: list[tuple[str, Convert | None, pa.DataType]] = []
+    for target in value_schema:
+        if target.name in fields:
+            convert = _converter(writer, fields[target.name], target.type, target.name, 0)
+            columns.append((target.name, convert, target.type))
+        elif not target.nullable:
+            raise SchemaError(target.name, "required column is missing from the Avro schema")
+        else:
+            columns.append((target.name, None, target.type))
+
+    def build(rows: list[Any]) -> pa.RecordBatch:
+        arrays = [
+            pa.nulls(len(rows), data_type)
+            if convert is None
+            else convert([row[name] for row in rows])
+            for name, convert, data_type in columns
+        ]
+        return conform(pa.RecordBatch.from_arrays(arrays, schema=value_schema), value_schema)
+
+    return build
+
+
+def _resolve(writer: WriterSchema, node: Any) -> Any:
+    """A named-type reference -> its definition; ``{"type": X}`` without more -> X."""
+    for _ in range(_RESOLVE_LIMIT):
+        if isinstance(node, str) and node not in _PRIMITIVES:
+            if node not in writer.named:
+                raise BadInputError(f"unknown Avro type name {node!r}")
+            node = writer.named[node]
+        elif isinstance(node, dict) and set(node) <= {"type"} and "type" in node:
+            node = node["type"]
+        else:
+            return node
+    raise BadInputError("Avro type references loop")
+
+
+def _describe(node: Any) -> str:
+    if isinstance(node, list):
+        return "union"
+    if isinstance(node, dict):
+        logical = node.get("logicalType")
+        kind = str(node.get("type"))
+        return f"{kind} ({logical})" if logical else kind
+    return str(node)
+
+
+def _converter(
+    writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int
+) -> Convert:
+    if depth > 64:
+        raise SchemaError(path, "Avro schema nests deeper than 64 levels")
+    node = _resolve(writer, node)
+    if isinstance(node, list):
+        branches = [b for b in node if _resolve(writer, b) != "null"]
+        if len(branches) == 1:
+            return _converter(writer, branches[0], target, path, depth + 1)
+        if not branches:
+            return lambda values: pa.nulls(len(values), target)
+        resolved = [_resolve(writer, b) for b in branches]
+        if all(isinstance(b, str) for b in resolved) and _plain(target):
+            # e.g. ["int", "long"] or ["string", "bytes"]: pyarrow converts value by value.
+            return _checked(path, "union", lambda values: pa.array(values, type=target), target)
+        raise SchemaError(
+            path,
+            "an Avro union of several non-null types maps to no single column type (only "
+            "unions of primitives into a boolean, number, string or binary column do)",
+        )
+    kind = node["type"] if isinstance(node, dict) else node
+    logical = node.get("logicalType") if isinstance(node, dict) else None
+    if kind == "record":
+        return _struct(writer, node, target, path, depth)
+    if kind == "array":
+        return _list(writer, node, target, path, depth)
+    if kind == "map":
+        return _map(writer, node, target, path, depth)
+    if kind == "null":
+        return lambda values: pa.nulls(len(values), target)
+    natural = _natural(node, kind, logical, target, path)
+    return _checked(path, _describe(node), natural, target)
+
+
+def _checked(path: str, avro: str, natural: Convert, target: pa.DataType) -> Convert:
+    def convert(values: list[Any]) -> pa.Array:
+        try:
+            return cast_array(natural(values), target)
+        except SchemaError:
+            raise
+        except _CONVERSION_ERRORS as exc:
+            raise SchemaError(path, f"cannot convert Avro {avro} to {target}: {exc}") from exc
+
+    return convert
+
+
+def _plain(t: pa.DataType) -> bool:
+    """Types ``pa.array`` fills from Python values without reinterpreting numbers."""
+    return bool(
+        pa.types.is_boolean(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_binary(t)
+    )
+
+
+def _is_integer(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t))
+
+
+def _natural(node: Any, kind: str, logical: str | None, target: pa.DataType, path: str) -> Convert:
+    """The Arrow array an Avro primitive (with its logical type) stands for."""
+
+    def refuse() -> SchemaError:
+        return SchemaError(path, f"Avro {_describe(node)} does not convert to {target}")
+
+    is_uuid = isinstance(target, pa.BaseExtensionType) and target.extension_name == "arrow.uuid"
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        if not (pa.types.is_decimal(target) or pa.types.is_floating(target)):
+            raise refuse()
+        return _decimal(int(node.get("precision", 38)), int(node.get("scale", 0)))
+    if is_uuid and kind in ("string", "fixed"):
+        # Text of a UUID (logical type uuid or not), or its 16 bytes.
+        return _uuid(kind)
+    temporal = _TEMPORAL.get((kind, logical or ""))
+    if temporal is not None:
+        storage, view = temporal
+        if not (
+            pa.types.is_timestamp(target) or pa.types.is_date(target) or pa.types.is_time(target)
+        ):
+            raise refuse()
+        return lambda values: pa.array(values, storage).view(view)
+    simple = _SIMPLE.get(kind)
+    if simple is None and kind == "fixed":
+        simple = pa.binary(int(node["size"]))
+    if simple is None:
+        raise SchemaError(path, f"Avro {_describe(node)} is not supported")
+    compatible = {
+        "boolean": pa.types.is_boolean(target),
+        "int": _is_integer(target) or pa.types.is_floating(target) or pa.types.is_decimal(target),
+        "long": _is_integer(target) or pa.types.is_floating(target) or pa.types.is_decimal(target),
+        "float": pa.types.is_floating(target),
+        "double": pa.types.is_floating(target),
+        "string": pa.types.is_string(target),
+        "enum": pa.types.is_string(target),
+        "bytes": pa.types.is_binary(target) or pa.types.is_fixed_size_binary(target),
+        "fixed": pa.types.is_binary(target) or pa.types.is_fixed_size_binary(target),
+    }[kind]
+    if not compatible:
+        raise refuse()
+    return lambda values: pa.array(values, simple)
+
+
+_SIMPLE: Final[dict[str, pa.DataType]] = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "enum": pa.string(),
+    "bytes": pa.binary(),
+}
+
+# (Avro type, logical type) -> (array of the raw numbers, the type it is viewed as)
+_TEMPORAL: Final[dict[tuple[str, str], tuple[pa.DataType, pa.DataType]]] = {
+    ("int", "date"): (pa.int32(), pa.date32()),
+    ("int", "time-millis"): (pa.int32(), pa.time32("ms")),
+    ("long", "time-micros"): (pa.int64(), pa.time64("us")),
+    ("long", "timestamp-millis"): (pa.int64(), pa.timestamp("ms", "UTC")),
+    ("long", "timestamp-micros"): (pa.int64(), pa.timestamp("us", "UTC")),
+    ("long", "timestamp-nanos"): (pa.int64(), pa.timestamp("ns", "UTC")),
+    ("long", "local-timestamp-millis"): (pa.int64(), pa.timestamp("ms")),
+    ("long", "local-timestamp-micros"): (pa.int64(), pa.timestamp("us")),
+    ("long", "local-timestamp-nanos"): (pa.int64(), pa.timestamp("ns")),
+}
+
+
+def _decimal(precision: int, scale: int) -> Convert:
+    """Big-endian two's-complement unscaled values -> decimal128 (decimal256 above 38
+    digits) in the writer's scale; the cast to the table's type checks range and scale."""
+    width = 16 if precision <= 38 else 32
+    carrier = pa.decimal128(38, scale) if width == 16 else pa.decimal256(76, scale)
+    zero = bytes(width)
+
+    def convert(values: list[Any]) -> pa.Array:
+        data = bytearray()
+        valid: list[bool] = []
+        for value in values:
+            if value is None:
+                data += zero
+                valid.append(False)
+            else:
+                unscaled = int.from_bytes(value, "big", signed=True)
+                try:
+                    data += unscaled.to_bytes(width, "little", signed=True)
+                except OverflowError:
+                    raise ValueError(f"decimal of {len(value)} bytes is too large") from None
+                valid.append(True)
+        mask = None if all(valid) else pa.array(valid, pa.bool_()).buffers()[1]
+        array = pa.Array.from_buffers(carrier, len(values), [mask, pa.py_buffer(bytes(data))])
+        array.validate(full=True)  # more digits than the carrier's precision
+        return array
+
+    return convert
+
+
+def _uuid(kind: str) -> Convert:
+    def convert(values: list[Any]) -> pa.Array:
+        if kind == "fixed":
+            storage = pa.array(values, pa.binary(16))
+        else:
+            try:
+                storage = pa.array(
+                    [None if v is None else uuid.UUID(v).bytes for v in values], pa.binary(16)
+                )
+            except ValueError as exc:
+                raise ValueError(f"not a UUID: {exc}") from None
+        return pa.ExtensionArray.from_storage(pa.uuid(), storage)
+
+    return convert
+
+
+def _mask(values: list[Any]) -> pa.Array | None:
+    if all(v is not None for v in values):
+        return None
+    return pa.array([v is None for v in values], pa.bool_())
+
+
+def _offsets(values: list[Any]) -> pa.Array:
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int32, len(values))
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.array(offsets)
+
+
+def _struct(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int) -> Convert:
+    if not pa.types.is_struct(target):
+        raise SchemaError(path, f"an Avro record does not convert to {target}")
+    fields = {f["name"]: f["type"] for f in node["fields"]}
+    for name in fields:
+        if target.get_field_index(name) < 0:
+            raise SchemaError(f"{path}.{name}", "Avro field is not in the table's struct")
+    children: list[tuple[str, Convert | None, pa.DataType]] = []
+    for field in target.fields:
+        if field.name in fields:
+            child = _converter(
+                writer, fields[field.name], field.type, f"{path}.{field.name}", depth + 1
+            )
+            children.append((field.name, child, field.type))
+        else:
+            children.append((field.name, None, field.type))
+
+    def convert(values: list[Any]) -> pa.Array:
+        arrays = [
+            pa.nulls(len(values), data_type)
+            if child is None
+            else child([None if v is None else v[name] for v in values])
+            for name, child, data_type in children
+        ]
+        return pa.StructArray.from_arrays(arrays, fields=list(target.fields), mask=_mask(values))
+
+    return convert
+
+
+def _list(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int) -> Convert:
+    if not (pa.types.is_list(target) or pa.types.is_large_list(target)):
+        raise SchemaError(path, f"an Avro array does not convert to {target}")
+    element = _converter(writer, node["items"], target.value_type, f"{path}.element", depth + 1)
+
+    def convert(values: list[Any]) -> pa.Array:
+        flat = [x for v in values if v is not None for x in v]
+        return pa.ListArray.from_arrays(
+            _offsets(values), element(flat), type=target, mask=_mask(values)
+        )
+
+    return convert
+
+
+def _map(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int) -> Convert:
+    if not pa.types.is_map(target):
+        raise SchemaError(path, f"an Avro map does not convert to {target}")
+    key = _converter(writer, "string", target.key_type, f"{path}.key", depth + 1)
+    item = _converter(writer, node["values"], target.item_type, f"{path}.value", depth + 1)
+
+    def convert(values: list[Any]) -> pa.Array:
+        keys = [k for v in values if v is not None for k in v]
+        items = [x for v in values if v is not None for x in v.values()]
+        return pa.MapArray.from_arrays(
+            _offsets(values), key(keys), item(items), type=target, mask=_mask(values)
+        )
+
+    return convert
