@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
@@ -43,13 +44,26 @@ def load_catalog(name: str, props: Mapping[str, str]) -> Catalog:
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
     _ensure_local_warehouse(properties.get("warehouse", ""))
-    try:
-        return _pyiceberg_load_catalog(name, **properties)
-    except Exception as exc:
-        raise CatalogError(
-            f"cannot load catalog {name!r} ({type(exc).__name__}: {exc}); "
-            "check the [catalog] settings and that the catalog service is reachable"
-        ) from exc
+    for attempt in range(3):
+        try:
+            return _pyiceberg_load_catalog(name, **properties)
+        except Exception as exc:
+            # SqlCatalog creates its tables on first use; replicas starting together on
+            # a new database race on that CREATE TABLE, and the loser sees an integrity
+            # error for a table that now exists: loading again finds it.
+            racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError")
+            if attempt < 2 and racing and "already exists" in str(exc):
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise _catalog_error(name, exc) from exc
+    raise AssertionError("unreachable")
+
+
+def _catalog_error(name: str, exc: Exception) -> CatalogError:
+    return CatalogError(
+        f"cannot load catalog {name!r} ({type(exc).__name__}: {exc}); "
+        "check the [catalog] settings and that the catalog service is reachable"
+    )
 
 
 def _ensure_sqlite_directory(uri: str) -> None:

@@ -222,6 +222,7 @@ def test_check_config_without_file_shows_the_embedded_default(tmp_path: Path) ->
             "sort_by": [],
             "properties": {},
             "infer": False,
+            "evolve": "none",
         }
     ]
     # Checking a config must not create anything.

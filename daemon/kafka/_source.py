@@ -478,32 +478,18 @@ class KafkaSource:
         for table, rows in subsets.items():
             schema = self._writer_for(table).arrow_schema
             subset = None if len(rows) == len(fetch.offsets) else rows
+            common: dict[str, Any] = {
+                "metadata_columns": c.metadata_columns,
+                "max_record_bytes": c.max_record_bytes,
+                "subset": subset,
+            }
             if c.format == "raw":
-                decoded = decode_raw(
-                    fetch,
-                    schema,
-                    metadata_columns=c.metadata_columns,
-                    max_record_bytes=c.max_record_bytes,
-                    subset=subset,
-                )
+                decoded = decode_raw(fetch, schema, **common)
             elif c.format == "avro":
-                decoded = decode_avro(
-                    fetch,
-                    schema,
-                    metadata_columns=c.metadata_columns,
-                    max_record_bytes=c.max_record_bytes,
-                    subset=subset,
-                    schemas=avro_schemas(c),
-                )
+                decoded = decode_avro(fetch, schema, schemas=avro_schemas(c), **common)
             else:
-                decoded = decode_json(
-                    fetch,
-                    schema,
-                    metadata_columns=c.metadata_columns,
-                    max_record_bytes=c.max_record_bytes,
-                    subset=subset,
-                    options=self._json_options.get(table),
-                )
+                options = self._json_options.get(table)
+                decoded = decode_json(fetch, schema, options=options, **common)
             out[table] = decoded
             dead.extend((d, table) for d in decoded.dead)
         dead.sort(key=lambda item: item[0].index)
