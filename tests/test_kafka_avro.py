@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 from kafka_harness import Broker, create_topic, produce_values
+from service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config, redacted
 from daemon.errors import ConfigError
@@ -228,28 +229,6 @@ async def registry() -> AsyncIterator[Registry]:
 # ------------------------------------------------------------------ helpers
 
 
-def _rows(service: Icespool, table: str) -> list[dict[str, Any]]:
-    assert service._catalog is not None
-    result: list[dict[str, Any]] = service._catalog.load_table(table).scan().to_arrow().to_pylist()
-    return result
-
-
-async def _wait_rows(service: Icespool, table: str, count: int, within: float = 40) -> list[Any]:
-    deadline = time.monotonic() + within
-    rows: list[Any] = []
-    while time.monotonic() < deadline:
-        rows = await asyncio.to_thread(_rows, service, table)
-        if len(rows) >= count:
-            return rows
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"{table}: {len(rows)} rows after {within}s, expected {count}")
-
-
-def _metric(service: Icespool, name: str, **labels: str) -> float:
-    value = service.metrics.registry.get_sample_value(name, labels)
-    return value or 0.0
-
-
 # ------------------------------------------------------------------ end to end
 
 
@@ -308,11 +287,11 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
         ],
     )
     async with Icespool(config) as service:
-        await _wait_rows(service, TABLE, len(expected))
-        await _wait_rows(service, f"{TABLE}_dead_letter", len(dead))
+        await wait_rows(service, TABLE, len(expected))
+        await wait_rows(service, f"{TABLE}_dead_letter", len(dead))
         await asyncio.sleep(1.5)  # nothing more arrives
-        rows = await asyncio.to_thread(_rows, service, TABLE)
-        dead_rows = await asyncio.to_thread(_rows, service, f"{TABLE}_dead_letter")
+        rows = await asyncio.to_thread(table_rows, service, TABLE)
+        dead_rows = await asyncio.to_thread(table_rows, service, f"{TABLE}_dead_letter")
         assert len(rows) == len(expected)
         by_id = {row["id"]: _normalized(row) for row in rows}
         assert sorted(by_id) == sorted(expected)
@@ -327,8 +306,8 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
             assert fragment in d["error"], d
             assert d["value"] == values[d["offset"]]
         for reason, count in Counter(r for r, _ in dead.values()).items():
-            metric = _metric(service, "icespool_dead_letters_total", table=TABLE, reason=reason)
-            assert metric == count, reason
+            counted = metric(service, "icespool_dead_letters_total", table=TABLE, reason=reason)
+            assert counted == count, reason
     # Each known schema was fetched once (cached after); the unknown id was tried 3
     # times, then remembered as unavailable for the rest of the (quick) run.
     assert dict(registry.requests) == {1: 1, 2: 1, 3: 1, 99: 3}
@@ -411,15 +390,15 @@ async def test_fixed_schema_file_with_header_routing(
     }
     async with Icespool(config) as service:
         for site, ids in want.items():
-            await _wait_rows(service, f"demo.readings_{site}", len(ids))
-        await _wait_rows(service, "demo.kafka_dead_letter", len(bad))
+            await wait_rows(service, f"demo.readings_{site}", len(ids))
+        await wait_rows(service, "demo.kafka_dead_letter", len(bad))
         await asyncio.sleep(1.5)
         for site, ids in want.items():
-            rows = await asyncio.to_thread(_rows, service, f"demo.readings_{site}")
+            rows = await asyncio.to_thread(table_rows, service, f"demo.readings_{site}")
             assert sorted(r["id"] for r in rows) == ids
             for row in rows:
                 assert row == sent[row["id"]] | {"site": None}
-        dead_rows = await asyncio.to_thread(_rows, service, "demo.kafka_dead_letter")
+        dead_rows = await asyncio.to_thread(table_rows, service, "demo.kafka_dead_letter")
         got = {(d["partition"], d["offset"]): d for d in dead_rows}
         # Partition i % 2, offset i // 2.
         assert sorted(got) == sorted((i % 2, i // 2) for i in bad)

@@ -15,6 +15,7 @@ import aiohttp
 import pyarrow as pa
 import pytest
 from kafka_harness import Broker, create_topic, produce, produce_values
+from service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
 from daemon.offsets import Ranges, batch_meta, offsets_key
@@ -43,28 +44,6 @@ def _config(make_config: MakeConfig, broker: Broker, topic: str, **kafka: Any) -
         defaults={"batch_timeout": "1s"},
         kafka=[source],
     )
-
-
-def _rows(service: Icespool, table: str) -> list[dict[str, Any]]:
-    assert service._catalog is not None
-    result: list[dict[str, Any]] = service._catalog.load_table(table).scan().to_arrow().to_pylist()
-    return result
-
-
-async def _wait_rows(service: Icespool, table: str, count: int, within: float = 60) -> list[Any]:
-    deadline = time.monotonic() + within
-    rows: list[Any] = []
-    while time.monotonic() < deadline:
-        rows = await asyncio.to_thread(_rows, service, table)
-        if len(rows) >= count:
-            return rows
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{table}: {len(rows)} rows after {within}s, expected {count}")
-
-
-def _metric(service: Icespool, name: str, **labels: str) -> float:
-    value = service.metrics.registry.get_sample_value(name, labels)
-    return value or 0.0
 
 
 async def test_poison_records_go_to_the_dead_letter_table_and_good_ones_land_once(
@@ -100,11 +79,11 @@ async def test_poison_records_go_to_the_dead_letter_table_and_good_ones_land_onc
     await produce_values(broker.bootstrap, topic, values)
     config = _config(make_config, broker, topic, max_record_bytes="4KiB")
     async with Icespool(config) as service:
-        rows = await _wait_rows(service, TABLE, len(good_ids))
-        dead = await _wait_rows(service, f"{TABLE}_dead_letter", len(expected_dead))
+        rows = await wait_rows(service, TABLE, len(good_ids))
+        dead = await wait_rows(service, f"{TABLE}_dead_letter", len(expected_dead))
         await asyncio.sleep(1.5)  # nothing more arrives
-        rows = await asyncio.to_thread(_rows, service, TABLE)
-        dead = await asyncio.to_thread(_rows, service, f"{TABLE}_dead_letter")
+        rows = await asyncio.to_thread(table_rows, service, TABLE)
+        dead = await asyncio.to_thread(table_rows, service, f"{TABLE}_dead_letter")
         assert sorted(r["id"] for r in rows) == good_ids
         assert {r["id"]: r["amount"] for r in rows} == {i: i / 4 for i in good_ids}
         assert sorted(d["offset"] for d in dead) == sorted(expected_dead)
@@ -119,7 +98,7 @@ async def test_poison_records_go_to_the_dead_letter_table_and_good_ones_land_onc
         by_reason = Counter(reason for reason, _ in expected_dead.values())
         for reason, count in by_reason.items():
             assert (
-                _metric(service, "icespool_dead_letters_total", table=TABLE, reason=reason) == count
+                metric(service, "icespool_dead_letters_total", table=TABLE, reason=reason) == count
             )
         # Both tables now cover every offset of the partition.
         key = offsets_key(f"g-{topic}", topic, 0)
@@ -176,18 +155,20 @@ async def test_dynamic_routing_writes_each_table_exactly_once_across_restarts(
     expected = {k: sorted(r["id"] for r in everything if r["kind"] == k) for k in [*kinds, "zzz"]}
     async with Icespool(config) as service:
         for k in kinds:
-            await _wait_rows(service, f"demo.ev_{k}", sum(1 for r in first if r["kind"] == k))
+            await wait_rows(service, f"demo.ev_{k}", sum(1 for r in first if r["kind"] == k))
     # A new process-equivalent (new service, same spool and catalog) resumes where
     # the tables say, and must not add a record twice.
     await produce(broker.bootstrap, topic, second, partitions=3)
     async with Icespool(config) as service:
         for k in kinds:
-            rows = await _wait_rows(service, f"demo.ev_{k}", len(expected[k]))
+            rows = await wait_rows(service, f"demo.ev_{k}", len(expected[k]))
         await asyncio.sleep(1.5)
         for k in kinds:
-            ids = sorted(r["id"] for r in await asyncio.to_thread(_rows, service, f"demo.ev_{k}"))
+            ids = sorted(
+                r["id"] for r in await asyncio.to_thread(table_rows, service, f"demo.ev_{k}")
+            )
             assert ids == expected[k], k
-        dead = await _wait_rows(service, "demo.kafka_dead_letter", len(expected["zzz"]))
+        dead = await wait_rows(service, "demo.kafka_dead_letter", len(expected["zzz"]))
         assert sorted(json.loads(d["value"])["id"] for d in dead) == expected["zzz"]
         assert {d["reason"] for d in dead} == {"unknown_route"}
         assert {d["target_table"] for d in dead} == {"demo.ev_zzz"}
@@ -229,7 +210,7 @@ async def test_a_stalled_replica_cannot_commit_offsets_another_already_committed
         assert first.records == 150
         late = await a.flush(TABLE)
         assert late.records == 0 and late.snapshot_id is None
-        assert _metric(a, "icespool_kafka_duplicates_dropped_total", table=TABLE) == 100
+        assert metric(a, "icespool_kafka_duplicates_dropped_total", table=TABLE) == 100
         # The other order: A' commits 150-174 first, then B's 150-199 keeps only 175-199.
         await a.writer(TABLE).append(
             batch(range(150, 175)),
@@ -241,7 +222,7 @@ async def test_a_stalled_replica_cannot_commit_offsets_another_already_committed
         )
         assert (await a.flush(TABLE)).records == 25
         assert (await b.flush(TABLE)).records == 25
-        ids = sorted(r["id"] for r in await asyncio.to_thread(_rows, a, TABLE))
+        ids = sorted(r["id"] for r in await asyncio.to_thread(table_rows, a, TABLE))
         assert ids == list(range(200))
         assert a._catalog is not None
         props = a._catalog.load_table(TABLE).metadata.properties
@@ -257,7 +238,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
         await produce(broker.bootstrap, "outage", [{"id": i} for i in range(100)], partitions=2)
         config = _config(make_config, broker, "outage")
         async with run_daemon(config) as (service, url), aiohttp.ClientSession() as http:
-            await _wait_rows(service, TABLE, 100)
+            await wait_rows(service, TABLE, 100)
             async with http.get(f"{url}/readyz") as response:
                 assert response.status == 200
             broker.stop()
@@ -288,7 +269,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
                 async with http.get(f"{url}/readyz") as response:
                     status = response.status
             assert status == 200
-            rows = await asyncio.to_thread(_rows, service, TABLE)
+            rows = await asyncio.to_thread(table_rows, service, TABLE)
             assert sorted(r["id"] for r in rows) == [*range(100), *range(1000, 1005)]
     finally:
         broker.stop()
@@ -340,7 +321,7 @@ async def test_raw_format_and_metadata_columns(
         ],
     )
     async with Icespool(config) as service:
-        rows = await _wait_rows(service, "demo.raw", 50)
+        rows = await wait_rows(service, "demo.raw", 50)
     rows.sort(key=lambda r: r["_kafka_offset"])
     assert [r["value"] for r in rows] == values
     assert [r["_kafka_offset"] for r in rows] == list(range(50))

@@ -325,21 +325,6 @@ class KafkaDaemon(DaemonProcess):
         ]
         self.config = validate_config(self.raw)
 
-    async def wait_ready_fast(self, session: aiohttp.ClientSession, within: float = 120.0) -> None:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"icespool run exited {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(f"{self.base}/readyz") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.02)
-        raise RuntimeError(f"icespool run not ready after {within:.0f}s:\n{self.log_tail()}")
-
     async def counters(self, session: aiohttp.ClientSession) -> dict[str, float]:
         """Committed and consumed records, commits, encode/commit seconds (table TABLE)."""
         wanted = re.compile(
@@ -418,7 +403,7 @@ async def icespool_run(
         spawned = time.time()
         daemon.start()
         try:
-            await daemon.wait_ready_fast(session)
+            await daemon.wait_ready(session, poll=0.02)
             ready = time.time()
             profiler = Profiler(daemon.pid, 60, profile)
             cpu: Cpu | None = None
@@ -609,7 +594,7 @@ async def latency_run(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         daemon.start()
         try:
-            await daemon.wait_ready_fast(session)
+            await daemon.wait_ready(session, poll=0.02)
             # Wait for the group join, so the latency is that of a running consumer.
             deadline = time.monotonic() + 60
             while len((await daemon.http_status(session))["kafka"]["assignments"]) < PARTITIONS:

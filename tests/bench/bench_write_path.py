@@ -393,7 +393,9 @@ class DaemonProcess:
             )
         _LIVE.add(self.proc)
 
-    async def wait_ready(self, session: aiohttp.ClientSession, within: float = 120.0) -> None:
+    async def wait_ready(
+        self, session: aiohttp.ClientSession, within: float = 120.0, poll: float = 0.2
+    ) -> None:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -405,7 +407,7 @@ class DaemonProcess:
                 async with session.get(f"{self.base}/readyz") as resp:
                     if resp.status == 200:
                         return
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(poll)
         raise RuntimeError(f"icespool run not ready after {within:.0f}s:\n{self.log_tail()}")
 
     async def flush(self, session: aiohttp.ClientSession) -> dict[str, Any]:

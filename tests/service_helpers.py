@@ -1,0 +1,37 @@
+"""Reading an in-process daemon's tables and metrics back in tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from daemon.service import Icespool
+
+__all__ = ["metric", "table_rows", "wait_rows"]
+
+
+def table_rows(service: Icespool, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` as the service's catalog holds it now (blocking)."""
+    assert service._catalog is not None
+    rows: list[dict[str, Any]] = service._catalog.load_table(table).scan().to_arrow().to_pylist()
+    return rows
+
+
+async def wait_rows(
+    service: Icespool, table: str, count: int, within: float = 60
+) -> list[dict[str, Any]]:
+    """Poll until ``table`` has at least ``count`` rows; fail naming what it had."""
+    deadline = time.monotonic() + within
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows = await asyncio.to_thread(table_rows, service, table)
+        if len(rows) >= count:
+            return rows
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"{table}: {len(rows)} rows after {within}s, expected {count}")
+
+
+def metric(service: Icespool, name: str, **labels: str) -> float:
+    value = service.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
