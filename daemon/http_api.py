@@ -221,7 +221,9 @@ class _Api:
     # ------------------------------------------------------------------ ingest and admin
 
     async def ingest(self, request: web.Request) -> web.StreamResponse:
-        writer = self._writer(request.match_info["table"])
+        name = request.match_info["table"]
+        # An infer = true table is created from the schema of its first body.
+        writer = None if self._service.awaiting_schema(name) else self._writer(name)
         decoder = _DECODERS.get(request.content_type)
         if decoder is None:
             raise _Problem(
@@ -234,8 +236,11 @@ class _Api:
         try:
             # Spares reading and decoding a body whose table is already full; the
             # writer checks again, exactly, at append time.
-            writer.check_capacity()
-            body, held = await self._read_body(request, writer.name)
+            if writer is not None:
+                writer.check_capacity()
+            body, held = await self._read_body(request, name)
+            if writer is None:
+                writer = await self._create_for(name, decoder, body)
             if decoder is decode_ndjson:
                 # The table's JSON options (epoch units of timestamp columns).
                 options = _json_options(self._service, writer.name)
@@ -251,6 +256,20 @@ class _Api:
         finally:
             self._inflight -= held
         return _json({"accepted": accepted})
+
+    async def _create_for(self, name: str, decoder: object, body: bytes) -> TableWriter:
+        if decoder is decode_ndjson:
+            schema = await asyncio.to_thread(infer_ndjson_schema, body)
+        else:
+            schema = (await asyncio.to_thread(decode_arrow_stream, body, pa.schema([]))).schema
+        try:
+            return await self._service.create_from(name, schema)
+        except SchemaError:
+            raise  # a type without an Iceberg equivalent: 400 naming the column
+        except IcespoolError as exc:
+            raise _Problem(
+                503, f"cannot create table {name} yet: {exc}", headers=_retry_after(5.0)
+            ) from None
 
     async def flush(self, request: web.Request) -> web.StreamResponse:
         writer = self._writer(request.match_info["table"])
@@ -326,7 +345,9 @@ class _Api:
             raise _Problem(
                 503, str(exc), headers=_retry_after(exc.retry_after), close=True
             ) from None
-        except UnknownTableError:
+        except UnknownTableError as exc:
+            if service.awaiting_schema(name):
+                raise _Problem(404, str(exc)) from None
             # Table names are only ever looked up, never joined into a path, so a
             # traversal attempt is just another unknown name.
             known = ", ".join(service.table_names) or "(none)"

@@ -14,17 +14,21 @@ import logging
 import time
 from typing import Any
 
+import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from daemon.catalogs import ensure_table, load_catalog
-from daemon.config import Config, TableConfig
+from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.decode import JsonOptions
 from daemon.encode_pool import EncodePool
 from daemon.errors import CatalogError, ShuttingDownError, UnknownTableError
+from daemon.evolution import Policy
 from daemon.kafka import KafkaSource, dead_letter_schema
 from daemon.metrics import Metrics
 from daemon.table_schema import (
     arrow_schema_for,
+    infer_schema,
     parse_partition_spec,
     parse_schema,
     parse_sort_order,
@@ -35,6 +39,8 @@ from spool import Spool
 __all__ = ["Icespool"]
 
 _log = logging.getLogger("icespool.service")
+# Tables a Kafka source creates for new routes take new fields as they come.
+_AUTO_CREATED_EVOLVE: Policy = "add-columns"
 
 
 class Icespool:
@@ -56,6 +62,8 @@ class Icespool:
         self._catalog: Catalog | None = None
         self._writers: dict[str, TableWriter] = {}
         self._sources: list[KafkaSource] = []
+        self._awaiting_schema: dict[str, TableConfig] = {}
+        self._creating: dict[str, asyncio.Lock] = {}
         self._state = "new"
 
     async def __aenter__(self) -> Icespool:
@@ -82,11 +90,22 @@ class Icespool:
             )
             await self._pool.start()
             for table_config in self.config.tables:
-                await self._add_writer(table_config.name, table_config)
+                name = table_config.name
+                if table_config.infer and table_config.columns is None:
+                    existing = await asyncio.to_thread(self._existing_table, name)
+                    if existing is None:  # created from the first batch it receives
+                        self._awaiting_schema[name] = table_config
+                        continue
+                    await self._add_writer(name, table_config, table=existing)
+                else:
+                    await self._add_writer(name, table_config)
             for kafka in self.config.kafka:
                 dead_letters = kafka.dead_letter_table
                 if dead_letters is not None and dead_letters not in self._writers:
                     await self._add_writer(dead_letters, None, create=True)
+                if kafka.auto_create:
+                    for name in await asyncio.to_thread(self._auto_created, kafka):
+                        await self._add_writer(name, None, evolve=_AUTO_CREATED_EVOLVE)
             await self._recover()
         except BaseException:
             await self._abort()
@@ -108,6 +127,7 @@ class Icespool:
                 metrics=self.metrics,
                 table_names=list(self._writers),
                 json_options={t.name: JsonOptions.for_table(t) for t in self.config.tables},
+                create_table=self._create_routed,
             )
             self._sources.append(source)
             source.start()
@@ -127,10 +147,8 @@ class Icespool:
         self.metrics.ready.set(0)
         for source in self._sources:
             await source.stop_fetching()
-        closing = [w.close("shutdown") for w in self._writers.values()]
-        done, pending = await asyncio.wait(
-            [asyncio.ensure_future(c) for c in closing], timeout=grace
-        )
+        closing = [asyncio.ensure_future(w.close("shutdown")) for w in self._writers.values()]
+        done, pending = await asyncio.wait(closing, timeout=grace) if closing else (set(), set())
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 _log.error("final commit failed; the spool keeps the records: %s", task.exception())
@@ -173,6 +191,11 @@ class Icespool:
         try:
             return self._writers[name]
         except KeyError:
+            if name in self._awaiting_schema:
+                raise UnknownTableError(
+                    f"table {name!r} is created from its first records (infer = true) "
+                    "and has none yet"
+                ) from None
             raise UnknownTableError(
                 f"table {name!r} is not configured; add it to [[tables]]"
             ) from None
@@ -185,9 +208,17 @@ class Icespool:
         return await self.writer(name).flush("manual")
 
     async def _add_writer(
-        self, name: str, table_config: TableConfig | None, *, create: bool = False
+        self,
+        name: str,
+        table_config: TableConfig | None,
+        *,
+        create: bool = False,
+        table: Any = None,
+        evolve: Policy | None = None,
     ) -> TableWriter:
-        if create:  # a dead-letter table: our schema, created when missing
+        if table is not None:
+            pass
+        elif create:  # a dead-letter table: our schema, created when missing
             table = await asyncio.to_thread(self._dead_letter_table, name)
         else:
             table = await asyncio.to_thread(self._load_table, name, table_config)
@@ -200,10 +231,82 @@ class Icespool:
             self._spool,
             self._pool.lane(name),
             self.metrics,
-            evolve=table_config.evolve if table_config else "none",
+            evolve=evolve or (table_config.evolve if table_config else "none"),
         )
         self._writers[name] = writer
         return writer
+
+    # ------------------------------------------------------------------ tables from data
+
+    def awaiting_schema(self, name: str) -> bool:
+        """Whether ``name`` is an ``infer = true`` table not created yet."""
+        return name in self._awaiting_schema and name not in self._writers
+
+    async def create_from(
+        self, name: str, incoming: pa.Schema, *, evolve: Policy | None = None
+    ) -> TableWriter:
+        """Create ``name`` with the schema inferred from ``incoming`` (its first batch)
+        and start its writer; another replica's table of that name is used as it is.
+
+        For ``infer = true`` tables and Kafka ``auto_create`` routes.
+        """
+        lock = self._creating.setdefault(name, asyncio.Lock())
+        async with lock:
+            if name in self._writers:
+                return self._writers[name]
+            table_config = self._awaiting_schema.get(name)
+            table = await asyncio.to_thread(self._create_inferred, name, incoming, table_config)
+            writer = await self._add_writer(name, table_config, table=table, evolve=evolve)
+            writer.start()
+            self._awaiting_schema.pop(name, None)
+            _log.info(
+                "%s: created from the first batch's schema: %s",
+                name,
+                ", ".join(f"{f.name} {f.field_type}" for f in table.schema().fields),
+                extra={"table": name},
+            )
+            return writer
+
+    async def _create_routed(self, name: str, incoming: pa.Schema) -> TableWriter:
+        return await self.create_from(name, incoming, evolve=_AUTO_CREATED_EVOLVE)
+
+    def _create_inferred(
+        self, name: str, incoming: pa.Schema, table_config: TableConfig | None
+    ) -> Any:
+        assert self._catalog is not None
+        existing = self._existing_table(name)
+        if existing is not None:
+            return existing
+        schema = infer_schema(incoming)
+        spec = parse_partition_spec(schema, table_config.partition_by if table_config else [])
+        sort_by = table_config.sort_by if table_config else []
+        return ensure_table(
+            self._catalog,
+            name,
+            schema,
+            spec,
+            table_config.properties if table_config else {},
+            True,
+            sort_order=parse_sort_order(schema, sort_by),
+        )
+
+    def _existing_table(self, name: str) -> Any:
+        assert self._catalog is not None
+        try:
+            return self._catalog.load_table(name)
+        except NoSuchTableError:
+            return None
+
+    def _auto_created(self, kafka: KafkaConfig) -> list[str]:
+        """Tables a Kafka source created in an earlier run (they match its template)."""
+        assert self._catalog is not None and kafka.table_template is not None
+        namespace = kafka.table_template.split(".", 1)[0]
+        try:
+            listed = self._catalog.list_tables(namespace)
+        except NoSuchNamespaceError:
+            return []
+        names = [".".join(identifier) for identifier in listed]
+        return [n for n in kafka.targets(names) if n not in self._writers]
 
     def _load_table(self, name: str, table_config: TableConfig | None) -> Any:
         assert self._catalog is not None
@@ -211,13 +314,10 @@ class Icespool:
             try:
                 return self._catalog.load_table(name)
             except Exception as exc:
-                hint = (
-                    "infer = true is validated but creating a table from the first batch "
-                    "is not implemented yet; declare its schema"
-                    if table_config is not None and table_config.infer
-                    else "declare its schema with create = true or create it in the catalog"
-                )
-                raise CatalogError(f"table {name!r} cannot be loaded ({exc}); {hint}") from exc
+                raise CatalogError(
+                    f"table {name!r} cannot be loaded ({exc}); declare its schema with "
+                    "create = true (or infer = true), or create it in the catalog"
+                ) from exc
         schema = parse_schema([c.model_dump() for c in table_config.columns])
         spec = parse_partition_spec(schema, table_config.partition_by)
         return ensure_table(

@@ -6,6 +6,8 @@ import asyncio
 import time
 from typing import Any
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from daemon.service import Icespool
 
 __all__ = ["metric", "table_rows", "wait_rows"]
@@ -25,7 +27,10 @@ async def wait_rows(
     deadline = time.monotonic() + within
     rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        rows = await asyncio.to_thread(table_rows, service, table)
+        try:
+            rows = await asyncio.to_thread(table_rows, service, table)
+        except NoSuchTableError:  # created by the daemon when its first records come
+            rows = []
         if len(rows) >= count:
             return rows
         await asyncio.sleep(0.3)

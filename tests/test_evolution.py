@@ -15,6 +15,7 @@ from fixture_types import MakeConfig, RunDaemon
 from kafka_harness import Broker, create_topic, produce_values
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
+from service_helpers import table_rows, wait_rows
 
 from daemon.evolution import SchemaChangeError, plan_evolution
 from daemon.service import Icespool
@@ -277,3 +278,90 @@ def _rows_by_offset(service: Icespool) -> tuple[list[dict[str, Any]], None]:
             return sorted(rows, key=lambda r: r["offset"]), None
         time.sleep(0.5)
     return [], None
+
+
+async def test_infer_creates_the_table_from_its_first_body_and_reuses_it_later(
+    make_config: MakeConfig, run_daemon: RunDaemon
+) -> None:
+    config = make_config(
+        tables=[{"name": "demo.inferred", "create": True, "infer": True, "evolve": "add-columns"}]
+    )
+    records = [{"id": 1, "name": "a", "score": 1.5, "tags": ["x"]}, {"id": 2, "name": "b"}]
+    async with run_daemon(config) as (service, url), aiohttp.ClientSession() as http:
+        flush = f"{url}/v1/tables/demo.inferred/flush"
+        async with http.post(flush) as r:
+            assert r.status == 404 and "infer = true" in (await r.json())["error"]
+        post = f"{url}/v1/tables/demo.inferred/records"
+        async with http.post(post, data=_ndjson(records), headers=NDJSON) as r:
+            assert r.status == 200, await r.text()
+        await service.flush("demo.inferred")
+        rows, columns = await asyncio.to_thread(_rows, service, "demo.inferred")
+    assert columns[:3] == ["id:long", "name:string", "score:double"]
+    assert columns[3].startswith("tags:list<") and columns[3].endswith("string>")
+    assert [(r["id"], r["name"], r["score"], r["tags"]) for r in rows] == [
+        (1, "a", 1.5, ["x"]),
+        (2, "b", None, None),
+    ]
+    # A restart finds the table in the catalog: no second creation, rows append.
+    async with run_daemon(config) as (service, url), aiohttp.ClientSession() as http:
+        assert not service.awaiting_schema("demo.inferred")
+        post = f"{url}/v1/tables/demo.inferred/records"
+        async with http.post(post, data=_ndjson([{"id": 3, "extra": True}]), headers=NDJSON) as r:
+            assert r.status == 200, await r.text()
+        await service.flush("demo.inferred")
+        rows, columns = await asyncio.to_thread(_rows, service, "demo.inferred")
+    assert [r["id"] for r in rows] == [1, 2, 3]
+    assert columns[-1] == "extra:boolean"
+
+
+async def test_kafka_auto_create_makes_a_table_per_new_route_exactly_once(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    topic = "autoroutes"
+    await create_topic(broker.bootstrap, topic, 2)
+    kinds = ["red", "green", "blue"]
+
+    def values(start: int, stop: int) -> list[bytes]:
+        out = []
+        for i in range(start, stop):
+            kind = kinds[i % 3] if i % 50 else "../etc"  # not a name part: dead letter
+            out.append(json.dumps({"id": i, "kind": kind, "v": i * 2}).encode())
+        return out
+
+    config = make_config(
+        defaults={"batch_timeout": "1s"},
+        tables=[],
+        kafka=[
+            {
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [topic],
+                "group_id": "g-auto",
+                "route_field": "kind",
+                "table_template": "auto.{value}",
+                "auto_create": True,
+                "offset_commit_interval": "1s",
+            }
+        ],
+    )
+    await produce_values(broker.bootstrap, topic, values(0, 900), partition_of=lambda i: i % 2)
+    async with Icespool(config) as service:
+        for kind in kinds:
+            await wait_rows(service, f"auto.{kind}", 294)
+    await produce_values(broker.bootstrap, topic, values(900, 1200), partition_of=lambda i: i % 2)
+    async with Icespool(config) as service:
+        assert sorted(service.table_names) == [
+            "auto.blue",
+            "auto.green",
+            "auto.kafka_dead_letter",
+            "auto.red",
+        ]
+        for kind in kinds:
+            expected = [i for i in range(1200) if i % 50 and kinds[i % 3] == kind]
+            rows = await wait_rows(service, f"auto.{kind}", len(expected))
+            await asyncio.sleep(1.5)
+            rows = await asyncio.to_thread(table_rows, service, f"auto.{kind}")
+            assert sorted(r["id"] for r in rows) == expected, kind
+            assert all(r["v"] == r["id"] * 2 and r["kind"] == kind for r in rows)
+        dead = await wait_rows(service, "auto.kafka_dead_letter", 24)
+        assert sorted(json.loads(d["value"])["id"] for d in dead) == list(range(0, 1200, 50))
+        assert {d["reason"] for d in dead} == {"invalid"}

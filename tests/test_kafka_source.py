@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 import pytest
+from aiokafka import AIOKafkaConsumer
 from kafka_harness import Broker, create_topic, produce, produce_values
 from service_helpers import metric, table_rows, wait_rows
 
@@ -331,3 +332,45 @@ async def test_raw_format_and_metadata_columns(
     assert [r["_kafka_key"] for r in rows] == [str(i).encode() for i in range(50)]
     assert [json.loads(r["headers"]) for r in rows][3] == [["h", "Mw=="]]
     assert all(r["_kafka_timestamp"] is not None for r in rows)
+
+
+async def test_dead_letters_to_a_topic_carry_the_record_and_why(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    topic, dlq = "to-dlq", "to-dlq-dead"
+    await create_topic(broker.bootstrap, topic, 1)
+    await create_topic(broker.bootstrap, dlq, 1)
+    values = [json.dumps({"id": i}).encode() if i % 10 else b"{broken" for i in range(100)]
+    await produce_values(
+        broker.bootstrap, topic, values, headers_of=lambda i: [("trace", f"t{i}".encode())]
+    )
+    config = _config(make_config, broker, topic, dead_letter=dlq)
+    async with Icespool(config) as service:
+        rows = await wait_rows(service, TABLE, 90)
+        consumer = AIOKafkaConsumer(
+            dlq, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            got: list[Any] = []
+            deadline = time.monotonic() + 30
+            while len(got) < 10 and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=500)
+                got.extend(r for records in batch.values() for r in records)
+        finally:
+            await consumer.stop()
+        assert metric(service, "icespool_dead_letters_total", table=TABLE, reason="invalid") == 10
+    assert sorted(r["id"] for r in rows) == [i for i in range(100) if i % 10]
+    assert len(got) == 10
+    for record in got:
+        headers = dict(record.headers)
+        offset = int(headers["icespool.offset"])
+        assert offset % 10 == 0 and record.value == b"{broken"
+        assert record.key == str(offset).encode()
+        assert headers["trace"] == f"t{offset}".encode()
+        assert headers["icespool.topic"] == topic.encode()
+        assert headers["icespool.partition"] == b"0"
+        assert headers["icespool.reason"] == b"invalid"
+        assert headers["icespool.target_table"] == TABLE.encode()
+        assert headers["icespool.error"]
+    assert sorted(int(dict(r.headers)["icespool.offset"]) for r in got) == list(range(0, 100, 10))

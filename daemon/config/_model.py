@@ -582,6 +582,9 @@ class KafkaConfig(_Section):
     route_field: NonEmptyStr | None = None
     route_header: NonEmptyStr | None = None
     table_template: NonEmptyStr | None = None
+    # Create a table (schema inferred from its first records) for a route that has
+    # none, instead of dead-lettering its records.
+    auto_create: bool = False
     format: Literal["json", "raw", "avro"] = "json"
     # format "avro": exactly one of a Confluent-compatible schema registry (values in the
     # Confluent wire format: magic byte 0, 4-byte schema id, Avro binary) or one fixed
@@ -725,12 +728,20 @@ class Config(_Section):
                     f"kafka[{i}].table_template",
                     f"{template!r} must be 'namespace.<name with {{value}}>', e.g. 'ns.{{value}}'",
                 )
-            if not any(_matches_template(template, name) for name in tables):
+            if not kafka.auto_create and not any(
+                _matches_template(template, name) for name in tables
+            ):
                 raise ConfigError(
                     f"kafka[{i}].table_template",
                     f"no [[tables]] entry matches {template!r}; declare the tables records "
                     "may be routed to (unknown routes go to the dead-letter destination)",
                 )
+        elif kafka.auto_create:
+            raise ConfigError(
+                f"kafka[{i}].auto_create",
+                "creates tables for dynamic routes; it needs 'table_template' and "
+                "'route_field' or 'route_header'",
+            )
         elif kafka.table is None:
             raise ConfigError(
                 f"kafka[{i}].table",

@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,7 +40,7 @@ from aiokafka.helpers import create_ssl_context
 
 from daemon.config import KafkaConfig
 from daemon.decode import JsonOptions, infer_ndjson_schema
-from daemon.errors import BackpressureError, BadInputError
+from daemon.errors import BackpressureError, BadInputError, IcespoolError
 from daemon.evolution import SchemaChangeError
 from daemon.kafka._avro import avro_schemas, decode_avro
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
@@ -56,9 +57,12 @@ _MAX_BACKOFF = 30.0
 _PROBE_TIMEOUT = 5.0
 # A record names one unknown column per decode; a few rounds cover several new ones.
 _EVOLVE_ROUNDS = 4
+_ROUTE_VALUE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 #: Reads the current properties of a table straight from the catalog (blocking).
 LoadProperties = Callable[[str], Mapping[str, str]]
+#: Creates a table from the Arrow schema of its first records; returns its writer.
+CreateTable = Callable[[str, pa.Schema], Awaitable[TableWriter]]
 
 
 @dataclass(slots=True)
@@ -88,6 +92,7 @@ class KafkaSource:
         metrics: Metrics,
         table_names: Sequence[str],
         json_options: Mapping[str, JsonOptions] | None = None,
+        create_table: CreateTable | None = None,
     ) -> None:
         self.config = config
         self.name = name
@@ -96,6 +101,7 @@ class KafkaSource:
         self._spool_has_room = spool_has_room
         self._metrics = metrics
         self._json_options = dict(json_options or {})
+        self._create_table = create_table
         self.targets = config.targets(table_names)
         self.dead_letter_table = config.dead_letter_table
         self.tables = [*self.targets, *([self.dead_letter_table] if self.dead_letter_table else [])]
@@ -423,7 +429,8 @@ class KafkaSource:
         last = int(fetch.offsets[-1])
         per_table, dead = await asyncio.to_thread(self._decode, fetch)
         for _ in range(_EVOLVE_ROUNDS):
-            if not await self._evolve(fetch, dead):
+            created = await self._create_routes(fetch, dead)
+            if not (await self._evolve(fetch, dead) or created):
                 break
             per_table, dead = await asyncio.to_thread(self._decode, fetch)
         if not self._has_room(per_table, dead):
@@ -452,13 +459,23 @@ class KafkaSource:
             routes = route_values(fetch, field=c.route_field, header=c.route_header)
             by_table: dict[str, list[int]] = {}
             for i, route in enumerate(routes):
-                table = c.route(route) if route else None
+                table = c.route(route) if route and _ROUTE_VALUE.fullmatch(route) else None
                 if table is not None and table in self.targets:
                     by_table.setdefault(table, []).append(i)
-                elif route is None:
+                elif table is None:
+                    # A value that is not a plain name part (dots, slashes, spaces) must
+                    # never become part of a table name.
                     what = c.route_field or c.route_header
                     dead.append(
-                        (DeadRecord(i, "invalid", f"no usable route value in {what!r}"), None)
+                        (
+                            DeadRecord(
+                                i,
+                                "invalid",
+                                f"no usable route value in {what!r} (got {route!r}; "
+                                "1-128 letters, digits, '_' or '-')",
+                            ),
+                            None,
+                        )
                     )
                 else:
                     dead.append(
@@ -494,6 +511,34 @@ class KafkaSource:
             dead.extend((d, table) for d in decoded.dead)
         dead.sort(key=lambda item: item[0].index)
         return out, dead
+
+    async def _create_routes(self, fetch: Fetch, dead: list[tuple[DeadRecord, str | None]]) -> bool:
+        """With ``auto_create``: create the tables unknown routes name, from the
+        inferred schema of their records. Returns whether one was created."""
+        if not self.config.auto_create or self._create_table is None:
+            return False
+        wanted: dict[str, list[bytes]] = {}
+        for record, table in dead:
+            if record.reason == "unknown_route" and table is not None:
+                wanted.setdefault(table, []).append(fetch.values[record.index] or b"")
+        created = False
+        for table, values in wanted.items():
+            try:
+                inferred = await asyncio.to_thread(_infer_columns, values, None)
+                await self._create_table(table, inferred)
+            except (IcespoolError, ValueError) as exc:
+                _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
+                continue
+            self.targets.append(table)
+            self.tables.append(table)
+            for part in self._parts.values():
+                # Its coverage starts with this assignment: records before were not
+                # its (they went to the dead-letter destination as unknown routes).
+                if part.start is not None:
+                    part.handed.setdefault(table, part.start - 1)
+                part.committed.setdefault(table, Ranges())
+            created = True
+        return created
 
     async def _evolve(self, fetch: Fetch, dead: list[tuple[DeadRecord, str | None]]) -> bool:
         """Evolve tables whose policy allows it for the columns their records lacked.
@@ -704,8 +749,8 @@ class KafkaSource:
                 self._parts[tp].kafka_committed = offset
 
 
-def _infer_columns(values: Sequence[bytes], columns: set[str | None]) -> pa.Schema:
-    """The inferred types of ``columns`` in these records (blocking).
+def _infer_columns(values: Sequence[bytes], columns: set[str | None] | None) -> pa.Schema:
+    """The inferred types of ``columns`` (None: all) in these records (blocking).
 
     One inference over all of them first; when that fails (some record is bad in
     another way) record by record, keeping a column's type only when the records
@@ -722,7 +767,7 @@ def _infer_columns(values: Sequence[bytes], columns: set[str | None]) -> pa.Sche
         except BadInputError:
             continue
         for inferred in schema:
-            if inferred.name not in columns:
+            if columns is not None and inferred.name not in columns:
                 continue
             seen = found.setdefault(inferred.name, inferred.type)
             if seen is None or seen == inferred.type:
