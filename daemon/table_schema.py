@@ -628,7 +628,9 @@ def conform(
 
 def _empty(table: pa.Table) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
-        [pa.array([], type=field.type) for field in table.schema], schema=table.schema
+        # pa.nulls: pa.array([]) fails for nested types holding a uuid (pyarrow 26).
+        [pa.nulls(0, type=field.type) for field in table.schema],
+        schema=table.schema,
     )
 
 

@@ -210,7 +210,9 @@ def schema_message_of(data: bytes) -> bytes:
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
-    return pa.record_batch([pa.array([], type=field.type) for field in schema], schema=schema)
+    # pa.nulls, not pa.array([]): pyarrow 26 cannot build an empty array of a nested
+    # type holding an extension type (a uuid inside a struct, list or map).
+    return pa.record_batch([pa.nulls(0, type=field.type) for field in schema], schema=schema)
 
 
 def _strip(metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -149,3 +150,26 @@ async def test_segment_damaged_after_seal_is_quarantined_on_read(tmp_path: Path)
             await spool.read(info.id)
         assert (tmp_path / "quarantine" / info.path.name).read_bytes() == bytes(raw)
         assert spool.segments("ns.t") == [] and spool.stats().bytes == 0
+
+
+async def test_nested_extension_types_seal_and_recover(tmp_path: Path) -> None:
+    """A uuid inside a struct, list and map (pyarrow cannot build an empty array of
+    those with pa.array([]); the seal batch must still be written)."""
+    ids = pa.ExtensionArray.from_storage(
+        pa.uuid(), pa.array([uuid.UUID(int=i).bytes for i in range(3)], pa.binary(16))
+    )
+    offsets = pa.array([0, 1, 2, 3], pa.int32())
+    nested = pa.RecordBatch.from_pydict(
+        {
+            "s": pa.StructArray.from_arrays([ids], names=["u"]),
+            "l": pa.ListArray.from_arrays(offsets, ids),
+            "m": pa.MapArray.from_arrays(offsets, pa.array(["k"] * 3), ids),
+        }
+    )
+    async with Spool(tmp_path) as spool:
+        await spool.append("ns.t", nested)
+        info = await spool.seal("ns.t")
+        assert info is not None and info.rows == 3
+    async with Spool(tmp_path) as spool:
+        data = await spool.read(spool.recovered.segments[0].id)
+        assert [b.equals(nested) for b in data.batches] == [True]
