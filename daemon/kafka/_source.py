@@ -57,6 +57,8 @@ _MAX_BACKOFF = 30.0
 _PROBE_TIMEOUT = 5.0
 # A record names one unknown column per decode; a few rounds cover several new ones.
 _EVOLVE_ROUNDS = 4
+# Where a partition remembers how far dead letters went when they go to a topic.
+_DEAD_LETTER_TOPIC = "<dead-letter topic>"
 _ROUTE_VALUE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 #: Reads the current properties of a table straight from the catalog (blocking).
@@ -437,11 +439,13 @@ class KafkaSource:
             self._pause(consumer, part, int(fetch.offsets[0]))
             return
         try:
+            # Dead letters first: the tables' offset claims cover the dead records too,
+            # so with a dead-letter topic a crash must find them sent already.
+            if dead:
+                await self._dead_letters(part, fetch, dead, last)
             for table, decoded in per_table.items():
                 if decoded.batch is not None:
                     await self._hand(part, table, decoded.batch, fetch.offsets[decoded.rows], last)
-            if dead:
-                await self._dead_letters(part, fetch, dead, last)
         except (BackpressureError, KafkaError) as exc:
             # What was handed stays handed (and is skipped on the re-read).
             _log.info("%s: pausing %s[%d]: %s", self.name, tp.topic, tp.partition, exc)
@@ -619,8 +623,9 @@ class KafkaSource:
         last: int,
     ) -> None:
         dlt = self.dead_letter_table
-        handed = part.handed.get(dlt or "", -1)
-        committed = part.committed.get(dlt or "", Ranges())
+        key = dlt or _DEAD_LETTER_TOPIC
+        handed = part.handed.get(key, -1)
+        committed = part.committed.get(key, Ranges())
         fresh = [
             (d, t)
             for d, t in dead
@@ -638,8 +643,7 @@ class KafkaSource:
                     headers=dead_letter_headers(fetch, record, target),
                 )
                 self._count_dead(record, target)
-            return
-        if fresh:
+        elif fresh:
             writer = self._writer_for(dlt)
             batch = dead_letter_batch(fetch, fresh, writer.arrow_schema)
             offsets = np.asarray([int(fetch.offsets[d.index]) for d, _ in fresh], dtype=np.int64)
@@ -653,7 +657,8 @@ class KafkaSource:
             await writer.append(batch, meta)
             for record, target in fresh:
                 self._count_dead(record, target)
-        part.handed[dlt] = max(handed, last)
+        # A re-read after backpressure skips what was already sent or spooled.
+        part.handed[key] = max(handed, last)
 
     def _count_dead(self, record: DeadRecord, target: str | None) -> None:
         self._metrics.dead_letters.labels(table=target or "", reason=record.reason).inc()
