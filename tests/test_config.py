@@ -406,7 +406,8 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             lambda r: r["kafka"][0].update(topic="events"),
             "kafka[0].topic",
             "unknown key; did you mean 'topics'? valid keys here: bootstrap_servers, group_id, "
-            "topics, topic_pattern, table, route_field, route_header, table_template, format, "
+            "topics, topic_pattern, table, route_field, route_header, table_template, auto_create, "
+            "format, "
             "schema_registry_url, schema_registry_username, schema_registry_password, "
             "avro_schema_file, dead_letter, metadata_columns, max_record_bytes, auto_offset_reset, "
             "offset_commit_interval, max_poll_records, session_timeout, security_protocol, "
@@ -965,3 +966,12 @@ def test_bad_kafka_routing_and_security_settings_name_the_key(
         validate_config(raw)
     assert caught.value.key.startswith(key), caught.value
     assert fragment in str(caught.value), caught.value
+
+
+def test_auto_create_needs_dynamic_routing() -> None:
+    raw = raw_contract()
+    raw["kafka"][0]["auto_create"] = True
+    with pytest.raises(ConfigError) as caught:
+        validate_config(raw)
+    assert caught.value.key == "kafka[0].auto_create"
+    assert "table_template" in str(caught.value)
