@@ -4,11 +4,9 @@ decode errors naming the column."""
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import decimal
 import itertools
-import json
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +15,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_values import b64_json, decimal_json, dumps, storage_type
 from pyiceberg.catalog import Catalog
 
 from daemon.catalogs import ensure_table, load_catalog
@@ -33,19 +32,6 @@ D = decimal.Decimal
 # column name -> (type, value strategy, JSON text of a value)
 
 
-def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _b64(value: bytes) -> str:
-    return _dumps(base64.b64encode(value).decode())
-
-
-def _decimal_text(value: D) -> str:
-    # Raw JSON number text or a JSON string, both exact.
-    return str(value) if value.is_signed() else _dumps(str(value))
-
-
 _INSTANTS = st.datetimes(min_value=dt.datetime(1900, 1, 1), max_value=dt.datetime(2200, 1, 1))
 _OFFSETS = st.integers(-14 * 60, 14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
@@ -55,11 +41,11 @@ _DEC_38_38 = st.decimals(min_value=D("-0." + "9" * 38), max_value=D("0." + "9" *
 
 
 def _struct_text(value: dict[str, Any]) -> str:
-    tags = "null" if value["tags"] is None else "[" + ",".join(map(_dumps, value["tags"])) + "]"
+    tags = "null" if value["tags"] is None else "[" + ",".join(map(dumps, value["tags"])) + "]"
     entries = ",".join(
-        f'{{"key":{_dumps(k)},"value":{_decimal_text(v)}}}' for k, v in value["m"].items()
+        f'{{"key":{dumps(k)},"value":{decimal_json(v)}}}' for k, v in value["m"].items()
     )
-    return f'{{"a":{value["a"]},"tags":{tags},"m":[{entries}],"u":{_dumps(str(value["u"]))}}}'
+    return f'{{"a":{value["a"]},"tags":{tags},"m":[{entries}],"u":{dumps(str(value["u"]))}}}'
 
 
 _STRUCT = st.fixed_dictionaries(
@@ -72,27 +58,27 @@ _STRUCT = st.fixed_dictionaries(
 )
 
 MATRIX: dict[str, tuple[str, st.SearchStrategy[Any], Callable[[Any], str]]] = {
-    "b": ("boolean", st.booleans(), _dumps),
-    "i": ("int", st.integers(-(2**31), 2**31 - 1), _dumps),
-    "l": ("long", st.integers(-(2**63), 2**63 - 1), _dumps),
-    "f": ("float", st.floats(width=32, allow_nan=False, allow_infinity=False), _dumps),
-    "d": ("double", st.floats(allow_nan=False, allow_infinity=False), _dumps),
-    "dec": ("decimal(10,2)", _DEC_10_2, _decimal_text),
-    "dec38": ("decimal(38,0)", _DEC_38_0, _decimal_text),
-    "frac38": ("decimal(38,38)", _DEC_38_38, _decimal_text),
-    "day": ("date", st.dates(), lambda v: _dumps(v.isoformat())),
-    "t": ("time", st.times(), lambda v: _dumps(v.isoformat())),
-    "ts": ("timestamp", _INSTANTS, lambda v: _dumps(v.isoformat())),
+    "b": ("boolean", st.booleans(), dumps),
+    "i": ("int", st.integers(-(2**31), 2**31 - 1), dumps),
+    "l": ("long", st.integers(-(2**63), 2**63 - 1), dumps),
+    "f": ("float", st.floats(width=32, allow_nan=False, allow_infinity=False), dumps),
+    "d": ("double", st.floats(allow_nan=False, allow_infinity=False), dumps),
+    "dec": ("decimal(10,2)", _DEC_10_2, decimal_json),
+    "dec38": ("decimal(38,0)", _DEC_38_0, decimal_json),
+    "frac38": ("decimal(38,38)", _DEC_38_38, decimal_json),
+    "day": ("date", st.dates(), lambda v: dumps(v.isoformat())),
+    "t": ("time", st.times(), lambda v: dumps(v.isoformat())),
+    "ts": ("timestamp", _INSTANTS, lambda v: dumps(v.isoformat())),
     "tstz": (
         "timestamptz",
         st.builds(lambda d, tz: d.replace(tzinfo=tz), _INSTANTS, _OFFSETS),
-        lambda v: _dumps(v.isoformat()),
+        lambda v: dumps(v.isoformat()),
     ),
-    "s": ("string", _TEXT, _dumps),
-    "u": ("uuid", st.uuids(), lambda v: _dumps(str(v))),
-    "fx": ("fixed[5]", st.binary(min_size=5, max_size=5), _b64),
-    "bin": ("binary", st.binary(max_size=20), _b64),
-    "tags": ("list<long not null>", st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4), _dumps),
+    "s": ("string", _TEXT, dumps),
+    "u": ("uuid", st.uuids(), lambda v: dumps(str(v))),
+    "fx": ("fixed[5]", st.binary(min_size=5, max_size=5), b64_json),
+    "bin": ("binary", st.binary(max_size=20), b64_json),
+    "tags": ("list<long not null>", st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4), dumps),
     "st": (
         "struct<a: int not null, tags: list<string>, m: map<string, decimal(10,2)>, u: uuid>",
         _STRUCT,
@@ -134,18 +120,6 @@ def _arrow_value(name: str, value: Any) -> Any:
     if name == "u":
         return value.bytes
     return value
-
-
-def _storage(t: pa.DataType) -> pa.DataType:
-    if isinstance(t, pa.BaseExtensionType):
-        return t.storage_type
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_storage(f.type)) for f in t.fields])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field, t.item_field.with_type(_storage(t.item_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_storage(t.value_type)))
-    return t
 
 
 # ------------------------------------------------------------------ a real table
@@ -216,7 +190,9 @@ def test_every_type_round_trips_from_arrow(catalog: Catalog, rows: list[dict[str
         field = arrow_schema.field(name)
         # Clients send uuids as 16-byte binaries (pa.array cannot build the extension
         # type from Python values); conform() converts them, nested ones too.
-        data[name] = pa.array([_arrow_value(name, row[name]) for row in rows], _storage(field.type))
+        data[name] = pa.array(
+            [_arrow_value(name, row[name]) for row in rows], storage_type(field.type)
+        )
     result = _round_trip(catalog, COLUMNS, pa.table(data))
     assert result.to_pylist() == [
         {"id": i} | {name: _expected(name, v) for name, v in row.items()}

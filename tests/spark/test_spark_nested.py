@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pyarrow as pa
+from json_values import storage_type
 from pyspark.sql import Row
 
 from daemon.http_api import ARROW_STREAM, NDJSON
@@ -139,19 +140,6 @@ def _ndjson() -> str:
 # ------------------------------------------------------------------ Arrow input
 
 
-def _storage(t: pa.DataType) -> pa.DataType:
-    """The type without extension types: clients send uuids as 16-byte binaries."""
-    if isinstance(t, pa.BaseExtensionType):
-        return t.storage_type
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_storage(f.type)) for f in t.fields])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field, t.item_field.with_type(_storage(t.item_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_storage(t.value_type)))
-    return t
-
-
 def _arrow_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _arrow_value(v) for k, v in value.items()}
@@ -171,10 +159,10 @@ def _arrow_stream() -> bytes:
     columns: dict[str, pa.Array] = {"id": pa.array(ARROW_IDS, pa.int64())}
     for name in ("st", "nums", "pts"):
         values = [_arrow_value(r[name]) for r in RECORDS]
-        columns[name] = pa.array(values, _storage(schema.field(name).type))
+        columns[name] = pa.array(values, storage_type(schema.field(name).type))
     for name in ("attrs", "groups", "dm"):
         values = [_arrow_map(r[name]) for r in RECORDS]
-        columns[name] = pa.array(values, _storage(schema.field(name).type))
+        columns[name] = pa.array(values, storage_type(schema.field(name).type))
     table = pa.table(columns)
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, table.schema) as writer:

@@ -7,17 +7,16 @@ session reads them back through the catalog, compared exactly."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import decimal
 import itertools
-import json
 from typing import Any
 
 import aiohttp
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_values import b64_json, decimal_json, dumps, storage_type
 from pyspark.sql import Row
 
 from daemon.http_api import NDJSON
@@ -25,19 +24,6 @@ from daemon.table_schema import arrow_schema_for, parse_schema
 
 D = decimal.Decimal
 TABLE = "h.matrix"
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _b64(value: bytes) -> str:
-    return _dumps(base64.b64encode(value).decode())
-
-
-def _decimal_text(value: D) -> str:
-    # Both JSON spellings the README allows, exact: a raw number or a string.
-    return str(value) if value.is_signed() else _dumps(str(value))
 
 
 def _micros(value: dt.datetime) -> int:
@@ -62,10 +48,10 @@ _STRUCT = st.fixed_dictionaries(
 
 def _struct_text(value: dict[str, Any]) -> str:
     entries = ",".join(
-        f'{{"key":{_dumps(k)},"value":{"null" if v is None else _decimal_text(v)}}}'
+        f'{{"key":{dumps(k)},"value":{"null" if v is None else decimal_json(v)}}}'
         for k, v in value["m"].items()
     )
-    return f'{{"a":{value["a"]},"tags":{_dumps(value["tags"])},"m":[{entries}]}}'
+    return f'{{"a":{value["a"]},"tags":{dumps(value["tags"])},"m":[{entries}]}}'
 
 
 def _ident(value: Any) -> Any:
@@ -74,38 +60,38 @@ def _ident(value: Any) -> Any:
 
 # column -> (type, strategy, JSON text, Arrow value, what Spark returns, SELECT expression)
 MATRIX: dict[str, tuple[str, Any, Any, Any, Any, str]] = {
-    "b": ("boolean", st.booleans(), _dumps, _ident, _ident, "b"),
-    "i": ("int", st.integers(-(2**31), 2**31 - 1), _dumps, _ident, _ident, "i"),
-    "l": ("long", st.integers(-(2**63), 2**63 - 1), _dumps, _ident, _ident, "l"),
+    "b": ("boolean", st.booleans(), dumps, _ident, _ident, "b"),
+    "i": ("int", st.integers(-(2**31), 2**31 - 1), dumps, _ident, _ident, "i"),
+    "l": ("long", st.integers(-(2**63), 2**63 - 1), dumps, _ident, _ident, "l"),
     "f": (
         "float",
         st.floats(width=32, allow_nan=False, allow_infinity=False),
-        _dumps,
+        dumps,
         _ident,
         _ident,
         "f",
     ),
-    "d": ("double", st.floats(allow_nan=False, allow_infinity=False), _dumps, _ident, _ident, "d"),
-    "dec": ("decimal(10,2)", _DEC_10_2, _decimal_text, _ident, _ident, "dec"),
-    "dec38": ("decimal(38,0)", _DEC_38_0, _decimal_text, _ident, _ident, "dec38"),
-    "frac38": ("decimal(38,38)", _DEC_38_38, _decimal_text, _ident, _ident, "frac38"),
-    "day": ("date", st.dates(), lambda v: _dumps(v.isoformat()), _ident, _ident, "day"),
+    "d": ("double", st.floats(allow_nan=False, allow_infinity=False), dumps, _ident, _ident, "d"),
+    "dec": ("decimal(10,2)", _DEC_10_2, decimal_json, _ident, _ident, "dec"),
+    "dec38": ("decimal(38,0)", _DEC_38_0, decimal_json, _ident, _ident, "dec38"),
+    "frac38": ("decimal(38,38)", _DEC_38_38, decimal_json, _ident, _ident, "frac38"),
+    "day": ("date", st.dates(), lambda v: dumps(v.isoformat()), _ident, _ident, "day"),
     # timestamp (no zone) is Spark's TIMESTAMP_NTZ: a naive datetime, wall clock as sent.
-    "ts": ("timestamp", _INSTANTS, lambda v: _dumps(v.isoformat()), _ident, _ident, "ts"),
+    "ts": ("timestamp", _INSTANTS, lambda v: dumps(v.isoformat()), _ident, _ident, "ts"),
     # timestamptz is an instant: compared as microseconds since the epoch (PySpark would
     # otherwise shift it into the Python process's zone).
     "tstz": (
         "timestamptz",
         st.builds(lambda d, tz: d.replace(tzinfo=tz), _INSTANTS, _OFFSETS),
-        lambda v: _dumps(v.isoformat()),
+        lambda v: dumps(v.isoformat()),
         _ident,
         _micros,
         "unix_micros(tstz)",
     ),
-    "s": ("string", _TEXT, _dumps, _ident, _ident, "s"),
-    "u": ("uuid", st.uuids(), lambda v: _dumps(str(v)), lambda v: v.bytes, str, "u"),
-    "fx": ("fixed[5]", st.binary(min_size=5, max_size=5), _b64, _ident, bytearray, "fx"),
-    "bin": ("binary", st.binary(max_size=20), _b64, _ident, bytearray, "bin"),
+    "s": ("string", _TEXT, dumps, _ident, _ident, "s"),
+    "u": ("uuid", st.uuids(), lambda v: dumps(str(v)), lambda v: v.bytes, str, "u"),
+    "fx": ("fixed[5]", st.binary(min_size=5, max_size=5), b64_json, _ident, bytearray, "fx"),
+    "bin": ("binary", st.binary(max_size=20), b64_json, _ident, bytearray, "bin"),
     "st": (
         "struct<a: int not null, tags: list<string>, m: map<string, decimal(10,2)>>",
         _STRUCT,
@@ -127,18 +113,6 @@ ROWS = st.lists(
 ARROW_SCHEMA = arrow_schema_for(parse_schema(COLUMNS))
 
 
-def _storage(t: pa.DataType) -> pa.DataType:
-    if isinstance(t, pa.BaseExtensionType):
-        return t.storage_type
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_storage(f.type)) for f in t.fields])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field, t.item_field.with_type(_storage(t.item_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_storage(t.value_type)))
-    return t
-
-
 def _ndjson(first_id: int, rows: list[dict[str, Any]]) -> bytes:
     lines = []
     for offset, row in enumerate(rows):
@@ -152,7 +126,7 @@ def _arrow(first_id: int, rows: list[dict[str, Any]]) -> pa.Table:
     data = {"id": pa.array(range(first_id, first_id + len(rows)), pa.int64())}
     for name, spec in MATRIX.items():
         values = [None if row[name] is None else spec[3](row[name]) for row in rows]
-        data[name] = pa.array(values, _storage(ARROW_SCHEMA.field(name).type))
+        data[name] = pa.array(values, storage_type(ARROW_SCHEMA.field(name).type))
     return pa.table(data)
 
 
