@@ -32,6 +32,7 @@ from daemon.errors import CommitError
 __all__ = [
     "META_KEY",
     "OFFSETS_PREFIX",
+    "SUMMARY_KEY",
     "OffsetClaims",
     "OffsetsMovedError",
     "Ranges",
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 OFFSETS_PREFIX: Final = "icespool.kafka."
+#: Snapshot summary key: "<group>/<topic>/<partition>=<ranges>;..." of the commit.
+SUMMARY_KEY: Final = "icespool.kafka-offsets"
 #: Spool batch metadata key: [group, topic, partition, claimed ranges, row offsets].
 META_KEY: Final = "kafka"
 
@@ -239,6 +242,16 @@ class OffsetClaims:
             if batch.num_rows:
                 kept.append(batch)
         return kept, dropped
+
+    def summary(self) -> dict[str, str]:
+        """Snapshot summary entry naming the offsets this commit covers (for people
+        and tools reading history; the table properties are what the daemon trusts)."""
+        if not self._claims:
+            return {}
+        covered = ";".join(
+            f"{key[len(OFFSETS_PREFIX) :]}={claim.covers}" for key, claim in self._claims.items()
+        )
+        return {SUMMARY_KEY: covered}
 
     def properties(self, current: Mapping[str, str]) -> dict[str, str]:
         """The offset properties after this commit, checked against ``current``.

@@ -516,7 +516,7 @@ class TableWriter:
             self._table,
             files,
             segment_ids=seg_ids,
-            summary={"icespool.reason": reason},
+            summary={"icespool.reason": reason, **claims.summary()},
             update_properties=claims.properties if claims else None,
         )
         return commit, files, sum(b.num_rows for b in rows)

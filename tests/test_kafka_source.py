@@ -105,6 +105,13 @@ async def test_poison_records_go_to_the_dead_letter_table_and_good_ones_land_onc
         key = offsets_key(f"g-{topic}", topic, 0)
         for table in (TABLE, f"{TABLE}_dead_letter"):
             await _wait_property(service, table, key, "0-2999")
+        # The data snapshots name the offsets they cover too (for people reading history).
+        assert service._catalog is not None
+        snapshots = service._catalog.load_table(TABLE).metadata.snapshots
+        covered = [s.summary.get("icespool.kafka-offsets") for s in snapshots if s.summary]
+        assert [c for c in covered if c] and all(
+            c.startswith(f"g-{topic}/{topic}/0=") for c in covered if c
+        ), covered
 
 
 async def _wait_property(service: Icespool, table: str, key: str, value: str) -> None:

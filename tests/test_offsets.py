@@ -73,6 +73,7 @@ def test_claims_drop_rows_the_table_holds_and_merge_ranges() -> None:
     assert dropped == 2
     assert kept[0].column("id").to_pylist() == [15, 19]
     assert claims.properties({key: "0-12"}) == {key: "0-19"}
+    assert claims.summary() == {"icespool.kafka-offsets": "g/t/0=10-19"}
 
 
 def test_claims_refuse_when_another_replica_committed_our_rows() -> None:
