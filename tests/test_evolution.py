@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
@@ -258,7 +257,9 @@ async def test_kafka_stream_that_grows_fields_ends_with_every_column_and_value(
             rows, columns = await asyncio.to_thread(_rows, service)
             if len(rows) >= 599:
                 break
-        dead, _ = await asyncio.to_thread(_rows_by_offset, service)
+        dead = sorted(
+            await wait_rows(service, f"{TABLE}_dead_letter", 1), key=lambda r: r["offset"]
+        )
     assert columns == ["id:long", "n:int", "country:string", "score:double"]
     expected = [
         {"id": r["id"], "n": r["n"], "country": r.get("country"), "score": r.get("score")}
@@ -268,16 +269,6 @@ async def test_kafka_stream_that_grows_fields_ends_with_every_column_and_value(
     assert rows == expected
     assert [(d["offset"], d["reason"]) for d in dead] == [(450, "schema_change")]
     assert "'n'" in dead[0]["error"] and "not a legal" in dead[0]["error"]
-
-
-def _rows_by_offset(service: Icespool) -> tuple[list[dict[str, Any]], None]:
-    assert service._catalog is not None
-    for _ in range(40):
-        rows = service._catalog.load_table(f"{TABLE}_dead_letter").scan().to_arrow().to_pylist()
-        if rows:
-            return sorted(rows, key=lambda r: r["offset"]), None
-        time.sleep(0.5)
-    return [], None
 
 
 async def test_infer_creates_the_table_from_its_first_body_and_reuses_it_later(

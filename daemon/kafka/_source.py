@@ -589,6 +589,15 @@ class KafkaSource:
             tables.append(self.dead_letter_table)
         return all(self._writer_for(t).has_capacity() for t in tables)
 
+    def _fresh(
+        self, part: _Partition, key: str, offsets: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """Which offsets ``key`` (a table, or the dead-letter topic) has not got yet:
+        neither handed over in this assignment nor held by the table."""
+        held = part.committed.get(key, Ranges()).mask(offsets)
+        fresh: npt.NDArray[np.bool_] = (offsets > part.handed.get(key, -1)) & ~held
+        return fresh
+
     async def _hand(
         self,
         part: _Partition,
@@ -596,9 +605,11 @@ class KafkaSource:
         batch: pa.RecordBatch,
         offsets: npt.NDArray[np.int64],
         last: int,
-    ) -> None:
+    ) -> npt.NDArray[np.bool_]:
+        """Spool the rows ``table`` has not got yet, claiming the fetch's range up to
+        ``last``; returns which rows were new."""
         handed = part.handed.get(table, -1)
-        fresh = (offsets > handed) & ~part.committed[table].mask(offsets)
+        fresh = self._fresh(part, table, offsets)
         dropped = int(offsets.size - fresh.sum())
         if dropped:
             self._metrics.kafka_duplicates.labels(table=table).inc(dropped)
@@ -614,6 +625,7 @@ class KafkaSource:
             )
             await self._writer_for(table).append(batch, meta)
         part.handed[table] = max(handed, last)
+        return fresh
 
     async def _dead_letters(
         self,
@@ -622,43 +634,28 @@ class KafkaSource:
         dead: list[tuple[DeadRecord, str | None]],
         last: int,
     ) -> None:
+        offsets = fetch.offsets[np.asarray([d.index for d, _ in dead], dtype=np.int64)]
         dlt = self.dead_letter_table
-        key = dlt or _DEAD_LETTER_TOPIC
-        handed = part.handed.get(key, -1)
-        committed = part.committed.get(key, Ranges())
-        fresh = [
-            (d, t)
-            for d, t in dead
-            if int(fetch.offsets[d.index]) > handed
-            and not committed.contains(int(fetch.offsets[d.index]))
-        ]
-        if dlt is None:
+        if dlt is not None:
+            batch = dead_letter_batch(fetch, dead, self._writer_for(dlt).arrow_schema)
+            fresh = await self._hand(part, dlt, batch, offsets, last)
+        else:
             # At least once: a crash between send and the next offset commit re-sends.
             assert self._producer is not None
-            for record, target in fresh:
-                await self._producer.send_and_wait(
-                    self.config.dead_letter,
-                    value=fetch.values[record.index],
-                    key=fetch.keys[record.index],
-                    headers=dead_letter_headers(fetch, record, target),
-                )
+            fresh = self._fresh(part, _DEAD_LETTER_TOPIC, offsets)
+            for (record, target), new in zip(dead, fresh, strict=True):
+                if new:
+                    await self._producer.send_and_wait(
+                        self.config.dead_letter,
+                        value=fetch.values[record.index],
+                        key=fetch.keys[record.index],
+                        headers=dead_letter_headers(fetch, record, target),
+                    )
+            # A re-read after backpressure skips what was already sent.
+            part.handed[_DEAD_LETTER_TOPIC] = max(part.handed.get(_DEAD_LETTER_TOPIC, -1), last)
+        for (record, target), new in zip(dead, fresh, strict=True):
+            if new:
                 self._count_dead(record, target)
-        elif fresh:
-            writer = self._writer_for(dlt)
-            batch = dead_letter_batch(fetch, fresh, writer.arrow_schema)
-            offsets = np.asarray([int(fetch.offsets[d.index]) for d, _ in fresh], dtype=np.int64)
-            meta = batch_meta(
-                self.config.group_id,
-                part.tp.topic,
-                part.tp.partition,
-                Ranges.of([(handed + 1, last)]),
-                Ranges.runs(offsets),
-            )
-            await writer.append(batch, meta)
-            for record, target in fresh:
-                self._count_dead(record, target)
-        # A re-read after backpressure skips what was already sent or spooled.
-        part.handed[key] = max(handed, last)
 
     def _count_dead(self, record: DeadRecord, target: str | None) -> None:
         self._metrics.dead_letters.labels(table=target or "", reason=record.reason).inc()
