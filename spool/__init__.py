@@ -12,12 +12,13 @@ from ._errors import (
     UnknownSegmentError,
 )
 from ._names import segment_file_name
-from ._recovery import RecoveryReport, SegmentInfo
+from ._recovery import QuarantinedSegment, RecoveryReport, SegmentInfo
 from ._spool import AppendAck, Durability, SegmentData, Spool, SpoolStats, TableUsage
 
 __all__ = [
     "AppendAck",
     "Durability",
+    "QuarantinedSegment",
     "RecoveryReport",
     "SegmentCorruptError",
     "SegmentData",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from ._format import EOS, Encoder, Scan, decode, empty_batch, scan, schema_messa
 from ._names import fsync_directory, segment_id_of
 
 QUARANTINE = "quarantine"
+REASON_SUFFIX = ".reason.json"
 _log = logging.getLogger("icespool.spool")
 
 
@@ -43,11 +46,32 @@ class RecoveryReport:
         return sum(s.rows for s in self.segments)
 
 
-def quarantine(directory: Path, path: Path, reason: str) -> Path:
-    """Move a file to ``quarantine/`` (never delete it) and say so loudly."""
+@dataclass(frozen=True, slots=True)
+class QuarantinedSegment:
+    """A segment in ``quarantine/``: kept, never committed until restored."""
+
+    id: str | None  # None when the file name is not a segment's
+    table: str | None  # None when nothing readable says which table owns it
+    path: Path
+    bytes: int
+    reason: str
+    at: float  # when it was quarantined (seconds since the epoch)
+
+
+def quarantine(directory: Path, path: Path, reason: str, table: str | None = None) -> Path:
+    """Move a file to ``quarantine/`` (never delete it) with its reason, and say so loudly.
+
+    The reason is written beside it (``<name>.reason.json``) so that a restart,
+    ``/v1/status`` and an operator see why, not only that.
+    """
     target_dir = directory / QUARANTINE
     target_dir.mkdir(exist_ok=True)
     target = target_dir / path.name
+    sidecar = target_dir / (path.name + REASON_SUFFIX)
+    note = {"reason": reason, "table": table, "at": time.time()}
+    # The reason first: a crash between the two leaves a reason without a file
+    # (ignored), never a quarantined file nobody can explain.
+    _write_small(sidecar, json.dumps(note).encode())
     os.replace(path, target)
     fsync_directory(target_dir)
     fsync_directory(directory)
@@ -60,6 +84,53 @@ def quarantine(directory: Path, path: Path, reason: str) -> Path:
         extra={"segment": path.name, "reason": reason},
     )
     return target
+
+
+def list_quarantined(directory: Path) -> list[QuarantinedSegment]:
+    """Every file in ``quarantine/`` with its reason, oldest segment id first."""
+    target_dir = directory / QUARANTINE
+    if not target_dir.is_dir():
+        return []
+    found: list[QuarantinedSegment] = []
+    for path in target_dir.iterdir():
+        if path.name.endswith(REASON_SUFFIX) or not path.is_file():
+            continue
+        note: dict[str, object] = {}
+        sidecar = target_dir / (path.name + REASON_SUFFIX)
+        try:
+            loaded = json.loads(sidecar.read_bytes())
+            if isinstance(loaded, dict):
+                note = loaded
+        except (OSError, ValueError):
+            pass  # quarantined by an older version, or the note is damaged
+        table = note.get("table")
+        at = note.get("at")
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue  # removed by an operator while we looked
+        found.append(
+            QuarantinedSegment(
+                id=segment_id_of(path.name),
+                table=table if isinstance(table, str) else None,
+                path=path,
+                bytes=size,
+                reason=str(note.get("reason", "unknown (no reason recorded)")),
+                at=float(at) if isinstance(at, (int, float)) else path.stat().st_mtime,
+            )
+        )
+    return sorted(found, key=lambda q: (q.id or "", q.path.name))
+
+
+def _write_small(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def recover(directory: Path) -> RecoveryReport:

@@ -6,6 +6,8 @@ import asyncio
 import functools
 import logging
 import os
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,10 +26,20 @@ from ._errors import (
 from ._format import decode, encode_meta, scan
 from ._lock import DirectoryLock
 from ._names import fsync_directory, new_segment_id
-from ._recovery import RecoveryReport, SegmentInfo, quarantine, recover
+from ._recovery import (
+    QUARANTINE,
+    REASON_SUFFIX,
+    QuarantinedSegment,
+    RecoveryReport,
+    SegmentInfo,
+    list_quarantined,
+    quarantine,
+    recover,
+)
 from ._segment import OpenSegment
 
 Durability = Literal["page-cache", "fsync"]
+_ID_FILE = "spool-id"
 _T = TypeVar("_T")
 _log = logging.getLogger("icespool.spool")
 
@@ -169,6 +181,7 @@ class Spool:
         self._fsyncs = 0
         self._state: Literal["new", "open", "closed"] = "new"
         self._acking: set[asyncio.Task[None]] = set()
+        self.id = ""  # set by open(): this directory's identity (see _spool_id)
 
     async def __aenter__(self) -> Spool:
         await self.open()
@@ -185,6 +198,7 @@ class Spool:
         self._lock.acquire()
         self._executor = ThreadPoolExecutor(self._io_threads, thread_name_prefix="icespool-spool")
         try:
+            self.id = await self._in_thread(_spool_id, self.directory)
             self.recovered = await self._in_thread(recover, self.directory)
         except BaseException:
             self._executor.shutdown(wait=False)
@@ -379,6 +393,38 @@ class Spool:
         decoded = await self._in_thread(decode, data, len(data))
         return SegmentData(info, decoded.batches, decoded.metas)
 
+    async def quarantine(self, segment_id: str, reason: str) -> QuarantinedSegment:
+        """Move a sealed segment its owner cannot commit to ``quarantine/``, with its reason.
+
+        It leaves the table's queue (later segments go on) and is kept until an
+        operator restores it (`restore`) or removes it.
+        """
+        info = self._sealed_info(segment_id)
+        target = await self._in_thread(quarantine, self.directory, info.path, reason, info.table)
+        self._forget(info)
+        return QuarantinedSegment(segment_id, info.table, target, info.bytes, reason, time.time())
+
+    def quarantined(self) -> list[QuarantinedSegment]:
+        """Every quarantined file with its reason. Blocking (lists a directory)."""
+        return list_quarantined(self.directory)
+
+    async def restore(self, segment_id: str) -> SegmentInfo:
+        """Bring a quarantined segment back as sealed, once it verifies again.
+
+        For retrying after the cause was fixed (``icespool replay --segment``).
+        Raises `UnknownSegmentError` when no quarantined file has this id and
+        `SegmentCorruptError` when it does not verify (it stays in quarantine).
+        """
+        if self._state != "open":
+            raise SpoolClosedError("the spool is not open")
+        found = [q for q in await self._in_thread(self.quarantined) if q.id == segment_id]
+        if not found:
+            raise UnknownSegmentError(f"no quarantined segment {segment_id!r}")
+        info = await self._in_thread(_restore, self.directory, found[0])
+        self._add_sealed(info)
+        self._bytes += info.bytes
+        return info
+
     async def delete(self, segment_id: str) -> None:
         """Remove a sealed segment; call only after its records are committed."""
         info = self._sealed_info(segment_id)
@@ -484,6 +530,54 @@ def _settle(future: asyncio.Future[AppendAck], outcome: AppendAck | BaseExceptio
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
+
+
+def _spool_id(directory: Path) -> str:
+    """A uuid naming this spool directory for as long as it exists.
+
+    Segment ids are only unique per spool; what proves that a spool's segments
+    were committed is kept per spool id (the committer's committed-through mark).
+    """
+    path = directory / _ID_FILE
+    try:
+        text = path.read_text().strip()
+        return str(uuid.UUID(text))
+    except FileNotFoundError:
+        pass
+    except ValueError as exc:
+        raise SpoolError(
+            f"{path} does not hold a uuid ({exc}); it names this spool in the tables' "
+            "commit records - restore it, or move the spool's contents to a fresh directory"
+        ) from None
+    value = str(uuid.uuid4())
+    tmp = directory / (_ID_FILE + ".tmp")
+    tmp.write_text(value + "\n")
+    fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(directory)
+    return value
+
+
+def _restore(directory: Path, entry: QuarantinedSegment) -> SegmentInfo:
+    data = entry.path.read_bytes()
+    result = scan(data)
+    if result.error is not None or not result.clean_end or result.table is None:
+        raise SegmentCorruptError(
+            f"quarantined segment {entry.id} does not verify "
+            f"({result.error or 'not cleanly sealed'}); it stays in {entry.path.parent}"
+        )
+    assert entry.id is not None
+    rows = sum(b.num_rows for b in decode(data, len(data)).batches)
+    target = directory / entry.path.name
+    os.replace(entry.path, target)
+    (directory / QUARANTINE / (entry.path.name + REASON_SUFFIX)).unlink(missing_ok=True)
+    fsync_directory(directory)
+    fsync_directory(directory / QUARANTINE)
+    return SegmentInfo(entry.id, result.table, target, len(data), result.batches, rows)
 
 
 def _unlink(path: Path, directory: Path) -> None:
