@@ -9,7 +9,10 @@ Every call is the real one unless a fault is queued for that operation
   harshest case for rollback).
 
 It also remembers how many bytes of each file a successful fsync/fdatasync
-covered, so `power_loss` can cut every segment back to what was durable.
+covered, so `power_loss` can cut every segment back to what was durable. A
+failed sync behaves like Linux after writeback EIO: the dirty pages are
+dropped from the sync's view, so nothing written to that file before the
+failure becomes durable, even if a later fsync of it reports success.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class FaultyFileSystem(FileSystem):
         self.chooser: Callable[[str], Fault | None] | None = None
         self.injected: list[tuple[str, Fault]] = []
         self.durable: dict[str, int] = {}  # path -> bytes a successful sync covered
+        self.lost_after: dict[str, int] = {}  # path -> durable bytes when a sync failed
         self._paths: dict[int, str] = {}
 
     def inject(self, op: str, *faults: Fault) -> None:
@@ -51,6 +55,8 @@ class FaultyFileSystem(FileSystem):
             keep = self.durable.get(str(path), 0)
             if path.stat().st_size > keep:
                 os.truncate(path, keep)
+            self.lost_after.pop(str(path), None)  # what is on disk now is all there is
+            self.durable[str(path)] = min(keep, path.stat().st_size)
 
     # ------------------------------------------------------------------ the seam
 
@@ -79,12 +85,12 @@ class FaultyFileSystem(FileSystem):
         raise _error(fault)
 
     def fsync(self, fd: int) -> None:  # type: ignore[override]
-        self._fail_if("fsync")
+        self._sync_fails_if("fsync", fd)
         os.fsync(fd)
         self._synced(fd)
 
     def fdatasync(self, fd: int) -> None:  # type: ignore[override]
-        self._fail_if("fdatasync")
+        self._sync_fails_if("fdatasync", fd)
         os.fdatasync(fd)
         self._synced(fd)
 
@@ -92,19 +98,23 @@ class FaultyFileSystem(FileSystem):
         self._fail_if("ftruncate")
         os.ftruncate(fd, length)
         path = self._paths.get(fd)
-        if path is not None and self.durable.get(path, 0) > length:
-            self.durable[path] = length
+        if path is not None:
+            for marks in (self.durable, self.lost_after):
+                if marks.get(path, 0) > length:
+                    marks[path] = length
 
     def replace(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:  # type: ignore[override]
         self._fail_if("replace")
         os.replace(src, dst)
-        if str(src) in self.durable:
-            self.durable[str(dst)] = self.durable.pop(str(src))
+        for marks in (self.durable, self.lost_after):
+            if str(src) in marks:
+                marks[str(dst)] = marks.pop(str(src))
 
     def unlink(self, path: str | os.PathLike[str]) -> None:  # type: ignore[override]
         self._fail_if("unlink")
         os.unlink(path)
         self.durable.pop(str(path), None)
+        self.lost_after.pop(str(path), None)
 
     # ------------------------------------------------------------------ internals
 
@@ -120,10 +130,20 @@ class FaultyFileSystem(FileSystem):
         if fault is not None:
             raise _error("eio" if fault in ("short", "torn") and op.endswith("sync") else fault)
 
+    def _sync_fails_if(self, op: str, fd: int) -> None:
+        try:
+            self._fail_if(op)
+        except OSError:
+            path = self._paths.get(fd)
+            if path is not None and path not in self.lost_after:
+                self.lost_after[path] = self.durable.get(path, 0)
+            raise
+
     def _synced(self, fd: int) -> None:
         path = self._paths.get(fd)
         if path is not None and not os.path.isdir(path):
-            self.durable[path] = os.fstat(fd).st_size
+            size = os.fstat(fd).st_size
+            self.durable[path] = min(size, self.lost_after.get(path, size))
 
 
 def _error(fault: Fault) -> OSError:

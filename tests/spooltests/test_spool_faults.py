@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spool import SegmentInfo, Spool, SpoolFullError, SpoolIOError
+from spool._segment import OpenSegment
 
 from ._faulty_fs import Fault, FaultyFileSystem, crash
 from ._helpers import batch, read_all
@@ -199,3 +200,20 @@ async def test_quarantine_counts_against_max_bytes(tmp_path: Path) -> None:
         os.unlink(entry.path)  # the operator removes it after inspection
         assert spool.quarantined() == [] and spool.stats().quarantine_bytes == 0
         await spool.append(TABLE, batch(9, rows=50), {"n": 9})
+
+
+def test_a_failed_fdatasync_fails_every_later_sync_of_that_segment(tmp_path: Path) -> None:
+    # Linux reports a writeback error once; the next fdatasync "succeeds" although
+    # the data is gone. A segment whose sync failed must never ack again.
+    fs = FaultyFileSystem()
+    segment = OpenSegment(tmp_path, TABLE, batch(0).schema, "0" * 36, fs)
+    segment.write(batch(0), None)
+    fs.inject("fdatasync", "eio")
+    with pytest.raises(SpoolIOError):
+        segment.sync()
+    segment.write_many([(batch(1), None)])  # refused, reported per item
+    for _ in range(2):
+        with pytest.raises(SpoolIOError, match="fdatasync failed"):
+            segment.sync()
+    assert segment.durable == 0 and fs.injected == [("fdatasync", "eio")]
+    segment.abandon()
