@@ -60,8 +60,8 @@ class SegmentCorruptError(SpoolError):
 
 
 class SpoolIOError(SpoolError):
-    """The disk refused a write, sync, create or rename: full (ENOSPC), over quota
-    (EDQUOT), an I/O error (EIO) or a short write.
+    """The disk refused a write, sync, create or delete: full (ENOSPC), over quota
+    (EDQUOT), an I/O error (EIO), or a write that stopped making progress.
 
     Retriable: nothing was acknowledged for the failed append, and the spool
     never leaves a segment that would not verify. Retry once space is freed

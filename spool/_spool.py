@@ -421,7 +421,7 @@ class Spool:
                 quarantine, self.directory, info.path, reason, info.table, self._fs
             )
             self._forget(info)
-            self._count_quarantined(info.bytes)
+            self._count_quarantined(1, info.bytes)
             raise SegmentCorruptError(f"segment {segment_id} failed verification: {reason}")
         decoded = await self._in_thread(decode, data, len(data))
         return SegmentData(info, decoded.batches, decoded.metas)
@@ -437,7 +437,7 @@ class Spool:
             quarantine, self.directory, info.path, reason, info.table, self._fs
         )
         self._forget(info)
-        self._count_quarantined(info.bytes)
+        self._count_quarantined(1, info.bytes)
         return QuarantinedSegment(segment_id, info.table, target, info.bytes, reason, time.time())
 
     def quarantined(self) -> list[QuarantinedSegment]:
@@ -466,7 +466,7 @@ class Spool:
         info = await self._in_thread(_restore, self.directory, found[0], self._fs)
         self._add_sealed(info)
         self._bytes += info.bytes
-        self._count_quarantined(-info.bytes)
+        self._count_quarantined(-1, -info.bytes)
         return info
 
     async def delete(self, segment_id: str) -> None:
@@ -525,7 +525,6 @@ class Spool:
         if sync is not None:
             sync.mark_all_synced()
         if not sealed:
-            self._bytes -= before  # an empty file, removed
             return None
         self._bytes += segment.size - before
         info = SegmentInfo(
@@ -559,9 +558,9 @@ class Spool:
             raise UnknownSegmentError(f"no sealed segment {segment_id!r}")
         return self._lanes[table].sealed[segment_id]
 
-    def _count_quarantined(self, size: int) -> None:
+    def _count_quarantined(self, files: int, size: int) -> None:
+        self._quarantined = max(0, self._quarantined + files)
         self._quarantine_bytes = max(0, self._quarantine_bytes + size)
-        self._quarantined = max(0, self._quarantined + (1 if size > 0 else -1))
 
     def _forget(self, info: SegmentInfo) -> None:
         del self._lanes[info.table].sealed[info.id]
@@ -692,7 +691,7 @@ def _prefix_info(segment: OpenSegment, end: int, fs: FileSystem) -> SegmentInfo 
     rows = sum(b.num_rows for b in decode(data, end).batches)
     _log.error(
         "segment %s could not be sealed; its %d verified batches are committed from the "
-        "unsealed file (sealed at the next start)",
+        "unsealed file",
         segment.path.name,
         result.batches,
     )

@@ -31,3 +31,21 @@ async def test_a_failed_seal_still_commits_the_sealed_segments(tmp_path: Path) -
         again = await writer.flush()
         assert again.records == 0
     assert [r["id"] for r in _rows(config)] == list(range(150))
+
+
+async def test_quarantined_bytes_are_reported_and_count_against_the_spool(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    async with Icespool(config) as ice:
+        await ice.writer(TABLE).append(_batch(range(100)))
+        info = await ice._spool.seal(TABLE)
+        assert info is not None
+        await ice._spool.quarantine(info.id, "cannot commit: example")
+        spool = ice.status()["spool"]
+        assert (spool["quarantine_bytes"], spool["quarantined_segments"]) == (info.bytes, 1)
+        ice.refresh_gauges()
+        exposition = ice.metrics.exposition().decode()
+        assert f"icespool_spool_quarantine_bytes {float(info.bytes)}" in exposition
+        # An operator deletes it after inspection: it stops counting at the next look.
+        for path in (tmp_path / "spool" / "quarantine").iterdir():
+            path.unlink()
+        assert ice.status()["spool"]["quarantine_bytes"] == 0
