@@ -39,6 +39,7 @@ from daemon.errors import (
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
 from daemon.writer import TableWriter
+from spool import SpoolIOError
 
 __all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
 
@@ -277,8 +278,9 @@ class _Api:
             result = await asyncio.shield(writer.flush("manual"))
         except ShuttingDownError as exc:
             raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
-        except IcespoolError as exc:
-            # Commit or catalog trouble: the records stay in the spool and are retried.
+        except (IcespoolError, SpoolIOError) as exc:
+            # Commit, catalog or spool-disk trouble: the records stay in the spool
+            # and are retried.
             raise _Problem(
                 503,
                 f"flush of {writer.name} failed: {exc}; the spool keeps every record and "

@@ -106,6 +106,11 @@ class Metrics:
         self.spool_segments = Gauge(
             "icespool_spool_segments", "Segment files in the spool", registry=r
         )
+        self.spool_quarantine_bytes = Gauge(
+            "icespool_spool_quarantine_bytes",
+            "Bytes of quarantined segment files (they count against spool.max_bytes)",
+            registry=r,
+        )
         self.quarantined_segments = Counter(
             "icespool_quarantined_segments_total",
             "Spool segments moved to quarantine/ because they failed verification",

@@ -342,7 +342,8 @@ class Icespool:
 
     def _spool_has_room(self) -> bool:
         # Sources pause before the spool refuses appends, leaving room for HTTP.
-        return self._spool.stats().bytes < 0.9 * self.config.spool.max_bytes
+        stats = self._spool.stats()
+        return stats.bytes + stats.quarantine_bytes < 0.9 * self.config.spool.max_bytes
 
     async def _recover(self) -> None:
         """Commit leftover segments before any new record is accepted."""
@@ -373,6 +374,7 @@ class Icespool:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
+        self._spool.quarantined()  # re-counts files an operator removed by hand
         stats = self._spool.stats()
         lanes = self._pool.stats()
         tables: dict[str, Any] = {}
@@ -404,6 +406,9 @@ class Icespool:
                 "max_bytes": self.config.spool.max_bytes,
                 "segments": stats.segments,
                 "durability": self.config.spool.durability,
+                # Quarantined files count against max_bytes (see the README).
+                "quarantine_bytes": stats.quarantine_bytes,
+                "quarantined_segments": stats.quarantined,
             },
             "tables": tables,
             "kafka": self._kafka_status(),
@@ -422,6 +427,8 @@ class Icespool:
 
     def refresh_gauges(self) -> None:
         """Bring the spool gauges up to date (called on every /metrics scrape)."""
+        self._spool.quarantined()  # re-counts files an operator removed by hand
         stats = self._spool.stats()
         self.metrics.spool_bytes.set(stats.bytes)
+        self.metrics.spool_quarantine_bytes.set(stats.quarantine_bytes)
         self.metrics.spool_segments.set(stats.segments)

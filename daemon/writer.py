@@ -41,7 +41,7 @@ from daemon.metrics import Metrics
 from daemon.offsets import OffsetClaims, OffsetsMovedError, Ranges
 from daemon.parquet_encode import encode_data_files
 from daemon.table_schema import arrow_schema_for, conform
-from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError
+from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, SpoolIOError
 
 __all__ = ["Column", "FlushResult", "TableWriter"]
 
@@ -186,7 +186,8 @@ class TableWriter:
         self._reserved += incoming
         try:
             ack = await self._spool.append(self.name, batch, meta)
-        except SpoolFullError as exc:
+        except (SpoolFullError, SpoolIOError) as exc:
+            # A full or failing disk is a resource condition: retriable, never a 500.
             self._metrics.backpressure.labels(table=self.name, reason="spool").inc()
             raise BackpressureError(str(exc), retry_after=2.0) from exc
         finally:
@@ -368,7 +369,13 @@ class TableWriter:
         self._queued_flush = None  # from here on, new triggers queue a new job
         started = time.perf_counter()
         try:
-            await self._spool.seal(self.name)
+            seal_error: SpoolIOError | None = None
+            try:
+                await self._spool.seal(self.name)
+            except SpoolIOError as exc:
+                # Commit what IS sealed first (deleting it frees the space the seal
+                # lacked); the seal failure is still this flush's failure.
+                seal_error = exc
             result = FlushResult(self.name, reason, None, 0)
             segments = self._spool.segments(self.name)
             while segments:
@@ -383,6 +390,8 @@ class TableWriter:
                         reason,
                         extra={"table": self.name, "segments_left": len(segments)},
                     )
+            if seal_error is not None:
+                raise seal_error
         except Exception as exc:
             self._failures += 1
             delay = min(_MAX_RETRY_DELAY, 0.5 * 2**self._failures)

@@ -8,9 +8,11 @@ from ._errors import (
     SpoolClosedError,
     SpoolError,
     SpoolFullError,
+    SpoolIOError,
     SpoolLockedError,
     UnknownSegmentError,
 )
+from ._fs import FileSystem
 from ._names import segment_file_name
 from ._recovery import QuarantinedSegment, RecoveryReport, SegmentInfo
 from ._spool import AppendAck, Durability, SegmentData, Spool, SpoolStats, TableUsage
@@ -18,6 +20,7 @@ from ._spool import AppendAck, Durability, SegmentData, Spool, SpoolStats, Table
 __all__ = [
     "AppendAck",
     "Durability",
+    "FileSystem",
     "QuarantinedSegment",
     "RecoveryReport",
     "SegmentCorruptError",
@@ -27,6 +30,7 @@ __all__ = [
     "SpoolClosedError",
     "SpoolError",
     "SpoolFullError",
+    "SpoolIOError",
     "SpoolLockedError",
     "SpoolStats",
     "TableUsage",

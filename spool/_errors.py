@@ -7,6 +7,7 @@ __all__ = [
     "SpoolClosedError",
     "SpoolError",
     "SpoolFullError",
+    "SpoolIOError",
     "SpoolLockedError",
     "UnknownSegmentError",
 ]
@@ -34,12 +35,14 @@ class SpoolFullError(SpoolError):
 
     retriable = True
 
-    def __init__(self, used: int, wanted: int, limit: int) -> None:
+    def __init__(self, used: int, wanted: int, limit: int, quarantined: int = 0) -> None:
         self.used = used
         self.wanted = wanted
         self.limit = limit
+        self.quarantined = quarantined
+        held = f" ({quarantined} of them in quarantine/)" if quarantined else ""
         super().__init__(
-            f"spool is full: {used} bytes used + {wanted} requested > max_bytes {limit}; "
+            f"spool is full: {used} bytes used{held} + {wanted} requested > max_bytes {limit}; "
             "retry after pending data has been committed"
         )
 
@@ -54,3 +57,20 @@ class UnknownSegmentError(SpoolError):
 
 class SegmentCorruptError(SpoolError):
     """A sealed segment failed verification when read back; it was moved to quarantine/."""
+
+
+class SpoolIOError(SpoolError):
+    """The disk refused a write, sync, create or delete: full (ENOSPC), over quota
+    (EDQUOT), an I/O error (EIO), or a write that stopped making progress.
+
+    Retriable: nothing was acknowledged for the failed append, and the spool
+    never leaves a segment that would not verify. Retry once space is freed
+    (commits delete segments) or the disk is repaired.
+    """
+
+    retriable = True
+
+    def __init__(self, what: str, cause: OSError | None = None) -> None:
+        self.errno = cause.errno if cause is not None else None
+        detail = f": {cause}" if cause is not None else ""
+        super().__init__(f"spool disk error while {what}{detail}; retry later")

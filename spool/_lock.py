@@ -30,9 +30,11 @@ class DirectoryLock:
         except BaseException:
             os.close(fd)
             raise
-        # The pid is only a hint for the error message of the next opener.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The pid is only a hint for the error message of the next opener: a
+        # full volume must not stop a start over it.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:

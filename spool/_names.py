@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import threading
 import time
@@ -100,12 +99,3 @@ class _Uuid7:
 
 
 new_segment_id = _Uuid7()
-
-
-def fsync_directory(path: str | os.PathLike[str]) -> None:
-    """Make creations, renames and deletions in a directory durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

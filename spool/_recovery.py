@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ._format import EOS, Encoder, Scan, decode, empty_batch, scan, schema_message_of
-from ._names import fsync_directory, segment_id_of
+from ._fs import REAL, FileSystem
+from ._names import segment_id_of
 
 QUARANTINE = "quarantine"
 REASON_SUFFIX = ".reason.json"
@@ -30,6 +33,9 @@ class SegmentInfo:
     bytes: int
     batches: int
     rows: int
+    # False: sealing failed (full or broken disk); the first `bytes` bytes are a
+    # verified prefix, read as such, and the file is sealed at the next start.
+    sealed: bool = True
 
 
 @dataclass(slots=True)
@@ -40,6 +46,8 @@ class RecoveryReport:
     truncated: list[tuple[Path, int]] = field(default_factory=list)  # (file, bytes cut)
     quarantined: list[tuple[Path, str]] = field(default_factory=list)  # (new path, reason)
     removed_empty: list[Path] = field(default_factory=list)
+    unsealed: list[tuple[Path, str]] = field(default_factory=list)  # kept as a prefix: why
+    failed: list[tuple[Path, str]] = field(default_factory=list)  # left untouched: why
 
     @property
     def records(self) -> int:
@@ -58,11 +66,15 @@ class QuarantinedSegment:
     at: float  # when it was quarantined (seconds since the epoch)
 
 
-def quarantine(directory: Path, path: Path, reason: str, table: str | None = None) -> Path:
+def quarantine(
+    directory: Path, path: Path, reason: str, table: str | None = None, fs: FileSystem = REAL
+) -> Path:
     """Move a file to ``quarantine/`` (never delete it) with its reason, and say so loudly.
 
     The reason is written beside it (``<name>.reason.json``) so that a restart,
-    ``/v1/status`` and an operator see why, not only that.
+    ``/v1/status`` and an operator see why, not only that. On a full disk the
+    reason may not fit; the file is moved anyway (a rename needs no space) and
+    the reason is still logged.
     """
     target_dir = directory / QUARANTINE
     target_dir.mkdir(exist_ok=True)
@@ -71,10 +83,15 @@ def quarantine(directory: Path, path: Path, reason: str, table: str | None = Non
     note = {"reason": reason, "table": table, "at": time.time()}
     # The reason first: a crash between the two leaves a reason without a file
     # (ignored), never a quarantined file nobody can explain.
-    _write_small(sidecar, json.dumps(note).encode())
-    os.replace(path, target)
-    fsync_directory(target_dir)
-    fsync_directory(directory)
+    try:
+        fs.write_file(sidecar, json.dumps(note).encode())
+    except OSError as exc:
+        _log.error("could not record why %s is quarantined (%s): %s", path.name, reason, exc)
+        with contextlib.suppress(OSError):
+            fs.unlink(sidecar)
+    fs.replace(path, target)
+    fs.fsync_directory(target_dir)
+    fs.fsync_directory(directory)
     _log.error(
         "segment quarantined: %s (%s); its records are NOT committed - inspect it, "
         "it is kept at %s",
@@ -122,19 +139,13 @@ def list_quarantined(directory: Path) -> list[QuarantinedSegment]:
     return sorted(found, key=lambda q: (q.id or "", q.path.name))
 
 
-def _write_small(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def recover(directory: Path, fs: FileSystem = REAL) -> RecoveryReport:
+    """Verify every leftover segment in creation order. Blocking; never raises for one file.
 
-
-def recover(directory: Path) -> RecoveryReport:
-    """Verify every leftover segment in creation order. Blocking."""
+    A file that cannot be handled (an I/O error reading it, no room to seal or
+    quarantine it) is logged and left where it is for the next start; the rest
+    of the spool and the daemon go on.
+    """
     report = RecoveryReport()
     candidates: list[tuple[str, Path]] = []
     for path in directory.iterdir():
@@ -142,13 +153,15 @@ def recover(directory: Path) -> RecoveryReport:
             continue
         segment_id = segment_id_of(path.name)
         if segment_id is None:
-            report.quarantined.append(
-                (quarantine(directory, path, "not a segment file name"), "bad name")
-            )
+            with _contained(path, report):
+                report.quarantined.append(
+                    (quarantine(directory, path, "not a segment file name", fs=fs), "bad name")
+                )
             continue
         candidates.append((segment_id, path))
     for segment_id, path in sorted(candidates):
-        _recover_one(directory, segment_id, path, report)
+        with _contained(path, report):
+            _recover_one(directory, segment_id, path, report, fs)
     if report.segments or report.truncated or report.quarantined or report.removed_empty:
         _log.info(
             "spool recovery: %d segments (%d records) to commit, %d torn tails cut, "
@@ -168,16 +181,35 @@ def recover(directory: Path) -> RecoveryReport:
     return report
 
 
-def _recover_one(directory: Path, segment_id: str, path: Path, report: RecoveryReport) -> None:
-    data = path.read_bytes()
+@contextlib.contextmanager
+def _contained(path: Path, report: RecoveryReport) -> Iterator[None]:
+    """One file's trouble stays that file's: logged, reported, left for the next start."""
+    try:
+        yield
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        report.failed.append((path, reason))
+        _log.error(
+            "spool recovery could not handle %s (%s); it is left in place for the next "
+            "start, its records are not committed yet",
+            path.name,
+            reason,
+            extra={"segment": path.name, "error": reason},
+        )
+
+
+def _recover_one(
+    directory: Path, segment_id: str, path: Path, report: RecoveryReport, fs: FileSystem
+) -> None:
+    data = fs.read_bytes(path)
     try:
         result = scan(data)
     except Exception as exc:  # scan reports damage itself; anything else is still damage
         reason = f"unreadable: {exc}"
-        report.quarantined.append((quarantine(directory, path, reason), reason))
+        report.quarantined.append((quarantine(directory, path, reason, fs=fs), reason))
         return
     if result.error is not None:
-        report.quarantined.append((quarantine(directory, path, result.error), result.error))
+        report.quarantined.append((quarantine(directory, path, result.error, fs=fs), result.error))
         return
     cut = 0 if result.clean_end else len(data) - result.good_end
     if cut:
@@ -193,33 +225,56 @@ def _recover_one(directory: Path, segment_id: str, path: Path, report: RecoveryR
     if result.batches == 0 or result.table is None:
         # Acks happen only after a whole batch is written, so a file without one
         # holds nothing anybody was promised.
-        path.unlink()
-        fsync_directory(directory)
+        fs.unlink(path)
+        fs.fsync_directory(directory)
         report.removed_empty.append(path)
         return
+    rows = sum(b.num_rows for b in decode(data, result.good_end).batches)
+    size, sealed = len(data), True
     if not result.clean_end:
-        _finish(path, data, result)
-        data = path.read_bytes()
-    rows = sum(b.num_rows for b in decode(data, len(data)).batches)
+        try:
+            size = _finish(path, data, result, fs)
+        except OSError as exc:
+            # A full or failing disk: the verified prefix is committed as it is
+            # (reads stop at `size`); sealing waits for a start with room.
+            size, sealed = result.good_end, False
+            report.unsealed.append((path, str(exc)))
+            _log.error(
+                "segment %s could not be sealed (%s); its %d verified batches are "
+                "committed from the unsealed file",
+                path.name,
+                exc,
+                result.batches,
+                extra={"segment": path.name, "error": str(exc)},
+            )
     report.segments.append(
-        SegmentInfo(segment_id, result.table, path, len(data), result.batches, rows)
+        SegmentInfo(segment_id, result.table, path, size, result.batches, rows, sealed)
     )
 
 
-def _finish(path: Path, data: bytes, result: Scan) -> None:
-    """Cut the torn tail and seal, so the file is a complete stream from now on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+def _finish(path: Path, data: bytes, result: Scan, fs: FileSystem) -> int:
+    """Cut the torn tail and seal, so the file is a complete stream from now on.
+
+    Returns the file's new size.
+    """
+    if result.sealed:
+        tail: bytes = EOS
+    else:
+        schema_message = schema_message_of(data)
+        schema = ipc.read_schema(pa.py_buffer(schema_message))
+        encoder = Encoder(schema, schema_message)
+        tail = bytes(encoder.encode(empty_batch(schema), None, seal=True)) + EOS
+    fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
-        os.ftruncate(fd, result.good_end)
-        os.lseek(fd, result.good_end, os.SEEK_SET)
-        if result.sealed:
-            tail: bytes = EOS
-        else:
-            schema_message = schema_message_of(data)
-            schema = ipc.read_schema(pa.py_buffer(schema_message))
-            encoder = Encoder(schema, schema_message)
-            tail = bytes(encoder.encode(empty_batch(schema), None, seal=True)) + EOS
-        os.write(fd, tail)
-        os.fsync(fd)
+        fs.ftruncate(fd, result.good_end)
+        try:
+            fs.write_all(fd, [tail])
+            fs.fsync(fd)
+        except OSError:
+            # Leave the verified prefix, not half a seal, for the next attempt.
+            with contextlib.suppress(OSError):
+                fs.ftruncate(fd, result.good_end)
+            raise
     finally:
-        os.close(fd)
+        fs.close(fd)
+    return result.good_end + len(tail)

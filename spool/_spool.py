@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -21,11 +22,13 @@ from ._errors import (
     SpoolClosedError,
     SpoolError,
     SpoolFullError,
+    SpoolIOError,
     UnknownSegmentError,
 )
-from ._format import decode, encode_meta, scan
+from ._format import Scan, decode, encode_meta, scan
+from ._fs import REAL, FileSystem
 from ._lock import DirectoryLock
-from ._names import fsync_directory, new_segment_id
+from ._names import new_segment_id
 from ._recovery import (
     QUARANTINE,
     REASON_SUFFIX,
@@ -75,6 +78,9 @@ class SpoolStats:
     tables: dict[str, TableUsage]
     appends: int
     fsyncs: int
+    # Quarantined files stay on the same volume, so they count against max_bytes.
+    quarantine_bytes: int = 0
+    quarantined: int = 0
 
 
 class _GroupSync:
@@ -158,6 +164,7 @@ class Spool:
         max_bytes: int | None = None,
         segment_max_bytes: int = 128 << 20,
         io_threads: int = 8,
+        fs: FileSystem | None = None,
     ) -> None:
         if durability not in ("page-cache", "fsync"):
             raise ValueError(f"durability must be 'page-cache' or 'fsync', not {durability!r}")
@@ -170,12 +177,15 @@ class Spool:
         self.max_bytes = max_bytes
         self.segment_max_bytes = segment_max_bytes
         self.recovered = RecoveryReport()
+        self._fs = fs or REAL  # tests pass one that makes the disk misbehave
         self._io_threads = io_threads
         self._executor: ThreadPoolExecutor | None = None
         self._lock = DirectoryLock(self.directory)
         self._lanes: dict[str, _Lane] = {}
         self._owner: dict[str, str] = {}  # sealed segment id -> table
         self._bytes = 0
+        self._quarantine_bytes = 0
+        self._quarantined = 0
         self._reserved = 0
         self._appends = 0
         self._fsyncs = 0
@@ -198,8 +208,8 @@ class Spool:
         self._lock.acquire()
         self._executor = ThreadPoolExecutor(self._io_threads, thread_name_prefix="icespool-spool")
         try:
-            self.id = await self._in_thread(_spool_id, self.directory)
-            self.recovered = await self._in_thread(recover, self.directory)
+            self.id = await self._in_thread(_spool_id, self.directory, self._fs)
+            self.recovered = await self._in_thread(recover, self.directory, self._fs)
         except BaseException:
             self._executor.shutdown(wait=False)
             self._lock.release()
@@ -207,6 +217,16 @@ class Spool:
         for info in self.recovered.segments:
             self._add_sealed(info)
             self._bytes += info.bytes
+        await self._in_thread(self.quarantined)
+        if self._quarantined:
+            _log.warning(
+                "%d quarantined segment files hold %d bytes in %s; they count against "
+                "spool.max_bytes until restored or removed (see the README)",
+                self._quarantined,
+                self._quarantine_bytes,
+                self.directory / QUARANTINE,
+                extra={"quarantined": self._quarantined, "bytes": self._quarantine_bytes},
+            )
         self._state = "open"
         return self.recovered
 
@@ -225,7 +245,7 @@ class Spool:
             for table in self._lanes:
                 try:
                     await self.seal(table)
-                except OSError:
+                except (OSError, SpoolIOError):
                     _log.exception("sealing %s on close failed", table)
         finally:
             assert self._executor is not None
@@ -237,7 +257,9 @@ class Spool:
     ) -> AppendAck:
         """Spool one batch for `table`; returns once it is durable per `durability`.
 
-        Raises `SpoolFullError` (retriable) when the batch would pass ``max_bytes``.
+        Raises `SpoolFullError` (retriable) when the batch would pass ``max_bytes``
+        (quarantined files included) and `SpoolIOError` (retriable) when the disk
+        refuses it; in both cases nothing of the batch is acknowledged.
         """
         if self._state != "open":
             raise SpoolClosedError("the spool is not open")
@@ -251,9 +273,9 @@ class Spool:
                     f"a batch of {estimate} bytes can never fit max_bytes {self.max_bytes}; "
                     "send smaller batches or raise spool.max_bytes"
                 )
-            used = self._bytes + self._reserved
+            used = self._bytes + self._quarantine_bytes + self._reserved
             if used + estimate > self.max_bytes:
-                raise SpoolFullError(used, estimate, self.max_bytes)
+                raise SpoolFullError(used, estimate, self.max_bytes, self._quarantine_bytes)
         lane = self._lanes.setdefault(table, _Lane())
         future: asyncio.Future[AppendAck] = asyncio.get_running_loop().create_future()
         lane.queue.append(_Pending(batch, meta_text, future))
@@ -290,12 +312,15 @@ class Spool:
     async def _write_group(self, table: str, lane: _Lane, group: list[_Pending]) -> None:
         async with lane.lock:
             segment = lane.open
-            if segment is not None and not group[0].batch.schema.equals(segment.schema):
-                self._seal_in_background(table, lane)  # the schema changed: rotate
+            if segment is not None and (
+                segment.failed is not None or not group[0].batch.schema.equals(segment.schema)
+            ):
+                # The schema changed, or the disk broke this segment: rotate.
+                self._seal_in_background(table, lane)
                 segment = None
             if segment is None:
                 segment = OpenSegment(
-                    self.directory, table, group[0].batch.schema, new_segment_id()
+                    self.directory, table, group[0].batch.schema, new_segment_id(), self._fs
                 )
                 lane.open = segment
                 lane.sync = _GroupSync(functools.partial(self._fsync, segment))
@@ -322,7 +347,7 @@ class Spool:
                 index += 1
             sync.written += 1
             seq = sync.written
-            if segment.size >= self.segment_max_bytes:
+            if segment.size >= self.segment_max_bytes or segment.failed is not None:
                 self._seal_in_background(table, lane)
         if self.durability == "fsync":
             # Acknowledge after the fsync, but let the next group start writing now.
@@ -383,12 +408,20 @@ class Spool:
         raised: its records must not be committed as if they were intact.
         """
         info = self._sealed_info(segment_id)
-        data = await self._in_thread(info.path.read_bytes)
+        try:
+            data = await self._in_thread(self._fs.read_bytes, info.path)
+        except OSError as exc:
+            raise SpoolIOError(f"reading segment {segment_id}", exc) from exc
+        if not info.sealed:
+            data = data[: info.bytes]  # an unsealable segment: its verified prefix only
         result = scan(data)
-        if result.error is not None or not result.clean_end:
-            reason = result.error or "not cleanly sealed"
-            await self._in_thread(quarantine, self.directory, info.path, reason)
+        reason = _unverified(info, result, len(data))
+        if reason is not None:
+            await self._in_thread(
+                quarantine, self.directory, info.path, reason, info.table, self._fs
+            )
             self._forget(info)
+            self._count_quarantined(1, info.bytes)
             raise SegmentCorruptError(f"segment {segment_id} failed verification: {reason}")
         decoded = await self._in_thread(decode, data, len(data))
         return SegmentData(info, decoded.batches, decoded.metas)
@@ -400,13 +433,23 @@ class Spool:
         operator restores it (`restore`) or removes it.
         """
         info = self._sealed_info(segment_id)
-        target = await self._in_thread(quarantine, self.directory, info.path, reason, info.table)
+        target = await self._in_thread(
+            quarantine, self.directory, info.path, reason, info.table, self._fs
+        )
         self._forget(info)
+        self._count_quarantined(1, info.bytes)
         return QuarantinedSegment(segment_id, info.table, target, info.bytes, reason, time.time())
 
     def quarantined(self) -> list[QuarantinedSegment]:
-        """Every quarantined file with its reason. Blocking (lists a directory)."""
-        return list_quarantined(self.directory)
+        """Every quarantined file with its reason. Blocking (lists a directory).
+
+        Also re-counts what quarantine holds, so files an operator removed by
+        hand stop counting against ``max_bytes``.
+        """
+        found = list_quarantined(self.directory)
+        self._quarantine_bytes = sum(q.bytes for q in found)
+        self._quarantined = len(found)
+        return found
 
     async def restore(self, segment_id: str) -> SegmentInfo:
         """Bring a quarantined segment back as sealed, once it verifies again.
@@ -420,15 +463,16 @@ class Spool:
         found = [q for q in await self._in_thread(self.quarantined) if q.id == segment_id]
         if not found:
             raise UnknownSegmentError(f"no quarantined segment {segment_id!r}")
-        info = await self._in_thread(_restore, self.directory, found[0])
+        info = await self._in_thread(_restore, self.directory, found[0], self._fs)
         self._add_sealed(info)
         self._bytes += info.bytes
+        self._count_quarantined(-1, -info.bytes)
         return info
 
     async def delete(self, segment_id: str) -> None:
         """Remove a sealed segment; call only after its records are committed."""
         info = self._sealed_info(segment_id)
-        await self._in_thread(_unlink, info.path, self.directory)
+        await self._in_thread(_unlink, info.path, self.directory, self._fs)
         self._forget(info)
 
     def stats(self) -> SpoolStats:
@@ -446,6 +490,8 @@ class Spool:
             tables=tables,
             appends=self._appends,
             fsyncs=self._fsyncs,
+            quarantine_bytes=self._quarantine_bytes,
+            quarantined=self._quarantined,
         )
 
     def _seal_in_background(self, table: str, lane: _Lane) -> asyncio.Task[SegmentInfo | None]:
@@ -468,6 +514,9 @@ class Spool:
         before = segment.size
         try:
             sealed = await self._in_thread(segment.seal)
+        except SpoolIOError:
+            await self._keep_prefix(segment, before)
+            raise
         except BaseException:
             segment.abandon()
             raise
@@ -484,6 +533,20 @@ class Spool:
         self._add_sealed(info)
         return info
 
+    async def _keep_prefix(self, segment: OpenSegment, before: int) -> None:
+        """A segment the disk would not seal: commit its trusted prefix as it is.
+
+        In fsync mode only what a successful fdatasync covered is trusted (the
+        appends after it were not acked and fail); in page-cache mode every
+        whole message written is. Cutting the rest frees space, and reads stop
+        at the prefix, so not one more byte is needed on a full disk.
+        """
+        end = segment.durable if self.durability == "fsync" else segment.size
+        info = await self._in_thread(_prefix_info, segment, end, self._fs)
+        self._bytes += end - before
+        if info is not None:
+            self._add_sealed(info)
+
     def _add_sealed(self, info: SegmentInfo) -> None:
         lane = self._lanes.setdefault(info.table, _Lane())
         lane.sealed[info.id] = info
@@ -494,6 +557,10 @@ class Spool:
         if table is None:
             raise UnknownSegmentError(f"no sealed segment {segment_id!r}")
         return self._lanes[table].sealed[segment_id]
+
+    def _count_quarantined(self, files: int, size: int) -> None:
+        self._quarantined = max(0, self._quarantined + files)
+        self._quarantine_bytes = max(0, self._quarantine_bytes + size)
 
     def _forget(self, info: SegmentInfo) -> None:
         del self._lanes[info.table].sealed[info.id]
@@ -532,7 +599,18 @@ def _settle(future: asyncio.Future[AppendAck], outcome: AppendAck | BaseExceptio
         future.set_result(outcome)
 
 
-def _spool_id(directory: Path) -> str:
+def _unverified(info: SegmentInfo, result: Scan, size: int) -> str | None:
+    """Why a segment read back is not what was sealed (or kept as a prefix), else None."""
+    if result.error is not None:
+        return result.error
+    if info.sealed:
+        return None if result.clean_end else "not cleanly sealed"
+    if result.good_end != size or result.batches != info.batches:
+        return f"its unsealed prefix no longer holds {info.batches} whole batches"
+    return None
+
+
+def _spool_id(directory: Path, fs: FileSystem) -> str:
     """A uuid naming this spool directory for as long as it exists.
 
     Segment ids are only unique per spool; what proves that a spool's segments
@@ -551,19 +629,14 @@ def _spool_id(directory: Path) -> str:
         ) from None
     value = str(uuid.uuid4())
     tmp = directory / (_ID_FILE + ".tmp")
-    tmp.write_text(value + "\n")
-    fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(directory)
+    fs.write_file(tmp, (value + "\n").encode())
+    fs.replace(tmp, path)
+    fs.fsync_directory(directory)
     return value
 
 
-def _restore(directory: Path, entry: QuarantinedSegment) -> SegmentInfo:
-    data = entry.path.read_bytes()
+def _restore(directory: Path, entry: QuarantinedSegment, fs: FileSystem) -> SegmentInfo:
+    data = fs.read_bytes(entry.path)
     result = scan(data)
     if result.error is not None or not result.clean_end or result.table is None:
         raise SegmentCorruptError(
@@ -573,13 +646,53 @@ def _restore(directory: Path, entry: QuarantinedSegment) -> SegmentInfo:
     assert entry.id is not None
     rows = sum(b.num_rows for b in decode(data, len(data)).batches)
     target = directory / entry.path.name
-    os.replace(entry.path, target)
-    (directory / QUARANTINE / (entry.path.name + REASON_SUFFIX)).unlink(missing_ok=True)
-    fsync_directory(directory)
-    fsync_directory(directory / QUARANTINE)
+    fs.replace(entry.path, target)
+    with contextlib.suppress(FileNotFoundError):
+        fs.unlink(directory / QUARANTINE / (entry.path.name + REASON_SUFFIX))
+    fs.fsync_directory(directory)
+    fs.fsync_directory(directory / QUARANTINE)
     return SegmentInfo(entry.id, result.table, target, len(data), result.batches, rows)
 
 
-def _unlink(path: Path, directory: Path) -> None:
-    path.unlink(missing_ok=True)
-    fsync_directory(directory)
+def _unlink(path: Path, directory: Path, fs: FileSystem) -> None:
+    try:
+        fs.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise SpoolIOError(f"deleting segment {path.name}", exc) from exc
+    try:
+        fs.fsync_directory(directory)
+    except OSError as exc:
+        # The file is gone for this process. Should it come back after a crash,
+        # its owner finds it already committed (segment ids are recorded).
+        _log.warning("deleting %s is not yet durable: %s", path.name, exc)
+
+
+def _prefix_info(segment: OpenSegment, end: int, fs: FileSystem) -> SegmentInfo | None:
+    """Cut an unsealable segment to `end` and describe that prefix (None: nothing kept)."""
+    segment.keep_prefix(end)
+    try:
+        if end == 0:
+            fs.unlink(segment.path)  # holds nothing acked
+            return None
+        data = fs.read_bytes(segment.path)[:end]
+        result = scan(data)
+        if result.error is not None or result.good_end != end or result.table is None:
+            raise SpoolIOError(f"re-reading segment {segment.path.name}: {result.error}")
+    except (OSError, SpoolIOError) as exc:
+        _log.error(
+            "segment %s could not be sealed nor re-read (%s); recovery at the next start "
+            "commits what verifies",
+            segment.path.name,
+            exc,
+        )
+        return None
+    rows = sum(b.num_rows for b in decode(data, end).batches)
+    _log.error(
+        "segment %s could not be sealed; its %d verified batches are committed from the "
+        "unsealed file",
+        segment.path.name,
+        result.batches,
+    )
+    return SegmentInfo(segment.id, segment.table, segment.path, end, result.batches, rows, False)

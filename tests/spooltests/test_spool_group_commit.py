@@ -6,33 +6,31 @@ import asyncio
 import os
 from pathlib import Path
 
-import pytest
-
-from spool import Spool
+from spool import FileSystem, Spool
 
 from ._helpers import batch, read_all
 
 
-async def test_32_concurrent_appenders_share_fsyncs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls = {"n": 0}
-    real_fdatasync, real_fsync = os.fdatasync, os.fsync
+class _CountingFileSystem(FileSystem):
+    """The real syscalls, counted (through the spool's file-system seam)."""
 
-    def counting_fdatasync(fd: int) -> None:
-        calls["n"] += 1
-        real_fdatasync(fd)
+    def __init__(self) -> None:
+        self.n = 0
 
-    def counting_fsync(fd: int) -> None:
-        calls["n"] += 1
-        real_fsync(fd)
+    def fdatasync(self, fd: int) -> None:  # type: ignore[override]
+        self.n += 1
+        os.fdatasync(fd)
 
-    # Wrapped, not replaced: the real syscalls still run; we only count them.
-    monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
-    monkeypatch.setattr(os, "fsync", counting_fsync)
+    def fsync(self, fd: int) -> None:  # type: ignore[override]
+        self.n += 1
+        os.fsync(fd)
+
+
+async def test_32_concurrent_appenders_share_fsyncs(tmp_path: Path) -> None:
+    fs = _CountingFileSystem()
     per_appender = 25
-    async with Spool(tmp_path, durability="fsync") as spool:
-        before = calls["n"]
+    async with Spool(tmp_path, durability="fsync", fs=fs) as spool:
+        before = fs.n
 
         async def appender(k: int) -> None:
             for j in range(per_appender):
@@ -40,7 +38,7 @@ async def test_32_concurrent_appenders_share_fsyncs(
 
         await asyncio.gather(*(appender(k) for k in range(32)))
         appends = 32 * per_appender
-        syscalls = calls["n"] - before
+        syscalls = fs.n - before
         assert spool.stats().appends == appends
         assert spool.stats().fsyncs <= syscalls
         # Far below one per append: each round of 32 waiters shares one.
@@ -54,17 +52,9 @@ async def test_32_concurrent_appenders_share_fsyncs(
     assert per_k == {k: list(range(per_appender)) for k in range(32)}
 
 
-async def test_page_cache_mode_never_fsyncs_on_append(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls = {"n": 0}
-    real = os.fdatasync
-
-    def counting(fd: int) -> None:
-        calls["n"] += 1
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", counting)
-    async with Spool(tmp_path) as spool:
+async def test_page_cache_mode_never_fsyncs_on_append(tmp_path: Path) -> None:
+    fs = _CountingFileSystem()
+    async with Spool(tmp_path, fs=fs) as spool:
+        before = fs.n  # opening syncs the spool's id file once
         await asyncio.gather(*(spool.append("ns.t", batch(i)) for i in range(50)))
-        assert calls["n"] == 0 and spool.stats().fsyncs == 0
+        assert fs.n == before and spool.stats().fsyncs == 0
