@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import io
 import struct
 import uuid
 from collections.abc import Callable
@@ -27,18 +28,27 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
+import aiohttp
+import pyarrow as pa
 from hypothesis import strategies as st
-from json_values import dumps
+from json_values import dumps, storage_type
+
+from daemon.http_api import ARROW_STREAM, NDJSON
+from daemon.table_schema import arrow_schema_for, parse_schema
 
 __all__ = [
+    "MAP_KEYS",
     "PRIMITIVES",
     "Column",
     "Node",
     "arrow_value",
     "column_values",
     "columns",
+    "every_type",
+    "http_bodies",
     "json_text",
     "nodes",
+    "post_and_flush",
     "spell",
 ]
 
@@ -67,7 +77,7 @@ PRIMITIVES = (
     "fixed",
     "binary",
 )
-_MAP_KEYS = ("int", "long", "decimal", "date", "timestamp", "string", "uuid", "fixed")
+MAP_KEYS = ("int", "long", "decimal", "date", "timestamp", "string", "uuid", "fixed")
 
 
 @dataclass(frozen=True)
@@ -265,6 +275,139 @@ def arrow_value(node: Node, value: Any) -> Any:
     return value
 
 
+# ------------------------------------------------------------------ every type at once
+
+
+def every_type(kinds: tuple[str, ...] = PRIMITIVES) -> list[Column]:
+    """A shape holding every primitive of ``kinds`` all-distinct, the temporal range
+    edges, all-equal and all-null columns, and uuids nested in a struct, a list and a
+    map (issue 11's failing shape)."""
+
+    def leaf(kind: str, params: tuple[int, ...] = (), **extra: Any) -> Node:
+        return Node(kind=kind, required=False, params=params, **extra)
+
+    shape = [
+        Column(f"p_{kind}", leaf(kind, {"decimal": (38, 10), "fixed": (16,)}.get(kind, ())))
+        for kind in kinds
+    ]
+    uuid_leaf = leaf("uuid", null_every=5)
+    low, high = dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999_999)
+    before_epoch = dt.datetime(1969, 12, 31, 23, 59, 59, 999_999)
+    stamps = (low, high, before_epoch)
+    shape += [
+        Column("edge_ts", leaf("timestamp", mode="pool", pool=stamps)),
+        Column(
+            "edge_tstz",
+            leaf(
+                "timestamptz",
+                (-60,),
+                mode="pool",
+                pool=tuple(s.replace(tzinfo=dt.UTC) for s in stamps),
+            ),
+        ),
+        Column(
+            "edge_day",
+            leaf("date", mode="pool", pool=(low.date(), high.date(), before_epoch.date())),
+        ),
+        Column("edge_time", leaf("time", mode="pool", pool=(dt.time(0), high.time()))),
+        Column("p_dec_frac", leaf("decimal", (38, 38))),
+        Column("p_tstz_east", leaf("timestamptz", (14 * 60,))),
+        Column("same_long", leaf("long", mode="equal", pool=(7,))),
+        Column("same_stamp", leaf("timestamp", mode="equal", pool=(dt.datetime(1, 1, 1),))),
+        Column("all_null", leaf("string", null_every=1)),
+        Column(
+            "buyer",
+            Node(
+                "struct",
+                required=False,
+                null_every=3,
+                children=(
+                    ("id", Node("uuid", required=True)),
+                    ("name", leaf("string")),
+                    ("tags", Node("list", required=True, children=(("element", uuid_leaf),))),
+                ),
+            ),
+        ),
+        Column(
+            "by_key",
+            Node(
+                "map",
+                required=False,
+                children=(("key", Node("string", required=True)), ("value", uuid_leaf)),
+            ),
+        ),
+    ]
+    return [c for c in shape if c.node.kind in ("struct", "map") or c.node.kind in kinds]
+
+
+# ------------------------------------------------------------------ HTTP bodies
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: bytes, content_type: str) -> None:
+    # A stream, not bytes: aiohttp warns that a large bytes body blocks the event loop.
+    data = io.BytesIO(body)
+    async with http.post(url, data=data, headers={"Content-Type": content_type}) as response:
+        assert response.status == 200, await response.text()
+
+
+def _arrow_body(shape: list[Column], ids: range, values: dict[str, list[Any]]) -> bytes:
+    schema = arrow_schema_for(parse_schema(columns(shape)))
+    data = {"id": pa.array(ids, pa.int64())}
+    for column in shape:
+        field = schema.field(column.name)
+        # Clients send uuids as 16-byte binaries, nested ones too; conform() converts.
+        data[column.name] = pa.array(
+            [arrow_value(column.node, v) for v in values[column.name]],
+            storage_type(field.type),
+        )
+    table = pa.table(data)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=4_000)  # several batches in one stream
+    return sink.getvalue().to_pybytes()
+
+
+def _ndjson_body(shape: list[Column], ids: range, values: dict[str, list[Any]]) -> bytes:
+    lines = []
+    for row, row_id in enumerate(ids):
+        parts = [f'"id":{row_id}']
+        for column in shape:
+            value = values[column.name][row]
+            if value is not None or row % 2:  # absent and explicit null, both
+                parts.append(f"{dumps(column.name)}:{json_text(column.node, value)}")
+        lines.append("{" + ",".join(parts) + "}\n")
+    return "".join(lines).encode()
+
+
+def http_bodies(shape: list[Column], values: dict[str, list[Any]]) -> list[tuple[bytes, str]]:
+    """Rows ``0..n-1`` of ``values`` as request bodies: the first half as two NDJSON
+    bodies (absent keys and explicit nulls), the second as one Arrow stream of
+    several record batches."""
+    count = len(next(iter(values.values()))) if values else 0
+    half, quarter = count // 2, count // 4
+
+    def rows(start: int, stop: int) -> dict[str, list[Any]]:
+        return {name: column[start:stop] for name, column in values.items()}
+
+    return [
+        (_ndjson_body(shape, range(quarter), rows(0, quarter)), NDJSON),
+        (_ndjson_body(shape, range(quarter, half), rows(quarter, half)), NDJSON),
+        (_arrow_body(shape, range(half, count), rows(half, count)), ARROW_STREAM),
+    ]
+
+
+async def post_and_flush(
+    http: aiohttp.ClientSession, url: str, table: str, bodies: list[tuple[bytes, str]]
+) -> dict[str, Any]:
+    """POST every body to ``table`` (each must answer 200), then flush: its JSON answer."""
+    for body, content_type in bodies:
+        await _post(http, f"{url}/v1/tables/{table}/records", body, content_type)
+    async with http.post(f"{url}/v1/tables/{table}/flush") as response:
+        assert response.status == 200, await response.text()
+        flushed: dict[str, Any] = await response.json()
+    return flushed
+
+
 # ------------------------------------------------------------------ shapes
 
 
@@ -330,13 +473,15 @@ def _primitive(draw: Callable[..., Any], kinds: tuple[str, ...], required: bool 
     )
 
 
-def nodes(kinds: tuple[str, ...] = PRIMITIVES, depth: int = 2) -> st.SearchStrategy[Node]:
-    """Any type of the matrix (restricted to ``kinds`` at the leaves), nested ``depth`` deep."""
+def nodes(
+    kinds: tuple[str, ...] = PRIMITIVES, keys: tuple[str, ...] = MAP_KEYS, depth: int = 2
+) -> st.SearchStrategy[Node]:
+    """Any type of the matrix (``kinds`` at the leaves, ``keys`` as map keys), nested
+    ``depth`` deep."""
     leaf = _primitive(kinds, None)
     if depth == 0:
         return leaf
-    inner = nodes(kinds, depth - 1)
-    keys = tuple(k for k in _MAP_KEYS if k in kinds) or ("string",)
+    inner = nodes(kinds, keys, depth - 1)
 
     @st.composite
     def nested(draw: Callable[..., Any]) -> Node:

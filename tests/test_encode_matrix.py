@@ -5,8 +5,8 @@ The property: whatever Iceberg schema hypothesis draws from the whole type matri
 maps nested in each other, required or optional, temporal range edges), rows sent to a
 real in-process daemon as NDJSON over HTTP *and* as an Arrow stream over HTTP, then
 flushed over HTTP, are committed and read back exactly as sent, value for value (the
-files pyiceberg's scan plans, read by pyarrow: see ``_committed_rows``). The volume is above
-every heuristic threshold of the encoder: ``2 x ICESPOOL_ENCODE_ROWS`` rows (default
+files pyiceberg's scan plans, read by pyarrow: see ``_committed_rows``). The volume
+is above every heuristic threshold of the encoder: ``2 x ICESPOOL_ENCODE_ROWS`` rows (default
 2 x 11,000, more than the 20,000-row dictionary sample and its 1,000-row minimum) with
 all-distinct, all-equal and pooled columns, 2,000-row row groups and 128 KiB target
 files so every flush writes several row groups and rolls files.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import io
 import os
 import tempfile
 import tomllib
@@ -37,16 +36,14 @@ import pytest
 from fixture_types import MakeConfig, RunDaemon
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from json_values import dumps, storage_type
 from matrix_values import (
-    PRIMITIVES,
     Column,
-    Node,
-    arrow_value,
     column_values,
     columns,
-    json_text,
+    every_type,
+    http_bodies,
     nodes,
+    post_and_flush,
 )
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
@@ -56,7 +53,7 @@ from daemon.catalogs import ensure_table, load_catalog
 from daemon.committer import commit_files
 from daemon.config import Config
 from daemon.errors import SchemaError
-from daemon.http_api import ARROW_STREAM, NDJSON
+from daemon.http_api import NDJSON
 from daemon.parquet_encode import encode_data_files
 from daemon.service import Icespool
 from daemon.table_schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
@@ -69,42 +66,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 # ------------------------------------------------------------------ through a real daemon
-
-
-async def _post(http: aiohttp.ClientSession, url: str, body: bytes, content_type: str) -> None:
-    # A stream, not bytes: aiohttp warns that a large bytes body blocks the event loop.
-    data = io.BytesIO(body)
-    async with http.post(url, data=data, headers={"Content-Type": content_type}) as response:
-        assert response.status == 200, await response.text()
-
-
-def _arrow_body(shape: list[Column], ids: range, values: dict[str, list[Any]]) -> bytes:
-    schema = arrow_schema_for(parse_schema(columns(shape)))
-    data = {"id": pa.array(ids, pa.int64())}
-    for column in shape:
-        field = schema.field(column.name)
-        # Clients send uuids as 16-byte binaries, nested ones too; conform() converts.
-        data[column.name] = pa.array(
-            [arrow_value(column.node, v) for v in values[column.name]],
-            storage_type(field.type),
-        )
-    table = pa.table(data)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=4_000)  # several batches in one stream
-    return sink.getvalue().to_pybytes()
-
-
-def _ndjson_body(shape: list[Column], ids: range, values: dict[str, list[Any]]) -> bytes:
-    lines = []
-    for row, row_id in enumerate(ids):
-        parts = [f'"id":{row_id}']
-        for column in shape:
-            value = values[column.name][row]
-            if value is not None or row % 2:  # absent and explicit null, both
-                parts.append(f"{dumps(column.name)}:{json_text(column.node, value)}")
-        lines.append("{" + ",".join(parts) + "}\n")
-    return "".join(lines).encode()
 
 
 def _send_flush_read(
@@ -122,11 +83,7 @@ def _send_flush_read(
 
     async def run(config: Config) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         async with run_daemon(config) as (service, url), aiohttp.ClientSession() as http:
-            for body, content_type in bodies:
-                await _post(http, f"{url}/v1/tables/{name}/records", body, content_type)
-            async with http.post(f"{url}/v1/tables/{name}/flush") as response:
-                assert response.status == 200, await response.text()
-                flushed: dict[str, Any] = await response.json()
+            flushed = await post_and_flush(http, url, name, bodies)
             rows = await asyncio.to_thread(_committed_rows, service, name)
         return flushed, sorted(rows, key=lambda r: r["id"])
 
@@ -168,66 +125,6 @@ def _assert_rows_equal(got: list[dict[str, Any]], expected: list[dict[str, Any]]
         assert row == want, f"row {want['id']}: read back {row!r}, sent {want!r}"
 
 
-def _every_type() -> list[Column]:
-    """An explicit example: every primitive all-distinct, plus the nested uuid shapes."""
-
-    def leaf(kind: str, params: tuple[int, ...] = (), **extra: Any) -> Node:
-        return Node(kind=kind, required=False, params=params, **extra)
-
-    shape = [
-        Column(f"p_{kind}", leaf(kind, {"decimal": (38, 10), "fixed": (16,)}.get(kind, ())))
-        for kind in PRIMITIVES
-    ]
-    uuid_leaf = leaf("uuid", null_every=5)
-    low, high = dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999_999)
-    before_epoch = dt.datetime(1969, 12, 31, 23, 59, 59, 999_999)
-    stamps = (low, high, before_epoch)
-    shape += [
-        Column("edge_ts", leaf("timestamp", mode="pool", pool=stamps)),
-        Column(
-            "edge_tstz",
-            leaf(
-                "timestamptz",
-                (-60,),
-                mode="pool",
-                pool=tuple(s.replace(tzinfo=dt.UTC) for s in stamps),
-            ),
-        ),
-        Column(
-            "edge_day",
-            leaf("date", mode="pool", pool=(low.date(), high.date(), before_epoch.date())),
-        ),
-        Column("edge_time", leaf("time", mode="pool", pool=(dt.time(0), high.time()))),
-        Column("p_dec_frac", leaf("decimal", (38, 38))),
-        Column("p_tstz_east", leaf("timestamptz", (14 * 60,))),
-        Column("same_long", leaf("long", mode="equal", pool=(7,))),
-        Column("same_stamp", leaf("timestamp", mode="equal", pool=(dt.datetime(1, 1, 1),))),
-        Column("all_null", leaf("string", null_every=1)),
-        Column(
-            "buyer",
-            Node(
-                "struct",
-                required=False,
-                null_every=3,
-                children=(
-                    ("id", Node("uuid", required=True)),
-                    ("name", leaf("string")),
-                    ("tags", Node("list", required=True, children=(("element", uuid_leaf),))),
-                ),
-            ),
-        ),
-        Column(
-            "by_key",
-            Node(
-                "map",
-                required=False,
-                children=(("key", Node("string", required=True)), ("value", uuid_leaf)),
-            ),
-        ),
-    ]
-    return shape
-
-
 _SHAPES = st.lists(nodes(), min_size=1, max_size=5).map(
     lambda found: [Column(f"c{i}", node) for i, node in enumerate(found)]
 )
@@ -241,27 +138,20 @@ _SHAPES = st.lists(nodes(), min_size=1, max_size=5).map(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@example(shape=_every_type(), partitioned=True)
+@example(shape=every_type(), partitioned=True)
 @given(shape=_SHAPES, partitioned=st.booleans())
 def test_every_type_at_volume_round_trips_through_http_ndjson_and_arrow(
     make_config: MakeConfig, run_daemon: RunDaemon, shape: list[Column], partitioned: bool
 ) -> None:
     ids = range(2 * ROWS)
     values = {column.name: column_values(column.node, list(ids)) for column in shape}
-    first, second = range(ROWS), range(ROWS, 2 * ROWS)
-    half = ROWS // 2
-    bodies = [
-        (_ndjson_body(shape, first[:half], {k: v[:half] for k, v in values.items()}), NDJSON),
-        (_ndjson_body(shape, first[half:], {k: v[half:ROWS] for k, v in values.items()}), NDJSON),
-        (_arrow_body(shape, second, {k: v[ROWS:] for k, v in values.items()}), ARROW_STREAM),
-    ]
     table = {
         "name": TABLE,
         "schema": columns(shape),
         # bucket(id) scatters rows: partitions are taken, not sliced.
         "partition_by": ["bucket(3, id)"] if partitioned else [],
     }
-    flushed, got = _send_flush_read(make_config, run_daemon, table, bodies)
+    flushed, got = _send_flush_read(make_config, run_daemon, table, http_bodies(shape, values))
 
     assert flushed["records"] == 2 * ROWS
     _assert_rows_equal(
