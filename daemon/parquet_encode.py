@@ -456,8 +456,8 @@ def _check_renderable(spec: PartitionSpec, schema: Schema, values: list[Any]) ->
         except (ArithmeticError, ValueError) as exc:
             raise SchemaError(
                 source.name,
-                f"partition value {field.name}={value!r} is outside the years 1-9999 "
-                f"that Iceberg tables written by pyiceberg can hold ({exc})",
+                f"partition value {field.name}={value!r} cannot be committed by pyiceberg "
+                f"({exc}); dates and timestamps must fall in years 1-9999",
             ) from exc
 
 
@@ -513,8 +513,8 @@ def _file_statistics(context: _Context, metadata: pq.FileMetaData, path: str) ->
     unreadable = _unreadable_bounds(metadata, plan, context.column_mapping)
     if unreadable:
         _log.warning(
-            "data file %s: no lower/upper bounds for field ids %s (values outside the "
-            "range Python can represent)",
+            "data file %s: no lower/upper bounds for field ids %s (values outside years "
+            "1-9999 or over their decimal precision; readers scan the file, never skip it)",
             path,
             sorted(unreadable),
         )
