@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.conversions import to_bytes
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
+    DataFileStatistics,
+    MetricModeTypes,
+    MetricsMode,
+    StatisticsCollector,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -55,6 +60,7 @@ from pyiceberg.types import (
     IcebergType,
     IntegerType,
     LongType,
+    PrimitiveType,
     TimestampNanoType,
     TimestampType,
     TimestamptzNanoType,
@@ -62,8 +68,9 @@ from pyiceberg.types import (
     TimeType,
     UUIDType,
 )
+from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_micros
 
-from daemon.errors import CatalogError
+from daemon.errors import CatalogError, SchemaError
 from daemon.table_schema import arrow_schema_for, conform, fill_masked_children
 
 __all__ = ["COMPRESSION_CODECS", "encode_data_files", "partition_transform"]
@@ -85,6 +92,16 @@ COMPRESSION_CODECS: Final[dict[str, str]] = {
     "brotli": "brotli",
     "none": "none",
     "uncompressed": "none",
+}
+
+_BOUNDED_MODES: Final = (MetricModeTypes.TRUNCATE, MetricModeTypes.FULL)
+#: Temporal types whose Parquet statistics pyiceberg converts to Python values, and
+#: the conversion back to the stored integer (days or microseconds since the epoch).
+_RAW_TEMPORAL: Final[dict[type, Callable[[Any], int]]] = {
+    DateType: date_to_days,
+    TimeType: time_to_micros,
+    TimestampType: datetime_to_micros,
+    TimestamptzType: datetime_to_micros,
 }
 
 _FILE_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -400,6 +417,7 @@ def _split_partitions(spec: PartitionSpec, schema: Schema, data: pa.Table) -> li
     row_lists = groups.column("_row_list")
     for group in range(groups.num_rows):
         values = [column[group] for column in key_values]
+        _check_renderable(spec, schema, values)
         record = Record(*values)
         partition_key = PartitionKey(
             field_values=[
@@ -421,6 +439,26 @@ def _split_partitions(spec: PartitionSpec, schema: Schema, data: pa.Table) -> li
             rows = data.take(indices)
         partitions.append(_Partition(record, partition_key, rows))
     return partitions
+
+
+def _check_renderable(spec: PartitionSpec, schema: Schema, values: list[Any]) -> None:
+    """Refuse partition values that pyiceberg cannot write as text.
+
+    pyiceberg renders every partition value as text (data file paths, the snapshot
+    summary), which fails for a day or hour outside Python's years 1-9999: such rows
+    can never be committed. Decode refuses them; if one got through, this names the
+    column instead of an OverflowError deep in every commit attempt.
+    """
+    for field, value in zip(spec.fields, values, strict=True):
+        source = schema.find_field(field.source_id)
+        try:
+            field.transform.to_human_string(source.field_type, value)
+        except (ArithmeticError, ValueError) as exc:
+            raise SchemaError(
+                source.name,
+                f"partition value {field.name}={value!r} cannot be committed by pyiceberg "
+                f"({exc}); dates and timestamps must fall in years 1-9999",
+            ) from exc
 
 
 # ---------------------------------------------------------------- file writing
@@ -460,6 +498,72 @@ def _open_writer(context: _Context, stream: Any) -> pq.ParquetWriter:
     )
 
 
+def _file_statistics(context: _Context, metadata: pq.FileMetaData, path: str) -> DataFileStatistics:
+    """pyiceberg's column statistics of a written file, minus bounds it cannot get right.
+
+    pyiceberg reads bounds as Python values: a date or timestamp outside Python's
+    calendar (year 0, -2**62 us) or a decimal with more digits than its precision
+    raises, and a time past midnight wraps around into a wrong bound (readers would
+    skip files holding matching rows). Such a column keeps its counts and has no
+    bounds in this file, which Iceberg allows: unknown bounds only cost pruning.
+    Decode refuses such values; this keeps one that got through from failing every
+    commit of its table.
+    """
+    plan = context.statistics_plan
+    unreadable = _unreadable_bounds(metadata, plan, context.column_mapping)
+    if unreadable:
+        _log.warning(
+            "data file %s: no lower/upper bounds for field ids %s (values outside years "
+            "1-9999 or over their decimal precision; readers scan the file, never skip it)",
+            path,
+            sorted(unreadable),
+        )
+        counts = MetricsMode(MetricModeTypes.COUNTS)
+        plan = {
+            field_id: replace(collector, mode=counts) if field_id in unreadable else collector
+            for field_id, collector in plan.items()
+        }
+    return data_file_statistics_from_parquet_metadata(
+        parquet_metadata=metadata,
+        stats_columns=plan,
+        parquet_column_mapping=context.column_mapping,
+    )
+
+
+def _unreadable_bounds(
+    metadata: pq.FileMetaData, plan: dict[int, StatisticsCollector], mapping: dict[str, int]
+) -> set[int]:
+    unreadable: set[int] = set()
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for position in range(row_group.num_columns):
+            chunk = row_group.column(position)
+            field_id = mapping[chunk.path_in_schema]
+            collector = plan[field_id]
+            if (
+                field_id not in unreadable
+                and collector.mode.type in _BOUNDED_MODES
+                and chunk.is_stats_set
+                and not _bounds_readable(chunk.statistics, collector.iceberg_type)
+            ):
+                unreadable.add(field_id)
+    return unreadable
+
+
+def _bounds_readable(statistics: Any, iceberg_type: PrimitiveType) -> bool:
+    if not statistics.has_min_max:
+        return True
+    try:
+        low, high = statistics.min, statistics.max
+        to_bytes(iceberg_type, low), to_bytes(iceberg_type, high)
+    except (ArithmeticError, ValueError, pa.ArrowException):
+        return False
+    exact = _RAW_TEMPORAL.get(type(iceberg_type))
+    if exact is None:
+        return True
+    return bool(exact(low) == statistics.min_raw and exact(high) == statistics.max_raw)
+
+
 def _write_one_file(
     context: _Context, rows: pa.Table, offset: int, partition: _Partition, name: str
 ) -> tuple[DataFile, int]:
@@ -496,11 +600,7 @@ def _write_one_file(
         size = stream.tell()
     finally:
         stream.close()
-    statistics = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=writer.writer.metadata,
-        stats_columns=context.statistics_plan,
-        parquet_column_mapping=context.column_mapping,
-    )
+    statistics = _file_statistics(context, writer.writer.metadata, path)
     data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
@@ -604,6 +704,9 @@ def encode_data_files(
     data = _fill_masked(pa.Table.from_batches(conformed, schema=target_schema))
     partitions = _split_partitions(metadata.spec(), schema, data)
 
+    # Parquet leaf paths from the Iceberg schema, never from an Arrow table built for
+    # the schema: pyarrow cannot build even an empty array of a uuid inside a struct.
+    column_mapping = parquet_path_to_id_mapping(file_schema)
     context = _Context(
         io=table.io,
         locations=table.location_provider(),
@@ -612,9 +715,9 @@ def encode_data_files(
         spec_id=metadata.default_spec_id,
         file_prefix=file_prefix,
         statistics_plan=compute_statistics_plan(file_schema, properties),
-        column_mapping=parquet_path_to_id_mapping(file_schema),
+        column_mapping=column_mapping,
         written=[],
-        use_dictionary=_dictionary_columns(data, write_schema),
+        use_dictionary=_dictionary_columns(data, write_schema, column_mapping),
     )
     data_files: list[DataFile] = []
     try:
@@ -637,12 +740,15 @@ def encode_data_files(
     return data_files
 
 
-def _dictionary_columns(data: pa.Table, write_schema: pa.Schema) -> bool | list[str]:
+def _dictionary_columns(
+    data: pa.Table, write_schema: pa.Schema, leaf_paths: Iterable[str]
+) -> bool | list[str]:
     """Parquet leaf columns worth dictionary-encoding (True: all of them).
 
     A column of mostly distinct values (ids, timestamps) overflows its dictionary page
     and falls back to plain encoding, leaving the dictionary as dead weight in every
     row group: 17 % of a file of typical events. A sample's distinct ratio tells.
+    ``leaf_paths`` are the file's Parquet column paths (how use_dictionary names them).
     """
     sample = data.slice(0, _DICTIONARY_SAMPLE_ROWS)
     if sample.num_rows < _DICTIONARY_MIN_ROWS:
@@ -651,22 +757,19 @@ def _dictionary_columns(data: pa.Table, write_schema: pa.Schema) -> bool | list[
     for index, field in enumerate(data.schema):
         if pa.types.is_nested(field.type) or pa.types.is_boolean(field.type):
             continue
-        column = sample.column(index)
-        distinct = pc.count_distinct(column, mode="all").as_py()
+        distinct = pc.count_distinct(_storage(sample.column(index)), mode="all").as_py()
         if distinct > _DICTIONARY_MAX_DISTINCT_RATIO * sample.num_rows:
             plain.add(write_schema.field(index).name)
     if not plain:
         return True
-    leaves = _leaf_paths(write_schema)
-    return [path for path in leaves if path.split(".", 1)[0] not in plain]
+    return [path for path in leaf_paths if path.split(".", 1)[0] not in plain]
 
 
-def _leaf_paths(schema: pa.Schema) -> list[str]:
-    """Dotted Parquet column paths of ``schema``'s leaves (how use_dictionary names them)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), sink)
-    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
-    return [parquet_schema.column(i).path for i in range(len(parquet_schema))]
+def _storage(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    # Compute kernels have no extension (uuid) kernels; the storage has the same values.
+    if not isinstance(column.type, pa.BaseExtensionType):
+        return column
+    return pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
 
 
 def _remove_quietly(io: FileIO, paths: list[str]) -> None:

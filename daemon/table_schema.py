@@ -512,6 +512,13 @@ def fill_masked_children(values: pa.Array, data_type: pa.DataType) -> pa.Array:
 
 
 def _placeholder(values: pa.Array, data_type: pa.DataType) -> pa.Array:
+    """``values`` with every slot valid, built from its own buffers and children.
+
+    The slots that were null hold whatever their buffers hold (zeros, empty ranges);
+    they sit under a null parent, which Parquet does not store. No value of the type
+    is constructed: pyarrow cannot build scalars of a list or map holding a uuid, nor
+    cast a number to every date or decimal type.
+    """
     if isinstance(data_type, pa.BaseExtensionType):
         storage = values.storage if isinstance(values, pa.ExtensionArray) else values
         return pa.ExtensionArray.from_storage(
@@ -523,17 +530,16 @@ def _placeholder(values: pa.Array, data_type: pa.DataType) -> pa.Array:
             for i, f in enumerate(data_type.fields)
         ]
         return pa.StructArray.from_arrays(children, fields=list(data_type.fields))
-    if pa.types.is_list(data_type) or pa.types.is_map(data_type):
-        filler = pa.scalar([], type=data_type)
-    elif pa.types.is_fixed_size_binary(data_type):
-        filler = pa.scalar(b"\0" * data_type.byte_width, type=data_type)
-    elif pa.types.is_binary(data_type) or pa.types.is_string(data_type):
-        filler = pa.scalar("" if pa.types.is_string(data_type) else b"", type=data_type)
-    elif pa.types.is_boolean(data_type):
-        filler = pa.scalar(False)
-    else:
-        filler = pa.scalar(0, pa.int64()).cast(data_type)
-    return pc.fill_null(values, filler)
+    if pa.types.is_map(data_type):
+        entries = values.values
+        return pa.MapArray.from_arrays(
+            values.offsets, entries.field(0), entries.field(1), type=data_type
+        )
+    if pa.types.is_list(data_type):
+        return pa.ListArray.from_arrays(values.offsets, values.values, type=data_type)
+    return pa.Array.from_buffers(
+        data_type, len(values), [None, *values.buffers()[1:]], offset=values.offset
+    )
 
 
 def _null_mask(values: pa.Array) -> pa.Array | None:

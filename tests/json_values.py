@@ -31,7 +31,10 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(storage_type(f.type)) for f in t.fields])
     if pa.types.is_map(t):
-        return pa.map_(t.key_field, t.item_field.with_type(storage_type(t.item_type)))
+        return pa.map_(
+            t.key_field.with_type(storage_type(t.key_type)),
+            t.item_field.with_type(storage_type(t.item_type)),
+        )
     if pa.types.is_list(t):
         return pa.list_(t.value_field.with_type(storage_type(t.value_type)))
     return t
