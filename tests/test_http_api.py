@@ -474,7 +474,7 @@ async def test_probes_and_status(
     _, base = daemon
     client = Client(session, base)
     assert (await client.get("/healthz")).json == {"status": "ok"}
-    assert (await client.get("/readyz")).json == {"status": "ready"}
+    assert (await client.get("/readyz")).json == {"status": "ready", "degraded": {}}
     await client.ingest(DEMO, events(range(4)))
     status = (await client.get("/v1/status")).json
     assert status["ready"] is True and status["draining"] is False
