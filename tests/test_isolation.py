@@ -43,6 +43,11 @@ from kafka_harness import Broker, create_topic, produce
 from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 from pyiceberg.table.update.schema import UpdateSchema
+from service_helpers import metric
+
+from daemon import Icespool
+from daemon.config import Config, embedded_default, validate_config
+from spool import Spool, UnknownSegmentError
 
 GOOD = "t.good"
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
@@ -361,3 +366,61 @@ async def test_kafka_quarantined_segment_is_read_again_and_replayed_exactly_once
     held = _with_table(home, TABLE, lambda t: t.metadata.properties[offsets_key])
     assert held == "0-199", held
     assert home.quarantined() == []
+
+
+async def test_the_guilty_segment_of_a_chunk_is_found_and_the_others_commit(
+    tmp_path: Path,
+) -> None:
+    """In-process: three spooled segments, the middle one with rows the table (changed
+    since) rejects; recovery commits the other two, quarantines it, and
+    `replay_quarantined` commits it once after the fix."""
+
+    def declared(v_required: bool) -> Config:
+        column = {"name": "v", "type": "string", "required": v_required}
+        id_column = {"name": "id", "type": "long", "required": True}
+        table = {"name": TABLE, "create": True, "schema": [id_column, column]}
+        return validate_config({**embedded_default(tmp_path), "tables": [table]})
+
+    config = declared(False)
+    async with Icespool(config) as ice:  # creates the table
+        arrow_schema = ice.writer(TABLE).arrow_schema
+    ids: list[str] = []
+    async with Spool(config.spool.dir) as spool:
+        for start, value in ((0, "a"), (10, None), (20, "c")):
+            rows = pa.table({"id": list(range(start, start + 10)), "v": [value] * 10})
+            await spool.append(TABLE, rows.cast(arrow_schema).to_batches()[0])
+            info = await spool.seal(TABLE)
+            assert info is not None
+            ids.append(info.id)
+    catalog = load_catalog(config.catalog.name, **config.catalog.properties())
+    with catalog.load_table(TABLE).update_schema(allow_incompatible_changes=True) as update:
+        update.update_column("v", required=True)
+
+    async with Icespool(declared(True)) as ice:
+        status = ice.status()
+        assert status["degraded"] == {} and status["spool"]["segments"] == 0
+        assert [q["id"] for q in status["quarantine"]["listed"]] == [ids[1]]
+        assert "column 'v'" in status["quarantine"]["listed"][0]["reason"]
+        assert metric(ice, "icespool_uncommittable_segments_total", table=TABLE, reason="schema")
+    table = catalog.load_table(TABLE)
+    assert [s.summary.get("icespool.segments") for s in table.snapshots() if s.summary] == [
+        ids[0],
+        ids[2],
+    ]
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == [
+        *range(10),
+        *range(20, 30),
+    ]
+
+    with table.update_schema() as update:
+        update.make_column_optional("v")
+    async with Icespool(config) as ice:
+        result = await ice.replay_quarantined(ids[1])
+        assert result.records == 10 and result.segments == (ids[1],)
+        with pytest.raises(UnknownSegmentError):
+            await ice.replay_quarantined(ids[1])
+        assert ice.quarantined() == []
+    table = catalog.load_table(TABLE)
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(30))
+    spool_key = next(k for k in table.properties if k.endswith(".last-segments"))
+    assert table.properties[spool_key] == ids[1]
