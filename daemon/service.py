@@ -43,7 +43,7 @@ from daemon.table_schema import (
     parse_schema,
     parse_sort_order,
 )
-from daemon.writer import FlushResult, TableWriter, UncommittableSegmentError
+from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import QuarantinedSegment, Spool
 
 __all__ = ["Icespool"]
@@ -402,7 +402,7 @@ class Icespool:
     async def _commit_leftovers(self, writer: TableWriter) -> None:
         # Each flush that fails by a segment's fault is one of that segment's
         # bounded attempts; retry until the bad ones are quarantined.
-        attempts = 3 * max(1, len(self._spool.segments(writer.name)))
+        attempts = SEGMENT_ATTEMPTS * max(1, len(self._spool.segments(writer.name)))
         for _ in range(attempts):
             try:
                 result = await writer.flush("recovery")

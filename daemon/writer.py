@@ -51,7 +51,7 @@ from daemon.parquet_encode import encode_data_files
 from daemon.table_schema import arrow_schema_for, conform
 from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError
 
-__all__ = ["Column", "FlushResult", "TableWriter", "UncommittableSegmentError"]
+__all__ = ["SEGMENT_ATTEMPTS", "Column", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 
 _log = logging.getLogger("icespool.writer")
 _MAX_RETRY_DELAY = 60.0
@@ -61,7 +61,7 @@ _OFFSET_ATTEMPTS = 5
 # Flushes a segment may fail through its own fault before it is quarantined: a
 # few, so a schema change racing the encode does not quarantine good data, but
 # bounded, so one bad segment never holds its table back for long.
-_SEGMENT_ATTEMPTS = 3
+SEGMENT_ATTEMPTS = 3
 
 
 class UncommittableSegmentError(CommitError):
@@ -258,7 +258,7 @@ class TableWriter:
         (``FlushResult.quarantined`` names it).
         """
         self.adopt([info])
-        self._strikes[info.id] = _SEGMENT_ATTEMPTS - 1
+        self._strikes[info.id] = SEGMENT_ATTEMPTS - 1
         return await self.flush("replay")
 
     @property
@@ -467,7 +467,7 @@ class TableWriter:
         """Commit ``chunk`` in one snapshot; isolate a segment that cannot be committed.
 
         A segment's own fault (its rows cannot be encoded or the table rejects
-        them) fails its flushes ``_SEGMENT_ATTEMPTS`` times, then it is quarantined
+        them) fails its flushes ``SEGMENT_ATTEMPTS`` times, then it is quarantined
         and the table goes on with later segments. To find the guilty segment of a
         chunk, its segments are committed one by one. Any other failure (catalog,
         storage, conflicts) propagates: the flush is retried with backoff forever.
@@ -484,9 +484,11 @@ class TableWriter:
                 len(chunk),
                 extra={"table": self.name, "segments": len(chunk)},
             )
+        # Segments the failed attempt found committed (or corrupt) have left the spool.
+        spooled = {s.id for s in self._spool.segments(self.name)}
         result = FlushResult(self.name, reason, None, 0)
         for info in chunk:
-            if info.id in {s.id for s in self._spool.segments(self.name)}:
+            if info.id in spooled:
                 result = _combine(result, await self._commit_chunk([info], reason, started))
         return result
 
@@ -494,9 +496,9 @@ class TableWriter:
         self, info: SegmentInfo, fault: UncommittableSegmentError, reason: str
     ) -> FlushResult:
         strikes = self._strikes[info.id] = self._strikes.get(info.id, 0) + 1
-        if strikes < _SEGMENT_ATTEMPTS:
+        if strikes < SEGMENT_ATTEMPTS:
             raise UncommittableSegmentError(
-                f"{fault} (attempt {strikes} of {_SEGMENT_ATTEMPTS}; then the segment is "
+                f"{fault} (attempt {strikes} of {SEGMENT_ATTEMPTS}; then the segment is "
                 "quarantined and later segments go on)",
                 kind=fault.kind,
                 withheld=fault.withheld,
