@@ -108,7 +108,8 @@ class Metrics:
         )
         self.quarantined_segments = Counter(
             "icespool_quarantined_segments_total",
-            "Spool segments moved to quarantine/ because they failed verification",
+            "Spool segments moved to quarantine/: failed verification, or rows the table "
+            "cannot take (those also in icespool_uncommittable_segments_total)",
             registry=r,
         )
         self.uncommittable_segments = Counter(

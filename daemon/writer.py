@@ -507,6 +507,7 @@ class TableWriter:
         for key, ranges in fault.withheld.items():
             self._withheld[key] = self._withheld.get(key, Ranges()).union(ranges)
         self._settled(info)
+        self._metrics.quarantined_segments.inc()  # what the quarantine alert watches
         self._metrics.uncommittable_segments.labels(table=self.name, reason=fault.kind).inc()
         _log.error(
             "%s: segment %s (%d records) quarantined after %d attempts: %s; fix the cause, "

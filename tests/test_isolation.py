@@ -203,6 +203,7 @@ async def test_uncommittable_segment_is_quarantined_and_its_table_and_others_go_
         assert (
             'icespool_uncommittable_segments_total{reason="schema",table="t.events"} 1.0' in metrics
         )
+        assert "\nicespool_quarantined_segments_total 1.0" in metrics
 
         status, body = await _flush(daemon, session, GOOD)
         assert status == 200 and body["records"] == 500, body
