@@ -81,6 +81,7 @@ class Icespool:
         # Tables that could not be loaded: (their config, why). Retried in the background.
         self._unloaded: dict[str, tuple[TableConfig | None, str]] = {}
         self._reloader: asyncio.Task[None] | None = None
+        self._waiting_sources: list[KafkaSource] = []
         self._state = "new"
 
     async def __aenter__(self) -> Icespool:
@@ -151,8 +152,22 @@ class Icespool:
                 json_options={t.name: JsonOptions.for_table(t) for t in self.config.tables},
                 create_table=self._create_routed,
             )
-            self._sources.append(source)
-            source.start()
+            self._start_source(source)
+
+    def _start_source(self, source: KafkaSource) -> None:
+        waiting_for = [t for t in source.tables if t in self._unloaded]
+        if waiting_for:
+            # Its offsets live in tables it cannot read or write yet: it starts
+            # once they load (no partition is consumed meanwhile).
+            self._waiting_sources.append(source)
+            _log.error(
+                "%s waits for tables %s to load before consuming",
+                source.name,
+                ", ".join(waiting_for),
+            )
+            return
+        self._sources.append(source)
+        source.start()
 
     async def stop(self, grace: float = 30.0) -> None:
         """Drain: commit everything pending (reason ``shutdown``) within ``grace`` s.
@@ -452,6 +467,9 @@ class Icespool:
                 writer.adopt(self._spool.segments(name))
                 writer.start()
                 await self._commit_leftovers(writer)
+            waiting, self._waiting_sources = self._waiting_sources, []
+            for source in waiting:
+                self._start_source(source)
 
     async def replay_quarantined(self, segment_id: str) -> FlushResult:
         """Restore one quarantined segment and commit it (exactly once).

@@ -45,7 +45,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.update.schema import UpdateSchema
 from service_helpers import metric
 
-from daemon import Icespool
+import daemon.service as service_module
+from daemon import BackpressureError, Icespool
 from daemon.config import Config, embedded_default, validate_config
 from spool import Spool, UnknownSegmentError
 
@@ -168,6 +169,14 @@ async def _stop(daemon: Daemon) -> None:
     daemon.signal(signal.SIGTERM)
     code = await daemon.wait_exit(60)
     assert code == 0, f"stop answered {code}\n{daemon.tail()}"
+
+
+def _declared(tmp_path: Path, v_required: bool) -> Config:
+    """An in-process config of TABLE (id long required, v string)."""
+    column = {"name": "v", "type": "string", "required": v_required}
+    id_column = {"name": "id", "type": "long", "required": True}
+    table = {"name": TABLE, "create": True, "schema": [id_column, column]}
+    return validate_config({**embedded_default(tmp_path), "tables": [table]})
 
 
 # ---------------------------------------------------------------------- tests
@@ -376,13 +385,7 @@ async def test_the_guilty_segment_of_a_chunk_is_found_and_the_others_commit(
     since) rejects; recovery commits the other two, quarantines it, and
     `replay_quarantined` commits it once after the fix."""
 
-    def declared(v_required: bool) -> Config:
-        column = {"name": "v", "type": "string", "required": v_required}
-        id_column = {"name": "id", "type": "long", "required": True}
-        table = {"name": TABLE, "create": True, "schema": [id_column, column]}
-        return validate_config({**embedded_default(tmp_path), "tables": [table]})
-
-    config = declared(False)
+    config = _declared(tmp_path, False)
     async with Icespool(config) as ice:  # creates the table
         arrow_schema = ice.writer(TABLE).arrow_schema
     ids: list[str] = []
@@ -397,7 +400,7 @@ async def test_the_guilty_segment_of_a_chunk_is_found_and_the_others_commit(
     with catalog.load_table(TABLE).update_schema(allow_incompatible_changes=True) as update:
         update.update_column("v", required=True)
 
-    async with Icespool(declared(True)) as ice:
+    async with Icespool(_declared(tmp_path, True)) as ice:
         status = ice.status()
         assert status["degraded"] == {} and status["spool"]["segments"] == 0
         assert [q["id"] for q in status["quarantine"]["listed"]] == [ids[1]]
@@ -425,3 +428,35 @@ async def test_the_guilty_segment_of_a_chunk_is_found_and_the_others_commit(
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(30))
     spool_key = next(k for k in table.properties if k.endswith(".last-segments"))
     assert table.properties[spool_key] == ids[1]
+
+
+async def test_a_table_that_cannot_be_loaded_is_retried_and_then_commits_its_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process: the declared schema does not match the table at start-up; the
+    daemon starts without it (503 for its records), and once the table is changed to
+    match, the background reload commits what it had spooled."""
+    monkeypatch.setattr(service_module, "_RELOAD_INTERVAL", 0.1)
+    optional, required = _declared(tmp_path, False), _declared(tmp_path, True)
+    async with Icespool(required) as ice:  # creates the table, v required
+        writer = ice.writer(TABLE)
+        await writer.append(pa.table({"id": list(range(10)), "v": ["x"] * 10}))
+        await writer.flush()
+    async with Spool(required.spool.dir) as spool:
+        batch = pa.table({"id": list(range(10, 20)), "v": ["y"] * 10})
+        await spool.append(TABLE, batch.cast(writer.arrow_schema).to_batches()[0])
+    async with Icespool(optional) as ice:  # declares v optional: does not match
+        assert "cannot load the table" in ice.degraded()[TABLE]
+        with pytest.raises(BackpressureError, match="degraded"):
+            ice.writer(TABLE)
+        assert ice.status()["spool"]["segments"] == 1
+        catalog = load_catalog(required.catalog.name, **required.catalog.properties())
+        with catalog.load_table(TABLE).update_schema() as update:
+            update.make_column_optional("v")
+        for _ in range(100):
+            if not ice.degraded() and ice.status()["spool"]["segments"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert ice.degraded() == {} and ice.status()["spool"]["segments"] == 0
+        ids = catalog.load_table(TABLE).scan().to_arrow().column("id").to_pylist()
+        assert sorted(ids) == list(range(20))
