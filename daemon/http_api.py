@@ -294,6 +294,8 @@ class _Api:
                 "bytes": result.bytes,
                 "reason": result.reason,
                 "duration_ms": result.duration_ms,
+                # Segments this flush moved to quarantine (their rows cannot go in).
+                "quarantined": list(result.quarantined),
             }
         )
 

@@ -266,6 +266,7 @@ async def test_flush_with_nothing_pending_has_a_null_snapshot(
         "bytes": 0,
         "reason": "manual",
         "duration_ms": 0.0,
+        "quarantined": [],
     }
 
 

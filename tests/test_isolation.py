@@ -206,6 +206,7 @@ async def test_uncommittable_segment_is_quarantined_and_its_table_and_others_go_
         state = await _get(daemon, session, "/v1/status")
         assert state["degraded"] == {}, state["degraded"]
         [first] = _quarantined_ids(state)
+        assert body["quarantined"] == [first], body
         [entry] = state["quarantine"]["listed"]
         assert "column 'v'" in entry["reason"], entry
         metrics = await _get(daemon, session, "/metrics")
