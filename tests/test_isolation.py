@@ -10,6 +10,8 @@
 - Kafka: the offsets of a quarantined segment are not recorded as held, so the
   source reads them again after a restart, and replaying the segment later adds
   nothing twice.
+- In-process: the guilty segment of a multi-segment chunk is found, and a table
+  that cannot be loaded at start-up is reloaded in the background.
 
 The crash-between-commit-and-delete state is rebuilt without any hook in the
 daemon (``daemon_harness.keep_committed_segment``).
