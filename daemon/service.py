@@ -123,7 +123,10 @@ class Icespool:
             for kafka in self.config.kafka:
                 dead_letters = kafka.dead_letter_table
                 if dead_letters is not None and dead_letters not in self._writers:
-                    await self._add_writer(dead_letters, None, create=True)
+                    try:
+                        await self._add_writer(dead_letters, None, create=True)
+                    except Exception as exc:  # its source waits for it; the rest serve
+                        self._mark_unloaded(dead_letters, None, exc)
                 if kafka.auto_create:
                     for name in await asyncio.to_thread(self._auto_created, kafka):
                         await self._add_writer(name, None, evolve=_AUTO_CREATED_EVOLVE)
@@ -456,8 +459,9 @@ class Icespool:
         while self._unloaded:
             await asyncio.sleep(_RELOAD_INTERVAL)
             for name, (table_config, _) in list(self._unloaded.items()):
+                dead_letters = any(k.dead_letter_table == name for k in self.config.kafka)
                 try:
-                    writer = await self._add_writer(name, table_config)
+                    writer = await self._add_writer(name, table_config, create=dead_letters)
                 except Exception as exc:
                     self._mark_unloaded(name, table_config, exc)
                     continue

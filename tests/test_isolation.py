@@ -463,3 +463,34 @@ async def test_a_table_that_cannot_be_loaded_is_retried_and_then_commits_its_spo
         assert ice.degraded() == {} and ice.status()["spool"]["segments"] == 0
         ids = catalog.load_table(TABLE).scan().to_arrow().column("id").to_pylist()
         assert sorted(ids) == list(range(20))
+
+
+async def test_a_dead_letter_table_that_cannot_be_used_holds_back_only_its_source(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """In-process: the dead-letter table exists with another schema. The daemon
+    starts (it used to exit), says why, and the Kafka source waits for the table
+    instead of consuming records it could not dead-letter."""
+    raw = _declared(tmp_path, False).model_dump(mode="json", by_alias=True, exclude_none=True)
+    config = validate_config(
+        {
+            **raw,
+            "kafka": [
+                {
+                    "bootstrap_servers": broker.bootstrap,
+                    "topics": ["dlq-blocked"],
+                    "group_id": "g-dlq-blocked",
+                    "table": TABLE,
+                    "dead_letter": "table",  # t.events_dead_letter
+                }
+            ],
+        }
+    )
+    catalog = load_catalog(config.catalog.name, **config.catalog.properties())
+    catalog.create_namespace_if_not_exists("t")
+    catalog.create_table(f"{TABLE}_dead_letter", pa.schema([("x", pa.int32())]))
+    async with Icespool(config) as ice:
+        assert "cannot load the table" in ice.degraded()[f"{TABLE}_dead_letter"]
+        assert ice.status()["kafka"]["sources"] == []
+        await ice.writer(TABLE).append(pa.table({"id": [1, 2], "v": ["a", "b"]}))
+        assert (await ice.flush(TABLE)).records == 2
