@@ -13,7 +13,7 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvloop
@@ -24,7 +24,7 @@ from daemon.http_api import start_http
 from daemon.reload import reload
 from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool
-from spool import SpoolLockedError
+from spool import SpoolError, SpoolLockedError
 
 __all__ = ["SHUTDOWN_GRACE_SECONDS", "replay", "run_daemon"]
 
@@ -43,9 +43,13 @@ def run_daemon(config: Config, reload_config: Callable[[], Config] | None = None
     return uvloop.run(_serve(config, reload_config))
 
 
-def replay(config: Config) -> int:
-    """Commit everything the spool holds, then exit (no HTTP, no Kafka)."""
-    return uvloop.run(_replay(config))
+def replay(config: Config, *, segments: Sequence[str] = (), all_quarantined: bool = False) -> int:
+    """Commit everything the spool holds, then exit (no HTTP, no Kafka).
+
+    ``segments`` (or ``all_quarantined``): quarantined segments to restore and
+    commit too, each exactly once. Exit status 1 names what could not be committed.
+    """
+    return uvloop.run(_replay(config, segments, all_quarantined))
 
 
 async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> int:
@@ -124,7 +128,7 @@ async def _reload_on_hangup(
         await reload(service, reload_config)
 
 
-async def _replay(config: Config) -> int:
+async def _replay(config: Config, segments: Sequence[str], all_quarantined: bool) -> int:
     _prepare_local_dirs(config)
     service = Icespool(config)
     try:
@@ -132,11 +136,45 @@ async def _replay(config: Config) -> int:
     except (IcespoolError, OSError) as exc:
         _log.error("replay failed: %s", exc)
         return _EXIT_FAILED
+    failed: list[str] = []
+    wanted = list(dict.fromkeys(segments))
+    if all_quarantined:
+        wanted += [q.id for q in service.quarantined() if q.id and q.table and q.id not in wanted]
+    for segment_id in wanted:
+        try:
+            result = await service.replay_quarantined(segment_id)
+        except (IcespoolError, SpoolError, OSError) as exc:
+            _log.error("segment %s: %s", segment_id, exc)
+            failed.append(segment_id)
+            continue
+        _log.info(
+            "segment %s committed to %s (snapshot %s)",
+            segment_id,
+            result.table,
+            result.snapshot_id,
+            extra={"segment": segment_id, "table": result.table},
+        )
+    degraded = service.degraded()
     await service.stop()
+    for name, reason in degraded.items():
+        _log.error("table %s could not commit: %s", name, reason)
     left = service.status()["spool"]["segments"]
-    if left:
-        _log.error("replay finished with %d segments still in the spool", left)
+    if left or failed:
+        _log.error(
+            "replay finished with %d segments still in the spool%s%s",
+            left,
+            f" (tables {', '.join(sorted(degraded))})" if degraded else "",
+            f"; not committed from quarantine: {', '.join(failed)}" if failed else "",
+        )
         return _EXIT_FAILED
+    quarantined = service.quarantined()
+    if quarantined:
+        _log.warning(
+            "replay finished; %d segments stay in quarantine (icespool replay --segment ID "
+            "retries one): %s",
+            len(quarantined),
+            ", ".join(f"{q.id} ({q.table}: {q.reason})" for q in quarantined),
+        )
     _log.info("replay finished: the spool is empty")
     return 0
 

@@ -76,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="commit whatever the spool holds, then exit")
     _add_config_option(replay)
     _add_log_options(replay)
+    replay.add_argument(
+        "--segment",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also restore this quarantined segment and commit it once (repeatable, or a "
+        "comma list); it goes back to quarantine, with the new reason, if it still fails",
+    )
+    replay.add_argument(
+        "--all-quarantined",
+        action="store_true",
+        help="restore and commit every quarantined segment whose table is known",
+    )
 
     check = sub.add_parser(
         "check-config", help="validate and print the effective config (secrets redacted)"
@@ -200,7 +213,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     config = _load(args)
     _configure_logging(config)
-    result = _app().replay(config)
+    segments = [part.strip() for arg in args.segment for part in arg.split(",") if part.strip()]
+    result = _app().replay(config, segments=segments, all_quarantined=args.all_quarantined)
     return result if isinstance(result, int) else EXIT_OK
 
 

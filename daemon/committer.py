@@ -13,12 +13,16 @@ back or that lives on another branch still means "these segments were committed
 once"; committing them again would undo an operator's rollback or duplicate rows on
 a fast-forward.
 
-Limit: ``expire_snapshots`` removes old snapshots and their summaries. A segment
-that is still in the spool after its snapshot expired (crash between commit and
-spool delete, then a downtime longer than the table's snapshot retention) would be
-committed again. Recovery runs at start-up before new traffic, so the window is the
-downtime; keep snapshot retention (``history.expire.max-snapshot-age-ms``) longer
-than any outage you would restart the daemon after.
+``expire_snapshots`` removes old snapshots and their summaries, so the same commit
+also sets the table property ``icespool.spool.<spool-id>.last-segments`` = the ids
+of the segments that spool's latest commit to this table added (``spool_id``
+argument). Expiry never touches properties. That is enough: a writer deletes a
+commit's segments from its spool before it commits anything else for that table,
+so the segments that can be committed but still spooled (crash between commit and
+delete) are always among the latest commit's. The value is bounded by one commit's
+segments, needs no ordering of segment ids (a wall clock stepped back cannot make
+a new segment look committed), and each spool has its own key, so replicas sharing
+a table never overwrite each other's.
 
 Safety of retrying after an unknown outcome: every attempt is built on the table
 state observed *after* checking that our segments are absent, and catalogs commit by
@@ -66,6 +70,7 @@ from daemon.errors import CommitError
 
 __all__ = [
     "SEGMENTS_SUMMARY_KEY",
+    "CommitRejectedError",
     "CommitResult",
     "PropertyUpdate",
     "RetryPolicy",
@@ -73,12 +78,22 @@ __all__ = [
     "commit_files",
     "commit_properties",
     "find_committed_segments",
+    "last_segments_key",
 ]
 
 _log = logging.getLogger(__name__)
 
 #: Snapshot summary key listing the spool segment ids a snapshot covers.
 SEGMENTS_SUMMARY_KEY: Final = "icespool.segments"
+_SPOOL_PREFIX: Final = "icespool.spool."
+# Marks found in table properties have no snapshot left to name.
+_EXPIRED: Final = -1
+
+
+def last_segments_key(spool_id: str) -> str:
+    """Table property naming the segments of ``spool_id``'s latest commit to the table."""
+    return f"{_SPOOL_PREFIX}{spool_id}.last-segments"
+
 
 # Errors that say the request itself is wrong: retrying cannot help, and the commit
 # certainly did not land (they are raised while building or validating it).
@@ -90,6 +105,8 @@ _PERMANENT_ERRORS: Final = (
     ValueError,
     TypeError,
 )
+
+_TABLE_GONE: Final = (NoSuchTableError, NoSuchNamespaceError)
 
 # Summary keys pyiceberg computes itself; a caller key with one of these names would
 # make pyiceberg's Summary(...) fail or lie.
@@ -128,6 +145,12 @@ _RESERVED_SUMMARY_KEYS: Final = frozenset(
 #: Called inside every commit attempt with the refreshed table's properties; returns the
 #: properties to set in the same metadata commit, or raises (nothing is committed).
 PropertyUpdate = Callable[[Mapping[str, str]], Mapping[str, str]]
+
+
+class CommitRejectedError(CommitError):
+    """Iceberg rejected what the commit adds (validation, a value the table cannot
+    hold): the data's fault, not the catalog's; retrying the same files cannot help.
+    Nothing was committed."""
 
 
 class StaleEncodingError(CommitError):
@@ -183,11 +206,15 @@ def _segments_of(snapshot: Snapshot) -> list[str]:
     return value.split(",") if value else []
 
 
-def find_committed_segments(table: Table, segment_ids: Iterable[str]) -> dict[str, int]:
+def find_committed_segments(
+    table: Table, segment_ids: Iterable[str], spool_id: str | None = None
+) -> dict[str, int]:
     """Map each of ``segment_ids`` that a snapshot of ``table`` covers to that snapshot.
 
     Looks at every snapshot in the table's metadata as loaded (call ``table.refresh()``
-    first for the catalog's current state), not only the current ancestry.
+    first for the catalog's current state), not only the current ancestry. With
+    ``spool_id``, a segment named by that spool's ``last-segments`` property counts
+    too (its snapshot may have expired; it maps to -1).
     """
     wanted = set(segment_ids)
     found: dict[str, int] = {}
@@ -197,6 +224,11 @@ def find_committed_segments(table: Table, segment_ids: Iterable[str]) -> dict[st
         for segment in _segments_of(snapshot):
             if segment in wanted and segment not in found:
                 found[segment] = snapshot.snapshot_id
+    if spool_id is not None:
+        marked = table.metadata.properties.get(last_segments_key(spool_id), "")
+        for segment in marked.split(","):
+            if segment in wanted and segment not in found:
+                found[segment] = _EXPIRED
     return found
 
 
@@ -360,6 +392,7 @@ def commit_files(
     summary: Mapping[str, str],
     retry: RetryPolicy | None = None,
     update_properties: PropertyUpdate | None = None,
+    spool_id: str | None = None,
 ) -> CommitResult:
     """Commit ``data_files`` as ONE fast-append snapshot tagged with ``segment_ids``.
 
@@ -374,6 +407,9 @@ def commit_files(
     ``update_properties`` (Kafka offsets) is called in every attempt with the
     refreshed table's properties; what it returns is set in the same commit, and
     an exception from it aborts the commit.
+
+    ``spool_id`` (the spool the segments come from) records them as that spool's
+    latest commit in a table property, in the same commit (see the module doc).
     """
     policy = retry or RetryPolicy()
     segments = list(segment_ids)
@@ -399,7 +435,11 @@ def commit_files(
             )
         _check_spec(table, data_files)
         # Raises (nothing committed) when the refreshed table contradicts the caller.
-        table_properties = update_properties(table.metadata.properties) if update_properties else {}
+        table_properties = dict(
+            update_properties(table.metadata.properties) if update_properties else {}
+        )
+        if spool_id is not None:
+            table_properties[last_segments_key(spool_id)] = ",".join(segments)
         started = time.monotonic()
         try:
             transaction, snapshot_id = _stage(table, data_files, properties, table_properties)
@@ -417,7 +457,9 @@ def commit_files(
             )
             continue
         except _PERMANENT_ERRORS as exc:
-            raise CommitError(
+            # A table or namespace gone is the table's trouble, not the data's.
+            error = CommitError if isinstance(exc, _TABLE_GONE) else CommitRejectedError
+            raise error(
                 f"table {_name(table)}: commit rejected ({type(exc).__name__}: {exc}); "
                 "the spool still holds the records"
             ) from exc

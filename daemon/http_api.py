@@ -296,6 +296,8 @@ class _Api:
                 "bytes": result.bytes,
                 "reason": result.reason,
                 "duration_ms": result.duration_ms,
+                # Segments this flush moved to quarantine (their rows cannot go in).
+                "quarantined": list(result.quarantined),
             }
         )
 
@@ -319,7 +321,10 @@ class _Api:
         del request
         reason = self._service.not_ready_reason()
         if reason is None:
-            return _json({"status": "ready"})
+            # Readiness is the daemon's: it acks records for every table (the spool
+            # keeps them) even while some cannot commit, so degraded tables are
+            # reported here but do not take the replica out of service.
+            return _json({"status": "ready", "degraded": self._service.degraded()})
         raise _Problem(503, f"not ready: {reason}")
 
     # ------------------------------------------------------------------ helpers
@@ -343,7 +348,7 @@ class _Api:
             )
         try:
             return service.writer(name)
-        except ShuttingDownError as exc:
+        except BackpressureError as exc:  # shutting down, or the table is degraded
             raise _Problem(
                 503, str(exc), headers=_retry_after(exc.retry_after), close=True
             ) from None

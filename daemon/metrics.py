@@ -113,7 +113,21 @@ class Metrics:
         )
         self.quarantined_segments = Counter(
             "icespool_quarantined_segments_total",
-            "Spool segments moved to quarantine/ because they failed verification",
+            "Spool segments moved to quarantine/: failed verification, or rows the table "
+            "cannot take (those also in icespool_uncommittable_segments_total)",
+            registry=r,
+        )
+        self.uncommittable_segments = Counter(
+            "icespool_uncommittable_segments_total",
+            "Spool segments quarantined because the table cannot take their rows "
+            "(reason: schema, encode, rejected, metadata)",
+            ["table", "reason"],
+            registry=r,
+        )
+        self.table_degraded = Gauge(
+            "icespool_table_degraded",
+            "1 while a table cannot commit (its last flush failed, or it cannot be loaded)",
+            ["table"],
             registry=r,
         )
         self.truncated_segments = Counter(
@@ -175,7 +189,12 @@ class Metrics:
         """Create the per-table series at zero so dashboards show them before traffic."""
         for metric in (self.records_acked, self.records_committed, self.commit_failures):
             metric.labels(table=name)
-        for gauge in (self.queue_records, self.queue_bytes, self.oldest_pending_age):
+        for gauge in (
+            self.queue_records,
+            self.queue_bytes,
+            self.oldest_pending_age,
+            self.table_degraded,
+        ):
             gauge.labels(table=name).set(0)
 
     def exposition(self) -> bytes:

@@ -126,6 +126,23 @@ class Ranges:
     def union(self, other: Ranges) -> Ranges:
         return Ranges.of(self.spans + other.spans)
 
+    def minus(self, other: Ranges) -> Ranges:
+        """The offsets of ``self`` that are not in ``other``."""
+        kept: list[tuple[int, int]] = []
+        for first, last in self.spans:
+            start = first
+            for a, b in other.spans:
+                if b < start or a > last:
+                    continue
+                if a > start:
+                    kept.append((start, a - 1))
+                start = b + 1
+                if start > last:
+                    break
+            if start <= last:
+                kept.append((start, last))
+        return Ranges(tuple(kept))
+
     def overlaps(self, other: Ranges) -> bool:
         i = j = 0
         while i < len(self.spans) and j < len(other.spans):
@@ -223,25 +240,31 @@ class OffsetClaims:
                 continue
             group, topic, partition, covers, rows = info
             key = offsets_key(str(group), str(topic), int(partition))
-            committed = Ranges.parse(properties.get(key))
             row_offsets = Ranges.parse(str(rows)).offsets()
             if row_offsets.size != batch.num_rows:
                 raise CommitError(
                     f"spooled batch of {topic}[{partition}] has {batch.num_rows} rows but "
                     f"{row_offsets.size} offsets; the segment's metadata is inconsistent"
                 )
-            duplicate = committed.mask(row_offsets)
+            claim = self._claims.setdefault(key, _Claim(Ranges(), Ranges()))
+            # Held by the table, or by an earlier batch of this commit (a source that
+            # re-read offsets still spooled from before a restart spooled them twice).
+            held = Ranges.parse(properties.get(key)).union(claim.rows)
+            duplicate = held.mask(row_offsets)
             if duplicate.any():
                 dropped += int(duplicate.sum())
                 keep = ~duplicate
                 batch = batch.filter(pa.array(keep))
                 row_offsets = row_offsets[keep]
-            claim = self._claims.setdefault(key, _Claim(Ranges(), Ranges()))
             claim.covers = claim.covers.union(Ranges.parse(str(covers)))
             claim.rows = claim.rows.union(Ranges.runs(row_offsets))
             if batch.num_rows:
                 kept.append(batch)
         return kept, dropped
+
+    def covered(self) -> dict[str, Ranges]:
+        """The offset ranges these claims cover, per partition property."""
+        return {key: claim.covers for key, claim in self._claims.items()}
 
     def summary(self) -> dict[str, str]:
         """Snapshot summary entry naming the offsets this commit covers (for people

@@ -5,6 +5,10 @@
 `start` opens (and recovers) the spool, loads the catalog, creates or checks the
 configured tables, and commits every recovered segment before it reports ready,
 so new traffic never overtakes records acked before a crash.
+
+A table that cannot be loaded or cannot commit degrades alone: start-up goes on
+with the other tables, `status` says which tables are degraded and why, loading
+is retried in the background, and a failing writer retries its flushes itself.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from daemon.catalogs import ensure_table, load_catalog
 from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.decode import JsonOptions
 from daemon.encode_pool import EncodePool
-from daemon.errors import CatalogError, ShuttingDownError, UnknownTableError
+from daemon.errors import (
+    BackpressureError,
+    CatalogError,
+    CommitError,
+    ShuttingDownError,
+    UnknownTableError,
+)
 from daemon.evolution import Policy
 from daemon.kafka import KafkaSource, dead_letter_schema
 from daemon.metrics import Metrics
@@ -33,14 +43,18 @@ from daemon.table_schema import (
     parse_schema,
     parse_sort_order,
 )
-from daemon.writer import FlushResult, TableWriter
-from spool import Spool
+from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
+from spool import QuarantinedSegment, Spool
 
 __all__ = ["Icespool"]
 
 _log = logging.getLogger("icespool.service")
 # Tables a Kafka source creates for new routes take new fields as they come.
 _AUTO_CREATED_EVOLVE: Policy = "add-columns"
+# How often tables that could not be loaded are tried again.
+_RELOAD_INTERVAL = 10.0
+# /v1/status lists at most this many quarantined segments (and counts all of them).
+_STATUS_QUARANTINE_LIMIT = 100
 
 
 class Icespool:
@@ -64,6 +78,10 @@ class Icespool:
         self._sources: list[KafkaSource] = []
         self._awaiting_schema: dict[str, TableConfig] = {}
         self._creating: dict[str, asyncio.Lock] = {}
+        # Tables that could not be loaded: (their config, why). Retried in the background.
+        self._unloaded: dict[str, tuple[TableConfig | None, str]] = {}
+        self._reloader: asyncio.Task[None] | None = None
+        self._waiting_sources: list[KafkaSource] = []
         self._state = "new"
 
     async def __aenter__(self) -> Icespool:
@@ -91,18 +109,24 @@ class Icespool:
             await self._pool.start()
             for table_config in self.config.tables:
                 name = table_config.name
-                if table_config.infer and table_config.columns is None:
-                    existing = await asyncio.to_thread(self._existing_table, name)
-                    if existing is None:  # created from the first batch it receives
-                        self._awaiting_schema[name] = table_config
-                        continue
-                    await self._add_writer(name, table_config, table=existing)
-                else:
-                    await self._add_writer(name, table_config)
+                try:
+                    if table_config.infer and table_config.columns is None:
+                        existing = await asyncio.to_thread(self._existing_table, name)
+                        if existing is None:  # created from the first batch it receives
+                            self._awaiting_schema[name] = table_config
+                            continue
+                        await self._add_writer(name, table_config, table=existing)
+                    else:
+                        await self._add_writer(name, table_config)
+                except Exception as exc:  # this table only: the others serve
+                    self._mark_unloaded(name, table_config, exc)
             for kafka in self.config.kafka:
                 dead_letters = kafka.dead_letter_table
                 if dead_letters is not None and dead_letters not in self._writers:
-                    await self._add_writer(dead_letters, None, create=True)
+                    try:
+                        await self._add_writer(dead_letters, None, create=True)
+                    except Exception as exc:  # its source waits for it; the rest serve
+                        self._mark_unloaded(dead_letters, None, exc)
                 if kafka.auto_create:
                     for name in await asyncio.to_thread(self._auto_created, kafka):
                         await self._add_writer(name, None, evolve=_AUTO_CREATED_EVOLVE)
@@ -112,6 +136,8 @@ class Icespool:
             raise
         for writer in self._writers.values():
             writer.start()
+        if self._unloaded:
+            self._reloader = asyncio.create_task(self._reload_unloaded(), name="reload-tables")
         self._state = "running"
         self.ready = True
         self.metrics.ready.set(1)
@@ -129,8 +155,22 @@ class Icespool:
                 json_options={t.name: JsonOptions.for_table(t) for t in self.config.tables},
                 create_table=self._create_routed,
             )
-            self._sources.append(source)
-            source.start()
+            self._start_source(source)
+
+    def _start_source(self, source: KafkaSource) -> None:
+        waiting_for = [t for t in source.tables if t in self._unloaded]
+        if waiting_for:
+            # Its offsets live in tables it cannot read or write yet: it starts
+            # once they load (no partition is consumed meanwhile).
+            self._waiting_sources.append(source)
+            _log.error(
+                "%s waits for tables %s to load before consuming",
+                source.name,
+                ", ".join(waiting_for),
+            )
+            return
+        self._sources.append(source)
+        source.start()
 
     async def stop(self, grace: float = 30.0) -> None:
         """Drain: commit everything pending (reason ``shutdown``) within ``grace`` s.
@@ -145,6 +185,9 @@ class Icespool:
         self.ready = False
         self.draining = True
         self.metrics.ready.set(0)
+        if self._reloader is not None:
+            self._reloader.cancel()
+            await asyncio.gather(self._reloader, return_exceptions=True)
         for source in self._sources:
             await source.stop_fetching()
         closing = [asyncio.ensure_future(w.close("shutdown")) for w in self._writers.values()]
@@ -191,6 +234,12 @@ class Icespool:
         try:
             return self._writers[name]
         except KeyError:
+            if name in self._unloaded:
+                raise BackpressureError(
+                    f"table {name!r} is degraded: {self._unloaded[name][1]}; "
+                    f"retrying every {_RELOAD_INTERVAL:.0f}s",
+                    retry_after=_RELOAD_INTERVAL,
+                ) from None
             if name in self._awaiting_schema:
                 raise UnknownTableError(
                     f"table {name!r} is created from its first records (infer = true) "
@@ -346,7 +395,11 @@ class Icespool:
         return stats.bytes + stats.quarantine_bytes < 0.9 * self.config.spool.max_bytes
 
     async def _recover(self) -> None:
-        """Commit leftover segments before any new record is accepted."""
+        """Commit leftover segments before any new record is accepted.
+
+        A table that cannot commit its leftovers is left degraded (its writer
+        keeps retrying, its segments stay spooled); it never stops the others.
+        """
         leftovers = {s.table for s in self._spool.recovered.segments}
         if not leftovers:
             return
@@ -354,22 +407,95 @@ class Icespool:
         _log.info("replaying %d spooled segments of %d tables", total, len(leftovers))
         for name in sorted(leftovers):
             if name not in self._writers:
+                if name in self._unloaded:
+                    continue
                 try:
                     await self._add_writer(name, None)
-                except CatalogError as exc:
-                    _log.error(
-                        "spooled segments of %s are kept but cannot be committed: %s", name, exc
-                    )
+                except Exception as exc:
+                    self._mark_unloaded(name, None, exc)
                     continue
             writer = self._writers[name]
             writer.adopt(self._spool.segments(name))
-            result = await writer.flush("recovery")
+            await self._commit_leftovers(writer)
+
+    async def _commit_leftovers(self, writer: TableWriter) -> None:
+        # Each flush that fails by a segment's fault is one of that segment's
+        # bounded attempts; retry until the bad ones are quarantined.
+        attempts = SEGMENT_ATTEMPTS * max(1, len(self._spool.segments(writer.name)))
+        for _ in range(attempts):
+            try:
+                result = await writer.flush("recovery")
+            except UncommittableSegmentError:
+                continue
+            except Exception as exc:
+                _log.error(
+                    "%s: spooled segments cannot be committed now, the table is degraded "
+                    "and retries in the background (the other tables serve): %s",
+                    writer.name,
+                    exc,
+                    extra={"table": writer.name, "error": str(exc)},
+                )
+                return
             _log.info(
                 "replayed %s: %d records committed",
-                name,
+                writer.name,
                 result.records,
-                extra={"table": name, "records": result.records},
+                extra={"table": writer.name, "records": result.records},
             )
+            return
+
+    def _mark_unloaded(self, name: str, table_config: TableConfig | None, exc: Exception) -> None:
+        reason = f"cannot load the table: {type(exc).__name__}: {exc}"
+        self._unloaded[name] = (table_config, reason)
+        self.metrics.table_degraded.labels(table=name).set(1)
+        _log.error(
+            "%s: %s; its records stay spooled, the other tables serve, retrying every %.0fs",
+            name,
+            reason,
+            _RELOAD_INTERVAL,
+            extra={"table": name, "error": reason},
+        )
+
+    async def _reload_unloaded(self) -> None:
+        while self._unloaded:
+            await asyncio.sleep(_RELOAD_INTERVAL)
+            for name, (table_config, _) in list(self._unloaded.items()):
+                dead_letters = any(k.dead_letter_table == name for k in self.config.kafka)
+                try:
+                    writer = await self._add_writer(name, table_config, create=dead_letters)
+                except Exception as exc:
+                    self._mark_unloaded(name, table_config, exc)
+                    continue
+                del self._unloaded[name]
+                self.metrics.table_degraded.labels(table=name).set(0)
+                _log.info("%s: loaded; committing its spooled records", name)
+                writer.adopt(self._spool.segments(name))
+                writer.start()
+                await self._commit_leftovers(writer)
+            waiting, self._waiting_sources = self._waiting_sources, []
+            for source in waiting:
+                self._start_source(source)
+
+    async def replay_quarantined(self, segment_id: str) -> FlushResult:
+        """Restore one quarantined segment and commit it (exactly once).
+
+        Raises `UnknownSegmentError` / `SegmentCorruptError` (spool) when it cannot
+        be restored, `CommitError` naming the reason when it still cannot be
+        committed (it is back in quarantine, or still spooled for the next start).
+        """
+        info = await self._spool.restore(segment_id)
+        writer = self._writers.get(info.table)
+        if writer is None:
+            try:
+                writer = await self._add_writer(info.table, None)
+            except Exception:
+                await self._spool.quarantine(info.id, "restored, but its table cannot be loaded")
+                raise
+        result = await writer.replay(info)
+        if info.id in result.quarantined:
+            reason = next((q.reason for q in self.quarantined() if q.id == info.id), "unknown")
+            raise CommitError(f"segment {info.id} still cannot be committed: {reason}")
+        return result
 
     # ------------------------------------------------------------------ status
 
@@ -396,9 +522,25 @@ class Icespool:
                     "duration_ms": last.duration_ms,
                 },
             }
+        quarantine = self.quarantined()
         return {
             "ready": self.ready,
             "draining": self.draining,
+            "degraded": self.degraded(),
+            "quarantine": {
+                "segments": len(quarantine),
+                "bytes": sum(q.bytes for q in quarantine),
+                "listed": [
+                    {
+                        "id": q.id,
+                        "table": q.table,
+                        "bytes": q.bytes,
+                        "reason": q.reason,
+                        "at": round(q.at, 3),
+                    }
+                    for q in quarantine[:_STATUS_QUARANTINE_LIMIT]
+                ],
+            },
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "spool": {
                 "dir": str(self.config.spool.dir),
@@ -413,6 +555,18 @@ class Icespool:
             "tables": tables,
             "kafka": self._kafka_status(),
         }
+
+    def quarantined(self) -> list[QuarantinedSegment]:
+        """The spool's quarantined segments (blocking: lists a small directory)."""
+        return self._spool.quarantined()
+
+    def degraded(self) -> dict[str, str]:
+        """Tables that cannot commit now, with the reason (empty when all are fine)."""
+        found = {name: reason for name, (_, reason) in self._unloaded.items()}
+        for name, writer in self._writers.items():
+            if writer.degraded is not None:
+                found[name] = writer.degraded
+        return found
 
     def _kafka_status(self) -> dict[str, Any]:
         sources = [s.status() for s in self._sources]

@@ -14,9 +14,8 @@ race each other, while other tables' jobs run on other workers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import os
-import signal
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from daemon.committer import (
+    CommitRejectedError,
     CommitResult,
     commit_files,
     commit_properties,
@@ -35,7 +35,15 @@ from daemon.committer import (
 )
 from daemon.config import WriterSettings
 from daemon.encode_pool import Lane
-from daemon.errors import BackpressureError, BadInputError, SchemaError, ShuttingDownError
+from daemon.errors import (
+    BackpressureError,
+    BadInputError,
+    CatalogError,
+    CommitError,
+    IcespoolError,
+    SchemaError,
+    ShuttingDownError,
+)
 from daemon.evolution import EvolutionPlan, Policy, apply_plan
 from daemon.metrics import Metrics
 from daemon.offsets import OffsetClaims, OffsetsMovedError, Ranges
@@ -43,16 +51,34 @@ from daemon.parquet_encode import encode_data_files
 from daemon.table_schema import arrow_schema_for, conform
 from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, SpoolIOError
 
-__all__ = ["Column", "FlushResult", "TableWriter"]
+__all__ = ["SEGMENT_ATTEMPTS", "Column", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 
 _log = logging.getLogger("icespool.writer")
-# Test-only fault injection: SIGKILL ourselves right after an Iceberg commit and
-# before the spool delete, the window guarantee 2 is about.
-_CRASH_AFTER_COMMIT = "ICESPOOL_TEST_CRASH_AFTER_COMMIT"
 _MAX_RETRY_DELAY = 60.0
 # Re-filtering after another replica committed overlapping Kafka offsets converges
 # quickly (each round sees more of its commits); more rounds mean a livelock bug.
 _OFFSET_ATTEMPTS = 5
+# Flushes a segment may fail through its own fault before it is quarantined: a
+# few, so a schema change racing the encode does not quarantine good data, but
+# bounded, so one bad segment never holds its table back for long.
+SEGMENT_ATTEMPTS = 3
+
+
+class UncommittableSegmentError(CommitError):
+    """The segments' own rows cannot go into the table (encode error, a value or
+    shape the table rejects), as opposed to the catalog or storage failing.
+
+    ``kind`` is a short label for metrics (``schema``, ``encode``, ``rejected``,
+    ``metadata``); ``withheld`` the Kafka offset ranges the segments cover, which
+    must not be recorded as committed while the segments are in quarantine.
+    """
+
+    def __init__(
+        self, message: str, *, kind: str, withheld: Mapping[str, Ranges] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.withheld = dict(withheld or {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +108,7 @@ class FlushResult:
     duration_ms: float = 0.0
     segments: tuple[str, ...] = ()
     already_committed: bool = False
+    quarantined: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -122,6 +149,11 @@ class TableWriter:
         self._timer: asyncio.Task[None] | None = None
         self._failures = 0
         self._retry_at = 0.0
+        self._strikes: dict[str, int] = {}  # segment id -> flushes it failed by its own fault
+        # Kafka offsets of this run's quarantined segments: never recorded as held,
+        # so the source re-reads them after a restart or a replay commits them.
+        self._withheld: dict[str, Ranges] = {}
+        self.degraded: str | None = None  # why the last flush failed; None once one succeeds
         self._background: set[asyncio.Future[FlushResult]] = set()
         self.last_commit: FlushResult | None = None
         metrics.table(name)
@@ -219,6 +251,17 @@ class TableWriter:
         """Commit everything acked so far; returns the commit's result."""
         return await self._schedule(reason)
 
+    async def replay(self, info: SegmentInfo) -> FlushResult:
+        """Commit a segment just restored from quarantine (with whatever else is pending).
+
+        An operator asked for this one attempt: if the segment still cannot be
+        committed, it goes straight back to quarantine with the new reason
+        (``FlushResult.quarantined`` names it).
+        """
+        self.adopt([info])
+        self._strikes[info.id] = SEGMENT_ATTEMPTS - 1
+        return await self.flush("replay")
+
     @property
     def pending_records(self) -> int:
         return self._pending.records
@@ -309,7 +352,14 @@ class TableWriter:
             updates = {
                 key: text
                 for key, ranges in claims.items()
-                if (text := str(Ranges.parse(current.get(key)).union(ranges))) != current.get(key)
+                if (
+                    text := str(
+                        Ranges.parse(current.get(key)).union(
+                            ranges.minus(self._withheld.get(key, Ranges()))
+                        )
+                    )
+                )
+                != current.get(key)
             }
             if not updates:
                 return False
@@ -394,6 +444,8 @@ class TableWriter:
                 raise seal_error
         except Exception as exc:
             self._failures += 1
+            self.degraded = str(exc)
+            self._metrics.table_degraded.labels(table=self.name).set(1)
             delay = min(_MAX_RETRY_DELAY, 0.5 * 2**self._failures)
             self._retry_at = time.monotonic() + delay
             self._metrics.commit_failures.labels(table=self.name).inc()
@@ -405,12 +457,81 @@ class TableWriter:
                 exc,
                 extra={"table": self.name, "reason": reason, "error": str(exc)},
             )
-            raise
+            if isinstance(exc, IcespoolError):
+                raise
+            # Say what failed instead of a raw library error (HTTP: 503, not 500).
+            raise CommitError(
+                f"flush of {self.name} failed ({type(exc).__name__}: {exc}); the spool keeps "
+                f"every record and the daemon retries in {delay:.0f}s"
+            ) from exc
         self._failures = 0
         self._retry_at = 0.0
+        self.degraded = None
+        self._metrics.table_degraded.labels(table=self.name).set(0)
         return result
 
     async def _commit_chunk(
+        self, chunk: list[SegmentInfo], reason: str, started: float
+    ) -> FlushResult:
+        """Commit ``chunk`` in one snapshot; isolate a segment that cannot be committed.
+
+        A segment's own fault (its rows cannot be encoded or the table rejects
+        them) fails its flushes ``SEGMENT_ATTEMPTS`` times, then it is quarantined
+        and the table goes on with later segments. To find the guilty segment of a
+        chunk, its segments are committed one by one. Any other failure (catalog,
+        storage, conflicts) propagates: the flush is retried with backoff forever.
+        """
+        try:
+            return await self._commit_segments(chunk, reason, started)
+        except UncommittableSegmentError as fault:
+            if len(chunk) == 1:
+                return await self._strike(chunk[0], fault, reason)
+            _log.warning(
+                "%s: %s; committing the %d segments of the chunk one by one",
+                self.name,
+                fault,
+                len(chunk),
+                extra={"table": self.name, "segments": len(chunk)},
+            )
+        # Segments the failed attempt found committed (or corrupt) have left the spool.
+        spooled = {s.id for s in self._spool.segments(self.name)}
+        result = FlushResult(self.name, reason, None, 0)
+        for info in chunk:
+            if info.id in spooled:
+                result = _combine(result, await self._commit_chunk([info], reason, started))
+        return result
+
+    async def _strike(
+        self, info: SegmentInfo, fault: UncommittableSegmentError, reason: str
+    ) -> FlushResult:
+        strikes = self._strikes[info.id] = self._strikes.get(info.id, 0) + 1
+        if strikes < SEGMENT_ATTEMPTS:
+            raise UncommittableSegmentError(
+                f"{fault} (attempt {strikes} of {SEGMENT_ATTEMPTS}; then the segment is "
+                "quarantined and later segments go on)",
+                kind=fault.kind,
+                withheld=fault.withheld,
+            ) from fault
+        await self._spool.quarantine(info.id, str(fault))
+        for key, ranges in fault.withheld.items():
+            self._withheld[key] = self._withheld.get(key, Ranges()).union(ranges)
+        self._settled(info)
+        self._metrics.quarantined_segments.inc()  # what the quarantine alert watches
+        self._metrics.uncommittable_segments.labels(table=self.name, reason=fault.kind).inc()
+        _log.error(
+            "%s: segment %s (%d records) quarantined after %d attempts: %s; fix the cause, "
+            "then `icespool replay --segment %s`",
+            self.name,
+            info.id,
+            info.rows,
+            strikes,
+            fault,
+            info.id,
+            extra={"table": self.name, "segment": info.id, "error": str(fault)},
+        )
+        return FlushResult(self.name, reason, None, 0, quarantined=(info.id,))
+
+    async def _commit_segments(
         self, chunk: list[SegmentInfo], reason: str, started: float
     ) -> FlushResult:
         ids = [s.id for s in chunk]
@@ -420,11 +541,12 @@ class TableWriter:
         for info in chunk:
             if info.id in committed:
                 # Committed before a crash, not yet deleted: never commit twice.
+                snapshot = committed[info.id]
                 _log.warning(
-                    "%s: segment %s already in snapshot %d; deleting it from the spool",
+                    "%s: segment %s already in snapshot %s; deleting it from the spool",
                     self.name,
                     info.id,
-                    committed[info.id],
+                    snapshot if snapshot >= 0 else "(expired since; the table's properties say so)",
                     extra={"table": self.name, "segment": info.id},
                 )
                 await self._spool.delete(info.id)
@@ -464,8 +586,6 @@ class TableWriter:
                 self._settled(info)
             return FlushResult(self.name, reason, None, 0)
         commit, files, records = outcome
-        if os.environ.get(_CRASH_AFTER_COMMIT):
-            os.kill(os.getpid(), signal.SIGKILL)
         for info in readable:
             await self._spool.delete(info.id)
             self._settled(info)
@@ -494,7 +614,12 @@ class TableWriter:
         """Encode and commit the rows the table does not hold yet (None: all held)."""
         claims = OffsetClaims()
         # The table was refreshed just before (segment check or OffsetsMovedError).
-        rows, dropped = claims.filter(batches, metas, self._table.metadata.properties)
+        try:
+            rows, dropped = claims.filter(batches, metas, self._table.metadata.properties)
+        except CommitError as exc:
+            raise UncommittableSegmentError(
+                f"{_segments_text(seg_ids)} of {self.name}: {exc}", kind="metadata"
+            ) from exc
         if dropped:
             self._metrics.kafka_duplicates.labels(table=self.name).inc(dropped)
             _log.warning(
@@ -506,39 +631,58 @@ class TableWriter:
         if not rows:
             return None
         encode_started = time.perf_counter()
-        files = await asyncio.to_thread(
-            encode_data_files,
-            self._table,
-            rows,
-            target_file_size=self.settings.target_file_size,
-            row_group_records=self.settings.row_group_records,
-            compression=self.settings.compression,
-            file_prefix=seg_ids[0],
-        )
+        try:
+            files = await asyncio.to_thread(
+                encode_data_files,
+                self._table,
+                rows,
+                target_file_size=self.settings.target_file_size,
+                row_group_records=self.settings.row_group_records,
+                compression=self.settings.compression,
+                file_prefix=seg_ids[0],
+            )
+        except (CatalogError, OSError, MemoryError):
+            raise  # storage or the machine, not the rows: retried with backoff
+        except Exception as exc:
+            raise UncommittableSegmentError(
+                f"{_segments_text(seg_ids)} of {self.name} cannot be encoded for the table's "
+                f"current schema: {type(exc).__name__}: {exc}",
+                kind="schema" if isinstance(exc, BadInputError) else "encode",
+                withheld=claims.covered(),
+            ) from exc
         self._metrics.encode_duration.labels(table=self.name).observe(
             time.perf_counter() - encode_started
         )
         if not files:
             return None
-        commit = await asyncio.to_thread(
-            commit_files,
-            self._table,
-            files,
-            segment_ids=seg_ids,
-            summary={"icespool.reason": reason, **claims.summary()},
-            update_properties=claims.properties if claims else None,
-        )
+        try:
+            commit = await asyncio.to_thread(
+                commit_files,
+                self._table,
+                files,
+                segment_ids=seg_ids,
+                summary={"icespool.reason": reason, **claims.summary()},
+                update_properties=claims.properties if claims else None,
+                spool_id=self._spool.id,
+            )
+        except CommitRejectedError as exc:
+            raise UncommittableSegmentError(
+                f"{_segments_text(seg_ids)} of {self.name}: {exc}",
+                kind="rejected",
+                withheld=claims.covered(),
+            ) from exc
         return commit, files, sum(b.num_rows for b in rows)
 
     def _find_committed(self, ids: list[str]) -> dict[str, int]:
         self._table.refresh()
-        return find_committed_segments(self._table, ids)
+        return find_committed_segments(self._table, ids, self._spool.id)
 
     def _settled(self, info: SegmentInfo) -> None:
         """The segment left the spool (committed or quarantined): stop counting it."""
         self._pending.records = max(0, self._pending.records - info.rows)
         self._pending.bytes = max(0, self._pending.bytes - info.bytes)
         self._pending.first_ack.pop(info.id, None)
+        self._strikes.pop(info.id, None)
         self._gauge()
 
     def _record(self, result: FlushResult, files: Sequence[Any]) -> None:
@@ -579,10 +723,11 @@ class TableWriter:
 
 def _combine(earlier: FlushResult, later: FlushResult) -> FlushResult:
     """One answer for a flush that committed a backlog in several snapshots."""
+    quarantined = earlier.quarantined + later.quarantined
     if earlier.snapshot_id is None:
-        return later
+        return dataclasses.replace(later, quarantined=quarantined)
     if later.snapshot_id is None:
-        return earlier
+        return dataclasses.replace(earlier, quarantined=quarantined)
     return FlushResult(
         table=later.table,
         reason=later.reason,
@@ -593,7 +738,12 @@ def _combine(earlier: FlushResult, later: FlushResult) -> FlushResult:
         duration_ms=later.duration_ms,
         segments=earlier.segments + later.segments,
         already_committed=earlier.already_committed and later.already_committed,
+        quarantined=quarantined,
     )
+
+
+def _segments_text(ids: Sequence[str]) -> str:
+    return f"segment {ids[0]}" if len(ids) == 1 else f"segments {', '.join(ids)}"
 
 
 def _take_chunk(segments: list[SegmentInfo], max_bytes: int) -> list[SegmentInfo]:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ __all__ = [
     "DaemonDir",
     "DaemonError",
     "daemon_command",
+    "keep_committed_segment",
     "ndjson",
 ]
 
@@ -172,6 +174,25 @@ schema = [
     def quarantined(self) -> list[Path]:
         q = self.spool_dir / "quarantine"
         return sorted(q.iterdir()) if q.exists() else []
+
+
+async def keep_committed_segment(home: DaemonDir, daemon: Daemon) -> Path:
+    """Leave the state of a crash after an Iceberg commit, before the spool delete.
+
+    Call with the daemon killed and exactly one segment spooled: a copy of it is
+    taken, a start commits (and deletes) it, a kill -9 stops that start, and the
+    copy goes back. Returns the segment's path. No hook in the daemon is needed.
+    """
+    [segment] = home.spool_files()
+    saved = home.root / (segment.name + ".saved")
+    shutil.copy2(segment, saved)
+    daemon.start()
+    await daemon.wait_ready()  # recovery has committed the segment
+    daemon.kill()
+    if home.spool_files():
+        raise DaemonError(f"recovery did not commit {segment.name}\n{daemon.tail()}")
+    os.replace(saved, segment)
+    return segment
 
 
 def _dispose(catalog: Any) -> None:

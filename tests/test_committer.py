@@ -39,6 +39,7 @@ from daemon.committer import (
     StaleEncodingError,
     commit_files,
     find_committed_segments,
+    last_segments_key,
 )
 from daemon.errors import CommitError
 from daemon.parquet_encode import encode_data_files
@@ -485,3 +486,24 @@ def test_two_processes_race_on_postgres_and_every_commit_lands_once(
     retries = sum(a - 1 for a in attempts)
     print(f"postgres race: {retries} conflict retries in {len(attempts)} commits")
     assert retries > 0, "the two processes never conflicted: the race did not happen"
+
+
+def test_the_spool_mark_survives_expiry_and_names_only_the_latest_commit(
+    catalog: Catalog,
+) -> None:
+    table = _create(catalog)
+    for n, segments in enumerate((["a1", "a2"], ["a3"])):
+        files = _encode(table, _rows(n * 100, 100), segments[0])
+        commit_files(table, files, segment_ids=segments, summary={}, retry=FAST, spool_id="s1")
+    other = _encode(table, _rows(900, 10), "b1")
+    commit_files(table, other, segment_ids=["b1"], summary={}, retry=FAST, spool_id="s2")
+    assert table.properties[last_segments_key("s1")] == "a3"
+    assert table.properties[last_segments_key("s2")] == "b1"
+    ours = [s.snapshot_id for s in table.snapshots()[:2]]
+    table.maintenance.expire_snapshots().by_ids(ours).commit()
+    table.refresh()
+    # Summaries of a1..a3 are gone; the property still proves a3 (the only one of
+    # spool s1 that can be committed but still spooled), and only for spool s1.
+    assert find_committed_segments(table, ["a1", "a2", "a3"]) == {}
+    assert find_committed_segments(table, ["a1", "a2", "a3"], "s1") == {"a3": -1}
+    assert find_committed_segments(table, ["a1", "a2", "a3"], "s2") == {}

@@ -266,6 +266,7 @@ async def test_flush_with_nothing_pending_has_a_null_snapshot(
         "bytes": 0,
         "reason": "manual",
         "duration_ms": 0.0,
+        "quarantined": [],
     }
 
 
@@ -474,7 +475,7 @@ async def test_probes_and_status(
     _, base = daemon
     client = Client(session, base)
     assert (await client.get("/healthz")).json == {"status": "ok"}
-    assert (await client.get("/readyz")).json == {"status": "ready"}
+    assert (await client.get("/readyz")).json == {"status": "ready", "degraded": {}}
     await client.ingest(DEMO, events(range(4)))
     status = (await client.get("/v1/status")).json
     assert status["ready"] is True and status["draining"] is False

@@ -53,6 +53,8 @@ def test_mask_and_contains_agree_with_a_set(spans: list[tuple[int, int]], probe:
     other = Ranges.runs(sorted(set(probe)))
     assert ranges.overlaps(other) == bool(members & set(probe))
     assert set(ranges.union(other).offsets().tolist()) == members | set(probe)
+    assert set(ranges.minus(other).offsets().tolist()) == members - set(probe)
+    assert ranges.minus(other) == Ranges.runs(sorted(members - set(probe)))
 
 
 def test_key_round_trip_escapes_the_group() -> None:
@@ -74,6 +76,20 @@ def test_claims_drop_rows_the_table_holds_and_merge_ranges() -> None:
     assert kept[0].column("id").to_pylist() == [15, 19]
     assert claims.properties({key: "0-12"}) == {key: "0-19"}
     assert claims.summary() == {"icespool.kafka-offsets": "g/t/0=10-19"}
+
+
+def test_claims_keep_an_offset_spooled_twice_once() -> None:
+    # A source that re-read offsets still spooled (its table degraded at start-up)
+    # spools them again; one commit holding both copies must add each row once.
+    meta = batch_meta("g", "t", 0, Ranges.of([(0, 9)]), Ranges.runs(list(range(10))))
+    again = batch_meta("g", "t", 0, Ranges.of([(5, 14)]), Ranges.runs(list(range(5, 15))))
+    claims = OffsetClaims()
+    kept, dropped = claims.filter(
+        [_batch(list(range(10))), _batch(list(range(5, 15)))], [meta, again], {}
+    )
+    assert dropped == 5
+    assert [i for b in kept for i in b.column("id").to_pylist()] == list(range(15))
+    assert claims.covered() == {offsets_key("g", "t", 0): Ranges.of([(0, 14)])}
 
 
 def test_claims_refuse_when_another_replica_committed_our_rows() -> None:
