@@ -44,8 +44,17 @@ from daemon.errors import BackpressureError, BadInputError, IcespoolError
 from daemon.evolution import SchemaChangeError
 from daemon.kafka._avro import avro_schemas, decode_avro
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw, route_values
+from daemon.kafka._decode import (
+    DeadRecord,
+    Decoded,
+    Fetch,
+    decode_json,
+    decode_raw,
+    route_values,
+    too_deep_values,
+)
 from daemon.metrics import Metrics
+from daemon.nesting import DEFAULT_MAX_DEPTH
 from daemon.offsets import Ranges, batch_meta, offsets_key
 from daemon.writer import TableWriter
 
@@ -95,6 +104,7 @@ class KafkaSource:
         table_names: Sequence[str],
         json_options: Mapping[str, JsonOptions] | None = None,
         create_table: CreateTable | None = None,
+        max_nesting_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         self.config = config
         self.name = name
@@ -104,6 +114,8 @@ class KafkaSource:
         self._metrics = metrics
         self._json_options = dict(json_options or {})
         self._create_table = create_table
+        # [defaults]: for routes without a table yet (routing, auto_create inference).
+        self._max_nesting_depth = max_nesting_depth
         self.targets = config.targets(table_names)
         self.dead_letter_table = config.dead_letter_table
         self.tables = [*self.targets, *([self.dead_letter_table] if self.dead_letter_table else [])]
@@ -460,12 +472,18 @@ class KafkaSource:
         dead: list[tuple[DeadRecord, str | None]] = []
         subsets: dict[str, npt.NDArray[np.int64]]
         if c.dynamic:
-            routes = route_values(fetch, field=c.route_field, header=c.route_header)
+            depth = self._max_nesting_depth
+            routes = route_values(
+                fetch, field=c.route_field, header=c.route_header, max_depth=depth
+            )
+            deep = too_deep_values(fetch.values, range(len(routes)), depth) if c.route_field else {}
             by_table: dict[str, list[int]] = {}
             for i, route in enumerate(routes):
                 table = c.route(route) if route and _ROUTE_VALUE.fullmatch(route) else None
                 if table is not None and table in self.targets:
                     by_table.setdefault(table, []).append(i)
+                elif i in deep:
+                    dead.append((DeadRecord(i, "too_deep", deep[i]), None))
                 elif table is None:
                     # A value that is not a plain name part (dots, slashes, spaces) must
                     # never become part of a table name.
@@ -509,12 +527,16 @@ class KafkaSource:
             elif c.format == "avro":
                 decoded = decode_avro(fetch, schema, schemas=avro_schemas(c), **common)
             else:
-                options = self._json_options.get(table)
-                decoded = decode_json(fetch, schema, options=options, **common)
+                decoded = decode_json(fetch, schema, options=self._options(table), **common)
             out[table] = decoded
             dead.extend((d, table) for d in decoded.dead)
         dead.sort(key=lambda item: item[0].index)
         return out, dead
+
+    def _options(self, table: str) -> JsonOptions:
+        # The depth from the writer's settings: a reload of max_nesting_depth applies.
+        depth = self._writer_for(table).settings.max_nesting_depth
+        return replace(self._json_options.get(table, JsonOptions()), max_depth=depth)
 
     async def _create_routes(self, fetch: Fetch, dead: list[tuple[DeadRecord, str | None]]) -> bool:
         """With ``auto_create``: create the tables unknown routes name, from the
@@ -528,7 +550,9 @@ class KafkaSource:
         created = False
         for table, values in wanted.items():
             try:
-                inferred = await asyncio.to_thread(_infer_columns, values, None)
+                inferred = await asyncio.to_thread(
+                    _infer_columns, values, None, self._max_nesting_depth
+                )
                 await self._create_table(table, inferred)
             except (IcespoolError, ValueError) as exc:
                 _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
@@ -567,7 +591,9 @@ class KafkaSource:
             columns = {dead[i][0].column for i in positions} - {None}
             writer = self._writer_for(table)
             try:
-                inferred = await asyncio.to_thread(_infer_columns, values, columns)
+                inferred = await asyncio.to_thread(
+                    _infer_columns, values, columns, self._options(table).max_depth
+                )
                 plan = await writer.evolve(
                     inferred, only={c for c in columns if c is not None}, exact=False
                 )
@@ -751,7 +777,9 @@ class KafkaSource:
                 self._parts[tp].kafka_committed = offset
 
 
-def _infer_columns(values: Sequence[bytes], columns: set[str | None] | None) -> pa.Schema:
+def _infer_columns(
+    values: Sequence[bytes], columns: set[str | None] | None, max_depth: int
+) -> pa.Schema:
     """The inferred types of ``columns`` (None: all) in these records (blocking).
 
     One inference over all of them first; when that fails (some record is bad in
@@ -759,13 +787,13 @@ def _infer_columns(values: Sequence[bytes], columns: set[str | None] | None) -> 
     that carry it agree (long and double agree on double).
     """
     try:
-        return infer_ndjson_schema(b"\n".join(values))
+        return infer_ndjson_schema(b"\n".join(values), max_depth)
     except BadInputError:
         pass
     found: dict[str, pa.DataType | None] = {}
     for value in values:
         try:
-            schema = infer_ndjson_schema(value)
+            schema = infer_ndjson_schema(value, max_depth)
         except BadInputError:
             continue
         for inferred in schema:
