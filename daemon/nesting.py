@@ -19,7 +19,7 @@ from typing import Final
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_DEPTH", "too_deep_lines"]
+__all__ = ["DEFAULT_MAX_DEPTH", "depth", "too_deep_lines"]
 
 #: Deep enough for any real record; far below what the parsers survive.
 DEFAULT_MAX_DEPTH: Final = 64

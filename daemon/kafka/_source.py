@@ -525,7 +525,13 @@ class KafkaSource:
             if c.format == "raw":
                 decoded = decode_raw(fetch, schema, **common)
             elif c.format == "avro":
-                decoded = decode_avro(fetch, schema, schemas=avro_schemas(c), **common)
+                decoded = decode_avro(
+                    fetch,
+                    schema,
+                    schemas=avro_schemas(c),
+                    max_depth=self._options(table).max_depth,
+                    **common,
+                )
             else:
                 decoded = decode_json(fetch, schema, options=self._options(table), **common)
             out[table] = decoded
