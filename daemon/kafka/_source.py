@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from daemon.config import KafkaConfig
@@ -53,6 +53,7 @@ from daemon.kafka._decode import (
     route_values,
     too_deep_values,
 )
+from daemon.kafka._raw_fetch import fetch_raw
 from daemon.metrics import Metrics
 from daemon.nesting import DEFAULT_MAX_DEPTH
 from daemon.offsets import Ranges, batch_meta, offsets_key
@@ -69,6 +70,10 @@ _EVOLVE_ROUNDS = 4
 # Where a partition remembers how far dead letters went when they go to a topic.
 _DEAD_LETTER_TOPIC = "<dead-letter topic>"
 _ROUTE_VALUE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# What aiokafka raises for a record it cannot parse: CorruptRecordException from
+# its Python reader or a bad CRC, UnicodeDecodeError (a ValueError) from its C reader.
+_UNPARSEABLE = (CorruptRecordException, ValueError, IndexError)
+_RAW_FETCH_BYTES = 4 << 20
 
 #: Reads the current properties of a table straight from the catalog (blocking).
 LoadProperties = Callable[[str], Mapping[str, str]]
@@ -297,7 +302,12 @@ class KafkaSource:
     async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
         while not self._stop.is_set():
             self._resume_ready(consumer)
-            fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            try:
+                fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            except _UNPARSEABLE as exc:
+                async with self._lock:
+                    await self._read_past_unparseable(consumer, exc)
+                continue
             async with self._lock:
                 await self._init_partitions(consumer)
                 for tp, records in fetched.items():
@@ -418,10 +428,62 @@ class KafkaSource:
                     self._metrics.kafka_lag.remove(part.tp.topic, str(part.tp.partition))
             self._metrics.kafka_paused.set(sum(p.paused for p in self._parts.values()))
 
+    # ------------------------------------------------------------------ unparseable records
+
+    async def _read_past_unparseable(self, consumer: AIOKafkaConsumer, exc: Exception) -> None:
+        """aiokafka could not parse a record (a header key that is not UTF-8, a bad
+        CRC): its getmany raises at that position on every call. Each fetching
+        partition is read once by `fetch_raw` instead, from the next offset this
+        source has not processed (which also re-reads whatever the failed getmany
+        had taken from other partitions): parseable records go on as usual, the
+        others become dead letters (reason ``unparseable``) with what bytes could be
+        recovered and their offsets, and the consumer continues after them."""
+        _log.warning(
+            "%s: Kafka returned a record the client cannot parse (%s: %s); reading the "
+            "partitions' raw batches to dead-letter it",
+            self.name,
+            type(exc).__name__,
+            exc,
+        )
+        for part in [p for p in self._parts.values() if p.ready and not p.paused]:
+            tp = part.tp
+            try:
+                offset = part.position
+                if offset is None:
+                    offset = await self._first_offset(consumer, tp)
+                records, after = await fetch_raw(
+                    consumer._client, tp, offset, _RAW_FETCH_BYTES, _PROBE_TIMEOUT
+                )
+            except (KafkaError, OSError, TimeoutError) as error:
+                # Nothing was taken from this partition for good: the broker or a
+                # retry of getmany gets it.
+                _log.warning("%s: raw fetch of %s[%d] failed: %r", self.name, *tp, error)
+                continue
+            if records:
+                problems = {r.offset: r.problem for r in records if r.problem is not None}
+                await self._process(consumer, tp, records, problems)
+            if not part.paused and tp in self._parts:
+                consumer.seek(tp, after)
+
+    async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+        """Where consuming ``tp`` starts when the tables know nothing of it."""
+        committed = await asyncio.wait_for(consumer.committed(tp), _PROBE_TIMEOUT)
+        if committed is not None:
+            return int(committed)
+        if self.config.auto_offset_reset == "earliest":
+            edges = await asyncio.wait_for(consumer.beginning_offsets([tp]), _PROBE_TIMEOUT)
+        else:
+            edges = await asyncio.wait_for(consumer.end_offsets([tp]), _PROBE_TIMEOUT)
+        return int(edges[tp])
+
     # ------------------------------------------------------------------ records
 
     async def _process(
-        self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: list[Any]
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: Sequence[Any],
+        unparseable: Mapping[int, str] | None = None,
     ) -> None:
         part = self._parts.get(tp)
         if part is None or part.paused or not part.ready:
@@ -447,6 +509,8 @@ class KafkaSource:
             if not (await self._evolve(fetch, dead) or created):
                 break
             per_table, dead = await asyncio.to_thread(self._decode, fetch)
+        if unparseable:
+            dead = _set_aside(fetch, per_table, dead, unparseable)
         if not self._has_room(per_table, dead):
             self._pause(consumer, part, int(fetch.offsets[0]))
             return
@@ -811,6 +875,28 @@ def _infer_columns(
             numbers = {seen, inferred.type} <= {pa.int64(), pa.float64()}
             found[inferred.name] = pa.float64() if numbers else None
     return pa.schema([(name, t) for name, t in found.items() if t is not None])
+
+
+def _set_aside(
+    fetch: Fetch,
+    per_table: dict[str, Decoded],
+    dead: list[tuple[DeadRecord, str | None]],
+    unparseable: Mapping[int, str],
+) -> list[tuple[DeadRecord, str | None]]:
+    """Make the records at ``unparseable`` offsets dead letters (reason
+    ``unparseable``) whatever their decode said; returns the new dead list."""
+    positions = {
+        i: unparseable[o] for i, o in enumerate(fetch.offsets.tolist()) if o in unparseable
+    }
+    for table, decoded in per_table.items():
+        keep = np.asarray([int(i) not in positions for i in decoded.rows], dtype=bool)
+        if decoded.batch is not None and not keep.all():
+            batch = decoded.batch.filter(pa.array(keep))
+            per_table[table] = Decoded(batch if batch.num_rows else None, decoded.rows[keep])
+    kept = [(d, t) for d, t in dead if d.index not in positions]
+    kept.extend((DeadRecord(i, "unparseable", problem), None) for i, problem in positions.items())
+    kept.sort(key=lambda item: item[0].index)
+    return kept
 
 
 def _resume(ranges: Iterable[Ranges]) -> int | None:
