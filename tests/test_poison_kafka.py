@@ -24,7 +24,7 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from kafka_harness import Broker, create_topic, produce_values
 from service_helpers import metric, table_rows, wait_rows
@@ -195,12 +195,44 @@ async def test_json_poison_is_dead_lettered_with_its_reason_and_nothing_stalls(
         (unparseable,) = [d for d in dead if d["reason"] == "unparseable"]
         assert "not UTF-8" in unparseable["error"]
         assert unparseable["value"] == corrupt_batch[1][0]  # recovered bytes
-        assert json.loads(unparseable["headers"])[0][1] == base64.b64encode(b"v").decode()
+        header = json.loads(unparseable["headers"])[0]
+        assert header == ["\\xff\\xfe", base64.b64encode(b"v").decode()]
         counts = Counter(expected_dead.values())
         for reason, count in counts.items():
             labels = {"table": TABLE if reason != "unparseable" else "", "reason": reason}
             assert metric(service, "icespool_dead_letters_total", **labels) == count, reason
         assert service._sources[0].connected
+
+
+async def test_an_unparseable_record_reaches_a_dead_letter_topic_and_its_neighbours_land(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    topic, dlq = "poison-dlq-src", "poison-dlq"
+    await create_topic(broker.bootstrap, topic, 1)
+    await create_topic(broker.bootstrap, dlq, 1)
+    batch: list[tuple[bytes | None, bytes, list[tuple[Any, bytes]]]] = [
+        (_good(i), b"k", [(_RawKey(b"\xc0") if i == 1 else "h", b"v")]) for i in range(3)
+    ]
+    await _send_batch(broker.bootstrap, topic, 0, batch)
+    config = _config(make_config, broker, topic, dead_letter=dlq)
+    async with Icespool(config) as service:
+        rows = await wait_rows(service, TABLE, 2)
+        assert sorted(r["id"] for r in rows) == [0, 2]
+        consumer = AIOKafkaConsumer(
+            dlq, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            got = await consumer.getmany(timeout_ms=10_000)
+        finally:
+            await consumer.stop()
+        (records,) = got.values()
+        (record,) = records
+        assert record.value == batch[1][0]
+        headers = dict(record.headers)
+        assert headers["\\xc0"] == b"v"
+        assert headers["icespool.reason"] == b"unparseable"
+        assert headers["icespool.offset"] == b"1"
 
 
 async def test_auto_create_never_infers_from_a_value_too_deep(

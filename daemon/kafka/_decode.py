@@ -31,6 +31,7 @@ __all__ = [
     "Fetch",
     "decode_json",
     "decode_raw",
+    "header_name",
     "headers_json",
     "route_values",
     "too_deep_values",
@@ -253,7 +254,17 @@ def decode_raw(
 
 
 def headers_json(headers: Sequence[tuple[str, bytes]]) -> str:
-    return json.dumps([[k, base64.b64encode(v or b"").decode()] for k, v in headers])
+    return json.dumps([[header_name(k), base64.b64encode(v or b"").decode()] for k, v in headers])
+
+
+def header_name(key: str) -> str:
+    """A header key as valid text: one read from bytes that are not UTF-8 (kept with
+    surrogate escapes by the raw reader) shows those bytes as ``\\xff``."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return key
 
 
 def route_values(
