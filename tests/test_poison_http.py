@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 from daemon_harness import CATALOG_NAME, Daemon, DaemonDir
+from daemon_harness import TABLE as HARNESS_TABLE
 from pyiceberg.catalog import load_catalog
 
 from daemon.config import validate_config
@@ -299,3 +300,44 @@ def test_max_nesting_depth_is_the_limit_and_configurable() -> None:
     assert too_deep_lines(b'{"a":1}\n' + at_limit + b"\n" + at_limit, 63) == [1, 2]
     with pytest.raises(ConfigError, match="max_nesting_depth"):
         validate_config({"defaults": {"max_nesting_depth": 5000}})
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "fragment"),
+    [
+        pytest.param(b"Content-Type: \xff/\xfe\r\n", 415, "unsupported Content-Type",
+                     id="ct-bytes"),
+        pytest.param(b"Content-Type: application/x-ndjson\r\nNo colon here\r\n", 400, "",
+                     id="header-line-without-colon"),
+        pytest.param(b"Content-Type: application/x-ndjson\r\nContent-Length: nine\r\n", 400, "",
+                     id="content-length-not-a-number"),
+        pytest.param(b"Content-Type: application/x-ndjson\r\nX-Note: \xff\xfe\r\n", 200, "",
+                     id="header-value-not-utf8"),
+    ],
+)  # fmt: skip
+async def test_unparseable_request_headers_get_a_4xx_and_the_daemon_goes_on(
+    child: Daemon, http: aiohttp.ClientSession, headers: bytes, status: int, fragment: str
+) -> None:
+    body = _body(_line())  # into the harness's own table: the corpus table's ids stay exact
+    length = b"" if b"Content-Length" in headers else b"Content-Length: %d\r\n" % len(body)
+    request = (
+        b"POST /v1/tables/%s/records HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        % HARNESS_TABLE.encode()
+        + headers
+        + length
+        + b"\r\n"
+        + body
+    )
+    assert child.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", child.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] == str(status).encode(), answer
+    assert fragment.encode() in rest
+    async with http.get(f"{child.url}/healthz") as reply:
+        assert reply.status == 200
