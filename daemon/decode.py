@@ -49,7 +49,7 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pj
 
 from daemon.errors import BadInputError, SchemaError
-from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep_lines
+from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from daemon.table_schema import cast_array, check_required_children
 from daemon.value_ranges import find_out_of_range
 
@@ -354,10 +354,7 @@ def check_depth(body: bytes, max_depth: int) -> None:
     stack on deep enough input."""
     deep = too_deep_lines(body, max_depth)
     if deep:
-        raise BadInputError(
-            f"line {deep[0] + 1}: the JSON value nests deeper than {max_depth} levels "
-            "(max_nesting_depth); flatten the record or raise the limit"
-        ).because("too_deep")
+        raise BadInputError(f"line {deep[0] + 1}: {too_deep(max_depth)}").because("too_deep")
 
 
 def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bool) -> pa.Table:
@@ -447,9 +444,8 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
     for name, values in zip(table.column_names, table.columns, strict=True):
         found = find_out_of_range(values)
         if found is not None:
-            column = f"{name}.{found.path}" if found.path else name
             where = f" (row {found.row + 1})" if found.row >= 0 else ""
-            raise SchemaError(column, f"{found.problem}{where}").because("out_of_range")
+            raise SchemaError(found.column(name), f"{found.problem}{where}").because("out_of_range")
     return table
 
 
@@ -855,15 +851,11 @@ def _check_range(name: str, values: pa.Array | pa.ChunkedArray, body: bytes) -> 
     found = find_out_of_range(values)
     if found is None:
         return
-    if found.path:
-        column = f"{name}.{found.path}"
-        if found.row < 0:
-            raise _Locate(column, found.problem, "out_of_range")
-    else:
-        column = name
-    raise SchemaError(column, f"{found.problem}{_line_of_row(body, found.row)}").because(
-        "out_of_range"
-    )
+    if found.row < 0:  # inside a list or map: the record is found by bisection
+        raise _Locate(found.column(name), found.problem, "out_of_range")
+    raise SchemaError(
+        found.column(name), f"{found.problem}{_line_of_row(body, found.row)}"
+    ).because("out_of_range")
 
 
 def _has_string(t: pa.DataType) -> bool:

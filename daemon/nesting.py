@@ -23,7 +23,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DEFAULT_MAX_DEPTH", "depth", "too_deep_lines"]
+__all__ = ["DEFAULT_MAX_DEPTH", "depth", "too_deep", "too_deep_lines"]
 
 #: Deep enough for any real record; far below what the parsers survive.
 DEFAULT_MAX_DEPTH: Final = 64
@@ -32,6 +32,14 @@ _OPEN_CURLY, _OPEN_SQUARE, _CLOSE_CURLY, _CLOSE_SQUARE = b"{[}]"
 _QUOTE, _BACKSLASH = b'"\\'
 _NEWLINE = 10
 _NOT_BRACKETS: Final = bytes(sorted(set(range(256)) - set(b"[]{}\n")))
+
+
+def too_deep(limit: int) -> str:
+    """What a record nesting deeper than ``limit`` is told."""
+    return (
+        f"the JSON value nests deeper than {limit} levels (max_nesting_depth); "
+        "flatten the record or raise the limit"
+    )
 
 
 def too_deep_lines(body: bytes, limit: int) -> list[int]:

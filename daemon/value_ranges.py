@@ -48,6 +48,10 @@ class OutOfRange:
     row: int
     problem: str
 
+    def column(self, name: str) -> str:
+        """The dotted path of the value in column ``name``."""
+        return f"{name}.{self.path}" if self.path else name
+
 
 def _bounds(t: pa.DataType) -> tuple[int, int, str] | None:
     """Storage-integer bounds of a temporal type, and how to say them."""

@@ -486,8 +486,7 @@ def _plan(
         for name, values in zip(batch.schema.names, batch.columns, strict=True):
             found = find_out_of_range(values)
             if found is not None:
-                column = f"{name}.{found.path}" if found.path else name
-                raise SchemaError(column, found.problem).because("out_of_range")
+                raise SchemaError(found.column(name), found.problem).because("out_of_range")
         return batch
 
     return build

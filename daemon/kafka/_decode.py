@@ -13,7 +13,7 @@ import base64
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +22,7 @@ import pyarrow.json as pj
 
 from daemon.decode import JsonOptions, decode_ndjson
 from daemon.errors import BadInputError, IcespoolError, SchemaError
-from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep_lines
+from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from daemon.table_schema import conform
 
 __all__ = [
@@ -206,11 +206,7 @@ def too_deep_values(
     if not indices:
         return {}
     lines = too_deep_lines(_join([values[i] or b"" for i in indices]), max_depth)
-    error = (
-        f"the JSON value nests deeper than {max_depth} levels (max_nesting_depth); "
-        "flatten the record or raise the limit"
-    )
-    return {indices[line]: error for line in lines}
+    return {indices[line]: too_deep(max_depth) for line in lines}
 
 
 def decode_raw(
@@ -284,13 +280,13 @@ def route_values(
     assert field is not None
     values = [v or b"" for v in fetch.values]
     deep = too_deep_values(values, range(len(values)), max_depth)
-    if deep:
-        shallow = route_values(
-            replace(fetch, values=[b"{}" if i in deep else v for i, v in enumerate(values)]),
-            field=field,
-            header=None,
-        )
-        return [None if i in deep else r for i, r in enumerate(shallow)]
+    if deep:  # no parser may see them; they get no route
+        routes = _routes([b"{}" if i in deep else v for i, v in enumerate(values)], field)
+        return [None if i in deep else r for i, r in enumerate(routes)]
+    return _routes(values, field)
+
+
+def _routes(values: list[bytes], field: str) -> list[str | None]:
     body = _join(values)
     # pyarrow 26 crashes on a top-level `null` starting a block (see daemon.decode):
     # only bodies of plain objects reach it.

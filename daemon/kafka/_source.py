@@ -455,9 +455,11 @@ class KafkaSource:
                     consumer._client, tp, offset, _RAW_FETCH_BYTES, _PROBE_TIMEOUT
                 )
             except (KafkaError, OSError, TimeoutError) as error:
-                # Nothing was taken from this partition for good: the broker or a
-                # retry of getmany gets it.
+                # Back to what was processed: the failed getmany may have taken
+                # records of this partition; the next round reads them again.
                 _log.warning("%s: raw fetch of %s[%d] failed: %r", self.name, *tp, error)
+                if part.position is not None:
+                    consumer.seek(tp, part.position)
                 continue
             if records:
                 problems = {r.offset: r.problem for r in records if r.problem is not None}
