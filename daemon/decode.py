@@ -868,12 +868,27 @@ def _has_string(t: pa.DataType) -> bool:
 
 def _check_nested_utf8(name: str, values: pa.ChunkedArray) -> None:
     # Strings inside lists, structs and maps (keys and values) come from the same
-    # byte copy; full validation checks every string child. The record is found
-    # by bisection (only on this failure path).
-    try:
-        values.validate(full=True)
-    except pa.ArrowInvalid:
-        raise _Locate(name, "a string inside the value is not valid UTF-8", "bad_utf8") from None
+    # byte copy. Only the string leaves are validated: full validation of the whole
+    # value would also judge other things (decimal digits) that get their own error.
+    # The record is found by bisection (only on this failure path).
+    for leaf in _string_leaves(_combined(values)):
+        try:
+            leaf.validate(full=True)
+        except pa.ArrowInvalid:
+            raise _Locate(
+                name, "a string inside the value is not valid UTF-8", "bad_utf8"
+            ) from None
+
+
+def _string_leaves(array: pa.Array) -> Iterator[pa.Array]:
+    """The string arrays nested in ``array`` (a parse type: structs and lists)."""
+    if pa.types.is_struct(array.type):
+        for child in array.flatten():
+            yield from _string_leaves(child)
+    elif pa.types.is_list(array.type):
+        yield from _string_leaves(array.flatten())
+    elif pa.types.is_string(array.type):
+        yield array
 
 
 def _conform_nested(column: _Column, values: pa.Array | pa.ChunkedArray) -> pa.Array:
