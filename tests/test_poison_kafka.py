@@ -32,6 +32,7 @@ from service_helpers import metric, table_rows, wait_rows
 from daemon.config import Config
 from daemon.kafka._avro import FileSchema, decode_avro
 from daemon.kafka._decode import Fetch
+from daemon.kafka._raw_fetch import parse_batches
 from daemon.service import Icespool
 
 MakeConfig = Callable[..., Config]
@@ -374,3 +375,38 @@ def test_avro_out_of_range_and_bad_utf8_are_dead_letters_and_edges_land(tmp_path
         (5, "out_of_range", "ts"),
         (6, "bad_utf8", None),
     ]
+
+
+# ------------------------------------------------------------------ the raw reader
+
+
+def _batch_bytes(base: int, headers_of: Callable[[int], list[tuple[Any, bytes]]]) -> bytearray:
+    builder = _DefaultRecordBatchBuilderPy(2, 0, 0, -1, -1, -1, 1 << 20)
+    for i in range(3):
+        builder.append(i, timestamp=1000 + i, key=b"k%d" % i, value=_good(i), headers=headers_of(i))
+    data = builder.build()
+    data[0:8] = base.to_bytes(8, "big")  # the broker assigns the base offset
+    return data
+
+
+def test_raw_reader_recovers_what_aiokafka_refuses_and_marks_what_is_lost() -> None:
+    bad_key = _batch_bytes(10, lambda i: [(_RawKey(b"\xff") if i == 1 else "h", b"v")])
+    records, after = parse_batches(bytes(bad_key), 10)
+    assert after == 13
+    assert [(r.offset, r.value, r.problem is None) for r in records] == [
+        (10, _good(0), True),
+        (11, _good(1), False),
+        (12, _good(2), True),
+    ]
+    assert records[1].headers == [("\udcff", b"v")] and "not UTF-8" in (records[1].problem or "")
+    # From an offset inside the batch: only what follows; a cut-off batch waits.
+    second = _batch_bytes(13, lambda i: [])
+    records, after = parse_batches(bytes(bad_key + second[:-5]), 12)
+    assert [r.offset for r in records] == [12] and after == 13
+    # A CRC that does not match: every offset of the batch is marked, no bytes.
+    corrupt = bytearray(second)
+    corrupt[-1] ^= 0xFF
+    records, after = parse_batches(bytes(corrupt), 13)
+    assert after == 16
+    assert [(r.offset, r.value) for r in records] == [(13, None), (14, None), (15, None)]
+    assert all("CRC" in (r.problem or "") for r in records)

@@ -29,7 +29,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.default_records import _DefaultRecordBatchPy
 from aiokafka.record.util import decode_varint_py
 
-__all__ = ["RawRecord", "fetch_raw"]
+__all__ = ["RawRecord", "fetch_raw", "parse_batches"]
 
 _BATCH_HEAD: Final = struct.Struct(">qi")  # base offset, batch length
 _MAGIC_AT: Final = 16
