@@ -196,11 +196,12 @@ async def test_json_poison_is_dead_lettered_with_its_reason_and_nothing_stalls(
         (unparseable,) = [d for d in dead if d["reason"] == "unparseable"]
         assert "not UTF-8" in unparseable["error"]
         assert unparseable["value"] == corrupt_batch[1][0]  # recovered bytes
+        assert unparseable["target_table"] == TABLE
         header = json.loads(unparseable["headers"])[0]
         assert header == ["\\xff\\xfe", base64.b64encode(b"v").decode()]
         counts = Counter(expected_dead.values())
         for reason, count in counts.items():
-            labels = {"table": TABLE if reason != "unparseable" else "", "reason": reason}
+            labels = {"table": TABLE, "reason": reason}
             assert metric(service, "icespool_dead_letters_total", **labels) == count, reason
         assert service._sources[0].connected
 

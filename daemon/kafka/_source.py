@@ -890,13 +890,22 @@ def _set_aside(
     positions = {
         i: unparseable[o] for i, o in enumerate(fetch.offsets.tolist()) if o in unparseable
     }
-    for table, decoded in per_table.items():
+    target: dict[int, str | None] = {}  # the table each was meant for, where known
+    for name, decoded in per_table.items():
         keep = np.asarray([int(i) not in positions for i in decoded.rows], dtype=bool)
+        target.update((int(i), name) for i in decoded.rows[~keep])
         if decoded.batch is not None and not keep.all():
             batch = decoded.batch.filter(pa.array(keep))
-            per_table[table] = Decoded(batch if batch.num_rows else None, decoded.rows[keep])
-    kept = [(d, t) for d, t in dead if d.index not in positions]
-    kept.extend((DeadRecord(i, "unparseable", problem), None) for i, problem in positions.items())
+            per_table[name] = Decoded(batch if batch.num_rows else None, decoded.rows[keep])
+    kept: list[tuple[DeadRecord, str | None]] = []
+    for record, table in dead:
+        if record.index in positions:
+            target[record.index] = table
+        else:
+            kept.append((record, table))
+    kept.extend(
+        (DeadRecord(i, "unparseable", problem), target.get(i)) for i, problem in positions.items()
+    )
     kept.sort(key=lambda item: item[0].index)
     return kept
 
