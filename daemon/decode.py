@@ -49,12 +49,15 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pj
 
 from daemon.errors import BadInputError, SchemaError
+from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from daemon.table_schema import cast_array, check_required_children
+from daemon.value_ranges import find_out_of_range
 
 __all__ = [
     "JsonOptions",
     "LenientResult",
     "RecordError",
+    "check_depth",
     "decode_arrow_stream",
     "decode_ndjson",
     "decode_ndjson_lenient",
@@ -125,14 +128,18 @@ class JsonOptions:
 
     ``timestamp_unit`` (``s``, ``ms``, ``us``, ``ns``) lets timestamp columns take
     epoch numbers in that unit besides ISO-8601 text; ``column_units`` overrides it
-    per top-level column (and the timestamps nested in that column). Hashable, so
-    decode plans are cached per (schema, options).
+    per top-level column (and the timestamps nested in that column).
+    ``max_depth`` bounds how deeply a record may nest (``max_nesting_depth``).
+    Hashable, so decode plans are cached per (schema, options).
     """
 
     timestamp_unit: str | None = None
     column_units: tuple[tuple[str, str], ...] = ()
+    max_depth: int = DEFAULT_MAX_DEPTH
 
     def __post_init__(self) -> None:
+        if self.max_depth < 1:
+            raise ValueError(f"max_depth {self.max_depth}: use 1 or more")
         for unit in (self.timestamp_unit, *(u for _, u in self.column_units)):
             if unit is not None and unit not in _UNITS:
                 raise ValueError(f"timestamp unit {unit!r}: use one of {', '.join(_UNITS)}")
@@ -144,8 +151,9 @@ class JsonOptions:
         return self.timestamp_unit
 
     @classmethod
-    def for_table(cls, table: Any) -> JsonOptions:
-        """Options from a ``TableConfig`` (its ``timestamp_unit`` and its columns')."""
+    def for_table(cls, table: Any, max_depth: int = DEFAULT_MAX_DEPTH) -> JsonOptions:
+        """Options from a ``TableConfig`` (its ``timestamp_unit`` and its columns')
+        and its effective ``max_nesting_depth``."""
         columns = getattr(table, "columns", None) or ()
         return cls(
             getattr(table, "timestamp_unit", None),
@@ -154,6 +162,7 @@ class JsonOptions:
                 for c in columns
                 if getattr(c, "timestamp_unit", None) is not None
             ),
+            max_depth,
         )
 
 
@@ -165,12 +174,14 @@ class RecordError:
     """One record that could not be decoded: ``index`` is its position in the input
     (0-based value index for a sequence, 0-based line index for a body), ``column``
     the column at fault (dotted path for nested fields; None when the record is not
-    a JSON object at all), ``raw`` its bytes as received."""
+    a JSON object at all), ``raw`` its bytes as received, ``reason`` the error's
+    short label (see `BadInputError`)."""
 
     index: int
     column: str | None
     message: str
     raw: bytes
+    reason: str = "invalid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +220,8 @@ def _raise_first(result: LenientResult) -> NoReturn:
     first = result.errors[0]
     problem = f"{first.message} (line {first.index + 1})"
     if first.column is None:
-        raise BadInputError(problem) from None
-    raise SchemaError(first.column, problem) from None
+        raise BadInputError(problem).because(first.reason) from None
+    raise SchemaError(first.column, problem).because(first.reason) from None
 
 
 def decode_ndjson_lenient(
@@ -297,30 +308,33 @@ _LINE_REF: Final = re.compile(r" \((?:line|row) \d+\)|^line \d+: ")
 
 
 def _record_error(index: int, raw: bytes, exc: Exception) -> RecordError:
+    reason = getattr(exc, "reason", "invalid")
     if isinstance(exc, _Locate):
-        return RecordError(index, exc.column, _LINE_REF.sub("", exc.message), raw)
+        return RecordError(index, exc.column, _LINE_REF.sub("", exc.message), raw, reason)
     if isinstance(exc, SchemaError):
-        return RecordError(index, exc.column, _LINE_REF.sub("", exc.problem), raw)
-    return RecordError(index, None, _LINE_REF.sub("", str(exc)), raw)
+        return RecordError(index, exc.column, _LINE_REF.sub("", exc.problem), raw, reason)
+    return RecordError(index, None, _LINE_REF.sub("", str(exc)), raw, reason)
 
 
 class _Locate(Exception):
     """A nested value failed conversion; the record must be found by bisection."""
 
-    def __init__(self, column: str, message: str) -> None:
+    def __init__(self, column: str, message: str, reason: str = "invalid") -> None:
         self.column = column
         self.message = message
+        self.reason = reason
         super().__init__(column, message)
 
 
-def infer_ndjson_schema(body: bytes) -> pa.Schema:
+def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.Schema:
     """The Arrow schema pyarrow infers for an NDJSON body (for schema evolution).
 
-    Same guards as `decode_ndjson` (pyarrow must not see a top-level null); raises
-    `BadInputError` when the body is not one JSON object per line.
+    Same guards as `decode_ndjson` (nesting depth; pyarrow must not see a top-level
+    null); raises `BadInputError` when the body is not one JSON object per line.
     """
     if _BLANK.fullmatch(body):
         raise BadInputError("no records: the body is empty; send one JSON object per line")
+    check_depth(body, max_depth)
     if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
         _check_one_object_per_line(body)
     try:
@@ -333,9 +347,20 @@ def infer_ndjson_schema(body: bytes) -> pa.Schema:
     return schema
 
 
+def check_depth(body: bytes, max_depth: int) -> None:
+    """Refuse a body with a line nested deeper than ``max_depth`` (`BadInputError`,
+    reason ``too_deep``, naming the first such line). Runs before any parser: both
+    Python's json and pyarrow.json recurse per level, and pyarrow overflows the C
+    stack on deep enough input."""
+    deep = too_deep_lines(body, max_depth)
+    if deep:
+        raise BadInputError(f"line {deep[0] + 1}: {too_deep(max_depth)}").because("too_deep")
+
+
 def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bool) -> pa.Table:
     if _BLANK.fullmatch(body):
         raise BadInputError("no records: the body is empty; send one JSON object per line")
+    check_depth(body, options.max_depth)
     if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
         _check_one_object_per_line(body)
     key = (schema, options)
@@ -416,6 +441,11 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
         ) from exc
     if table.num_rows == 0:
         raise BadInputError("no records: the Arrow stream holds no rows")
+    for name, values in zip(table.column_names, table.columns, strict=True):
+        found = find_out_of_range(values)
+        if found is not None:
+            where = f" (row {found.row + 1})" if found.row >= 0 else ""
+            raise SchemaError(found.column(name), f"{found.problem}{where}").because("out_of_range")
     return table
 
 
@@ -789,6 +819,8 @@ def _finish(raw: pa.Table, plan: _Plan, schema: pa.Schema, body: bytes) -> pa.Ta
         values: pa.Array | pa.ChunkedArray = raw.column(index)
         if pa.types.is_string(column.parse_type):
             _check_utf8(column.name, raw.column(index), body)
+        elif column.nested and _has_string(column.parse_type):
+            _check_nested_utf8(column.name, values)
         if column.convert is not None:
             try:
                 values = column.convert(raw.column(index))
@@ -810,8 +842,53 @@ def _finish(raw: pa.Table, plan: _Plan, schema: pa.Schema, body: bytes) -> pa.Ta
             )
         if column.nested:
             values = _conform_nested(column, values)
+        _check_range(column.name, values, body)
         columns.append(values)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _check_range(name: str, values: pa.Array | pa.ChunkedArray, body: bytes) -> None:
+    found = find_out_of_range(values)
+    if found is None:
+        return
+    if found.row < 0:  # inside a list or map: the record is found by bisection
+        raise _Locate(found.column(name), found.problem, "out_of_range")
+    raise SchemaError(
+        found.column(name), f"{found.problem}{_line_of_row(body, found.row)}"
+    ).because("out_of_range")
+
+
+def _has_string(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return any(_has_string(f.type) for f in t.fields)
+    if pa.types.is_list(t):
+        return _has_string(t.value_type)
+    return bool(pa.types.is_string(t))
+
+
+def _check_nested_utf8(name: str, values: pa.ChunkedArray) -> None:
+    # Strings inside lists, structs and maps (keys and values) come from the same
+    # byte copy. Only the string leaves are validated: full validation of the whole
+    # value would also judge other things (decimal digits) that get their own error.
+    # The record is found by bisection (only on this failure path).
+    for leaf in _string_leaves(_combined(values)):
+        try:
+            leaf.validate(full=True)
+        except pa.ArrowInvalid:
+            raise _Locate(
+                name, "a string inside the value is not valid UTF-8", "bad_utf8"
+            ) from None
+
+
+def _string_leaves(array: pa.Array) -> Iterator[pa.Array]:
+    """The string arrays nested in ``array`` (a parse type: structs and lists)."""
+    if pa.types.is_struct(array.type):
+        for child in array.flatten():
+            yield from _string_leaves(child)
+    elif pa.types.is_list(array.type):
+        yield from _string_leaves(array.flatten())
+    elif pa.types.is_string(array.type):
+        yield array
 
 
 def _conform_nested(column: _Column, values: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -840,8 +917,8 @@ def _check_utf8(name: str, values: pa.ChunkedArray, body: bytes) -> None:
             except UnicodeDecodeError:
                 raise SchemaError(
                     name, f"the value is not valid UTF-8{_line_of_row(body, row)}"
-                ) from None
-        raise SchemaError(name, "a value is not valid UTF-8") from None
+                ).because("bad_utf8") from None
+        raise SchemaError(name, "a value is not valid UTF-8").because("bad_utf8") from None
 
 
 def _count_lines(body: bytes) -> int:
@@ -894,7 +971,9 @@ def _parse_line(number: int, line: bytes) -> dict[str, Any]:
     try:
         value = json.loads(line, object_pairs_hook=no_duplicates)
     except UnicodeDecodeError as exc:
-        raise BadInputError(f"line {number}: not UTF-8 ({exc.reason})") from None
+        raise BadInputError(f"line {number}: not UTF-8 ({exc.reason})").because(
+            "bad_utf8"
+        ) from None
     except json.JSONDecodeError as exc:
         raise BadInputError(
             f"line {number}: invalid JSON ({exc.msg} at character {exc.colno}); send one "

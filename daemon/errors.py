@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 __all__ = [
     "BackpressureError",
     "BadInputError",
@@ -30,7 +32,18 @@ class ConfigError(IcespoolError):
 
 
 class BadInputError(IcespoolError):
-    """Input records cannot be accepted as sent (bad body, wrong types, missing fields)."""
+    """Input records cannot be accepted as sent (bad body, wrong types, missing fields).
+
+    ``reason`` is the short label a dead letter and its metric carry: ``invalid``, or
+    ``too_deep``, ``bad_utf8``, ``out_of_range`` for the poison kinds that have one.
+    """
+
+    reason: str = "invalid"
+
+    def because(self, reason: str) -> Self:
+        """This error with ``reason`` set (returns self, to be raised)."""
+        self.reason = reason
+        return self
 
 
 class SchemaError(BadInputError):

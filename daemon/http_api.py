@@ -244,7 +244,7 @@ class _Api:
                 writer = await self._create_for(name, decoder, body)
             if decoder is decode_ndjson:
                 # The table's JSON options (epoch units of timestamp columns).
-                options = _json_options(self._service, writer.name)
+                options = _json_options(self._service, writer)
                 table = await _decode_evolving(writer, body, options)
             else:
                 table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
@@ -260,7 +260,8 @@ class _Api:
 
     async def _create_for(self, name: str, decoder: object, body: bytes) -> TableWriter:
         if decoder is decode_ndjson:
-            schema = await asyncio.to_thread(infer_ndjson_schema, body)
+            depth = self._service.config.table_settings(name).max_nesting_depth
+            schema = await asyncio.to_thread(infer_ndjson_schema, body, depth)
         else:
             schema = (await asyncio.to_thread(decode_arrow_stream, body, pa.schema([]))).schema
         try:
@@ -415,9 +416,9 @@ class _Api:
         return extra
 
 
-def _json_options(service: Any, name: str) -> JsonOptions:
+def _json_options(service: Any, writer: TableWriter) -> JsonOptions:
     tables = {table.name: table for table in service.config.tables}
-    return JsonOptions.for_table(tables[name]) if name in tables else JsonOptions()
+    return JsonOptions.for_table(tables.get(writer.name), writer.settings.max_nesting_depth)
 
 
 def _too_large(what: str, limit: int) -> str:
@@ -438,7 +439,7 @@ async def _decode_evolving(writer: TableWriter, body: bytes, options: JsonOption
             if writer.evolve_policy == "none" or exc.column in evolved:
                 raise
             evolved.add(exc.column)
-            inferred = await asyncio.to_thread(infer_ndjson_schema, body)
+            inferred = await asyncio.to_thread(infer_ndjson_schema, body, options.max_depth)
             if exc.column not in inferred.names:
                 raise
             plan = await writer.evolve(inferred, only={exc.column}, exact=False)

@@ -154,6 +154,7 @@ class Icespool:
                 table_names=list(self._writers),
                 json_options={t.name: JsonOptions.for_table(t) for t in self.config.tables},
                 create_table=self._create_routed,
+                max_nesting_depth=self.config.defaults.max_nesting_depth,
             )
             self._start_source(source)
 

@@ -446,6 +446,11 @@ class HttpConfig(_Section):
         return _split_listen(self.listen)[1]
 
 
+# Python's json recurses per level and stops near 1,000; pyarrow.json's C parser
+# must stay far from the stack's end.
+NestingDepth = Annotated[int, Ge(1), Le(512)]
+
+
 class WriterSettings(_Section):
     """``[defaults]``: per-table writer settings; each one can be overridden in ``[[tables]]``."""
 
@@ -457,6 +462,9 @@ class WriterSettings(_Section):
     # pyarrow's own default (1 Mi rows): a 500k-record flush stays one row group per file.
     row_group_records: PositiveInt = 2**20
     max_queue_bytes: Bytes = 512 * 2**20
+    # Deepest nesting a JSON record may have; deeper ones are refused (HTTP 400,
+    # Kafka dead letter "too_deep") before any parser recurses into them.
+    max_nesting_depth: NestingDepth = 64
 
 
 class EncodeConfig(_Section):
@@ -535,6 +543,7 @@ class TableConfig(_Section):
     compression: Compression | None = None
     row_group_records: PositiveInt | None = None
     max_queue_bytes: Bytes | None = None
+    max_nesting_depth: NestingDepth | None = None
 
     @property
     def namespace(self) -> str:

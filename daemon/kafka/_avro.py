@@ -46,7 +46,9 @@ import pyarrow as pa
 
 from daemon.errors import BadInputError, SchemaError
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from daemon.nesting import DEFAULT_MAX_DEPTH, depth
 from daemon.table_schema import cast_array, conform
+from daemon.value_ranges import find_out_of_range
 
 if TYPE_CHECKING:
     from daemon.config import KafkaConfig
@@ -77,6 +79,9 @@ _PRIMITIVES: Final = frozenset(
     {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 )
 _RESOLVE_LIMIT: Final = 64
+#: JSON levels a schema's text may nest (an Avro level takes three or four: record,
+#: fields, field, type). Checked before json.loads and fastavro's parser recurse.
+_SCHEMA_TEXT_DEPTH: Final = 400
 
 
 # ------------------------------------------------------------------ writer schemas
@@ -111,6 +116,8 @@ def _strip_logical(node: Any) -> Any:
 
 def parse_writer_schema(text: str, label: str) -> WriterSchema:
     """Parse an Avro schema (JSON text); ValueError says what is wrong with it."""
+    if depth(text.encode("utf-8", "surrogatepass")) > _SCHEMA_TEXT_DEPTH:
+        raise ValueError(f"{label} nests deeper than {_SCHEMA_TEXT_DEPTH} JSON levels")
     try:
         raw = json.loads(text)
         shape = fastavro.parse_schema(copy.deepcopy(raw))
@@ -290,8 +297,12 @@ def decode_avro(
     max_record_bytes: int = 2**20,
     subset: npt.NDArray[np.int64] | None = None,
     schemas: AvroSchemas,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> Decoded:
-    """Decode the Avro values of ``fetch`` (or of its ``subset`` positions) for one table."""
+    """Decode the Avro values of ``fetch`` (or of its ``subset`` positions) for one table.
+
+    A value nests at most as deep as its writer schema, so ``max_depth`` bounds the
+    schema (recursive schemas included) before any value is read."""
     positions = subset if subset is not None else np.arange(len(fetch.offsets), dtype=np.int64)
     view = fetch.take(positions) if subset is not None else fetch
     value_schema = pa.schema([f for f in schema if f.name not in metadata_columns])
@@ -322,9 +333,9 @@ def decode_avro(
             dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in indices)
             continue
         start = 0 if schema_id is None else 5
-        _decode_group(view.values, indices, start, writer, value_schema, tables, dead)
+        _decode_group(view.values, indices, start, writer, value_schema, max_depth, tables, dead)
     dead = sorted(
-        (DeadRecord(int(positions[d.index]), d.reason, d.error) for d in dead),
+        (DeadRecord(int(positions[d.index]), d.reason, d.error, d.column) for d in dead),
         key=lambda d: d.index,
     )
     if not tables:
@@ -354,13 +365,14 @@ def _decode_group(
     start: int,
     writer: WriterSchema,
     value_schema: pa.Schema,
+    max_depth: int,
     out: list[tuple[pa.RecordBatch, list[int]]],
     dead: list[DeadRecord],
 ) -> None:
     try:
-        build = _plan(writer, value_schema)
+        build = _plan(writer, value_schema, max_depth)
     except BadInputError as exc:
-        dead.extend(DeadRecord(i, "invalid", f"{writer.label}: {exc}") for i in indices)
+        dead.extend(DeadRecord(i, exc.reason, f"{writer.label}: {exc}") for i in indices)
         return
     rows: list[Any] = []
     good: list[int] = []
@@ -373,7 +385,8 @@ def _decode_group(
         try:
             record = fastavro.schemaless_reader(stream, reader)
         except Exception as exc:  # fastavro raises EOFError, IndexError, ... on bad bytes
-            dead.append(DeadRecord(i, "invalid", _unreadable(writer, exc)))
+            reason = "bad_utf8" if isinstance(exc, UnicodeDecodeError) else "invalid"
+            dead.append(DeadRecord(i, reason, _unreadable(writer, exc)))
             continue
         left = len(value) - stream.tell()
         if left:
@@ -419,7 +432,9 @@ def _build_split(
         return
     except _CONVERSION_ERRORS as exc:
         if len(indices) == 1:
-            dead.append(DeadRecord(indices[0], "invalid", str(exc)))
+            reason = exc.reason if isinstance(exc, BadInputError) else "invalid"
+            column = exc.column if isinstance(exc, SchemaError) else None
+            dead.append(DeadRecord(indices[0], reason, str(exc), column))
             return
     middle = len(indices) // 2
     _build_split(build, rows[:middle], indices[:middle], out, dead)
@@ -431,7 +446,9 @@ def _build_split(
 Convert = Callable[[list[Any]], pa.Array]
 
 
-def _plan(writer: WriterSchema, value_schema: pa.Schema) -> Callable[[list[Any]], pa.RecordBatch]:
+def _plan(
+    writer: WriterSchema, value_schema: pa.Schema, max_depth: int
+) -> Callable[[list[Any]], pa.RecordBatch]:
     """rows (fastavro dicts) -> a batch in ``value_schema``; SchemaError when the writer
     schema cannot fit the table at all (then no record of it can)."""
     shape = _resolve(writer, writer.shape)
@@ -444,7 +461,14 @@ def _plan(writer: WriterSchema, value_schema: pa.Schema) -> Callable[[list[Any]]
     columns: list[tuple[str, Convert | None, pa.DataType]] = []
     for target in value_schema:
         if target.name in fields:
-            convert = _converter(writer, fields[target.name], target.type, target.name, 0)
+            convert = _converter(
+                # The record itself is the first level, as a JSON object is.
+                writer,
+                fields[target.name],
+                target.type,
+                target.name,
+                max_depth - 1,
+            )
             columns.append((target.name, convert, target.type))
         elif not target.nullable:
             raise SchemaError(target.name, "required column is missing from the Avro schema")
@@ -458,7 +482,12 @@ def _plan(writer: WriterSchema, value_schema: pa.Schema) -> Callable[[list[Any]]
             else convert([row[name] for row in rows])
             for name, convert, data_type in columns
         ]
-        return conform(pa.RecordBatch.from_arrays(arrays, schema=value_schema), value_schema)
+        batch = conform(pa.RecordBatch.from_arrays(arrays, schema=value_schema), value_schema)
+        for name, values in zip(batch.schema.names, batch.columns, strict=True):
+            found = find_out_of_range(values)
+            if found is not None:
+                raise SchemaError(found.column(name), found.problem).because("out_of_range")
+        return batch
 
     return build
 
@@ -488,15 +517,19 @@ def _describe(node: Any) -> str:
 
 
 def _converter(
-    writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int
+    writer: WriterSchema, node: Any, target: pa.DataType, path: str, left: int
 ) -> Convert:
-    if depth > 64:
-        raise SchemaError(path, "Avro schema nests deeper than 64 levels")
+    """``left``: how many more levels the schema may nest (max_nesting_depth); a
+    recursive schema runs out of them too, before any value of it is read."""
+    if left < 0:
+        raise SchemaError(
+            path, "the Avro schema nests deeper than max_nesting_depth (or is recursive)"
+        ).because("too_deep")
     node = _resolve(writer, node)
     if isinstance(node, list):
         branches = [b for b in node if _resolve(writer, b) != "null"]
         if len(branches) == 1:
-            return _converter(writer, branches[0], target, path, depth + 1)
+            return _converter(writer, branches[0], target, path, left)
         if not branches:
             return lambda values: pa.nulls(len(values), target)
         resolved = [_resolve(writer, b) for b in branches]
@@ -511,11 +544,11 @@ def _converter(
     kind = node["type"] if isinstance(node, dict) else node
     logical = node.get("logicalType") if isinstance(node, dict) else None
     if kind == "record":
-        return _struct(writer, node, target, path, depth)
+        return _struct(writer, node, target, path, left - 1)
     if kind == "array":
-        return _list(writer, node, target, path, depth)
+        return _list(writer, node, target, path, left - 1)
     if kind == "map":
-        return _map(writer, node, target, path, depth)
+        return _map(writer, node, target, path, left - 1)
     if kind == "null":
         return lambda values: pa.nulls(len(values), target)
     natural = _natural(node, kind, logical, target, path)
@@ -675,7 +708,7 @@ def _offsets(values: list[Any]) -> pa.Array:
     return pa.array(offsets)
 
 
-def _struct(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int) -> Convert:
+def _struct(writer: WriterSchema, node: Any, target: pa.DataType, path: str, left: int) -> Convert:
     if not pa.types.is_struct(target):
         raise SchemaError(path, f"an Avro record does not convert to {target}")
     fields = {f["name"]: f["type"] for f in node["fields"]}
@@ -685,9 +718,7 @@ def _struct(writer: WriterSchema, node: Any, target: pa.DataType, path: str, dep
     children: list[tuple[str, Convert | None, pa.DataType]] = []
     for field in target.fields:
         if field.name in fields:
-            child = _converter(
-                writer, fields[field.name], field.type, f"{path}.{field.name}", depth + 1
-            )
+            child = _converter(writer, fields[field.name], field.type, f"{path}.{field.name}", left)
             children.append((field.name, child, field.type))
         else:
             children.append((field.name, None, field.type))
@@ -704,10 +735,10 @@ def _struct(writer: WriterSchema, node: Any, target: pa.DataType, path: str, dep
     return convert
 
 
-def _list(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int) -> Convert:
+def _list(writer: WriterSchema, node: Any, target: pa.DataType, path: str, left: int) -> Convert:
     if not (pa.types.is_list(target) or pa.types.is_large_list(target)):
         raise SchemaError(path, f"an Avro array does not convert to {target}")
-    element = _converter(writer, node["items"], target.value_type, f"{path}.element", depth + 1)
+    element = _converter(writer, node["items"], target.value_type, f"{path}.element", left)
 
     def convert(values: list[Any]) -> pa.Array:
         flat = [x for v in values if v is not None for x in v]
@@ -718,11 +749,11 @@ def _list(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth
     return convert
 
 
-def _map(writer: WriterSchema, node: Any, target: pa.DataType, path: str, depth: int) -> Convert:
+def _map(writer: WriterSchema, node: Any, target: pa.DataType, path: str, left: int) -> Convert:
     if not pa.types.is_map(target):
         raise SchemaError(path, f"an Avro map does not convert to {target}")
-    key = _converter(writer, "string", target.key_type, f"{path}.key", depth + 1)
-    item = _converter(writer, node["values"], target.item_type, f"{path}.value", depth + 1)
+    key = _converter(writer, "string", target.key_type, f"{path}.key", left)
+    item = _converter(writer, node["values"], target.item_type, f"{path}.value", left)
 
     def convert(values: list[Any]) -> pa.Array:
         keys = [k for v in values if v is not None for k in v]

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.schema import Schema
 
-from daemon.kafka._decode import DeadRecord, Fetch, headers_json
+from daemon.kafka._decode import DeadRecord, Fetch, header_name, headers_json
 from daemon.table_schema import parse_schema
 
 __all__ = ["DEAD_LETTER_COLUMNS", "dead_letter_batch", "dead_letter_headers", "dead_letter_schema"]
@@ -66,7 +66,7 @@ def dead_letter_headers(
 ) -> list[tuple[str, bytes]]:
     """Headers of a record re-published to a dead-letter topic: the original ones
     plus where it came from and why it failed."""
-    original = list(fetch.headers[record.index])
+    original = [(header_name(k), v) for k, v in fetch.headers[record.index]]
     return [
         *original,
         ("icespool.topic", fetch.topic.encode()),

@@ -22,6 +22,7 @@ import pyarrow.json as pj
 
 from daemon.decode import JsonOptions, decode_ndjson
 from daemon.errors import BadInputError, IcespoolError, SchemaError
+from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from daemon.table_schema import conform
 
 __all__ = [
@@ -30,8 +31,10 @@ __all__ = [
     "Fetch",
     "decode_json",
     "decode_raw",
+    "header_name",
     "headers_json",
     "route_values",
+    "too_deep_values",
 ]
 
 _LINE_1 = re.compile(r"^line 1: | \(line 1\)")
@@ -70,7 +73,9 @@ class DeadRecord:
     """A record that goes to the dead-letter destination instead of its table."""
 
     index: int  # position in the fetch
-    reason: str  # short label for metrics: invalid, oversized, empty, unknown_route
+    # short label for metrics: invalid, oversized, empty, unknown_route, too_deep,
+    # bad_utf8, out_of_range, unparseable
+    reason: str
     error: str
     column: str | None = None  # the column at fault, when one is
 
@@ -150,11 +155,16 @@ def decode_json(
     view = fetch.take(positions) if subset is not None else fetch
     good, dead = _prescreen(view, max_record_bytes)
     value_schema = pa.schema([f for f in schema if f.name not in metadata_columns])
+    deep = too_deep_values(view.values, good, (options or JsonOptions()).max_depth)
+    if deep:
+        # Found here, once, rather than by bisecting down to them.
+        good = [i for i in good if i not in deep]
+        dead.extend(DeadRecord(i, "too_deep", deep[i]) for i in sorted(deep))
     tables: list[tuple[pa.Table, list[int]]] = []
     _decode_split(view.values, good, value_schema, options, tables, dead)
     dead = [DeadRecord(int(positions[d.index]), d.reason, d.error, d.column) for d in dead]
     if not tables:
-        return Decoded(None, np.empty(0, np.int64), dead)
+        return Decoded(None, np.empty(0, np.int64), sorted(dead, key=lambda d: d.index))
     tables.sort(key=lambda t: t[1][0])
     ok = np.asarray([i for _, idx in tables for i in idx], dtype=np.int64)
     table = pa.concat_tables([t for t, _ in tables]) if len(tables) > 1 else tables[0][0]
@@ -180,11 +190,23 @@ def _decode_split(
         if len(indices) == 1:
             message = _LINE_1.sub("", str(exc))
             column = exc.column if isinstance(exc, SchemaError) else None
-            dead.append(DeadRecord(indices[0], "invalid", message, column))
+            reason = exc.reason if isinstance(exc, BadInputError) else "invalid"
+            dead.append(DeadRecord(indices[0], reason, message, column))
             return
     middle = len(indices) // 2
     _decode_split(values, indices[:middle], schema, options, out, dead)
     _decode_split(values, indices[middle:], schema, options, out, dead)
+
+
+def too_deep_values(
+    values: Sequence[bytes | None], indices: Sequence[int], max_depth: int
+) -> dict[int, str]:
+    """Which of ``values[indices]`` nest deeper than ``max_depth``, with the error
+    each gets (one linear scan of the joined values; see `daemon.nesting`)."""
+    if not indices:
+        return {}
+    lines = too_deep_lines(_join([values[i] or b"" for i in indices]), max_depth)
+    return {indices[line]: too_deep(max_depth) for line in lines}
 
 
 def decode_raw(
@@ -228,11 +250,24 @@ def decode_raw(
 
 
 def headers_json(headers: Sequence[tuple[str, bytes]]) -> str:
-    return json.dumps([[k, base64.b64encode(v or b"").decode()] for k, v in headers])
+    return json.dumps([[header_name(k), base64.b64encode(v or b"").decode()] for k, v in headers])
 
 
-def route_values(fetch: Fetch, *, field: str | None, header: str | None) -> list[str | None]:
-    """The route value of every record (None: no usable value)."""
+def header_name(key: str) -> str:
+    """A header key as valid text: one read from bytes that are not UTF-8 (kept with
+    surrogate escapes by the raw reader) shows those bytes as ``\\xff``."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return key
+
+
+def route_values(
+    fetch: Fetch, *, field: str | None, header: str | None, max_depth: int = DEFAULT_MAX_DEPTH
+) -> list[str | None]:
+    """The route value of every record (None: no usable value, or a value nesting
+    deeper than ``max_depth``, which no parser may see)."""
     if header is not None:
         by_header: list[str | None] = []
         for pairs in fetch.headers:
@@ -244,6 +279,14 @@ def route_values(fetch: Fetch, *, field: str | None, header: str | None) -> list
         return by_header
     assert field is not None
     values = [v or b"" for v in fetch.values]
+    deep = too_deep_values(values, range(len(values)), max_depth)
+    if deep:  # no parser may see them; they get no route
+        routes = _routes([b"{}" if i in deep else v for i, v in enumerate(values)], field)
+        return [None if i in deep else r for i, r in enumerate(routes)]
+    return _routes(values, field)
+
+
+def _routes(values: list[bytes], field: str) -> list[str | None]:
     body = _join(values)
     # pyarrow 26 crashes on a top-level `null` starting a block (see daemon.decode):
     # only bodies of plain objects reach it.

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from daemon.config import KafkaConfig
@@ -44,8 +44,18 @@ from daemon.errors import BackpressureError, BadInputError, IcespoolError
 from daemon.evolution import SchemaChangeError
 from daemon.kafka._avro import avro_schemas, decode_avro
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw, route_values
+from daemon.kafka._decode import (
+    DeadRecord,
+    Decoded,
+    Fetch,
+    decode_json,
+    decode_raw,
+    route_values,
+    too_deep_values,
+)
+from daemon.kafka._raw_fetch import fetch_raw
 from daemon.metrics import Metrics
+from daemon.nesting import DEFAULT_MAX_DEPTH
 from daemon.offsets import Ranges, batch_meta, offsets_key
 from daemon.writer import TableWriter
 
@@ -60,6 +70,10 @@ _EVOLVE_ROUNDS = 4
 # Where a partition remembers how far dead letters went when they go to a topic.
 _DEAD_LETTER_TOPIC = "<dead-letter topic>"
 _ROUTE_VALUE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# What aiokafka raises for a record it cannot parse: CorruptRecordException from
+# its Python reader or a bad CRC, UnicodeDecodeError (a ValueError) from its C reader.
+_UNPARSEABLE = (CorruptRecordException, ValueError, IndexError)
+_RAW_FETCH_BYTES = 4 << 20
 
 #: Reads the current properties of a table straight from the catalog (blocking).
 LoadProperties = Callable[[str], Mapping[str, str]]
@@ -95,6 +109,7 @@ class KafkaSource:
         table_names: Sequence[str],
         json_options: Mapping[str, JsonOptions] | None = None,
         create_table: CreateTable | None = None,
+        max_nesting_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         self.config = config
         self.name = name
@@ -104,6 +119,8 @@ class KafkaSource:
         self._metrics = metrics
         self._json_options = dict(json_options or {})
         self._create_table = create_table
+        # [defaults]: for routes without a table yet (routing, auto_create inference).
+        self._max_nesting_depth = max_nesting_depth
         self.targets = config.targets(table_names)
         self.dead_letter_table = config.dead_letter_table
         self.tables = [*self.targets, *([self.dead_letter_table] if self.dead_letter_table else [])]
@@ -285,7 +302,12 @@ class KafkaSource:
     async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
         while not self._stop.is_set():
             self._resume_ready(consumer)
-            fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            try:
+                fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+            except _UNPARSEABLE as exc:
+                async with self._lock:
+                    await self._read_past_unparseable(consumer, exc)
+                continue
             async with self._lock:
                 await self._init_partitions(consumer)
                 for tp, records in fetched.items():
@@ -406,10 +428,64 @@ class KafkaSource:
                     self._metrics.kafka_lag.remove(part.tp.topic, str(part.tp.partition))
             self._metrics.kafka_paused.set(sum(p.paused for p in self._parts.values()))
 
+    # ------------------------------------------------------------------ unparseable records
+
+    async def _read_past_unparseable(self, consumer: AIOKafkaConsumer, exc: Exception) -> None:
+        """aiokafka could not parse a record (a header key that is not UTF-8, a bad
+        CRC): its getmany raises at that position on every call. Each fetching
+        partition is read once by `fetch_raw` instead, from the next offset this
+        source has not processed (which also re-reads whatever the failed getmany
+        had taken from other partitions): parseable records go on as usual, the
+        others become dead letters (reason ``unparseable``) with what bytes could be
+        recovered and their offsets, and the consumer continues after them."""
+        _log.warning(
+            "%s: Kafka returned a record the client cannot parse (%s: %s); reading the "
+            "partitions' raw batches to dead-letter it",
+            self.name,
+            type(exc).__name__,
+            exc,
+        )
+        for part in [p for p in self._parts.values() if p.ready and not p.paused]:
+            tp = part.tp
+            try:
+                offset = part.position
+                if offset is None:
+                    offset = await self._first_offset(consumer, tp)
+                records, after = await fetch_raw(
+                    consumer._client, tp, offset, _RAW_FETCH_BYTES, _PROBE_TIMEOUT
+                )
+            except (KafkaError, OSError, TimeoutError) as error:
+                # Back to what was processed: the failed getmany may have taken
+                # records of this partition; the next round reads them again.
+                _log.warning("%s: raw fetch of %s[%d] failed: %r", self.name, *tp, error)
+                if part.position is not None:
+                    consumer.seek(tp, part.position)
+                continue
+            if records:
+                problems = {r.offset: r.problem for r in records if r.problem is not None}
+                await self._process(consumer, tp, records, problems)
+            if not part.paused and tp in self._parts:
+                consumer.seek(tp, after)
+
+    async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+        """Where consuming ``tp`` starts when the tables know nothing of it."""
+        committed = await asyncio.wait_for(consumer.committed(tp), _PROBE_TIMEOUT)
+        if committed is not None:
+            return int(committed)
+        if self.config.auto_offset_reset == "earliest":
+            edges = await asyncio.wait_for(consumer.beginning_offsets([tp]), _PROBE_TIMEOUT)
+        else:
+            edges = await asyncio.wait_for(consumer.end_offsets([tp]), _PROBE_TIMEOUT)
+        return int(edges[tp])
+
     # ------------------------------------------------------------------ records
 
     async def _process(
-        self, consumer: AIOKafkaConsumer, tp: TopicPartition, records: list[Any]
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: Sequence[Any],
+        unparseable: Mapping[int, str] | None = None,
     ) -> None:
         part = self._parts.get(tp)
         if part is None or part.paused or not part.ready:
@@ -435,6 +511,8 @@ class KafkaSource:
             if not (await self._evolve(fetch, dead) or created):
                 break
             per_table, dead = await asyncio.to_thread(self._decode, fetch)
+        if unparseable:
+            dead = _set_aside(fetch, per_table, dead, unparseable)
         if not self._has_room(per_table, dead):
             self._pause(consumer, part, int(fetch.offsets[0]))
             return
@@ -460,12 +538,18 @@ class KafkaSource:
         dead: list[tuple[DeadRecord, str | None]] = []
         subsets: dict[str, npt.NDArray[np.int64]]
         if c.dynamic:
-            routes = route_values(fetch, field=c.route_field, header=c.route_header)
+            depth = self._max_nesting_depth
+            routes = route_values(
+                fetch, field=c.route_field, header=c.route_header, max_depth=depth
+            )
+            deep = too_deep_values(fetch.values, range(len(routes)), depth) if c.route_field else {}
             by_table: dict[str, list[int]] = {}
             for i, route in enumerate(routes):
                 table = c.route(route) if route and _ROUTE_VALUE.fullmatch(route) else None
                 if table is not None and table in self.targets:
                     by_table.setdefault(table, []).append(i)
+                elif i in deep:
+                    dead.append((DeadRecord(i, "too_deep", deep[i]), None))
                 elif table is None:
                     # A value that is not a plain name part (dots, slashes, spaces) must
                     # never become part of a table name.
@@ -507,14 +591,24 @@ class KafkaSource:
             if c.format == "raw":
                 decoded = decode_raw(fetch, schema, **common)
             elif c.format == "avro":
-                decoded = decode_avro(fetch, schema, schemas=avro_schemas(c), **common)
+                decoded = decode_avro(
+                    fetch,
+                    schema,
+                    schemas=avro_schemas(c),
+                    max_depth=self._options(table).max_depth,
+                    **common,
+                )
             else:
-                options = self._json_options.get(table)
-                decoded = decode_json(fetch, schema, options=options, **common)
+                decoded = decode_json(fetch, schema, options=self._options(table), **common)
             out[table] = decoded
             dead.extend((d, table) for d in decoded.dead)
         dead.sort(key=lambda item: item[0].index)
         return out, dead
+
+    def _options(self, table: str) -> JsonOptions:
+        # The depth from the writer's settings: a reload of max_nesting_depth applies.
+        depth = self._writer_for(table).settings.max_nesting_depth
+        return replace(self._json_options.get(table, JsonOptions()), max_depth=depth)
 
     async def _create_routes(self, fetch: Fetch, dead: list[tuple[DeadRecord, str | None]]) -> bool:
         """With ``auto_create``: create the tables unknown routes name, from the
@@ -528,7 +622,9 @@ class KafkaSource:
         created = False
         for table, values in wanted.items():
             try:
-                inferred = await asyncio.to_thread(_infer_columns, values, None)
+                inferred = await asyncio.to_thread(
+                    _infer_columns, values, None, self._max_nesting_depth
+                )
                 await self._create_table(table, inferred)
             except (IcespoolError, ValueError) as exc:
                 _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
@@ -567,7 +663,9 @@ class KafkaSource:
             columns = {dead[i][0].column for i in positions} - {None}
             writer = self._writer_for(table)
             try:
-                inferred = await asyncio.to_thread(_infer_columns, values, columns)
+                inferred = await asyncio.to_thread(
+                    _infer_columns, values, columns, self._options(table).max_depth
+                )
                 plan = await writer.evolve(
                     inferred, only={c for c in columns if c is not None}, exact=False
                 )
@@ -751,7 +849,9 @@ class KafkaSource:
                 self._parts[tp].kafka_committed = offset
 
 
-def _infer_columns(values: Sequence[bytes], columns: set[str | None] | None) -> pa.Schema:
+def _infer_columns(
+    values: Sequence[bytes], columns: set[str | None] | None, max_depth: int
+) -> pa.Schema:
     """The inferred types of ``columns`` (None: all) in these records (blocking).
 
     One inference over all of them first; when that fails (some record is bad in
@@ -759,13 +859,13 @@ def _infer_columns(values: Sequence[bytes], columns: set[str | None] | None) -> 
     that carry it agree (long and double agree on double).
     """
     try:
-        return infer_ndjson_schema(b"\n".join(values))
+        return infer_ndjson_schema(b"\n".join(values), max_depth)
     except BadInputError:
         pass
     found: dict[str, pa.DataType | None] = {}
     for value in values:
         try:
-            schema = infer_ndjson_schema(value)
+            schema = infer_ndjson_schema(value, max_depth)
         except BadInputError:
             continue
         for inferred in schema:
@@ -777,6 +877,37 @@ def _infer_columns(values: Sequence[bytes], columns: set[str | None] | None) -> 
             numbers = {seen, inferred.type} <= {pa.int64(), pa.float64()}
             found[inferred.name] = pa.float64() if numbers else None
     return pa.schema([(name, t) for name, t in found.items() if t is not None])
+
+
+def _set_aside(
+    fetch: Fetch,
+    per_table: dict[str, Decoded],
+    dead: list[tuple[DeadRecord, str | None]],
+    unparseable: Mapping[int, str],
+) -> list[tuple[DeadRecord, str | None]]:
+    """Make the records at ``unparseable`` offsets dead letters (reason
+    ``unparseable``) whatever their decode said; returns the new dead list."""
+    positions = {
+        i: unparseable[o] for i, o in enumerate(fetch.offsets.tolist()) if o in unparseable
+    }
+    target: dict[int, str | None] = {}  # the table each was meant for, where known
+    for name, decoded in per_table.items():
+        keep = np.asarray([int(i) not in positions for i in decoded.rows], dtype=bool)
+        target.update((int(i), name) for i in decoded.rows[~keep])
+        if decoded.batch is not None and not keep.all():
+            batch = decoded.batch.filter(pa.array(keep))
+            per_table[name] = Decoded(batch if batch.num_rows else None, decoded.rows[keep])
+    kept: list[tuple[DeadRecord, str | None]] = []
+    for record, table in dead:
+        if record.index in positions:
+            target[record.index] = table
+        else:
+            kept.append((record, table))
+    kept.extend(
+        (DeadRecord(i, "unparseable", problem), target.get(i)) for i, problem in positions.items()
+    )
+    kept.sort(key=lambda item: item[0].index)
+    return kept
 
 
 def _resume(ranges: Iterable[Ranges]) -> int | None:
