@@ -457,8 +457,8 @@ class TableWriter:
                 exc,
                 extra={"table": self.name, "reason": reason, "error": str(exc)},
             )
-            if isinstance(exc, IcespoolError):
-                raise
+            if isinstance(exc, IcespoolError | SpoolIOError):
+                raise  # already say what failed and what to do
             # Say what failed instead of a raw library error (HTTP: 503, not 500).
             raise CommitError(
                 f"flush of {self.name} failed ({type(exc).__name__}: {exc}); the spool keeps "
