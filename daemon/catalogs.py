@@ -25,28 +25,37 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
+from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError, SchemaError
 from daemon.table_schema import SchemaDifference, schema_diff
+from daemon.timeouts import bound_catalog, catalog_properties
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
 
-def load_catalog(name: str, props: Mapping[str, str]) -> Catalog:
+def load_catalog(
+    name: str, props: Mapping[str, str], timeouts: TimeoutsConfig | None = None
+) -> Catalog:
     """Load the pyiceberg catalog ``name`` configured by ``props`` (the ``[catalog]`` table).
 
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
-    directory likewise.
+    directory likewise. Every call the catalog and its FileIO make later is bounded by
+    ``timeouts`` (default: the ``[timeouts]`` defaults).
     """
+    timeouts = timeouts or TimeoutsConfig()
     properties = {key: str(value) for key, value in props.items() if key != "name"}
     if properties.get("type", "").lower() == "sql":
         uri = properties.get("uri", "")
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
     _ensure_local_warehouse(properties.get("warehouse", ""))
+    properties = catalog_properties(properties, timeouts)
     for attempt in range(3):
         try:
-            return _pyiceberg_load_catalog(name, **properties)
+            catalog = _pyiceberg_load_catalog(name, **properties)
+            bound_catalog(catalog, timeouts)
+            return catalog
         except Exception as exc:
             # SqlCatalog creates its tables on first use; replicas starting together on
             # a new database race on that CREATE TABLE, and the loser sees an integrity

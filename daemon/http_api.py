@@ -38,6 +38,7 @@ from daemon.errors import (
 )
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
+from daemon.timeouts import unavailable
 from daemon.writer import TableWriter
 
 __all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
@@ -62,6 +63,7 @@ _SHOWN_NAME_CHARS: Final = 120
 _STARTING_RETRY_AFTER: Final = 1.0
 _DRAINING_RETRY_AFTER: Final = 1.0
 _BUSY_RETRY_AFTER: Final = 1.0
+_UNAVAILABLE_RETRY_AFTER: Final = 5.0
 # Default budget of request bytes held at once (bodies being read, decoded, appended):
 # without it, memory grows with the number of concurrent clients, not with the config.
 _INFLIGHT_BODIES: Final = 4
@@ -253,6 +255,10 @@ class _Api:
             raise _Problem(400, str(exc)) from None
         except BackpressureError as exc:
             raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
+        except _Problem:
+            raise
+        except Exception as exc:  # e.g. a schema change the catalog did not answer
+            raise _unavailable(exc, f"records for {name} not accepted") from None
         finally:
             self._inflight -= held
         return _json({"accepted": accepted})
@@ -266,10 +272,8 @@ class _Api:
             return await self._service.create_from(name, schema)
         except SchemaError:
             raise  # a type without an Iceberg equivalent: 400 naming the column
-        except IcespoolError as exc:
-            raise _Problem(
-                503, f"cannot create table {name} yet: {exc}", headers=_retry_after(5.0)
-            ) from None
+        except Exception as exc:
+            raise _unavailable(exc, f"cannot create table {name} yet") from None
 
     async def flush(self, request: web.Request) -> web.StreamResponse:
         writer = self._writer(request.match_info["table"])
@@ -277,14 +281,10 @@ class _Api:
             result = await asyncio.shield(writer.flush("manual"))
         except ShuttingDownError as exc:
             raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
-        except IcespoolError as exc:
-            # Commit or catalog trouble: the records stay in the spool and are retried.
-            raise _Problem(
-                503,
-                f"flush of {writer.name} failed: {exc}; the spool keeps every record and "
-                "the daemon retries",
-                headers=_retry_after(5.0),
-            ) from None
+        except Exception as exc:
+            what = f"flush of {writer.name} failed"
+            retried = "; the spool keeps every record and the daemon retries"
+            raise _unavailable(exc, what, retried) from None
         return _json(
             {
                 "table": result.table,
@@ -437,6 +437,26 @@ async def _decode_evolving(writer: TableWriter, body: bytes, options: JsonOption
             plan = await writer.evolve(inferred, only={exc.column}, exact=False)
             if not plan:
                 raise
+
+
+def _unavailable(exc: Exception, what: str, then: str = "") -> Exception:
+    """503 + Retry-After naming the dependency when ``exc`` is an outage (or one of our
+    errors, which say what to do); otherwise ``exc`` itself: a bug, answered 500."""
+    dependency = unavailable(exc)
+    if dependency is None and not isinstance(exc, IcespoolError):
+        return exc
+    cause = f"{dependency} is unavailable: " if dependency else ""
+    return _Problem(
+        503,
+        f"{what}: {cause}{_first_line(exc)}{then}",
+        headers=_retry_after(_UNAVAILABLE_RETRY_AFTER),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    """Drivers append the SQL and a help link on later lines; the first says what failed."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _retry_after(seconds: float) -> dict[str, str]:

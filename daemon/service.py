@@ -18,6 +18,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+from daemon.catalog_health import CatalogHealth
 from daemon.catalogs import ensure_table, load_catalog
 from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.decode import JsonOptions
@@ -33,6 +34,7 @@ from daemon.table_schema import (
     parse_schema,
     parse_sort_order,
 )
+from daemon.timeouts import startup_timeout
 from daemon.writer import FlushResult, TableWriter
 from spool import Spool
 
@@ -65,6 +67,8 @@ class Icespool:
         self._awaiting_schema: dict[str, TableConfig] = {}
         self._creating: dict[str, asyncio.Lock] = {}
         self._state = "new"
+        self._health: CatalogHealth | None = None
+        self._starting = "starting (spool recovery)"
 
     async def __aenter__(self) -> Icespool:
         await self.start()
@@ -75,7 +79,12 @@ class Icespool:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self, *, wait_for_catalog: bool = False) -> None:
+        """Open the spool, load catalog and tables, commit what the spool holds.
+
+        ``wait_for_catalog``: retry an unreachable catalog with backoff (the daemon)
+        instead of raising CatalogError (replay, in-process use).
+        """
         if self._state != "new":
             raise RuntimeError("an Icespool service starts once")
         self._state = "starting"
@@ -84,10 +93,8 @@ class Icespool:
         self.metrics.truncated_segments.inc(len(report.truncated))
         self.metrics.spool_max_bytes.set(self.config.spool.max_bytes)
         try:
-            catalog = self.config.catalog
-            self._catalog = await asyncio.to_thread(
-                load_catalog, catalog.name, catalog.properties()
-            )
+            self._catalog = await self._load_catalog(wait_for_catalog)
+            self._starting = "starting (spool recovery)"
             await self._pool.start()
             for table_config in self.config.tables:
                 name = table_config.name
@@ -115,6 +122,11 @@ class Icespool:
         self._state = "running"
         self.ready = True
         self.metrics.ready.set(1)
+        timeouts = self.config.timeouts
+        self._health = CatalogHealth(
+            self._catalog, self.config.catalog.name, timeouts.catalog_request
+        )
+        self._health.start()
         # Sources start last: recovered segments are committed, so the offsets the
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
@@ -145,6 +157,8 @@ class Icespool:
         self.ready = False
         self.draining = True
         self.metrics.ready.set(0)
+        if self._health is not None:
+            await self._health.stop()
         for source in self._sources:
             await source.stop_fetching()
         closing = [asyncio.ensure_future(w.close("shutdown")) for w in self._writers.values()]
@@ -166,6 +180,39 @@ class Icespool:
             task.cancel()
         await self._spool.close()
 
+    async def _load_catalog(self, retry: bool) -> Catalog:
+        """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
+        catalog = self.config.catalog
+        timeout = startup_timeout(self.config.timeouts)
+        delay = 1.0
+        attempt: asyncio.Future[Catalog] | None = None
+        while True:
+            # A load stuck beyond its timeout keeps its thread: wait for it again rather
+            # than starting another one next to it.
+            if attempt is None:
+                attempt = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        load_catalog, catalog.name, catalog.properties(), self.config.timeouts
+                    )
+                )
+            try:
+                return await asyncio.wait_for(asyncio.shield(attempt), timeout)
+            except TimeoutError:
+                error = CatalogError(
+                    f"catalog {catalog.name!r} did not answer within {timeout:g} s "
+                    "(timeouts.catalog_connect + timeouts.catalog_request)"
+                )
+            except CatalogError as exc:
+                error, attempt = exc, None
+            if not retry:
+                if attempt is not None:
+                    attempt.cancel()
+                raise error
+            self._starting = f"starting: catalog unreachable, retrying: {error}"
+            _log.error("%s; retrying in %.0fs", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(30.0, delay * 2)
+
     async def _abort(self) -> None:
         self._state = "stopped"
         await self._pool.stop(drain=False)
@@ -178,7 +225,9 @@ class Icespool:
         if self.draining:
             return "shutting down"
         if not self.ready:
-            return "starting (spool recovery)"
+            return self._starting
+        if self._health is not None and self._health.problem is not None:
+            return self._health.problem
         down = [s.name for s in self._sources if not s.connected]
         if down:
             return f"Kafka not connected ({', '.join(down)}); retrying with backoff"
