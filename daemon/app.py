@@ -26,7 +26,7 @@ from pathlib import Path
 import uvloop
 
 from daemon.blocking import TrackedExecutor
-from daemon.config import Config
+from daemon.config import Config, TimeoutsConfig
 from daemon.errors import IcespoolError
 from daemon.http_api import start_http
 from daemon.reload import reload
@@ -35,19 +35,20 @@ from daemon.service import Icespool
 from spool import SpoolLockedError
 
 __all__ = [
+    "AFTER_GRACE_SECONDS",
     "EXIT_STUCK",
-    "SHUTDOWN_DEADLINE_SECONDS",
     "SHUTDOWN_GRACE_SECONDS",
     "replay",
     "run_daemon",
 ]
 
 _log = logging.getLogger("icespool.app")
-SHUTDOWN_GRACE_SECONDS = 30.0
-# Closing sources, the encode pool, the spool and HTTP after the grace; a SIGTERM always
-# ends the process within this (systemd's TimeoutStopSec and Kubernetes'
+#: The default of ``timeouts.shutdown_grace``.
+SHUTDOWN_GRACE_SECONDS = TimeoutsConfig().shutdown_grace
+# Closing sources, the encode pool, the spool and HTTP after the grace: a SIGTERM always
+# ends the process within grace + this (systemd's TimeoutStopSec and Kubernetes'
 # terminationGracePeriodSeconds must be longer).
-SHUTDOWN_DEADLINE_SECONDS = SHUTDOWN_GRACE_SECONDS + 5.0
+AFTER_GRACE_SECONDS = 5.0
 #: A blocking call was still stuck when the shutdown deadline passed (EX_TEMPFAIL).
 EXIT_STUCK = 75
 _EXIT_FAILED = 1
@@ -78,6 +79,7 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     except (OSError, IcespoolError) as exc:
         _log.error("cannot read http.auth_token_file: %s", exc)
         return _EXIT_FAILED
+    grace = config.timeouts.shutdown_grace
     executor = TrackedExecutor()
     asyncio.get_running_loop().set_default_executor(executor)
     service = Icespool(config)
@@ -88,10 +90,10 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
-        deadline = time.monotonic() + SHUTDOWN_DEADLINE_SECONDS
+        deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
         _log.info("stopping before start-up finished; the spool keeps every acked record")
         starting.cancel()  # start() aborts: pool stopped, spool closed
-        await asyncio.wait({starting}, timeout=SHUTDOWN_GRACE_SECONDS)
+        await asyncio.wait({starting}, timeout=grace)
         await systemd.stop()
         await _exit_if_stuck(executor, deadline)
         _log.info("stopped")
@@ -137,16 +139,16 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     reloader = asyncio.create_task(_reload_on_hangup(service, hangup, reload_config))
     await stop.wait()
     reloader.cancel()
-    deadline = time.monotonic() + SHUTDOWN_DEADLINE_SECONDS
-    _log.info("shutting down: committing pending records (grace %.0fs)", SHUTDOWN_GRACE_SECONDS)
+    deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
+    _log.info("shutting down: committing pending records (grace %gs)", grace)
     service.draining = True  # ingest answers 503 from now on; status stays readable
     systemd.stopping(status_line(service))
     try:
-        async with asyncio.timeout(SHUTDOWN_DEADLINE_SECONDS):
-            await service.stop(grace=SHUTDOWN_GRACE_SECONDS)
+        async with asyncio.timeout(grace + AFTER_GRACE_SECONDS):
+            await service.stop(grace=grace)
             await http.stop()
     except TimeoutError:
-        _log.error("shutdown took longer than %.0fs; stopping anyway", SHUTDOWN_DEADLINE_SECONDS)
+        _log.error("shutdown took longer than %gs; stopping anyway", grace + AFTER_GRACE_SECONDS)
     await systemd.stop()  # after the drain: the watchdog is fed while tables commit
     await _exit_if_stuck(executor, deadline)
     _log.info("stopped cleanly")
@@ -159,6 +161,14 @@ async def _exit_if_stuck(executor: TrackedExecutor, deadline: float) -> None:
     Returning would let the loop's close join that thread, i.e. wait for a dependency
     that may never answer. Nothing is lost: what was not committed is in the spool.
     """
+    running = executor.running()
+    if running:
+        _log.info(
+            "waiting up to %.1fs for %d blocking calls: %s",
+            deadline - time.monotonic(),
+            len(running),
+            ", ".join(call for call, _ in running),
+        )
     # Polled: the calls end in other threads, which cannot set a loop's Event.
     while executor.running() and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)

@@ -495,6 +495,8 @@ class TimeoutsConfig(_Section):
     catalog_request: Seconds = 30.0  # one catalog statement or request
     storage_connect: Seconds = 10.0  # object store (FileIO) connect
     storage_request: Seconds = 60.0  # one object store request
+    # SIGTERM: tables commit within this; the process ends at most 5 s later.
+    shutdown_grace: Seconds = 30.0
 
 
 class ColumnConfig(_Section):
