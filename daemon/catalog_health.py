@@ -13,6 +13,8 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
+from daemon.timeouts import short_error, unavailable
+
 __all__ = ["CatalogHealth"]
 
 _log = logging.getLogger("icespool.catalog")
@@ -53,7 +55,8 @@ class CatalogHealth:
             except TimeoutError:
                 problem = f"did not answer within {self._timeout:g} s"
             except Exception as exc:
-                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                # An answer, even a refusal (no right to list), means the catalog is up.
+                problem = None if unavailable(exc) is None else short_error(exc)
             self._report(problem)
             await asyncio.sleep(self._interval)
 

@@ -28,7 +28,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError, SchemaError
 from daemon.table_schema import SchemaDifference, schema_diff
-from daemon.timeouts import bound_catalog, catalog_properties
+from daemon.timeouts import bound_catalog, catalog_properties, short_error
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
@@ -70,7 +70,7 @@ def load_catalog(
 
 def _catalog_error(name: str, exc: Exception) -> CatalogError:
     return CatalogError(
-        f"cannot load catalog {name!r} ({type(exc).__name__}: {exc}); "
+        f"cannot load catalog {name!r} ({short_error(exc)}); "
         "check the [catalog] settings and that the catalog service is reachable"
     )
 
@@ -153,7 +153,7 @@ def _load_existing(catalog: Catalog, full: tuple[str, ...]) -> Table | None:
         return None
     except Exception as exc:
         raise CatalogError(
-            f"cannot load table {'.'.join(full)!r} ({type(exc).__name__}: {exc}); "
+            f"cannot load table {'.'.join(full)!r} ({short_error(exc)}); "
             "check that the catalog is reachable"
         ) from exc
 
@@ -182,7 +182,7 @@ def _create(
         return None
     except Exception as exc:
         raise CatalogError(
-            f"cannot create table {'.'.join(full)!r} ({type(exc).__name__}: {exc})"
+            f"cannot create table {'.'.join(full)!r} ({short_error(exc)})"
         ) from exc
 
 

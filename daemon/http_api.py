@@ -38,7 +38,7 @@ from daemon.errors import (
 )
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
-from daemon.timeouts import unavailable
+from daemon.timeouts import short_error, unavailable
 from daemon.writer import TableWriter
 
 __all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
@@ -448,15 +448,9 @@ def _unavailable(exc: Exception, what: str, then: str = "") -> Exception:
     cause = f"{dependency} is unavailable: " if dependency else ""
     return _Problem(
         503,
-        f"{what}: {cause}{_first_line(exc)}{then}",
+        f"{what}: {cause}{short_error(exc)}{then}",
         headers=_retry_after(_UNAVAILABLE_RETRY_AFTER),
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    """Drivers append the SQL and a help link on later lines; the first says what failed."""
-    lines = str(exc).splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _retry_after(seconds: float) -> dict[str, str]:

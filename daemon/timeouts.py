@@ -33,7 +33,13 @@ from sqlalchemy.engine import make_url
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError
 
-__all__ = ["bound_catalog", "catalog_properties", "startup_timeout", "unavailable"]
+__all__ = [
+    "bound_catalog",
+    "catalog_properties",
+    "short_error",
+    "startup_timeout",
+    "unavailable",
+]
 
 _S3_CONNECT = "s3.connect-timeout"
 _S3_REQUEST = "s3.request-timeout"
@@ -91,6 +97,12 @@ def unavailable(exc: BaseException) -> str | None:
             return "the object store"
         current = current.__cause__ or current.__context__
     return None
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: first line``: drivers append the SQL and a help link on later lines."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 _CATALOG_OUTAGES = (
