@@ -181,9 +181,7 @@ def _create(
     except TableAlreadyExistsError:
         return None
     except Exception as exc:
-        raise CatalogError(
-            f"cannot create table {'.'.join(full)!r} ({short_error(exc)})"
-        ) from exc
+        raise CatalogError(f"cannot create table {'.'.join(full)!r} ({short_error(exc)})") from exc
 
 
 def check_compatible(
