@@ -71,7 +71,10 @@ async def _readyz(daemon: Daemon, session: aiohttp.ClientSession) -> tuple[int, 
         return resp.status, await resp.text()
 
 
-def _assert_exactly_once(daemon: Daemon, acked: list[int]) -> None:
+async def _stop_and_check(daemon: Daemon, acked: list[int]) -> None:
+    """SIGTERM with the catalog up: exit 0, every acked id committed exactly once."""
+    daemon.signal(signal.SIGTERM)
+    assert await daemon.wait_exit(within=30) == 0, daemon.tail()
     rows, _ = daemon.home.read_rows()
     ids = sorted(row["id"] for row in rows)
     assert len(ids) == len(set(ids)), "an id was committed twice"
@@ -118,9 +121,7 @@ async def test_silent_catalog_under_load_then_sigterm_exits_within_grace(
         proxy.mode = "forward"
         daemon.start()
         await daemon.wait_ready()  # recovery committed the spool before ready
-        daemon.signal(signal.SIGTERM)
-        assert await daemon.wait_exit(within=30) == 0, daemon.tail()
-        _assert_exactly_once(daemon, acked)
+        await _stop_and_check(daemon, acked)
     finally:
         daemon.cleanup()
 
@@ -129,7 +130,7 @@ async def test_unreachable_catalog_flush_answers_503_and_acks_go_on(
     pg_proxy: tuple[TcpProxy, str], tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
     """A catalog silent at start-up is retried until it answers (then ready by itself).
-    Silent, then refused catalog while serving: flush answers 503 + Retry-After naming
+    Silent, refused, then resetting catalog while serving: flush answers 503 + Retry-After naming
     the catalog within the catalog timeout (+ margin), ingest keeps answering 200,
     /readyz says the catalog is unreachable; with the catalog back everything commits
     exactly once."""
@@ -144,7 +145,7 @@ async def test_unreachable_catalog_flush_answers_503_and_acks_go_on(
         acked = await _ingest(daemon, session, 0)
         assert (await daemon.flush(session))["records"] == _BATCH
 
-        for mode, limit in (("silent", 2.0 + 1.0 + 2.0), ("refuse", 2.0)):
+        for mode, limit in (("silent", 2.0 + 1.0 + 2.0), ("refuse", 2.0), ("reset", 2.0)):
             proxy.mode = mode  # type: ignore[assignment]
             acked += await _ingest(daemon, session, len(acked))
             started = time.monotonic()
@@ -172,9 +173,7 @@ async def test_unreachable_catalog_flush_answers_503_and_acks_go_on(
         while (await _readyz(daemon, session))[0] != 200:
             assert time.monotonic() < deadline, "/readyz did not recover"
             await asyncio.sleep(0.2)
-        daemon.signal(signal.SIGTERM)
-        assert await daemon.wait_exit(within=30) == 0, daemon.tail()
-        _assert_exactly_once(daemon, acked)
+        await _stop_and_check(daemon, acked)
     finally:
         daemon.cleanup()
 
