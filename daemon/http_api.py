@@ -39,7 +39,7 @@ from daemon.errors import (
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
 from daemon.timeouts import short_error, unavailable
-from daemon.writer import TableWriter
+from daemon.writer import FlushResult, TableWriter
 
 __all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
 
@@ -64,6 +64,7 @@ _STARTING_RETRY_AFTER: Final = 1.0
 _DRAINING_RETRY_AFTER: Final = 1.0
 _BUSY_RETRY_AFTER: Final = 1.0
 _UNAVAILABLE_RETRY_AFTER: Final = 5.0
+_FLUSH_POLL: Final = 0.25
 # Default budget of request bytes held at once (bodies being read, decoded, appended):
 # without it, memory grows with the number of concurrent clients, not with the config.
 _INFLIGHT_BODIES: Final = 4
@@ -278,7 +279,7 @@ class _Api:
     async def flush(self, request: web.Request) -> web.StreamResponse:
         writer = self._writer(request.match_info["table"])
         try:
-            result = await asyncio.shield(writer.flush("manual"))
+            result = await self._flushed(writer)
         except ShuttingDownError as exc:
             raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
         except Exception as exc:
@@ -296,6 +297,28 @@ class _Api:
                 "duration_ms": result.duration_ms,
             }
         )
+
+    async def _flushed(self, writer: TableWriter) -> FlushResult:
+        """The manual flush's result, or 503 once the catalog is known to be unreachable
+        or the flush outlasts one catalog and one storage timeout (it may wait behind a
+        background flush stuck in the same outage). The flush itself goes on."""
+        timeouts = self._service.config.timeouts
+        limit = timeouts.catalog_request + timeouts.storage_request
+        flushing = asyncio.ensure_future(writer.flush("manual"))
+        deadline = time.monotonic() + limit
+        while not flushing.done():
+            await asyncio.wait({flushing}, timeout=_FLUSH_POLL)
+            problem = self._service.catalog_problem
+            if not flushing.done() and (problem or time.monotonic() > deadline):
+                flushing.add_done_callback(_retrieve)  # its outcome is logged by the writer
+                raise _Problem(
+                    503,
+                    f"flush of {writer.name} not finished: "
+                    f"{problem or f'still running after {limit:g} s'}; it goes on in the "
+                    "background and the spool keeps every record",
+                    headers=_retry_after(_UNAVAILABLE_RETRY_AFTER),
+                )
+        return flushing.result()
 
     async def status(self, request: web.Request) -> web.StreamResponse:
         del request
@@ -451,6 +474,11 @@ def _unavailable(exc: Exception, what: str, then: str = "") -> Exception:
         f"{what}: {cause}{short_error(exc)}{then}",
         headers=_retry_after(_UNAVAILABLE_RETRY_AFTER),
     )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _retry_after(seconds: float) -> dict[str, str]:

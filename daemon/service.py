@@ -226,12 +226,17 @@ class Icespool:
             return "shutting down"
         if not self.ready:
             return self._starting
-        if self._health is not None and self._health.problem is not None:
-            return self._health.problem
+        if self.catalog_problem is not None:
+            return self.catalog_problem
         down = [s.name for s in self._sources if not s.connected]
         if down:
             return f"Kafka not connected ({', '.join(down)}); retrying with backoff"
         return None
+
+    @property
+    def catalog_problem(self) -> str | None:
+        """Why the catalog counts as unreachable right now (None: it answers)."""
+        return None if self._health is None else self._health.problem
 
     def writer(self, name: str) -> TableWriter:
         """The writer of a configured table."""

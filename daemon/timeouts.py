@@ -7,7 +7,8 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
   server (psycopg2's wait callback). Only the last one catches a connection that was
   accepted and then never answers (a hung proxy, a half-open TCP path): the server never
   sees those statements, and libpq itself would wait forever.
-- SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock).
+- SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock, at
+  most 5 s).
 - REST catalog: (connect, read) timeouts on every request of its requests session.
 - FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3).
 
@@ -43,6 +44,7 @@ __all__ = [
 
 _S3_CONNECT = "s3.connect-timeout"
 _S3_REQUEST = "s3.request-timeout"
+_SQLITE_BUSY = 5.0
 # (connect, every later wait) of the psycopg2 wait callback, set by catalog_properties.
 _pg_deadlines = (10.0, 30.0)
 _pg_installed = False
@@ -126,7 +128,10 @@ def _sql_uri(uri: str, timeouts: TimeoutsConfig) -> str:
     url = make_url(uri)
     query = dict(url.query)
     if url.get_backend_name() == "sqlite":
-        query.setdefault("timeout", _seconds(timeouts.catalog_request))
+        # A lock held by another local writer, not a network wait: keep pysqlite's 5 s
+        # at most, so a held lock fails a commit (retried later) instead of holding
+        # its thread and lane for the whole request timeout.
+        query.setdefault("timeout", _seconds(min(timeouts.catalog_request, _SQLITE_BUSY)))
     elif url.get_backend_name() == "postgresql" and url.get_driver_name() == "psycopg2":
         # libpq takes whole seconds; 0 would mean "wait forever".
         query.setdefault("connect_timeout", str(max(1, math.ceil(timeouts.catalog_connect))))

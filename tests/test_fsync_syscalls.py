@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -109,8 +110,14 @@ async def test_every_ack_follows_an_fdatasync_of_its_segment(
         assert await daemon.wait_exit(within=60) == 0, daemon.tail()
     finally:
         daemon.cleanup()
-    acks, unsynced = _unsynced_acks(_events(trace_path.read_text(), home.spool_dir))
-    assert acks == _REQUESTS, f"found {acks} acks in the trace, sent {_REQUESTS} requests"
+    trace = trace_path.read_text()
+    events = _events(trace, Path(os.path.realpath(home.spool_dir)))  # strace shows real paths
+    acks, unsynced = _unsynced_acks(events)
+    sample = [line for line in trace.splitlines() if ".arrow" in line or "HTTP/" in line][:6]
+    assert acks == _REQUESTS, (
+        f"found {acks} acks in the trace, sent {_REQUESTS} requests; events "
+        f"{Counter(events)}; sample:\n" + "\n".join(sample)
+    )
     if durability == "fsync":
         assert unsynced == 0, f"{unsynced} of {acks} acks were sent before their segment synced"
     else:  # the check can tell: page-cache acks without syncing
