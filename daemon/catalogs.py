@@ -6,7 +6,6 @@ through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -168,9 +167,7 @@ def _create(
     sort_order: SortOrder,
 ) -> Table | None:
     try:
-        # Another replica may create the namespace at the same moment; either way it exists.
-        with contextlib.suppress(NamespaceAlreadyExistsError):
-            catalog.create_namespace(namespace)
+        _create_namespace(catalog, namespace)
         return catalog.create_table(
             full,
             schema=schema,
@@ -182,6 +179,19 @@ def _create(
         return None
     except Exception as exc:
         raise CatalogError(f"cannot create table {'.'.join(full)!r} ({short_error(exc)})") from exc
+
+
+def _create_namespace(catalog: Catalog, namespace: tuple[str, ...]) -> None:
+    """Create ``namespace`` unless it exists; another replica may create it meanwhile."""
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:
+        # SqlCatalog checks, then inserts: a replica inserting in between makes our
+        # insert fail on the unique key (IntegrityError), and then the namespace exists.
+        if not catalog.namespace_exists(namespace):
+            raise
 
 
 def check_compatible(
