@@ -59,7 +59,7 @@ $(STAMP_TEST): pyproject.toml | $(BIN)/python
 # only then.
 TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
   libpostgresql-jdbc-java \
-  prometheus systemd
+  prometheus systemd strace
 
 test-deps:
 	@missing=""; \

@@ -4,6 +4,12 @@ Signal handlers only set an event. The first SIGTERM/SIGINT starts the drain
 (ingest answers 503, every table commits with reason ``shutdown``); a second one
 exits at once with status 130 — safe, because everything acked is in the spool
 and is committed at the next start.
+
+Shutdown always ends within the grace plus a few seconds. A call still stuck in a
+dependency then (beyond every timeout) is named in the log and the process exits
+with status 75 without waiting for it: its records stay in the spool and the next
+start commits them (once: commits are idempotent per segment). A SIGTERM while the
+daemon is still starting (e.g. waiting for an unreachable catalog) ends it the same way.
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvloop
 
-from daemon.config import Config
+from daemon.blocking import TrackedExecutor
+from daemon.config import Config, TimeoutsConfig
 from daemon.errors import IcespoolError
 from daemon.http_api import start_http
 from daemon.reload import reload
@@ -26,10 +34,23 @@ from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool
 from spool import SpoolError, SpoolLockedError
 
-__all__ = ["SHUTDOWN_GRACE_SECONDS", "replay", "run_daemon"]
+__all__ = [
+    "AFTER_GRACE_SECONDS",
+    "EXIT_STUCK",
+    "SHUTDOWN_GRACE_SECONDS",
+    "replay",
+    "run_daemon",
+]
 
 _log = logging.getLogger("icespool.app")
-SHUTDOWN_GRACE_SECONDS = 30.0
+#: The default of ``timeouts.shutdown_grace``.
+SHUTDOWN_GRACE_SECONDS = TimeoutsConfig().shutdown_grace
+# Closing sources, the encode pool, the spool and HTTP after the grace: a SIGTERM always
+# ends the process within grace + this (systemd's TimeoutStopSec and Kubernetes'
+# terminationGracePeriodSeconds must be longer).
+AFTER_GRACE_SECONDS = 5.0
+#: A blocking call was still stuck when the shutdown deadline passed (EX_TEMPFAIL).
+EXIT_STUCK = 75
 _EXIT_FAILED = 1
 _EXIT_FORCED = 130
 
@@ -62,12 +83,28 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     except (OSError, IcespoolError) as exc:
         _log.error("cannot read http.auth_token_file: %s", exc)
         return _EXIT_FAILED
+    grace = config.timeouts.shutdown_grace
+    executor = TrackedExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
     service = Icespool(config)
     # Started before recovery so the watchdog is fed while a large spool replays.
     systemd = SystemdNotifier.from_environ(lambda: status_line(service))
     systemd.start()
+    starting = asyncio.ensure_future(service.start(wait_for_catalog=True))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
+        _log.info("stopping before start-up finished; the spool keeps every acked record")
+        starting.cancel()  # start() aborts: pool stopped, spool closed
+        await asyncio.wait({starting}, timeout=grace)
+        await systemd.stop()
+        await _exit_if_stuck(executor, deadline)
+        _log.info("stopped")
+        return 0
+    stopped.cancel()
     try:
-        await service.start()
+        starting.result()
     except SpoolLockedError as exc:
         _log.error("%s", exc)
         await systemd.stop()
@@ -106,14 +143,52 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     reloader = asyncio.create_task(_reload_on_hangup(service, hangup, reload_config))
     await stop.wait()
     reloader.cancel()
-    _log.info("shutting down: committing pending records (grace %.0fs)", SHUTDOWN_GRACE_SECONDS)
+    deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
+    _log.info("shutting down: committing pending records (grace %gs)", grace)
     service.draining = True  # ingest answers 503 from now on; status stays readable
     systemd.stopping(status_line(service))
-    await service.stop(grace=SHUTDOWN_GRACE_SECONDS)
-    await http.stop()
+    try:
+        async with asyncio.timeout(grace + AFTER_GRACE_SECONDS):
+            await service.stop(grace=grace)
+            await http.stop()
+    except TimeoutError:
+        _log.error("shutdown took longer than %gs; stopping anyway", grace + AFTER_GRACE_SECONDS)
     await systemd.stop()  # after the drain: the watchdog is fed while tables commit
+    await _exit_if_stuck(executor, deadline)
     _log.info("stopped cleanly")
     return 0
+
+
+async def _exit_if_stuck(executor: TrackedExecutor, deadline: float) -> None:
+    """Exit now (status 75) if a blocking call is still running at ``deadline``.
+
+    Returning would let the loop's close join that thread, i.e. wait for a dependency
+    that may never answer. Nothing is lost: what was not committed is in the spool.
+    """
+    running = executor.running()
+    if running:
+        _log.info(
+            "waiting up to %.1fs for %d blocking calls: %s",
+            deadline - time.monotonic(),
+            len(running),
+            ", ".join(call for call, _ in running),
+        )
+    # Polled: the calls end in other threads, which cannot set a loop's Event.
+    while executor.running() and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    stuck = executor.running()
+    if not stuck:
+        return
+    for call, seconds in stuck:
+        _log.error("blocking call %s still running after %.1fs", call, seconds)
+    _log.error(
+        "exiting with status %d without waiting for %d stuck calls; every acked record "
+        "is in the spool and the next start commits it",
+        EXIT_STUCK,
+        len(stuck),
+    )
+    logging.shutdown()  # os._exit skips the handlers' flush
+    os._exit(EXIT_STUCK)
 
 
 async def _reload_on_hangup(

@@ -2,8 +2,9 @@
 
 Runs the same catalog loading the daemon runs at start (so a passing check means the
 start will get past the catalog), then lists namespaces and looks up every configured
-table. A catalog that hangs (a firewalled database, a REST endpoint that never
-answers) is given up on after ``timeout`` seconds.
+table. Every call is bounded by ``[timeouts]``; a catalog client those cannot reach
+(a REST endpoint that never answers its first request) is given up on after
+``timeout`` seconds (default: what start-up would wait).
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from urllib.parse import unquote, urlsplit
 from daemon.catalogs import load_catalog
 from daemon.config import REDACTED, Config, is_secret_key
 from daemon.errors import CatalogError
+from daemon.timeouts import startup_timeout
 
 __all__ = ["check_catalog"]
 
 
-def check_catalog(config: Config, timeout: float = 20.0) -> list[str]:
+def check_catalog(config: Config, timeout: float | None = None) -> list[str]:
     """Lines describing what was found; raises CatalogError saying what to fix."""
+    if timeout is None:
+        timeout = startup_timeout(config.timeouts)
     outcome: dict[str, Any] = {}
 
     def probe() -> None:
@@ -53,7 +57,7 @@ def check_catalog(config: Config, timeout: float = 20.0) -> list[str]:
 
 
 def _probe(config: Config) -> list[str]:
-    catalog = load_catalog(config.catalog.name, config.catalog.properties())
+    catalog = load_catalog(config.catalog.name, config.catalog.properties(), config.timeouts)
     try:
         namespaces = catalog.list_namespaces()
         lines = [

@@ -6,7 +6,6 @@ through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -25,28 +24,37 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
+from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError, SchemaError
 from daemon.table_schema import SchemaDifference, schema_diff
+from daemon.timeouts import bound_catalog, catalog_properties, short_error
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
 
-def load_catalog(name: str, props: Mapping[str, str]) -> Catalog:
+def load_catalog(
+    name: str, props: Mapping[str, str], timeouts: TimeoutsConfig | None = None
+) -> Catalog:
     """Load the pyiceberg catalog ``name`` configured by ``props`` (the ``[catalog]`` table).
 
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
-    directory likewise.
+    directory likewise. Every call the catalog and its FileIO make later is bounded by
+    ``timeouts`` (default: the ``[timeouts]`` defaults).
     """
+    timeouts = timeouts or TimeoutsConfig()
     properties = {key: str(value) for key, value in props.items() if key != "name"}
     if properties.get("type", "").lower() == "sql":
         uri = properties.get("uri", "")
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
     _ensure_local_warehouse(properties.get("warehouse", ""))
+    properties = catalog_properties(properties, timeouts)
     for attempt in range(3):
         try:
-            return _pyiceberg_load_catalog(name, **properties)
+            catalog = _pyiceberg_load_catalog(name, **properties)
+            bound_catalog(catalog, timeouts)
+            return catalog
         except Exception as exc:
             # SqlCatalog creates its tables on first use; replicas starting together on
             # a new database race on that CREATE TABLE, and the loser sees an integrity
@@ -61,7 +69,7 @@ def load_catalog(name: str, props: Mapping[str, str]) -> Catalog:
 
 def _catalog_error(name: str, exc: Exception) -> CatalogError:
     return CatalogError(
-        f"cannot load catalog {name!r} ({type(exc).__name__}: {exc}); "
+        f"cannot load catalog {name!r} ({short_error(exc)}); "
         "check the [catalog] settings and that the catalog service is reachable"
     )
 
@@ -144,7 +152,7 @@ def _load_existing(catalog: Catalog, full: tuple[str, ...]) -> Table | None:
         return None
     except Exception as exc:
         raise CatalogError(
-            f"cannot load table {'.'.join(full)!r} ({type(exc).__name__}: {exc}); "
+            f"cannot load table {'.'.join(full)!r} ({short_error(exc)}); "
             "check that the catalog is reachable"
         ) from exc
 
@@ -159,9 +167,7 @@ def _create(
     sort_order: SortOrder,
 ) -> Table | None:
     try:
-        # Another replica may create the namespace at the same moment; either way it exists.
-        with contextlib.suppress(NamespaceAlreadyExistsError):
-            catalog.create_namespace(namespace)
+        _create_namespace(catalog, namespace)
         return catalog.create_table(
             full,
             schema=schema,
@@ -172,9 +178,20 @@ def _create(
     except TableAlreadyExistsError:
         return None
     except Exception as exc:
-        raise CatalogError(
-            f"cannot create table {'.'.join(full)!r} ({type(exc).__name__}: {exc})"
-        ) from exc
+        raise CatalogError(f"cannot create table {'.'.join(full)!r} ({short_error(exc)})") from exc
+
+
+def _create_namespace(catalog: Catalog, namespace: tuple[str, ...]) -> None:
+    """Create ``namespace`` unless it exists; another replica may create it meanwhile."""
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:
+        # SqlCatalog checks, then inserts: a replica inserting in between makes our
+        # insert fail on the unique key (IntegrityError), and then the namespace exists.
+        if not catalog.namespace_exists(namespace):
+            raise
 
 
 def check_compatible(

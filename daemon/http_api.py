@@ -38,7 +38,8 @@ from daemon.errors import (
 )
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
-from daemon.writer import TableWriter
+from daemon.timeouts import short_error, unavailable
+from daemon.writer import FlushResult, TableWriter
 from spool import SpoolIOError
 
 __all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
@@ -63,6 +64,8 @@ _SHOWN_NAME_CHARS: Final = 120
 _STARTING_RETRY_AFTER: Final = 1.0
 _DRAINING_RETRY_AFTER: Final = 1.0
 _BUSY_RETRY_AFTER: Final = 1.0
+_UNAVAILABLE_RETRY_AFTER: Final = 5.0
+_FLUSH_POLL: Final = 0.25
 # Default budget of request bytes held at once (bodies being read, decoded, appended):
 # without it, memory grows with the number of concurrent clients, not with the config.
 _INFLIGHT_BODIES: Final = 4
@@ -254,6 +257,10 @@ class _Api:
             raise _Problem(400, str(exc)) from None
         except BackpressureError as exc:
             raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
+        except _Problem:
+            raise
+        except Exception as exc:  # e.g. a schema change the catalog did not answer
+            raise _unavailable(exc, f"records for {name} not accepted") from None
         finally:
             self._inflight -= held
         return _json({"accepted": accepted})
@@ -268,26 +275,19 @@ class _Api:
             return await self._service.create_from(name, schema)
         except SchemaError:
             raise  # a type without an Iceberg equivalent: 400 naming the column
-        except IcespoolError as exc:
-            raise _Problem(
-                503, f"cannot create table {name} yet: {exc}", headers=_retry_after(5.0)
-            ) from None
+        except Exception as exc:
+            raise _unavailable(exc, f"cannot create table {name} yet") from None
 
     async def flush(self, request: web.Request) -> web.StreamResponse:
         writer = self._writer(request.match_info["table"])
         try:
-            result = await asyncio.shield(writer.flush("manual"))
+            result = await self._flushed(writer)
         except ShuttingDownError as exc:
             raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
-        except (IcespoolError, SpoolIOError) as exc:
-            # Commit, catalog or spool-disk trouble: the records stay in the spool
-            # and are retried.
-            raise _Problem(
-                503,
-                f"flush of {writer.name} failed: {exc}; the spool keeps every record and "
-                "the daemon retries",
-                headers=_retry_after(5.0),
-            ) from None
+        except Exception as exc:
+            what = f"flush of {writer.name} failed"
+            retried = "; the spool keeps every record and the daemon retries"
+            raise _unavailable(exc, what, retried) from None
         return _json(
             {
                 "table": result.table,
@@ -301,6 +301,28 @@ class _Api:
                 "quarantined": list(result.quarantined),
             }
         )
+
+    async def _flushed(self, writer: TableWriter) -> FlushResult:
+        """The manual flush's result, or 503 once the catalog is known to be unreachable
+        or the flush outlasts one catalog and one storage timeout (it may wait behind a
+        background flush stuck in the same outage). The flush itself goes on."""
+        timeouts = self._service.config.timeouts
+        limit = timeouts.catalog_request + timeouts.storage_request
+        flushing = asyncio.ensure_future(writer.flush("manual"))
+        deadline = time.monotonic() + limit
+        while not flushing.done():
+            await asyncio.wait({flushing}, timeout=_FLUSH_POLL)
+            problem = self._service.catalog_problem
+            if not flushing.done() and (problem or time.monotonic() > deadline):
+                flushing.add_done_callback(_retrieve)  # its outcome is logged by the writer
+                raise _Problem(
+                    503,
+                    f"flush of {writer.name} not finished: "
+                    f"{problem or f'still running after {limit:g} s'}; it goes on in the "
+                    "background and the spool keeps every record",
+                    headers=_retry_after(_UNAVAILABLE_RETRY_AFTER),
+                )
+        return flushing.result()
 
     async def status(self, request: web.Request) -> web.StreamResponse:
         del request
@@ -445,6 +467,25 @@ async def _decode_evolving(writer: TableWriter, body: bytes, options: JsonOption
             plan = await writer.evolve(inferred, only={exc.column}, exact=False)
             if not plan:
                 raise
+
+
+def _unavailable(exc: Exception, what: str, then: str = "") -> Exception:
+    """503 + Retry-After naming the dependency when ``exc`` is an outage (or one of our
+    errors, which say what to do); otherwise ``exc`` itself: a bug, answered 500."""
+    dependency = unavailable(exc)
+    if dependency is None and not isinstance(exc, IcespoolError | SpoolIOError):
+        return exc
+    cause = f"{dependency} is unavailable: " if dependency else ""
+    return _Problem(
+        503,
+        f"{what}: {cause}{short_error(exc)}{then}",
+        headers=_retry_after(_UNAVAILABLE_RETRY_AFTER),
+    )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _retry_after(seconds: float) -> dict[str, str]:

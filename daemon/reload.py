@@ -33,7 +33,7 @@ _log = logging.getLogger("icespool.reload")
 
 RELOADABLE_TABLE_KEYS = tuple(WriterSettings.model_fields)
 # Sections that are built into long-lived objects at start (sockets, catalog, spool, pool).
-_RESTART_SECTIONS = ("catalog", "spool", "http", "encode")
+_RESTART_SECTIONS = ("catalog", "spool", "http", "encode", "timeouts")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+from daemon.catalog_health import CatalogHealth
 from daemon.catalogs import ensure_table, load_catalog
 from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.decode import JsonOptions
@@ -43,6 +44,7 @@ from daemon.table_schema import (
     parse_schema,
     parse_sort_order,
 )
+from daemon.timeouts import startup_timeout
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import QuarantinedSegment, Spool
 
@@ -83,6 +85,8 @@ class Icespool:
         self._reloader: asyncio.Task[None] | None = None
         self._waiting_sources: list[KafkaSource] = []
         self._state = "new"
+        self._health: CatalogHealth | None = None
+        self._starting = "starting (spool recovery)"
 
     async def __aenter__(self) -> Icespool:
         await self.start()
@@ -93,7 +97,12 @@ class Icespool:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self, *, wait_for_catalog: bool = False) -> None:
+        """Open the spool, load catalog and tables, commit what the spool holds.
+
+        ``wait_for_catalog``: retry an unreachable catalog with backoff (the daemon)
+        instead of raising CatalogError (replay, in-process use).
+        """
         if self._state != "new":
             raise RuntimeError("an Icespool service starts once")
         self._state = "starting"
@@ -102,10 +111,8 @@ class Icespool:
         self.metrics.truncated_segments.inc(len(report.truncated))
         self.metrics.spool_max_bytes.set(self.config.spool.max_bytes)
         try:
-            catalog = self.config.catalog
-            self._catalog = await asyncio.to_thread(
-                load_catalog, catalog.name, catalog.properties()
-            )
+            self._catalog = await self._load_catalog(wait_for_catalog)
+            self._starting = "starting (spool recovery)"
             await self._pool.start()
             for table_config in self.config.tables:
                 name = table_config.name
@@ -141,6 +148,11 @@ class Icespool:
         self._state = "running"
         self.ready = True
         self.metrics.ready.set(1)
+        timeouts = self.config.timeouts
+        self._health = CatalogHealth(
+            self._catalog, self.config.catalog.name, timeouts.catalog_request
+        )
+        self._health.start()
         # Sources start last: recovered segments are committed, so the offsets the
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
@@ -189,6 +201,8 @@ class Icespool:
         if self._reloader is not None:
             self._reloader.cancel()
             await asyncio.gather(self._reloader, return_exceptions=True)
+        if self._health is not None:
+            await self._health.stop()
         for source in self._sources:
             await source.stop_fetching()
         closing = [asyncio.ensure_future(w.close("shutdown")) for w in self._writers.values()]
@@ -210,6 +224,39 @@ class Icespool:
             task.cancel()
         await self._spool.close()
 
+    async def _load_catalog(self, retry: bool) -> Catalog:
+        """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
+        catalog = self.config.catalog
+        timeout = startup_timeout(self.config.timeouts)
+        delay = 1.0
+        attempt: asyncio.Future[Catalog] | None = None
+        while True:
+            # A load stuck beyond its timeout keeps its thread: wait for it again rather
+            # than starting another one next to it.
+            if attempt is None:
+                attempt = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        load_catalog, catalog.name, catalog.properties(), self.config.timeouts
+                    )
+                )
+            try:
+                return await asyncio.wait_for(asyncio.shield(attempt), timeout)
+            except TimeoutError:
+                error = CatalogError(
+                    f"catalog {catalog.name!r} did not answer within {timeout:g} s "
+                    "(timeouts.catalog_connect + timeouts.catalog_request)"
+                )
+            except CatalogError as exc:
+                error, attempt = exc, None
+            if not retry:
+                if attempt is not None:
+                    attempt.cancel()
+                raise error
+            self._starting = f"starting: catalog unreachable, retrying: {error}"
+            _log.error("%s; retrying in %.0fs", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(30.0, delay * 2)
+
     async def _abort(self) -> None:
         self._state = "stopped"
         await self._pool.stop(drain=False)
@@ -222,11 +269,18 @@ class Icespool:
         if self.draining:
             return "shutting down"
         if not self.ready:
-            return "starting (spool recovery)"
+            return self._starting
+        if self.catalog_problem is not None:
+            return self.catalog_problem
         down = [s.name for s in self._sources if not s.connected]
         if down:
             return f"Kafka not connected ({', '.join(down)}); retrying with backoff"
         return None
+
+    @property
+    def catalog_problem(self) -> str | None:
+        """Why the catalog counts as unreachable right now (None: it answers)."""
+        return None if self._health is None else self._health.problem
 
     def writer(self, name: str) -> TableWriter:
         """The writer of a configured table."""

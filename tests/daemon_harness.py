@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,7 +214,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, env: Mapping[str, str] | None = None) -> None:
+    def start(self, env: Mapping[str, str] | None = None, wrapper: Sequence[str] = ()) -> None:
+        """Start ``icespool run``; ``wrapper`` prefixes the command (e.g. strace)."""
         if self.running:
             raise DaemonError(f"daemon already running (pid {self.pid})")
         self._close_log()
@@ -227,7 +228,7 @@ class Daemon:
         child_env.update(env or {})
         child_env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [*daemon_command(), "run", "--config", str(self.home.config_path)],
+            [*wrapper, *daemon_command(), "run", "--config", str(self.home.config_path)],
             cwd=self.home.root,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,

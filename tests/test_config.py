@@ -380,7 +380,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
         (
             lambda r: r.update(bogus=1),
             "bogus",
-            "unknown key; valid keys here: catalog, spool, http, defaults, encode, log, "
+            "unknown key; valid keys here: catalog, spool, http, defaults, encode, log, timeouts, "
             "tables, kafka",
         ),
         (
@@ -409,6 +409,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "topics, topic_pattern, table, route_field, route_header, table_template, auto_create, "
             "format, "
             "schema_registry_url, schema_registry_username, schema_registry_password, "
+            "schema_registry_timeout, "
             "avro_schema_file, dead_letter, metadata_columns, max_record_bytes, auto_offset_reset, "
             "offset_commit_interval, max_poll_records, session_timeout, security_protocol, "
             "sasl_mechanism, sasl_plain_username, sasl_plain_password, ssl_cafile, "

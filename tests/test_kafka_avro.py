@@ -594,4 +594,5 @@ def test_avro_config_validates_urls_and_schema_files_and_redacts_the_password(
         "schema_registry_url": "https://registry:8081",
         "schema_registry_username": "icespool",
         "schema_registry_password": "***",
+        "schema_registry_timeout": "2s",
     }

@@ -49,6 +49,7 @@ __all__ = [
     "PartitionField",
     "SpoolConfig",
     "TableConfig",
+    "TimeoutsConfig",
     "TimestampUnit",
     "WriterSettings",
     "embedded_catalog",
@@ -491,6 +492,21 @@ class LogConfig(_Section):
     format: Annotated[LogFormat, BeforeValidator(_lower)] = "text"
 
 
+class TimeoutsConfig(_Section):
+    """``[timeouts]``: how long one call to a dependency may take before it counts as failed.
+
+    A failed call is retried later (the spool keeps the records), so these bound how long
+    a hung dependency can hold a flush, a start-up or a shutdown, not whether data is kept.
+    """
+
+    catalog_connect: Seconds = 10.0  # open a connection to the catalog (database, REST)
+    catalog_request: Seconds = 30.0  # one catalog statement or request
+    storage_connect: Seconds = 10.0  # object store (FileIO) connect
+    storage_request: Seconds = 60.0  # one object store request
+    # SIGTERM: tables commit within this; the process ends at most 5 s later.
+    shutdown_grace: Seconds = 30.0
+
+
 class ColumnConfig(_Section):
     """One entry of a table's ``schema``."""
 
@@ -601,6 +617,7 @@ class KafkaConfig(_Section):
     schema_registry_url: Annotated[str, AfterValidator(_check_http_url)] | None = None
     schema_registry_username: str | None = None
     schema_registry_password: str | None = None
+    schema_registry_timeout: Seconds = 2.0  # one registry request (tried 3 times)
     avro_schema_file: OptionalAbsPath = None
     # "table" sends bad records to the table "<table>_dead_letter" (dynamic routing:
     # "<namespace>.kafka_dead_letter"); anything else is a topic.
@@ -676,6 +693,7 @@ class Config(_Section):
     defaults: WriterSettings = Field(default_factory=WriterSettings)
     encode: EncodeConfig = Field(default_factory=EncodeConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     tables: list[TableConfig] = Field(default_factory=list)
     kafka: list[KafkaConfig] = Field(default_factory=list)
 

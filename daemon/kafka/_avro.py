@@ -67,10 +67,10 @@ __all__ = [
 
 _log = logging.getLogger("icespool.kafka")
 
-#: Registry lookups: tries, the pauses between them, and the timeout of one request.
+#: Registry lookups: tries and the pauses between them (``schema_registry_timeout``
+#: bounds each request).
 _TRIES: Final = 3
 _BACKOFF: Final = (0.25, 0.75)
-_REQUEST_TIMEOUT: Final = 2.0
 #: A failed lookup is not repeated for this long: a stream of records with an unknown
 #: id must not wait for the retries in every fetch batch.
 _FAILURE_TTL: Final = 5.0
@@ -170,8 +170,15 @@ class RegistrySchemas(AvroSchemas):
 
     framed = True
 
-    def __init__(self, url: str, username: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 2.0,
+    ) -> None:
         self.url = url.rstrip("/")
+        self._timeout = timeout
         self._headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
         if username is not None:
             token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
@@ -237,7 +244,7 @@ class RegistrySchemas(AvroSchemas):
 
     def _request(self, url: str) -> bytes:
         request = urllib.request.Request(url, headers=self._headers)
-        with urllib.request.urlopen(request, timeout=_REQUEST_TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=self._timeout) as response:
             body: bytes = response.read()
             return body
 
@@ -266,6 +273,7 @@ def avro_schemas(config: KafkaConfig) -> AvroSchemas:
         config.schema_registry_url,
         config.schema_registry_username,
         config.schema_registry_password,
+        config.schema_registry_timeout,
         config.avro_schema_file,
         changed,
     )
@@ -279,6 +287,7 @@ def avro_schemas(config: KafkaConfig) -> AvroSchemas:
                     config.schema_registry_url,
                     config.schema_registry_username,
                     config.schema_registry_password,
+                    config.schema_registry_timeout,
                 )
             else:
                 raise ValueError("format 'avro' needs schema_registry_url or avro_schema_file")

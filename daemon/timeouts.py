@@ -1,0 +1,190 @@
+"""A timeout on every call to the catalog and the object store, and what an outage looks like.
+
+pyiceberg takes no timeout for most of its clients, so each one is set where it can be:
+
+- SQL catalog on PostgreSQL (psycopg2): libpq ``connect_timeout`` and a server-side
+  ``statement_timeout`` in the URI, plus a client-side deadline on every wait for the
+  server (psycopg2's wait callback). Only the last one catches a connection that was
+  accepted and then never answers (a hung proxy, a half-open TCP path): the server never
+  sees those statements, and libpq itself would wait forever.
+- SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock, at
+  most 5 s).
+- REST catalog: (connect, read) timeouts on every request of its requests session.
+- FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3).
+
+A setting the user wrote in ``[catalog]`` (a URI parameter or a property) wins. Calls
+nothing here can bound (another catalog type's client, REST's first config request)
+are bounded by the caller waiting at most ``startup_timeout``.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+import sqlalchemy.exc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import ServerError, ServiceUnavailableError
+from sqlalchemy.engine import make_url
+
+from daemon.config import TimeoutsConfig
+from daemon.errors import CatalogError
+
+__all__ = [
+    "bound_catalog",
+    "catalog_properties",
+    "short_error",
+    "startup_timeout",
+    "unavailable",
+]
+
+_S3_CONNECT = "s3.connect-timeout"
+_S3_REQUEST = "s3.request-timeout"
+_SQLITE_BUSY = 5.0
+# (connect, every later wait) of the psycopg2 wait callback, set by catalog_properties.
+_pg_deadlines = (10.0, 30.0)
+_pg_installed = False
+
+
+def startup_timeout(timeouts: TimeoutsConfig) -> float:
+    """How long loading the catalog may take: a connect and a few statements."""
+    return timeouts.catalog_connect + timeouts.catalog_request
+
+
+def catalog_properties(props: Mapping[str, str], timeouts: TimeoutsConfig) -> dict[str, str]:
+    """``props`` (the ``[catalog]`` properties) with the timeouts of ``timeouts`` added."""
+    properties = dict(props)
+    properties.setdefault(_S3_CONNECT, _seconds(timeouts.storage_connect))
+    properties.setdefault(_S3_REQUEST, _seconds(timeouts.storage_request))
+    uri = properties.get("uri", "")
+    if properties.get("type", "").lower() == "sql" and uri:
+        properties["uri"] = _sql_uri(uri, timeouts)
+    return properties
+
+
+def bound_catalog(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
+    """Give a loaded REST catalog's HTTP session (connect, read) timeouts."""
+    # pyiceberg's RestCatalog keeps its requests session in ``_session`` (pinned <0.13)
+    # and passes no timeout; every call goes through ``Session.request``.
+    session = getattr(catalog, "_session", None)
+    if not isinstance(session, requests.Session):
+        return
+    send = session.request
+    limits = (timeouts.catalog_connect, timeouts.catalog_request)
+
+    def request(method: str, url: str, **kwargs: Any) -> requests.Response:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = limits
+        return send(method, url, **kwargs)
+
+    setattr(session, "request", request)  # noqa: B010 - an instance override
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """ "the catalog" or "the object store" when ``exc`` or its cause says that dependency
+    could not be reached or answered too late; None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _CATALOG_OUTAGES):
+            return "the catalog"
+        if isinstance(current, ConnectionError | TimeoutError) or (
+            isinstance(current, OSError) and "AWS Error" in str(current)
+        ):
+            return "the object store"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: first line``: drivers append the SQL and a help link on later lines."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+_CATALOG_OUTAGES = (
+    CatalogError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    sqlalchemy.exc.DisconnectionError,
+    requests.ConnectionError,
+    requests.Timeout,
+    ServerError,
+    ServiceUnavailableError,
+)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def _sql_uri(uri: str, timeouts: TimeoutsConfig) -> str:
+    url = make_url(uri)
+    query = dict(url.query)
+    if url.get_backend_name() == "sqlite":
+        # A lock held by another local writer, not a network wait: keep pysqlite's 5 s
+        # at most, so a held lock fails a commit (retried later) instead of holding
+        # its thread and lane for the whole request timeout.
+        query.setdefault("timeout", _seconds(min(timeouts.catalog_request, _SQLITE_BUSY)))
+    elif url.get_backend_name() == "postgresql" and url.get_driver_name() == "psycopg2":
+        # libpq takes whole seconds; 0 would mean "wait forever".
+        query.setdefault("connect_timeout", str(max(1, math.ceil(timeouts.catalog_connect))))
+        options = str(query.get("options", ""))
+        if "statement_timeout" not in options:
+            ms = int(timeouts.catalog_request * 1000)
+            query["options"] = f"{options} -c statement_timeout={ms}".strip()
+        _install_pg_deadline(timeouts)
+    else:
+        return uri
+    rendered: str = url.set(query=query).render_as_string(hide_password=False)
+    return rendered
+
+
+def _install_pg_deadline(timeouts: TimeoutsConfig) -> None:
+    """Bound every psycopg2 wait (process-wide: the daemon has one catalog)."""
+    global _pg_deadlines, _pg_installed
+    # The client deadline is a little later than the server's statement_timeout, so a
+    # slow statement ends with the server's clear error, a silent server with ours.
+    _pg_deadlines = (timeouts.catalog_connect, timeouts.catalog_request + 1.0)
+    if not _pg_installed:
+        import psycopg2.extensions  # type: ignore[import-untyped]
+
+        psycopg2.extensions.set_wait_callback(_pg_wait)
+        _pg_installed = True
+
+
+def _pg_wait(conn: Any) -> None:
+    """psycopg2's wait callback (``psycopg2.extras.wait_select``) with a deadline.
+
+    Raising closes the connection (psycopg2 cannot resume a wait), so SQLAlchemy drops
+    it from the pool and the next call connects afresh.
+    """
+    import psycopg2
+    import psycopg2.extensions as ext
+
+    connecting = conn.status == ext.STATUS_SETUP
+    limit = _pg_deadlines[0] if connecting else _pg_deadlines[1]
+    deadline = time.monotonic() + limit
+    while True:
+        state = conn.poll()
+        if state == ext.POLL_OK:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            what = "connect" if connecting else "answer"
+            raise psycopg2.OperationalError(
+                f"the catalog database did not {what} within {limit:g} s "
+                "(timeouts.catalog_connect / timeouts.catalog_request)"
+            )
+        if state == ext.POLL_READ:
+            select.select([conn.fileno()], [], [], left)
+        elif state == ext.POLL_WRITE:
+            select.select([], [conn.fileno()], [], left)
+        else:  # pragma: no cover - psycopg2 documents no other state
+            raise psycopg2.OperationalError(f"unexpected poll state {state}")
