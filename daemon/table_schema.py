@@ -62,6 +62,7 @@ from pyiceberg.types import (
 from daemon.config import parse_partition
 from daemon.config._types import parse_sort, parse_type_string, render_type
 from daemon.errors import SchemaError
+from daemon.value_ranges import has_huge_exponent
 
 __all__ = [
     "FIELD_ID_KEY",
@@ -556,6 +557,10 @@ def _cast_values(values: pa.Array, target: pa.DataType) -> pa.Array:
     if _is_temporal(target) and not (_is_temporal(values.type) or _is_text(values.type)):
         raise pa.ArrowInvalid(
             "numbers are ambiguous as times; send ISO-8601 text or Arrow temporal values"
+        )
+    if pa.types.is_decimal(target) and _is_text(values.type) and has_huge_exponent(values):
+        raise pa.ArrowInvalid(
+            "a value has an exponent of 5 or more digits, which no numeric column can hold"
         )
     if isinstance(target, pa.BaseExtensionType):
         # Arrow cannot cast into extension types (uuid) directly: cast to the storage

@@ -54,6 +54,7 @@ schema = [
   {{ name = "t", type = "time" }},
   {{ name = "dec", type = "decimal(10,2)" }},
   {{ name = "big", type = "decimal(38,0)" }},
+  {{ name = "d38", type = "decimal(38,10)" }},
 ]
 
 [[tables]]
@@ -114,6 +115,19 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
      400, ["'m'", "not valid UTF-8", "line 1"]),
     ("huge-long", TABLE, _body(b'{"id":9223372036854775808}'), NDJSON, 400, ["'id'"]),
     ("huge-decimal", TABLE, _body(_line(big="1" + "0" * 38)), NDJSON, 400, ["'big'"]),
+    # pyarrow's decimal parser crashed the process (SIGSEGV) on these exponents.
+    ("decimal-huge-exponent", TABLE, _body(_line(), _line(big="1e-9999999")), NDJSON, 400,
+     ["line 2", "exponent of 5 or more digits"]),
+    ("decimal-huge-exponent-number", TABLE, _body(b'{"id":1,"dec":0e-5000000}'), NDJSON, 400,
+     ["line 1", "exponent of 5 or more digits"]),
+    ("arrow-decimal-huge-exponent-text", TABLE, _arrow("big", pa.array(["1.5", "1e-9999999"])),
+     ARROW, 400, ["'big'", "exponent of 5 or more digits"]),
+    # 29 integer digits as written, 39 once scaled to 10 places: one past 38.
+    ("decimal-38-one-past-by-scale", TABLE, _body(_line(d38="1e28")), NDJSON, 400,
+     ["'d38'", "at most 28 integer"]),
+    # A token pyarrow cannot read at all is the line's fault, not the first column's.
+    ("lone-surrogate", TABLE, _body(b'{"id":1,"s":"\\ud800"}'), NDJSON, 400,
+     ["line 1", "surrogate"]),
     ("decimal-one-past", TABLE, _body(_line(dec="100000000.00")), NDJSON, 400,
      ["'dec'", "at most 8 integer"]),
     ("tz-year-0", TABLE, _body(_line(tz="0000-12-31T23:59:59Z")), NDJSON, 400,
@@ -148,6 +162,8 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("blank-lines", TABLE, b"\n \n", NDJSON, 400, ["no records"]),
 ]  # fmt: skip
 
+_D38 = "9" * 28 + "." + "9" * 10
+
 # (case, body, content type) that must be accepted: the edges themselves.
 EDGES: list[tuple[str, bytes, str]] = [
     ("deep-10", _body(b'{"id":%d,"n":' % next(_ids) + b"[" * 9 + b"]" * 9 + b"}"), NDJSON),
@@ -156,8 +172,11 @@ EDGES: list[tuple[str, bytes, str]] = [
     ("temporal-last", _body(_line(tz="9999-12-31T23:59:59.999999Z",
                                   ts="9999-12-31T23:59:59.999999", d="9999-12-31",
                                   t="23:59:59.999999", st={"d": "9999-12-31"})), NDJSON),
-    ("decimal-edges", _body(_line(dec="99999999.99", big="9" * 38),
-                            _line(dec="-99999999.99", big="-" + "9" * 38)), NDJSON),
+    ("decimal-edges", _body(_line(dec="99999999.99", big="9" * 38, d38=_D38),
+                            _line(dec="-99999999.99", big="-" + "9" * 38, d38="-" + _D38)),
+     NDJSON),
+    # A table with decimals still takes text that merely contains a 5-digit exponent.
+    ("exponent-like-text", _body(_line(s="a3e12345b", l=["x1e-99999"])), NDJSON),
     ("utf8-everywhere", _body(_line(s="é😀", l=["ü"], st={"f": "ß"},
                                     m=[{"key": "ключ", "value": "值"}])), NDJSON),
     ("arrow-edges", _arrow("tz", pa.array([_FIRST_US, _LAST_US], pa.int64()).view(_US)), ARROW),
@@ -239,6 +258,9 @@ async def test_edges_land_exactly_once_and_the_daemon_outlives_the_corpus(
     assert last["d"] == datetime.date(9999, 12, 31) and last["t"] == datetime.time.max
     decimals = [r["big"] for r in rows if r["big"] is not None]
     assert sorted(decimals) == [decimal.Decimal("-" + "9" * 38), decimal.Decimal("9" * 38)]
+    d38 = sorted(r["d38"] for r in rows if r["d38"] is not None)
+    assert d38 == [decimal.Decimal("-" + _D38), decimal.Decimal(_D38)]
+    assert {r["s"] for r in rows} >= {"a3e12345b"}
     assert child.running, child.tail()
     async with http.get(f"{child.url}/healthz") as reply:
         assert reply.status == 200
