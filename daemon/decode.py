@@ -76,6 +76,8 @@ _STARTS_WITH_OBJECT: Final = re.compile(rb"[ \t\r\n]*\{")
 _SUSPICIOUS: Final = re.compile(rb"}(?:[ \t\r]*\{|[ \t\r\n]*null)")
 _BLANK_LINE: Final = re.compile(rb"(?:^|\n)[ \t\r]*(?=\n|\Z)")
 _BLOCK: Final = 256 << 10
+_MAX_BLOCK: Final = 2**31 - 1  # pyarrow's block size is an int32
+_STRADDLING: Final = "straddling object straddles two block boundaries"
 _SHOWN_COLUMNS: Final = 20
 _SHOWN_VALUE_CHARS: Final = 60
 _UNIX_DAY: Final = "1970-01-01T"
@@ -338,10 +340,7 @@ def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.S
     if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
         _check_one_object_per_line(body)
     try:
-        schema: pa.Schema = pj.read_json(
-            pa.BufferReader(body),
-            parse_options=pj.ParseOptions(newlines_in_values=False),
-        ).schema
+        schema: pa.Schema = _read_json(body, pj.ParseOptions(newlines_in_values=False)).schema
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise BadInputError(f"the records' types cannot be inferred: {exc}") from exc
     return schema
@@ -452,22 +451,34 @@ def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bo
 
 
 def _read(body: bytes, plan: _Plan) -> pa.Table:
-    return pj.read_json(
-        pa.BufferReader(body),
-        read_options=pj.ReadOptions(
-            # Blocks split at newlines (newlines_in_values=False), so records never
-            # straddle them; parsing blocks on pyarrow's CPU pool halves the latency
-            # of a 1.6 MB body (8 -> 4.5 ms on 2 cores), and that pool is sized to
-            # the cores, so concurrent requests cannot oversubscribe them.
-            block_size=_BLOCK,
-            use_threads=len(body) > _BLOCK,
-        ),
-        parse_options=pj.ParseOptions(
+    return _read_json(
+        body,
+        pj.ParseOptions(
             explicit_schema=plan.parse_schema,
             unexpected_field_behavior="error",
             newlines_in_values=False,
         ),
     )
+
+
+def _read_json(body: bytes, parse_options: pj.ParseOptions) -> pa.Table:
+    """``pyarrow.json.read_json`` in blocks, or in one block when a record is too long
+    for blocks."""
+    try:
+        # Blocks split at newlines (newlines_in_values=False), so records never
+        # straddle them; parsing blocks on pyarrow's CPU pool halves the latency
+        # of a 1.6 MB body (8 -> 4.5 ms on 2 cores), and that pool is sized to
+        # the cores, so concurrent requests cannot oversubscribe them.
+        options = pj.ReadOptions(block_size=_BLOCK, use_threads=len(body) > _BLOCK)
+        return pj.read_json(pa.BufferReader(body), options, parse_options)
+    except pa.ArrowInvalid as exc:
+        if _STRADDLING not in str(exc):
+            raise
+    # pyarrow cannot read a record longer than about two blocks ("straddling object
+    # straddles two block boundaries"): a valid 600 KB record was refused, and a
+    # Kafka value of that size dead-lettered. One block holds any record.
+    options = pj.ReadOptions(block_size=min(len(body) + 1, _MAX_BLOCK), use_threads=False)
+    return pj.read_json(pa.BufferReader(body), options, parse_options)
 
 
 _KIND_CHANGE: Final = re.compile(r"Column\((?P<path>[^)]*)\) changed from (?:number|string) to")

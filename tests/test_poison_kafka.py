@@ -435,3 +435,14 @@ def test_a_decimal_with_a_huge_exponent_is_a_dead_letter_not_a_crash() -> None:
         (3, "invalid"),
     ]
     assert "exponent of 5 or more digits" in decoded.dead[0].error
+
+
+def test_a_value_longer_than_two_read_blocks_lands() -> None:
+    """pyarrow.json cannot read a record longer than about two of its blocks (256 KiB
+    here): such a value, well below max_record_bytes, was dead-lettered as invalid."""
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("s", pa.string())])
+    big = "b" * 900_000
+    values: list[bytes | None] = [json.dumps({"id": i, "s": big}).encode() for i in range(3)]
+    decoded = decode_json(_fetch(values), schema)
+    assert decoded.dead == []
+    assert decoded.batch is not None and decoded.batch.column("s").to_pylist() == [big] * 3
