@@ -794,6 +794,7 @@ def infer_schema(arrow_schema: pa.Schema) -> Schema:
     seen: dict[str, str] = {}
     fields: list[NestedField] = []
     for position, field in enumerate(arrow_schema, start=1):
+        _check_name(field.name, field.name)
         folded = field.name.lower()
         if folded in seen:
             raise SchemaError(field.name, f"duplicate column name (clashes with {seen[folded]!r})")
@@ -804,6 +805,13 @@ def infer_schema(arrow_schema: pa.Schema) -> Schema:
             )
         )
     return Schema(*fields)
+
+
+def _check_name(path: str, name: str) -> None:
+    # An inferred table with an empty field name was created, its records acked,
+    # and then no commit could write the field into pyiceberg's Avro manifests.
+    if not name:
+        raise SchemaError(path or '""', "a field name must not be empty; rename the key")
 
 
 def _infer_type(path: str, t: pa.DataType, next_id: Iterator[int]) -> IcebergType:
@@ -876,6 +884,8 @@ def _infer_type(path: str, t: pa.DataType, next_id: Iterator[int]) -> IcebergTyp
     if pa.types.is_struct(t):
         if t.num_fields == 0:
             raise fail("a struct needs at least one field")
+        for i in range(t.num_fields):
+            _check_name(f"{path}.{t.field(i).name}", t.field(i).name)
         ids = [next(next_id) for _ in range(t.num_fields)]
         return StructType(
             *(

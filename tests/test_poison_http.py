@@ -103,6 +103,10 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("infer-deep-100000", INFERRED,
      _body(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"), NDJSON, 400,
      ["line 1", "nests deeper than 64"]),
+    # Created, acked, then uncommittable: Iceberg's Avro manifests refuse empty names.
+    ("infer-empty-name", INFERRED, _body(b'{"":1}'), NDJSON, 400, ["must not be empty"]),
+    ("infer-empty-nested-name", INFERRED, _body(b'{"s":{"":1}}'), NDJSON, 400,
+     ["'s.'", "must not be empty"]),
     ("utf8-top", TABLE, _body(_line(), b'{"id":1,"s":"a\xffb"}'), NDJSON, 400,
      ["'s'", "not valid UTF-8", "line 2"]),
     ("utf8-list", TABLE, _body(_line(), b'{"id":1,"l":["ok","\xfe"]}'), NDJSON, 400,
