@@ -15,6 +15,7 @@ import datetime
 import decimal
 import itertools
 import json
+import random
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -314,6 +315,39 @@ def _exists(home: DaemonDir, name: str) -> bool:
 )
 def test_depth_counts_brackets_outside_strings_only(line: bytes, levels: int) -> None:
     assert depth(line) == levels
+
+
+def _reference_depth(line: bytes) -> int:
+    """Byte by byte: a quote after an odd run of backslashes is escaped."""
+    level = deepest = run = 0
+    inside = False
+    for byte in line:
+        if byte == ord("\\"):
+            run += 1
+            continue
+        escaped, run = run % 2 == 1, 0
+        if byte == ord('"') and not escaped:
+            inside = not inside
+        elif not inside and byte in b"[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif not inside and byte in b"]}":
+            level -= 1
+    return deepest
+
+
+def test_the_guard_agrees_with_a_byte_by_byte_reference() -> None:
+    """The exact path drops everything but brackets, unescaped quotes and newlines
+    before its numpy pass; random lines over the bytes that matter must measure
+    exactly as a byte-by-byte reader does."""
+    rng = random.Random(11)
+    lines = [bytes(rng.choices(b'[]{}"\\ab', k=rng.randint(0, 120))) for _ in range(3_000)]
+    for line in lines[:500]:
+        assert depth(line) == _reference_depth(line), line
+    body = b"\n".join(lines)
+    for limit in (3, 8, 20):
+        expected = [k for k, line in enumerate(lines) if _reference_depth(line) > limit]
+        assert too_deep_lines(body, limit) == expected
 
 
 def test_max_nesting_depth_is_the_limit_and_configurable() -> None:
