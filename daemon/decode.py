@@ -499,8 +499,9 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
     del schema  # conform() in TableWriter.append casts and names the failing column
     if not body:
         raise BadInputError("no records: the body is empty; send an Arrow IPC stream")
+    source = pa.BufferReader(body)
     try:
-        with ipc.open_stream(pa.BufferReader(body)) as reader:
+        with ipc.open_stream(source) as reader:
             table = reader.read_all()
         # The body comes from the network: offsets and lengths inside it must be
         # checked before any kernel trusts them, or a crafted stream reads out of bounds.
@@ -511,6 +512,13 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
             "the bytes of a pyarrow.ipc.new_stream writer with "
             "Content-Type application/vnd.apache.arrow.stream"
         ) from exc
+    if source.tell() < len(body):
+        # The reader stops at the end-of-stream marker: a second stream appended
+        # to the first (or junk) would be dropped while the client counts it sent.
+        raise BadInputError(
+            f"{len(body) - source.tell()} bytes follow the end of the Arrow stream (two "
+            "streams in one body?); send one stream per request"
+        )
     if table.num_rows == 0:
         raise BadInputError("no records: the Arrow stream holds no rows")
     for name, values in zip(table.column_names, table.columns, strict=True):

@@ -159,6 +159,9 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("arrow-decimal-39-digits", TABLE,
      _arrow("big", pa.array([decimal.Decimal("1" + "0" * 38)], pa.decimal256(39, 0))),
      ARROW, 400, ["'big'"]),
+    # The reader stopped at the first end-of-stream marker and acked the rest unread.
+    ("arrow-two-streams", TABLE, _arrow("s", pa.array(["a"])) + _arrow("s", pa.array(["b"])),
+     ARROW, 400, ["bytes follow the end of the Arrow stream"]),
     ("non-object-array", TABLE, _body(b"[1,2]"), NDJSON, 400, ["line 1", "JSON object"]),
     ("non-object-string", TABLE, _body(_line(), b'"text"'), NDJSON, 400,
      ["line 2", "JSON object"]),
