@@ -66,6 +66,7 @@ from daemon.value_ranges import has_huge_exponent
 
 __all__ = [
     "FIELD_ID_KEY",
+    "MAX_INFERRED_FIELDS",
     "SchemaDifference",
     "arrow_schema_for",
     "cast_array",
@@ -790,6 +791,13 @@ def infer_schema(arrow_schema: pa.Schema) -> Schema:
     """
     if len(arrow_schema) == 0:
         raise SchemaError("?", "cannot infer a schema from a batch without columns")
+    fields_count = _count_fields(arrow_schema)
+    if fields_count > MAX_INFERRED_FIELDS:
+        raise SchemaError(
+            "?",
+            f"the records hold {fields_count} fields; a table is inferred or evolved with "
+            f"at most {MAX_INFERRED_FIELDS} (declare a wider table's schema)",
+        )
     next_id = itertools.count(len(arrow_schema) + 1)
     seen: dict[str, str] = {}
     fields: list[NestedField] = []
@@ -805,6 +813,26 @@ def infer_schema(arrow_schema: pa.Schema) -> Schema:
             )
         )
     return Schema(*fields)
+
+
+#: Records with 100,000 keys made an inferred table whose first commit took minutes,
+#: blocked the event loop for seconds and slowed every later start by tens of
+#: seconds; no real record has this many fields (Parquet readers struggle far sooner).
+MAX_INFERRED_FIELDS: Final = 10_000
+
+
+def _count_fields(arrow_schema: pa.Schema) -> int:
+    count, types = 0, [field.type for field in arrow_schema]
+    while types:
+        t = types.pop()
+        count += 1
+        if pa.types.is_struct(t):
+            types.extend(field.type for field in t.fields)
+        elif pa.types.is_map(t):
+            types += (t.key_type, t.item_type)
+        elif isinstance(t, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+            types.append(t.value_type)
+    return count
 
 
 def _check_name(path: str, name: str) -> None:

@@ -108,6 +108,10 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("infer-empty-name", INFERRED, _body(b'{"":1}'), NDJSON, 400, ["must not be empty"]),
     ("infer-empty-nested-name", INFERRED, _body(b'{"s":{"":1}}'), NDJSON, 400,
      ["'s.'", "must not be empty"]),
+    # 100,000 keys made a table whose first flush ran for minutes and stalled the loop.
+    ("infer-too-many-fields", INFERRED,
+     _body(json.dumps({f"c{i}": i for i in range(10_001)}).encode()), NDJSON, 400,
+     ["10001 fields", "at most 10000"]),
     ("utf8-top", TABLE, _body(_line(), b'{"id":1,"s":"a\xffb"}'), NDJSON, 400,
      ["'s'", "not valid UTF-8", "line 2"]),
     ("utf8-list", TABLE, _body(_line(), b'{"id":1,"l":["ok","\xfe"]}'), NDJSON, 400,
