@@ -62,7 +62,7 @@ from pyiceberg.types import (
 from daemon.config import parse_partition
 from daemon.config._types import parse_sort, parse_type_string, render_type
 from daemon.errors import SchemaError
-from daemon.value_ranges import has_huge_exponent
+from daemon.value_ranges import find_out_of_range, has_huge_exponent
 
 __all__ = [
     "FIELD_ID_KEY",
@@ -577,7 +577,14 @@ def _cast_values(values: pa.Array, target: pa.DataType) -> pa.Array:
             raise pa.ArrowInvalid(
                 "refusing to drop the time zone of a timestamptz value into a timestamp column"
             )
-    return values.cast(target, safe=True)
+    cast = values.cast(target, safe=True)
+    if _is_text(values.type) and _is_temporal(target):
+        # Text parses to any year Arrow can hold ("0000-01-01"); Arrow temporal
+        # input was range-checked at decode, text only becomes a time here.
+        found = find_out_of_range(cast)
+        if found is not None:
+            raise pa.ArrowInvalid(found.problem)
+    return cast
 
 
 def conform(

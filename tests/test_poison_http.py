@@ -155,6 +155,11 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("arrow-tz-one-past", TABLE,
      _arrow("tz", pa.array([_LAST_US + 1], pa.int64()).view(_US)), ARROW, 400,
      ["'tz'", "out of range"]),
+    # Text in an Arrow body becomes a time only in the cast: it was never range-checked.
+    ("arrow-text-ts-year-0", TABLE, _arrow("ts", pa.array(["0000-12-31T23:59:59"])), ARROW, 400,
+     ["'ts'", "out of range", "0001-01-01"]),
+    ("arrow-text-date-year-0", TABLE, _arrow("d", pa.array(["0000-12-31"])), ARROW, 400,
+     ["'d'", "out of range"]),
     ("arrow-date-one-before", TABLE, _arrow("d", pa.array([_FIRST_DAY - 1], pa.date32())),
      ARROW, 400, ["'d'", "out of range"]),
     # pyarrow's own full validation of the stream refuses a time of day past 24 h.
@@ -195,6 +200,8 @@ EDGES: list[tuple[str, bytes, str]] = [
     ("utf8-everywhere", _body(_line(s="é😀", l=["ü"], st={"f": "ß"},
                                     m=[{"key": "ключ", "value": "值"}])), NDJSON),
     ("arrow-edges", _arrow("tz", pa.array([_FIRST_US, _LAST_US], pa.int64()).view(_US)), ARROW),
+    ("arrow-text-edges", _arrow("ts", pa.array(["0001-01-01T00:00:00",
+                                                "9999-12-31T23:59:59.999999"])), ARROW),
 ]  # fmt: skip
 
 
