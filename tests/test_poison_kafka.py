@@ -446,3 +446,20 @@ def test_a_value_longer_than_two_read_blocks_lands() -> None:
     decoded = decode_json(_fetch(values), schema)
     assert decoded.dead == []
     assert decoded.batch is not None and decoded.batch.column("s").to_pylist() == [big] * 3
+
+
+def test_record_timestamps_outside_what_a_table_holds_are_null() -> None:
+    """A producer sets any int64 timestamp: 2^62 ms wrapped to 1969 when converted to
+    microseconds, and year 10000 was stored where no reader can load it."""
+    first, last = -62_135_596_800_000, 253_402_300_799_999
+    stamps = [0, first, last, last + 1, first - 1, 2**62, -(2**63)]
+    values: list[bytes | None] = [b'{"id":%d}' % i for i in range(len(stamps))]
+    fetch = Fetch("t", 0, np.arange(len(stamps), dtype=np.int64), values, [None] * 7, stamps,
+                  [[] for _ in stamps])  # fmt: skip
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), False), ("_kafka_timestamp", pa.timestamp("us", "UTC"))]
+    )
+    decoded = decode_json(fetch, schema, metadata_columns=["_kafka_timestamp"])
+    assert decoded.batch is not None and decoded.dead == []
+    column = decoded.batch.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
+    assert column == [0, first * 1000, last * 1000, None, None, None, None]
