@@ -51,7 +51,7 @@ import pyarrow.json as pj
 from daemon.errors import BadInputError, SchemaError
 from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from daemon.table_schema import cast_array, check_required_children
-from daemon.value_ranges import find_out_of_range
+from daemon.value_ranges import HUGE_EXPONENT, find_out_of_range
 
 __all__ = [
     "JsonOptions",
@@ -76,6 +76,8 @@ _STARTS_WITH_OBJECT: Final = re.compile(rb"[ \t\r\n]*\{")
 _SUSPICIOUS: Final = re.compile(rb"}(?:[ \t\r]*\{|[ \t\r\n]*null)")
 _BLANK_LINE: Final = re.compile(rb"(?:^|\n)[ \t\r]*(?=\n|\Z)")
 _BLOCK: Final = 256 << 10
+_MAX_BLOCK: Final = 2**31 - 1  # pyarrow's block size is an int32
+_STRADDLING: Final = "straddling object straddles two block boundaries"
 _SHOWN_COLUMNS: Final = 20
 _SHOWN_VALUE_CHARS: Final = 60
 _UNIX_DAY: Final = "1970-01-01T"
@@ -338,10 +340,7 @@ def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.S
     if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
         _check_one_object_per_line(body)
     try:
-        schema: pa.Schema = pj.read_json(
-            pa.BufferReader(body),
-            parse_options=pj.ParseOptions(newlines_in_values=False),
-        ).schema
+        schema: pa.Schema = _read_json(body, pj.ParseOptions(newlines_in_values=False)).schema
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise BadInputError(f"the records' types cannot be inferred: {exc}") from exc
     return schema
@@ -357,10 +356,71 @@ def check_depth(body: bytes, max_depth: int) -> None:
         raise BadInputError(f"line {deep[0] + 1}: {too_deep(max_depth)}").because("too_deep")
 
 
+# pyarrow.json would crash on a decimal's text with a huge exponent (see
+# value_ranges.HUGE_EXPONENT), so a body with a decimal column is checked for them
+# before pyarrow sees it: a C-speed search, and on a hit (also inside other text)
+# an exact look at the values of the lines that have one.
+_HUGE_EXPONENT: Final = re.compile(rb"[0-9.]" + HUGE_EXPONENT.encode())
+_HUGE_NUMBER: Final = re.compile(
+    r"[ \t\r\n]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)" + HUGE_EXPONENT + r"[0-9]*[ \t\r\n]*"
+)
+
+
+class _Huge(Exception):
+    pass
+
+
+def _check_exponents(body: bytes, schema: pa.Schema) -> None:
+    if not _HUGE_EXPONENT.search(body) or not _has_decimal(schema):
+        return
+    for number, line in enumerate(body.split(b"\n"), 1):
+        if not _HUGE_EXPONENT.search(line):
+            continue
+        _parse_line(number, line)  # invalid JSON is refused as such
+        try:
+            values = [json.loads(line, parse_float=_refuse_huge)]
+            while values:  # depth is bounded already, but no recursion is needed
+                value = values.pop()
+                if isinstance(value, str):
+                    _refuse_huge(value)
+                elif isinstance(value, dict):
+                    values.extend(value.values())
+                elif isinstance(value, list):
+                    values.extend(value)
+        except _Huge as exc:
+            raise BadInputError(
+                f"line {number}: the value {_show(_Raw(str(exc)))} has an exponent of 5 or "
+                "more digits, which no numeric column can hold"
+            ).because("out_of_range") from None
+
+
+def _refuse_huge(text: str) -> float:
+    if _HUGE_NUMBER.fullmatch(text):
+        raise _Huge(text)
+    return 0.0  # only ever called for float texts and strings; the value is unused
+
+
+@functools.lru_cache(maxsize=64)
+def _has_decimal(schema: pa.Schema) -> bool:
+    types = [field.type for field in schema]
+    while types:
+        t = types.pop()
+        if pa.types.is_decimal(t):
+            return True
+        if pa.types.is_map(t):
+            types += (t.key_type, t.item_type)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            types.append(t.value_type)
+        elif pa.types.is_struct(t):
+            types.extend(field.type for field in t.fields)
+    return False
+
+
 def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bool) -> pa.Table:
     if _BLANK.fullmatch(body):
         raise BadInputError("no records: the body is empty; send one JSON object per line")
     check_depth(body, options.max_depth)
+    _check_exponents(body, schema)
     if not _STARTS_WITH_OBJECT.match(body) or _SUSPICIOUS.search(body):
         _check_one_object_per_line(body)
     key = (schema, options)
@@ -391,22 +451,34 @@ def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bo
 
 
 def _read(body: bytes, plan: _Plan) -> pa.Table:
-    return pj.read_json(
-        pa.BufferReader(body),
-        read_options=pj.ReadOptions(
-            # Blocks split at newlines (newlines_in_values=False), so records never
-            # straddle them; parsing blocks on pyarrow's CPU pool halves the latency
-            # of a 1.6 MB body (8 -> 4.5 ms on 2 cores), and that pool is sized to
-            # the cores, so concurrent requests cannot oversubscribe them.
-            block_size=_BLOCK,
-            use_threads=len(body) > _BLOCK,
-        ),
-        parse_options=pj.ParseOptions(
+    return _read_json(
+        body,
+        pj.ParseOptions(
             explicit_schema=plan.parse_schema,
             unexpected_field_behavior="error",
             newlines_in_values=False,
         ),
     )
+
+
+def _read_json(body: bytes, parse_options: pj.ParseOptions) -> pa.Table:
+    """``pyarrow.json.read_json`` in blocks, or in one block when a record is too long
+    for blocks."""
+    try:
+        # Blocks split at newlines (newlines_in_values=False), so records never
+        # straddle them; parsing blocks on pyarrow's CPU pool halves the latency
+        # of a 1.6 MB body (8 -> 4.5 ms on 2 cores), and that pool is sized to
+        # the cores, so concurrent requests cannot oversubscribe them.
+        options = pj.ReadOptions(block_size=_BLOCK, use_threads=len(body) > _BLOCK)
+        return pj.read_json(pa.BufferReader(body), options, parse_options)
+    except pa.ArrowInvalid as exc:
+        if _STRADDLING not in str(exc):
+            raise
+    # pyarrow cannot read a record longer than about two blocks ("straddling object
+    # straddles two block boundaries"): a valid 600 KB record was refused, and a
+    # Kafka value of that size dead-lettered. One block holds any record.
+    options = pj.ReadOptions(block_size=min(len(body) + 1, _MAX_BLOCK), use_threads=False)
+    return pj.read_json(pa.BufferReader(body), options, parse_options)
 
 
 _KIND_CHANGE: Final = re.compile(r"Column\((?P<path>[^)]*)\) changed from (?:number|string) to")
@@ -427,8 +499,9 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
     del schema  # conform() in TableWriter.append casts and names the failing column
     if not body:
         raise BadInputError("no records: the body is empty; send an Arrow IPC stream")
+    source = pa.BufferReader(body)
     try:
-        with ipc.open_stream(pa.BufferReader(body)) as reader:
+        with ipc.open_stream(source) as reader:
             table = reader.read_all()
         # The body comes from the network: offsets and lengths inside it must be
         # checked before any kernel trusts them, or a crafted stream reads out of bounds.
@@ -439,6 +512,13 @@ def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
             "the bytes of a pyarrow.ipc.new_stream writer with "
             "Content-Type application/vnd.apache.arrow.stream"
         ) from exc
+    if source.tell() < len(body):
+        # The reader stops at the end-of-stream marker: a second stream appended
+        # to the first (or junk) would be dropped while the client counts it sent.
+        raise BadInputError(
+            f"{len(body) - source.tell()} bytes follow the end of the Arrow stream (two "
+            "streams in one body?); send one stream per request"
+        )
     if table.num_rows == 0:
         raise BadInputError("no records: the Arrow stream holds no rows")
     for name, values in zip(table.column_names, table.columns, strict=True):
@@ -671,12 +751,13 @@ def _nested(convert: Callable[[pa.Array | pa.ChunkedArray], pa.Array]) -> Conver
     return run
 
 
-def _decimal_range(t: pa.Decimal128Type) -> Converter | None:
+def _decimal_range(t: pa.Decimal128Type) -> Converter:
     # pyarrow 26 checks the precision of the text as written, then rescales: 1234.5
-    # passes as decimal(5,2) and becomes 1234.50, six digits. Check the magnitude.
-    if t.precision >= 38:
-        return None  # 38 digits is the most the reader produces at all
-    wide = pa.decimal128(38, t.scale)
+    # passes as decimal(5,2) and becomes 1234.50, six digits. Check the magnitude,
+    # at every precision: "1e28" into decimal(38,10) becomes 10^38 unscaled, 39
+    # digits, which decimal128 still holds (up to ~1.7e38) but the column cannot.
+    # decimal256 holds every such value and the limit 10^(P-S) itself.
+    wide = pa.decimal256(76, t.scale)
     limit = pa.scalar(decimal.Decimal(10) ** (t.precision - t.scale), wide)
 
     def convert(values: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -999,6 +1080,11 @@ def _explain(body: bytes, plan: _Plan, exc: Exception) -> BadInputError:
             unknown[0],
             f"not in the table schema (line {number}); the columns are {_names(plan)}",
         )
+    # A token pyarrow cannot read at all (a number beyond a double, a lone surrogate
+    # escape) fails every column; blaming the first one would mislead.
+    whole = _parse_error(line, None)
+    if whole is not None:
+        return BadInputError(f"line {number}: {whole}")
     for key, value in record.items():
         column = plan.by_name[key]
         reason = _parse_error(line, column)
@@ -1052,13 +1138,15 @@ def _first_bad_line(body: bytes, plan: _Plan) -> int | None:
     return low
 
 
-def _parse_error(line: bytes, column: _Column) -> str | None:
-    """Why pyarrow cannot read this one column of one (valid JSON) line (None: it can)."""
+def _parse_error(line: bytes, column: _Column | None) -> str | None:
+    """Why pyarrow cannot read this one column of one (valid JSON) line (None: it can;
+    ``column`` None: why it cannot read the line whatever the columns)."""
+    fields = [] if column is None else [pa.field(column.name, column.parse_type)]
     try:
         pj.read_json(
             pa.BufferReader(line),
             parse_options=pj.ParseOptions(
-                explicit_schema=pa.schema([pa.field(column.name, column.parse_type)]),
+                explicit_schema=pa.schema(fields),
                 unexpected_field_behavior="ignore",
             ),
         )

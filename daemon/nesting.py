@@ -9,9 +9,10 @@ cannot recurse:
   brackets it holds; ``bytes.translate`` keeps only brackets and newlines, and one
   regex over that (small) remainder finds the lines with more than the limit;
 - exact path (only the lines with more brackets than the limit, all at once):
-  quotes not escaped by a backslash toggle "inside a string", and the running depth
-  is a cumulative sum of +1/-1 per bracket outside strings, reset at each line.
-  Vectorized too: no per-line or per-byte Python, no regex that could backtrack.
+  C passes first reduce them to brackets, unescaped quotes and newlines; then
+  quotes toggle "inside a string", and the running depth is a cumulative sum of
+  +1/-1 per bracket outside strings, reset at each line. Vectorized too: no
+  per-line or per-byte Python, no regex that could backtrack.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ __all__ = ["DEFAULT_MAX_DEPTH", "depth", "too_deep", "too_deep_lines"]
 DEFAULT_MAX_DEPTH: Final = 64
 
 _OPEN_CURLY, _OPEN_SQUARE, _CLOSE_CURLY, _CLOSE_SQUARE = b"{[}]"
-_QUOTE, _BACKSLASH = b'"\\'
+_QUOTE: Final = ord('"')
 _NEWLINE = 10
 _NOT_BRACKETS: Final = bytes(sorted(set(range(256)) - set(b"[]{}\n")))
+_NOT_STRUCTURE: Final = bytes(sorted(set(range(256)) - set(b'[]{}"\n')))
 
 
 def too_deep(limit: int) -> str:
@@ -59,7 +61,7 @@ def too_deep_lines(body: bytes, limit: int) -> list[int]:
     if not suspects:
         return []
     lines = body.split(b"\n")
-    depths = _line_depths(b"\n".join(lines[k] for k in suspects))
+    depths = _line_depths(_structure(b"\n".join(lines[k] for k in suspects)))
     return [k for k, levels in zip(suspects, depths.tolist(), strict=True) if levels > limit]
 
 
@@ -72,12 +74,24 @@ def _long_line(limit: int) -> re.Pattern[bytes]:
 def depth(text: bytes) -> int:
     """The deepest nesting of brackets outside strings in ``text`` (one JSON value,
     line breaks allowed)."""
-    return int(_line_depths(text.replace(b"\n", b" ")).max(initial=0))
+    return int(_line_depths(_structure(text.replace(b"\n", b" "))).max(initial=0))
+
+
+def _structure(text: bytes) -> bytes:
+    """Only what decides the nesting: brackets, the quotes that open or close
+    strings, and line breaks (C passes; the numpy pass below then costs per bracket,
+    not per byte). Backslash pairs go first (left to right, as JSON reads them), then
+    the quotes the remaining backslashes escape; what a lone backslash escapes now
+    is never a quote, so it and every other byte can go."""
+    if b"\\" in text:
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return text.translate(None, _NOT_STRUCTURE)
 
 
 def _line_depths(text: bytes) -> npt.NDArray[np.int64]:
-    """The deepest nesting outside strings of each line of ``text``, all lines in a
-    few whole-buffer numpy passes (no Python per line or per byte)."""
+    """The deepest nesting outside strings of each line of ``text`` (reduced by
+    `_structure`), all lines in a few whole-buffer numpy passes (no Python per line
+    or per byte)."""
     data = np.frombuffer(text, np.uint8)
     breaks = np.flatnonzero(data == _NEWLINE)
     starts = np.concatenate(([0], breaks + 1))
@@ -86,16 +100,9 @@ def _line_depths(text: bytes) -> npt.NDArray[np.int64]:
     line_of = np.zeros(data.size, np.int64)
     line_of[breaks[breaks + 1 < data.size] + 1] = 1
     np.cumsum(line_of, out=line_of)
-    # A quote is escaped when an odd run of backslashes precedes it; the real
-    # quotes alternate opening and closing strings (counted from each line's start),
-    # so brackets count only where an even number of them came before.
-    position = np.arange(data.size)
-    last_plain = np.maximum.accumulate(np.where(data == _BACKSLASH, -1, position))
-    quotes = np.flatnonzero(data == _QUOTE)
-    before = np.maximum(quotes - 1, 0)
-    run = np.where(quotes > 0, before - last_plain[before], 0)
-    toggles = np.zeros(data.size, np.int64)
-    toggles[quotes[run % 2 == 0]] = 1
+    # Every quote left by _structure opens or closes a string (counted from each
+    # line's start), so brackets count only where an even number of them came before.
+    toggles = (data == _QUOTE).astype(np.int64)
     np.cumsum(toggles, out=toggles)
     outside = (toggles - _at_line_start(toggles, breaks)[line_of]) % 2 == 0
     step = ((data == _OPEN_CURLY) | (data == _OPEN_SQUARE)).astype(np.int64)

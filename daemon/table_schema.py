@@ -62,9 +62,11 @@ from pyiceberg.types import (
 from daemon.config import parse_partition
 from daemon.config._types import parse_sort, parse_type_string, render_type
 from daemon.errors import SchemaError
+from daemon.value_ranges import find_out_of_range, has_huge_exponent
 
 __all__ = [
     "FIELD_ID_KEY",
+    "MAX_INFERRED_FIELDS",
     "SchemaDifference",
     "arrow_schema_for",
     "cast_array",
@@ -557,6 +559,10 @@ def _cast_values(values: pa.Array, target: pa.DataType) -> pa.Array:
         raise pa.ArrowInvalid(
             "numbers are ambiguous as times; send ISO-8601 text or Arrow temporal values"
         )
+    if pa.types.is_decimal(target) and _is_text(values.type) and has_huge_exponent(values):
+        raise pa.ArrowInvalid(
+            "a value has an exponent of 5 or more digits, which no numeric column can hold"
+        )
     if isinstance(target, pa.BaseExtensionType):
         # Arrow cannot cast into extension types (uuid) directly: cast to the storage
         # type, then wrap, which is zero-copy.
@@ -571,7 +577,14 @@ def _cast_values(values: pa.Array, target: pa.DataType) -> pa.Array:
             raise pa.ArrowInvalid(
                 "refusing to drop the time zone of a timestamptz value into a timestamp column"
             )
-    return values.cast(target, safe=True)
+    cast = values.cast(target, safe=True)
+    if _is_text(values.type) and _is_temporal(target):
+        # Text parses to any year Arrow can hold ("0000-01-01"); Arrow temporal
+        # input was range-checked at decode, text only becomes a time here.
+        found = find_out_of_range(cast)
+        if found is not None:
+            raise pa.ArrowInvalid(found.problem)
+    return cast
 
 
 def conform(
@@ -785,10 +798,18 @@ def infer_schema(arrow_schema: pa.Schema) -> Schema:
     """
     if len(arrow_schema) == 0:
         raise SchemaError("?", "cannot infer a schema from a batch without columns")
+    fields_count = _count_fields(arrow_schema)
+    if fields_count > MAX_INFERRED_FIELDS:
+        raise SchemaError(
+            "?",
+            f"the records hold {fields_count} fields; a table is inferred or evolved with "
+            f"at most {MAX_INFERRED_FIELDS} (declare a wider table's schema)",
+        )
     next_id = itertools.count(len(arrow_schema) + 1)
     seen: dict[str, str] = {}
     fields: list[NestedField] = []
     for position, field in enumerate(arrow_schema, start=1):
+        _check_name(field.name, field.name)
         folded = field.name.lower()
         if folded in seen:
             raise SchemaError(field.name, f"duplicate column name (clashes with {seen[folded]!r})")
@@ -799,6 +820,33 @@ def infer_schema(arrow_schema: pa.Schema) -> Schema:
             )
         )
     return Schema(*fields)
+
+
+#: Records with 100,000 keys made an inferred table whose first commit took minutes,
+#: blocked the event loop for seconds and slowed every later start by tens of
+#: seconds; no real record has this many fields (Parquet readers struggle far sooner).
+MAX_INFERRED_FIELDS: Final = 10_000
+
+
+def _count_fields(arrow_schema: pa.Schema) -> int:
+    count, types = 0, [field.type for field in arrow_schema]
+    while types:
+        t = types.pop()
+        count += 1
+        if pa.types.is_struct(t):
+            types.extend(field.type for field in t.fields)
+        elif pa.types.is_map(t):
+            types += (t.key_type, t.item_type)
+        elif isinstance(t, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+            types.append(t.value_type)
+    return count
+
+
+def _check_name(path: str, name: str) -> None:
+    # An inferred table with an empty field name was created, its records acked,
+    # and then no commit could write the field into pyiceberg's Avro manifests.
+    if not name:
+        raise SchemaError(path or '""', "a field name must not be empty; rename the key")
 
 
 def _infer_type(path: str, t: pa.DataType, next_id: Iterator[int]) -> IcebergType:
@@ -871,6 +919,8 @@ def _infer_type(path: str, t: pa.DataType, next_id: Iterator[int]) -> IcebergTyp
     if pa.types.is_struct(t):
         if t.num_fields == 0:
             raise fail("a struct needs at least one field")
+        for i in range(t.num_fields):
+            _check_name(f"{path}.{t.field(i).name}", t.field(i).name)
         ids = [next(next_id) for _ in range(t.num_fields)]
         return StructType(
             *(

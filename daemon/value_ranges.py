@@ -12,9 +12,13 @@ bounds are Python's, which are also Spark's:
 - dates: 0001-01-01 to 9999-12-31;
 - times of day: 00:00:00 to 23:59:59.999999 (below 24 hours, not negative).
 
-Decimals need no check here: every decoder casts them to the column's precision
-with Arrow's checked casts, and ``validate(full=True)`` refuses digits beyond a
-decimal type's own precision.
+Decimals need no range check here: every decoder casts them to the column's
+precision with Arrow's checked casts, and ``validate(full=True)`` refuses digits
+beyond a decimal type's own precision. Their *text* needs one guard, though
+(`HUGE_EXPONENT`): pyarrow 26 uses a decimal's exponent as a table index without a
+bound, so "1e-5000000" (pyarrow.json, or a string cast to decimal) reads far out of
+bounds and kills the process with SIGSEGV. No value of any numeric column needs a
+5-digit exponent (decimal(38) never; a double's is at most 308).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["OutOfRange", "find_out_of_range"]
+__all__ = ["HUGE_EXPONENT", "OutOfRange", "find_out_of_range", "has_huge_exponent"]
+
+#: An exponent of 5 or more digits (see the module's doc).
+HUGE_EXPONENT: Final = r"[eE][+-]?0*[1-9][0-9]{4}"
 
 _PER_SECOND: Final = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 _EPOCH: Final = datetime.datetime(1970, 1, 1)
@@ -137,3 +144,13 @@ def _deeper(found: OutOfRange | None) -> OutOfRange | None:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+def has_huge_exponent(text: pa.Array) -> bool:
+    """Whether any string of ``text`` (bound for a decimal column) holds an exponent
+    pyarrow's decimal parser cannot take safely."""
+    if pa.types.is_dictionary(text.type):
+        text = text.dictionary
+    if pa.types.is_string_view(text.type):
+        text = text.cast(pa.large_string())  # no regex kernel for views
+    return bool(pc.any(pc.match_substring_regex(text, HUGE_EXPONENT)).as_py())

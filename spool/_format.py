@@ -83,6 +83,9 @@ class Encoder:
         # the checksums, whatever this pyarrow version would serialize today.
         self.schema = schema
         self._buffer = pa.allocate_buffer(_MIN_BUFFER)
+        # The writer puts the schema message in the buffer before the batch; with
+        # tens of thousands of columns it is megabytes ("Write out of bounds").
+        self._schema_size = len(schema_message) or schema.serialize().size
         self.schema_message = schema_message
         self._schema_crc = crc32c.crc32c(schema_message) if schema_message else 0
 
@@ -93,7 +96,12 @@ class Encoder:
             metadata[META_KEY] = meta
         if seal:
             metadata[SEAL_KEY] = "1"
-        needed = ipc.get_record_batch_size(batch) + len(json.dumps(metadata)) * 2 + (64 << 10)
+        needed = (
+            self._schema_size
+            + ipc.get_record_batch_size(batch)
+            + len(json.dumps(metadata)) * 2
+            + (64 << 10)
+        )
         if self._buffer.size < needed:
             self._buffer = pa.allocate_buffer(max(needed, self._buffer.size * 2))
         sink = pa.FixedSizeBufferWriter(self._buffer)

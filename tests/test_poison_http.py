@@ -15,6 +15,7 @@ import datetime
 import decimal
 import itertools
 import json
+import random
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -54,6 +55,7 @@ schema = [
   {{ name = "t", type = "time" }},
   {{ name = "dec", type = "decimal(10,2)" }},
   {{ name = "big", type = "decimal(38,0)" }},
+  {{ name = "d38", type = "decimal(38,10)" }},
 ]
 
 [[tables]]
@@ -102,6 +104,14 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("infer-deep-100000", INFERRED,
      _body(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"), NDJSON, 400,
      ["line 1", "nests deeper than 64"]),
+    # Created, acked, then uncommittable: Iceberg's Avro manifests refuse empty names.
+    ("infer-empty-name", INFERRED, _body(b'{"":1}'), NDJSON, 400, ["must not be empty"]),
+    ("infer-empty-nested-name", INFERRED, _body(b'{"s":{"":1}}'), NDJSON, 400,
+     ["'s.'", "must not be empty"]),
+    # 100,000 keys made a table whose first flush ran for minutes and stalled the loop.
+    ("infer-too-many-fields", INFERRED,
+     _body(json.dumps({f"c{i}": i for i in range(10_001)}).encode()), NDJSON, 400,
+     ["10001 fields", "at most 10000"]),
     ("utf8-top", TABLE, _body(_line(), b'{"id":1,"s":"a\xffb"}'), NDJSON, 400,
      ["'s'", "not valid UTF-8", "line 2"]),
     ("utf8-list", TABLE, _body(_line(), b'{"id":1,"l":["ok","\xfe"]}'), NDJSON, 400,
@@ -114,6 +124,19 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
      400, ["'m'", "not valid UTF-8", "line 1"]),
     ("huge-long", TABLE, _body(b'{"id":9223372036854775808}'), NDJSON, 400, ["'id'"]),
     ("huge-decimal", TABLE, _body(_line(big="1" + "0" * 38)), NDJSON, 400, ["'big'"]),
+    # pyarrow's decimal parser crashed the process (SIGSEGV) on these exponents.
+    ("decimal-huge-exponent", TABLE, _body(_line(), _line(big="1e-9999999")), NDJSON, 400,
+     ["line 2", "exponent of 5 or more digits"]),
+    ("decimal-huge-exponent-number", TABLE, _body(b'{"id":1,"dec":0e-5000000}'), NDJSON, 400,
+     ["line 1", "exponent of 5 or more digits"]),
+    ("arrow-decimal-huge-exponent-text", TABLE, _arrow("big", pa.array(["1.5", "1e-9999999"])),
+     ARROW, 400, ["'big'", "exponent of 5 or more digits"]),
+    # 29 integer digits as written, 39 once scaled to 10 places: one past 38.
+    ("decimal-38-one-past-by-scale", TABLE, _body(_line(d38="1e28")), NDJSON, 400,
+     ["'d38'", "at most 28 integer"]),
+    # A token pyarrow cannot read at all is the line's fault, not the first column's.
+    ("lone-surrogate", TABLE, _body(b'{"id":1,"s":"\\ud800"}'), NDJSON, 400,
+     ["line 1", "surrogate"]),
     ("decimal-one-past", TABLE, _body(_line(dec="100000000.00")), NDJSON, 400,
      ["'dec'", "at most 8 integer"]),
     ("tz-year-0", TABLE, _body(_line(tz="0000-12-31T23:59:59Z")), NDJSON, 400,
@@ -132,6 +155,11 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("arrow-tz-one-past", TABLE,
      _arrow("tz", pa.array([_LAST_US + 1], pa.int64()).view(_US)), ARROW, 400,
      ["'tz'", "out of range"]),
+    # Text in an Arrow body becomes a time only in the cast: it was never range-checked.
+    ("arrow-text-ts-year-0", TABLE, _arrow("ts", pa.array(["0000-12-31T23:59:59"])), ARROW, 400,
+     ["'ts'", "out of range", "0001-01-01"]),
+    ("arrow-text-date-year-0", TABLE, _arrow("d", pa.array(["0000-12-31"])), ARROW, 400,
+     ["'d'", "out of range"]),
     ("arrow-date-one-before", TABLE, _arrow("d", pa.array([_FIRST_DAY - 1], pa.date32())),
      ARROW, 400, ["'d'", "out of range"]),
     # pyarrow's own full validation of the stream refuses a time of day past 24 h.
@@ -140,6 +168,9 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("arrow-decimal-39-digits", TABLE,
      _arrow("big", pa.array([decimal.Decimal("1" + "0" * 38)], pa.decimal256(39, 0))),
      ARROW, 400, ["'big'"]),
+    # The reader stopped at the first end-of-stream marker and acked the rest unread.
+    ("arrow-two-streams", TABLE, _arrow("s", pa.array(["a"])) + _arrow("s", pa.array(["b"])),
+     ARROW, 400, ["bytes follow the end of the Arrow stream"]),
     ("non-object-array", TABLE, _body(b"[1,2]"), NDJSON, 400, ["line 1", "JSON object"]),
     ("non-object-string", TABLE, _body(_line(), b'"text"'), NDJSON, 400,
      ["line 2", "JSON object"]),
@@ -147,6 +178,8 @@ POISON: list[tuple[str, str, bytes, str, int, list[str]]] = [
     ("empty", TABLE, b"", NDJSON, 400, ["empty"]),
     ("blank-lines", TABLE, b"\n \n", NDJSON, 400, ["no records"]),
 ]  # fmt: skip
+
+_D38 = "9" * 28 + "." + "9" * 10
 
 # (case, body, content type) that must be accepted: the edges themselves.
 EDGES: list[tuple[str, bytes, str]] = [
@@ -156,11 +189,19 @@ EDGES: list[tuple[str, bytes, str]] = [
     ("temporal-last", _body(_line(tz="9999-12-31T23:59:59.999999Z",
                                   ts="9999-12-31T23:59:59.999999", d="9999-12-31",
                                   t="23:59:59.999999", st={"d": "9999-12-31"})), NDJSON),
-    ("decimal-edges", _body(_line(dec="99999999.99", big="9" * 38),
-                            _line(dec="-99999999.99", big="-" + "9" * 38)), NDJSON),
+    ("decimal-edges", _body(_line(dec="99999999.99", big="9" * 38, d38=_D38),
+                            _line(dec="-99999999.99", big="-" + "9" * 38, d38="-" + _D38)),
+     NDJSON),
+    # One record longer than two of pyarrow's read blocks (it refused: "straddling
+    # object straddles two block boundaries").
+    ("huge-record", _body(_line(), _line(s="h" * 700_000), _line()), NDJSON),
+    # A table with decimals still takes text that merely contains a 5-digit exponent.
+    ("exponent-like-text", _body(_line(s="a3e12345b", l=["x1e-99999"])), NDJSON),
     ("utf8-everywhere", _body(_line(s="é😀", l=["ü"], st={"f": "ß"},
                                     m=[{"key": "ключ", "value": "值"}])), NDJSON),
     ("arrow-edges", _arrow("tz", pa.array([_FIRST_US, _LAST_US], pa.int64()).view(_US)), ARROW),
+    ("arrow-text-edges", _arrow("ts", pa.array(["0001-01-01T00:00:00",
+                                                "9999-12-31T23:59:59.999999"])), ARROW),
 ]  # fmt: skip
 
 
@@ -239,6 +280,9 @@ async def test_edges_land_exactly_once_and_the_daemon_outlives_the_corpus(
     assert last["d"] == datetime.date(9999, 12, 31) and last["t"] == datetime.time.max
     decimals = [r["big"] for r in rows if r["big"] is not None]
     assert sorted(decimals) == [decimal.Decimal("-" + "9" * 38), decimal.Decimal("9" * 38)]
+    d38 = sorted(r["d38"] for r in rows if r["d38"] is not None)
+    assert d38 == [decimal.Decimal("-" + _D38), decimal.Decimal(_D38)]
+    assert {r["s"] for r in rows} >= {"a3e12345b", "h" * 700_000}
     assert child.running, child.tail()
     async with http.get(f"{child.url}/healthz") as reply:
         assert reply.status == 200
@@ -285,6 +329,39 @@ def _exists(home: DaemonDir, name: str) -> bool:
 )
 def test_depth_counts_brackets_outside_strings_only(line: bytes, levels: int) -> None:
     assert depth(line) == levels
+
+
+def _reference_depth(line: bytes) -> int:
+    """Byte by byte: a quote after an odd run of backslashes is escaped."""
+    level = deepest = run = 0
+    inside = False
+    for byte in line:
+        if byte == ord("\\"):
+            run += 1
+            continue
+        escaped, run = run % 2 == 1, 0
+        if byte == ord('"') and not escaped:
+            inside = not inside
+        elif not inside and byte in b"[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif not inside and byte in b"]}":
+            level -= 1
+    return deepest
+
+
+def test_the_guard_agrees_with_a_byte_by_byte_reference() -> None:
+    """The exact path drops everything but brackets, unescaped quotes and newlines
+    before its numpy pass; random lines over the bytes that matter must measure
+    exactly as a byte-by-byte reader does."""
+    rng = random.Random(11)
+    lines = [bytes(rng.choices(b'[]{}"\\ab', k=rng.randint(0, 120))) for _ in range(3_000)]
+    for line in lines[:500]:
+        assert depth(line) == _reference_depth(line), line
+    body = b"\n".join(lines)
+    for limit in (3, 8, 20):
+        expected = [k for k, line in enumerate(lines) if _reference_depth(line) > limit]
+        assert too_deep_lines(body, limit) == expected
 
 
 def test_max_nesting_depth_is_the_limit_and_configurable() -> None:

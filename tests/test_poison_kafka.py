@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import decimal
 import io
 import json
 from collections import Counter
@@ -31,7 +32,7 @@ from service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
 from daemon.kafka._avro import FileSchema, decode_avro
-from daemon.kafka._decode import Fetch
+from daemon.kafka._decode import Fetch, decode_json
 from daemon.kafka._raw_fetch import parse_batches
 from daemon.service import Icespool
 
@@ -411,3 +412,54 @@ def test_raw_reader_recovers_what_aiokafka_refuses_and_marks_what_is_lost() -> N
     assert after == 16
     assert [(r.offset, r.value) for r in records] == [(13, None), (14, None), (15, None)]
     assert all("CRC" in (r.problem or "") for r in records)
+
+
+def test_a_decimal_with_a_huge_exponent_is_a_dead_letter_not_a_crash() -> None:
+    """pyarrow's decimal parser read out of bounds (SIGSEGV, the whole daemon, at
+    every restart) on an exponent such as 1e-9999999; now only that record is dead."""
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("amount", pa.decimal128(38, 10))])
+    values: list[bytes | None] = [
+        b'{"id":0,"amount":"12.5"}',
+        b'{"id":1,"amount":"1e-9999999"}',
+        b'{"id":2,"amount":1E+0000012345}',
+        b'{"id":3,"amount":"1e28"}',  # 39 digits at scale 10: one past decimal(38,10)
+        b'{"id":4,"amount":"' + b"9" * 28 + b"." + b"9" * 10 + b'"}',  # the edge itself
+    ]
+    decoded = decode_json(_fetch(values), schema)
+    assert decoded.batch is not None
+    assert decoded.batch.column("id").to_pylist() == [0, 4]
+    assert decoded.batch.column("amount")[1].as_py() == decimal.Decimal("9" * 28 + "." + "9" * 10)
+    assert [(d.index, d.reason) for d in decoded.dead] == [
+        (1, "out_of_range"),
+        (2, "out_of_range"),
+        (3, "invalid"),
+    ]
+    assert "exponent of 5 or more digits" in decoded.dead[0].error
+
+
+def test_a_value_longer_than_two_read_blocks_lands() -> None:
+    """pyarrow.json cannot read a record longer than about two of its blocks (256 KiB
+    here): such a value, well below max_record_bytes, was dead-lettered as invalid."""
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("s", pa.string())])
+    big = "b" * 900_000
+    values: list[bytes | None] = [json.dumps({"id": i, "s": big}).encode() for i in range(3)]
+    decoded = decode_json(_fetch(values), schema)
+    assert decoded.dead == []
+    assert decoded.batch is not None and decoded.batch.column("s").to_pylist() == [big] * 3
+
+
+def test_record_timestamps_outside_what_a_table_holds_are_null() -> None:
+    """A producer sets any int64 timestamp: 2^62 ms wrapped to 1969 when converted to
+    microseconds, and year 10000 was stored where no reader can load it."""
+    first, last = -62_135_596_800_000, 253_402_300_799_999
+    stamps = [0, first, last, last + 1, first - 1, 2**62, -(2**63)]
+    values: list[bytes | None] = [b'{"id":%d}' % i for i in range(len(stamps))]
+    fetch = Fetch("t", 0, np.arange(len(stamps), dtype=np.int64), values, [None] * 7, stamps,
+                  [[] for _ in stamps])  # fmt: skip
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), False), ("_kafka_timestamp", pa.timestamp("us", "UTC"))]
+    )
+    decoded = decode_json(fetch, schema, metadata_columns=["_kafka_timestamp"])
+    assert decoded.batch is not None and decoded.dead == []
+    column = decoded.batch.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
+    assert column == [0, first * 1000, last * 1000, None, None, None, None]

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.schema import Schema
 
-from daemon.kafka._decode import DeadRecord, Fetch, header_name, headers_json
+from daemon.kafka._decode import DeadRecord, Fetch, header_name, headers_json, record_timestamps
 from daemon.table_schema import parse_schema
 
 __all__ = ["DEAD_LETTER_COLUMNS", "dead_letter_batch", "dead_letter_headers", "dead_letter_schema"]
@@ -47,9 +47,7 @@ def dead_letter_batch(
         "topic": pa.array([fetch.topic] * len(rows), pa.string()),
         "partition": pa.array(np.full(len(rows), fetch.partition, np.int32)),
         "offset": pa.array(view.offsets),
-        "timestamp": pa.array(
-            np.asarray(view.timestamps, dtype=np.int64) * 1000, pa.timestamp("us", "UTC")
-        ),
+        "timestamp": record_timestamps(view.timestamps),
         "key": pa.array(view.keys, pa.binary()),
         "value": pa.array(view.values, pa.binary()),
         "headers": pa.array([headers_json(h) for h in view.headers], pa.string()),

@@ -33,6 +33,7 @@ __all__ = [
     "decode_raw",
     "header_name",
     "headers_json",
+    "record_timestamps",
     "route_values",
     "too_deep_values",
 ]
@@ -87,13 +88,25 @@ class Decoded:
     dead: list[DeadRecord] = field(default_factory=list)
 
 
+# Years 1-9999 in ms (see daemon.value_ranges): what a timestamptz column holds.
+_FIRST_MS, _LAST_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
+def record_timestamps(timestamps: Sequence[int]) -> pa.Array:
+    """Kafka record timestamps (ms) as a timestamptz column. A producer may set any
+    int64: one beyond years 1-9999 is null, not a value the table cannot hold (and
+    past 2^63 / 1000 ms the conversion to microseconds wrapped around silently)."""
+    ms = np.asarray(timestamps, dtype=np.int64)
+    bad = (ms < _FIRST_MS) | (ms > _LAST_MS)
+    us = np.where(bad, 0, ms) * 1000
+    return pa.array(us, pa.timestamp("us", "UTC"), mask=bad if bad.any() else None)
+
+
 _METADATA: dict[str, Callable[[Fetch], pa.Array]] = {
     "_kafka_topic": lambda f: pa.array([f.topic] * len(f.offsets), pa.string()),
     "_kafka_partition": lambda f: pa.array(np.full(len(f.offsets), f.partition, np.int32)),
     "_kafka_offset": lambda f: pa.array(f.offsets),
-    "_kafka_timestamp": lambda f: pa.array(
-        np.asarray(f.timestamps, dtype=np.int64) * 1000, pa.timestamp("us", "UTC")
-    ),
+    "_kafka_timestamp": lambda f: record_timestamps(f.timestamps),
     "_kafka_key": lambda f: pa.array(f.keys, pa.binary()),
 }
 

@@ -39,6 +39,21 @@ async def test_round_trip_keeps_order_values_and_metadata(tmp_path: Path) -> Non
         assert data.batches[0].schema.equals(SCHEMA, check_metadata=True)
 
 
+async def test_a_schema_message_bigger_than_the_buffer_round_trips(tmp_path: Path) -> None:
+    """The encoder sized its buffer for the batch only; the schema message it writes
+    first is megabytes for a record with 100,000 fields (an inferred table), and the
+    append failed with "Write out of bounds" (HTTP 500)."""
+    # 1,200 fields with 1,000-character names: a 1.2 MB schema, a small batch.
+    names = [f"{i:04d}".ljust(1_000, "x") for i in range(1_200)]
+    wide = pa.record_batch([pa.array([i], pa.int64()) for i in range(1_200)], names=names)
+    async with Spool(tmp_path) as spool:
+        await spool.append("ns.wide", wide)
+        await spool.append("ns.wide", wide)
+    async with Spool(tmp_path) as spool:
+        assert spool.recovered.quarantined == []
+        assert [b.equals(wide) for b, _ in await read_all(spool, "ns.wide")] == [True, True]
+
+
 async def test_clean_stop_with_nothing_appended_leaves_no_file(tmp_path: Path) -> None:
     async with Spool(tmp_path) as spool:
         assert await spool.seal("ns.t") is None
