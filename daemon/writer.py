@@ -49,6 +49,7 @@ from daemon.metrics import Metrics
 from daemon.offsets import OffsetClaims, OffsetsMovedError, Ranges
 from daemon.parquet_encode import encode_data_files
 from daemon.table_schema import arrow_schema_for, conform
+from daemon.value_ranges import find_out_of_range
 from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, SpoolIOError
 
 __all__ = ["SEGMENT_ATTEMPTS", "Column", "FlushResult", "TableWriter", "UncommittableSegmentError"]
@@ -211,6 +212,12 @@ class TableWriter:
         rows: int = batch.num_rows
         if rows == 0:
             return 0
+        # HTTP and Kafka refused such values per record at decode; this is the one
+        # check the in-process API passes through (one min/max per temporal leaf).
+        for name, values in zip(batch.schema.names, batch.columns, strict=True):
+            found = find_out_of_range(values)
+            if found is not None:
+                raise SchemaError(found.column(name), found.problem)
         incoming = batch.nbytes
         self.check_capacity(incoming)
         # Reserved until the spool answers, so concurrent appends cannot all pass

@@ -150,6 +150,34 @@ async def test_bad_batches_name_the_column_and_spool_nothing(tmp_path: Path) -> 
         assert result.snapshot_id is None
 
 
+async def test_in_process_values_no_reader_can_hold_are_refused_naming_the_column(
+    tmp_path: Path,
+) -> None:
+    """The in-process API is checked like HTTP and Kafka: -2^62 us would be acked, then
+    committed where neither pyiceberg's datetimes nor Spark can read it."""
+    config = _config(
+        tmp_path,
+        schema=[
+            {"name": "id", "type": "long", "required": True},
+            {"name": "ts", "type": "timestamptz"},
+            {"name": "s", "type": "struct<d: date>"},
+        ],
+    )
+    async with Icespool(config) as ice:
+        writer = ice.writer(TABLE)
+        utc = pa.timestamp("us", tz="UTC")
+        with pytest.raises(SchemaError, match=r"'ts'.*out of range"):
+            await writer.append(pa.table({"id": [1], "ts": pa.array([-(2**62)], utc)}))
+        nested = pa.StructArray.from_arrays([pa.array([-800_000], pa.date32())], ["d"])
+        with pytest.raises(SchemaError, match=r"'s\.d'.*out of range"):
+            await writer.append(pa.table({"id": [2], "s": nested}))
+        assert writer.pending_records == 0
+        edge = pa.array([253402300799999999], utc)  # 9999-12-31T23:59:59.999999Z
+        assert await writer.append(pa.table({"id": [3], "ts": edge})) == 1
+        assert (await writer.flush()).records == 1
+    assert [r["id"] for r in _rows(config)] == [3]
+
+
 async def test_recovery_commits_leftover_segments_before_ready(tmp_path: Path) -> None:
     config = _config(tmp_path)
     async with Icespool(config) as ice:  # creates the table
