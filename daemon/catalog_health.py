@@ -50,7 +50,10 @@ class CatalogHealth:
             if probe is None or probe.done():
                 probe = asyncio.ensure_future(asyncio.to_thread(self._catalog.list_namespaces))
             try:
-                await asyncio.wait_for(asyncio.shield(probe), self._timeout)
+                # Not wait_for: on 3.11 it swallows a stop() that lands in the step the
+                # probe answers in, and this loop then never ends (stop() waits forever).
+                async with asyncio.timeout(self._timeout):
+                    await asyncio.shield(probe)
                 problem = None
             except TimeoutError:
                 problem = f"did not answer within {self._timeout:g} s"

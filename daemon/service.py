@@ -240,7 +240,10 @@ class Icespool:
                     )
                 )
             try:
-                return await asyncio.wait_for(asyncio.shield(attempt), timeout)
+                # Not wait_for: on 3.11 it can swallow the cancel of a SIGTERM during
+                # start-up (the same step as the catalog's answer) and start anyway.
+                async with asyncio.timeout(timeout):
+                    return await asyncio.shield(attempt)
             except TimeoutError:
                 error = CatalogError(
                     f"catalog {catalog.name!r} did not answer within {timeout:g} s "
