@@ -44,7 +44,7 @@ from daemon.table_schema import (
     parse_schema,
     parse_sort_order,
 )
-from daemon.timeouts import startup_timeout
+from daemon.timeouts import short_error, startup_timeout, unavailable
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import QuarantinedSegment, Spool
 
@@ -185,15 +185,15 @@ class Icespool:
         self._sources.append(source)
         source.start()
 
-    async def stop(self, grace: float = 30.0) -> None:
+    async def stop(self, grace: float = 30.0) -> int:
         """Drain: commit everything pending (reason ``shutdown``) within ``grace`` s.
 
         Whatever cannot be committed in time stays in the spool and is committed
-        at the next start. Idempotent.
+        at the next start. Returns how many segments that is. Idempotent.
         """
         if self._state in ("stopped", "new"):
             self._state = "stopped"
-            return
+            return 0
         self._state = "stopped"
         self.ready = False
         self.draining = True
@@ -205,7 +205,9 @@ class Icespool:
             await self._health.stop()
         for source in self._sources:
             await source.stop_fetching()
-        closing = [asyncio.ensure_future(w.close("shutdown")) for w in self._writers.values()]
+        deadline = time.monotonic() + grace
+        writers = self._writers.values()
+        closing = [asyncio.ensure_future(_final_commit(w, deadline)) for w in writers]
         done, pending = await asyncio.wait(closing, timeout=grace) if closing else (set(), set())
         for task in done:
             if not task.cancelled() and task.exception() is not None:
@@ -223,6 +225,7 @@ class Icespool:
         for task in pending:
             task.cancel()
         await self._spool.close()
+        return self._spool.stats().segments
 
     async def _load_catalog(self, retry: bool) -> Catalog:
         """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
@@ -644,3 +647,25 @@ class Icespool:
         self.metrics.spool_bytes.set(stats.bytes)
         self.metrics.spool_quarantine_bytes.set(stats.quarantine_bytes)
         self.metrics.spool_segments.set(stats.segments)
+
+
+async def _final_commit(writer: TableWriter, deadline: float) -> FlushResult:
+    """The shutdown commit of one table, retried while its catalog or object store is
+    unreachable and the grace lasts: a blip as the daemon stops (a catalog restart in
+    the same rollout) must not leave the spool to a start that may never come."""
+    delay = 0.5
+    while True:
+        try:
+            return await writer.close("shutdown")
+        except Exception as exc:
+            if unavailable(exc) is None or time.monotonic() + delay >= deadline:
+                raise
+            _log.warning(
+                "%s: shutdown commit failed (%s); retrying in %.1fs within the grace",
+                writer.name,
+                short_error(exc),
+                delay,
+                extra={"table": writer.name},
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
