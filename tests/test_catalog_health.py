@@ -11,6 +11,8 @@ frequent; a few hundred start/stop rounds hit it reliably.
 from __future__ import annotations
 
 import asyncio
+import gc
+import sqlite3
 from pathlib import Path
 
 from pyiceberg.catalog.sql import SqlCatalog
@@ -37,3 +39,29 @@ async def test_stop_ends_the_probe_loop_in_every_round(tmp_path: Path) -> None:
             assert health.problem is None
     finally:
         catalog.engine.dispose()
+
+
+async def test_a_probe_that_fails_after_its_timeout_is_not_logged_as_never_retrieved(
+    tmp_path: Path,
+) -> None:
+    """A probe outliving its timeout (catalog locked) and failing later is not left for
+    asyncio to log as "Task exception was never retrieved" with a traceback."""
+    db = tmp_path / "c.db"
+    catalog = SqlCatalog("lake", uri=f"sqlite:///{db}?timeout=0.3", warehouse=tmp_path.as_uri())
+    unhandled: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+    lock = sqlite3.connect(db, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")  # list_namespaces waits 0.3 s, then fails
+    health = CatalogHealth(catalog, "lake", timeout=0.1, interval=0.6)
+    try:
+        health.start()
+        await asyncio.sleep(1.5)  # several probes time out, then fail in their threads
+        assert health.problem is not None and "did not answer" in health.problem
+    finally:
+        await health.stop()
+        lock.execute("ROLLBACK")
+        lock.close()
+        catalog.engine.dispose()
+    gc.collect()
+    await asyncio.sleep(0)
+    assert unhandled == []
