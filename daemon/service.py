@@ -586,6 +586,8 @@ class Icespool:
         quarantine = self.quarantined()
         return {
             "ready": self.ready,
+            # What /readyz says: "ready" above only means recovery is done (ingest acks).
+            "not_ready": self.not_ready_reason(),
             "draining": self.draining,
             "degraded": self.degraded(),
             "quarantine": {
@@ -641,7 +643,9 @@ class Icespool:
         }
 
     def refresh_gauges(self) -> None:
-        """Bring the spool gauges up to date (called on every /metrics scrape)."""
+        """Bring the readiness and spool gauges up to date (on every /metrics scrape)."""
+        # As /readyz: a catalog outage or a Kafka source down makes it 0 too.
+        self.metrics.ready.set(1 if self.not_ready_reason() is None else 0)
         self._spool.quarantined()  # re-counts files an operator removed by hand
         stats = self._spool.stats()
         self.metrics.spool_bytes.set(stats.bytes)

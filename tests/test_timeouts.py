@@ -71,6 +71,18 @@ async def _readyz(daemon: Daemon, session: aiohttp.ClientSession) -> tuple[int, 
         return resp.status, await resp.text()
 
 
+async def _assert_reported_ready(
+    daemon: Daemon, session: aiohttp.ClientSession, ready: bool
+) -> None:
+    async with session.get(f"{daemon.url}/v1/status") as resp:
+        not_ready = (await resp.json())["not_ready"]
+    if ready:
+        assert not_ready is None, not_ready
+    else:
+        assert "catalog 'lake' unreachable" in not_ready, not_ready
+    assert f"\nicespool_ready {float(ready)}" in await daemon.metrics(session)
+
+
 async def _stop_and_check(daemon: Daemon, acked: list[int]) -> None:
     """SIGTERM with the catalog up: exit 0, every acked id committed exactly once."""
     daemon.signal(signal.SIGTERM)
@@ -165,12 +177,15 @@ async def test_unreachable_catalog_flush_answers_503_and_acks_go_on(
             assert time.monotonic() < deadline, f"/readyz still says {status} {text}"
             await asyncio.sleep(0.2)
         assert "catalog 'lake'" in text, text
+        # /v1/status and the icespool_ready gauge tell the same as /readyz.
+        await _assert_reported_ready(daemon, session, False)
 
         proxy.mode = "forward"
         deadline = time.monotonic() + 15
         while (await _readyz(daemon, session))[0] != 200:
             assert time.monotonic() < deadline, "/readyz did not recover"
             await asyncio.sleep(0.2)
+        await _assert_reported_ready(daemon, session, True)
         await daemon.flush(session)  # 200: the backlog is committed now
         await _stop_and_check(daemon, acked)
     finally:
