@@ -147,15 +147,24 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     _log.info("shutting down: committing pending records (grace %gs)", grace)
     service.draining = True  # ingest answers 503 from now on; status stays readable
     systemd.stopping(status_line(service))
+    left = 0
     try:
         async with asyncio.timeout(grace + AFTER_GRACE_SECONDS):
-            await service.stop(grace=grace)
+            left = await service.stop(grace=grace)
             await http.stop()
     except TimeoutError:
         _log.error("shutdown took longer than %gs; stopping anyway", grace + AFTER_GRACE_SECONDS)
     await systemd.stop()  # after the drain: the watchdog is fed while tables commit
     await _exit_if_stuck(executor, deadline)
-    _log.info("stopped cleanly")
+    if left:
+        # Not "cleanly": an operator draining a replica must not delete this volume.
+        _log.warning(
+            "stopped with %d segments still in the spool; the next start or `icespool "
+            "replay` commits them",
+            left,
+        )
+    else:
+        _log.info("stopped cleanly")
     return 0
 
 

@@ -49,8 +49,14 @@ class CatalogHealth:
             # Never two probes at once: one stuck in a dependency holds its thread.
             if probe is None or probe.done():
                 probe = asyncio.ensure_future(asyncio.to_thread(self._catalog.list_namespaces))
+                # One that outlives its timeout fails unawaited; asyncio would log that
+                # as a traceback at error level ("never retrieved"). The next probe reports.
+                probe.add_done_callback(_seen)
             try:
-                await asyncio.wait_for(asyncio.shield(probe), self._timeout)
+                # Not wait_for: on 3.11 it swallows a stop() that lands in the step the
+                # probe answers in, and this loop then never ends (stop() waits forever).
+                async with asyncio.timeout(self._timeout):
+                    await asyncio.shield(probe)
                 problem = None
             except TimeoutError:
                 problem = f"did not answer within {self._timeout:g} s"
@@ -70,3 +76,8 @@ class CatalogHealth:
         if self.problem is None:
             _log.warning("%s", text)
         self.problem = text
+
+
+def _seen(probe: asyncio.Future[Any]) -> None:
+    if not probe.cancelled():
+        probe.exception()

@@ -44,7 +44,7 @@ from daemon.table_schema import (
     parse_schema,
     parse_sort_order,
 )
-from daemon.timeouts import startup_timeout
+from daemon.timeouts import short_error, startup_timeout, unavailable
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import QuarantinedSegment, Spool
 
@@ -185,15 +185,15 @@ class Icespool:
         self._sources.append(source)
         source.start()
 
-    async def stop(self, grace: float = 30.0) -> None:
+    async def stop(self, grace: float = 30.0) -> int:
         """Drain: commit everything pending (reason ``shutdown``) within ``grace`` s.
 
         Whatever cannot be committed in time stays in the spool and is committed
-        at the next start. Idempotent.
+        at the next start. Returns how many segments that is. Idempotent.
         """
         if self._state in ("stopped", "new"):
             self._state = "stopped"
-            return
+            return 0
         self._state = "stopped"
         self.ready = False
         self.draining = True
@@ -205,7 +205,9 @@ class Icespool:
             await self._health.stop()
         for source in self._sources:
             await source.stop_fetching()
-        closing = [asyncio.ensure_future(w.close("shutdown")) for w in self._writers.values()]
+        deadline = time.monotonic() + grace
+        writers = self._writers.values()
+        closing = [asyncio.ensure_future(_final_commit(w, deadline)) for w in writers]
         done, pending = await asyncio.wait(closing, timeout=grace) if closing else (set(), set())
         for task in done:
             if not task.cancelled() and task.exception() is not None:
@@ -223,6 +225,7 @@ class Icespool:
         for task in pending:
             task.cancel()
         await self._spool.close()
+        return self._spool.stats().segments
 
     async def _load_catalog(self, retry: bool) -> Catalog:
         """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
@@ -240,7 +243,10 @@ class Icespool:
                     )
                 )
             try:
-                return await asyncio.wait_for(asyncio.shield(attempt), timeout)
+                # Not wait_for: on 3.11 it can swallow the cancel of a SIGTERM during
+                # start-up (the same step as the catalog's answer) and start anyway.
+                async with asyncio.timeout(timeout):
+                    return await asyncio.shield(attempt)
             except TimeoutError:
                 error = CatalogError(
                     f"catalog {catalog.name!r} did not answer within {timeout:g} s "
@@ -580,6 +586,8 @@ class Icespool:
         quarantine = self.quarantined()
         return {
             "ready": self.ready,
+            # What /readyz says: "ready" above only means recovery is done (ingest acks).
+            "not_ready": self.not_ready_reason(),
             "draining": self.draining,
             "degraded": self.degraded(),
             "quarantine": {
@@ -635,9 +643,33 @@ class Icespool:
         }
 
     def refresh_gauges(self) -> None:
-        """Bring the spool gauges up to date (called on every /metrics scrape)."""
+        """Bring the readiness and spool gauges up to date (on every /metrics scrape)."""
+        # As /readyz: a catalog outage or a Kafka source down makes it 0 too.
+        self.metrics.ready.set(1 if self.not_ready_reason() is None else 0)
         self._spool.quarantined()  # re-counts files an operator removed by hand
         stats = self._spool.stats()
         self.metrics.spool_bytes.set(stats.bytes)
         self.metrics.spool_quarantine_bytes.set(stats.quarantine_bytes)
         self.metrics.spool_segments.set(stats.segments)
+
+
+async def _final_commit(writer: TableWriter, deadline: float) -> FlushResult:
+    """The shutdown commit of one table, retried while its catalog or object store is
+    unreachable and the grace lasts: a blip as the daemon stops (a catalog restart in
+    the same rollout) must not leave the spool to a start that may never come."""
+    delay = 0.5
+    while True:
+        try:
+            return await writer.close("shutdown")
+        except Exception as exc:
+            if unavailable(exc) is None or time.monotonic() + delay >= deadline:
+                raise
+            _log.warning(
+                "%s: shutdown commit failed (%s); retrying in %.1fs within the grace",
+                writer.name,
+                short_error(exc),
+                delay,
+                extra={"table": writer.name},
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)

@@ -228,6 +228,10 @@ class TableWriter:
         except (SpoolFullError, SpoolIOError) as exc:
             # A full or failing disk is a resource condition: retriable, never a 500.
             self._metrics.backpressure.labels(table=self.name, reason="spool").inc()
+            # Committing what this table spooled frees room; without this, a spool that
+            # fills before any size trigger refuses every append until batch_timeout.
+            if self._pending.first_ack:
+                self._background_flush("bytes")
             raise BackpressureError(str(exc), retry_after=2.0) from exc
         finally:
             self._reserved -= incoming

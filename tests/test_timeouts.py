@@ -71,6 +71,18 @@ async def _readyz(daemon: Daemon, session: aiohttp.ClientSession) -> tuple[int, 
         return resp.status, await resp.text()
 
 
+async def _assert_reported_ready(
+    daemon: Daemon, session: aiohttp.ClientSession, ready: bool
+) -> None:
+    async with session.get(f"{daemon.url}/v1/status") as resp:
+        not_ready = (await resp.json())["not_ready"]
+    if ready:
+        assert not_ready is None, not_ready
+    else:
+        assert "catalog 'lake' unreachable" in not_ready, not_ready
+    assert f"\nicespool_ready {float(ready)}" in await daemon.metrics(session)
+
+
 async def _stop_and_check(daemon: Daemon, acked: list[int]) -> None:
     """SIGTERM with the catalog up: exit 0, every acked id committed exactly once."""
     daemon.signal(signal.SIGTERM)
@@ -165,12 +177,15 @@ async def test_unreachable_catalog_flush_answers_503_and_acks_go_on(
             assert time.monotonic() < deadline, f"/readyz still says {status} {text}"
             await asyncio.sleep(0.2)
         assert "catalog 'lake'" in text, text
+        # /v1/status and the icespool_ready gauge tell the same as /readyz.
+        await _assert_reported_ready(daemon, session, False)
 
         proxy.mode = "forward"
         deadline = time.monotonic() + 15
         while (await _readyz(daemon, session))[0] != 200:
             assert time.monotonic() < deadline, "/readyz did not recover"
             await asyncio.sleep(0.2)
+        await _assert_reported_ready(daemon, session, True)
         await daemon.flush(session)  # 200: the backlog is committed now
         await _stop_and_check(daemon, acked)
     finally:
@@ -198,5 +213,50 @@ async def test_silent_catalog_at_start_sigterm_still_ends_it_within_grace(
         took = time.monotonic() - started
         assert code == 0, daemon.tail()
         assert took < grace + AFTER_GRACE_SECONDS, f"took {took:.1f}s\n{daemon.tail()}"
+    finally:
+        daemon.cleanup()
+
+
+@pytest.mark.parametrize("back_within_grace", [True, False], ids=["blip", "down"])
+async def test_catalog_down_during_sigterm_is_retried_within_the_grace(
+    pg_proxy: tuple[TcpProxy, str],
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+    back_within_grace: bool,
+) -> None:
+    """The catalog resets every connection as SIGTERM arrives. Back within the grace:
+    the shutdown commit is retried, exit 0 with the spool empty and every acked id
+    committed once (before: one attempt, then "stopped cleanly" with every record still
+    spooled). Down for the whole grace: exit 0 within it, and the last line says the
+    spool still holds segments (an operator draining a replica reads it before deleting
+    the volume); the next start commits them once."""
+    proxy, uri = pg_proxy
+    grace = 10.0 if back_within_grace else 2.0
+    daemon = _daemon(tmp_path, uri, batch_timeout="1h", shutdown_grace=f"{grace:g}s")
+    try:
+        daemon.start()
+        await daemon.wait_ready()
+        acked = await _ingest(daemon, session, 0)
+        proxy.mode = "reset"
+        started = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        if back_within_grace:
+            await daemon.wait_log("shutdown commit failed", within=5)
+            proxy.mode = "forward"
+        assert await daemon.wait_exit(within=grace + 10) == 0, daemon.tail()
+        assert time.monotonic() - started < grace + AFTER_GRACE_SECONDS, daemon.tail()
+        log = daemon.log()
+        if back_within_grace:
+            assert "stopped cleanly" in log, daemon.tail()
+            assert daemon.home.spool_files() == []
+            rows, _ = daemon.home.read_rows()
+            assert sorted(row["id"] for row in rows) == acked
+            return
+        assert "stopped with 1 segments still in the spool" in log, daemon.tail()
+        assert "stopped cleanly" not in log, daemon.tail()
+        proxy.mode = "forward"
+        daemon.start()
+        await daemon.wait_ready()
+        await _stop_and_check(daemon, acked)
     finally:
         daemon.cleanup()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from spooltests._faulty_fs import FaultyFileSystem
 from test_writer import TABLE, _batch, _config, _rows
 
-from daemon import Icespool
+from daemon import BackpressureError, Icespool
 from spool import SpoolIOError
 
 
@@ -49,3 +50,33 @@ async def test_quarantined_bytes_are_reported_and_count_against_the_spool(tmp_pa
         for path in (tmp_path / "spool" / "quarantine").iterdir():
             path.unlink()
         assert ice.status()["spool"]["quarantine_bytes"] == 0
+
+
+async def test_a_full_spool_commits_its_tables_instead_of_refusing_until_batch_timeout(
+    tmp_path: Path,
+) -> None:
+    """The spool reaches max_bytes long before the table's size trigger (batch_timeout
+    1h): the refused append starts a commit, so room comes back within seconds."""
+    config = _config(tmp_path)
+    spool = config.spool.model_copy(update={"max_bytes": 256 << 10, "segment_max_bytes": 64 << 10})
+    config = config.model_copy(update={"spool": spool})
+    acked: list[int] = []
+    async with Icespool(config) as ice:
+        writer = ice.writer(TABLE)
+        refused = None
+        for start in range(0, 100_000, 1000):
+            try:
+                await writer.append(_batch(range(start, start + 1000)))
+            except BackpressureError as exc:
+                refused = str(exc)
+                break
+            acked += range(start, start + 1000)
+        assert refused is not None and "spool is full" in refused, refused
+        for _ in range(100):  # the commit the refusal started frees the spool
+            if ice._spool.stats().bytes == 0:
+                break
+            await asyncio.sleep(0.05)
+        await writer.append(_batch(range(200_000, 201_000)))
+        acked += range(200_000, 201_000)
+        await writer.flush()
+    assert [r["id"] for r in _rows(config)] == acked
