@@ -223,7 +223,9 @@ async def _replay(config: Config, segments: Sequence[str], all_quarantined: bool
     failed: list[str] = []
     wanted = list(dict.fromkeys(segments))
     if all_quarantined:
-        wanted += [q.id for q in service.quarantined() if q.id and q.table and q.id not in wanted]
+        # Also entries whose reason file was lost (a full disk while quarantining): the
+        # segment itself names its table, and one that does not verify fails by name.
+        wanted += [q.id for q in service.quarantined() if q.id and q.id not in wanted]
     for segment_id in wanted:
         try:
             result = await service.replay_quarantined(segment_id)

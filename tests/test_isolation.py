@@ -50,7 +50,7 @@ from service_helpers import metric
 import daemon.service as service_module
 from daemon import BackpressureError, Icespool
 from daemon.config import Config, embedded_default, validate_config
-from spool import Spool, UnknownSegmentError
+from spool import Spool, UnknownSegmentError, segment_file_name
 
 GOOD = "t.good"
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
@@ -274,6 +274,46 @@ async def test_uncommittable_segment_is_quarantined_and_its_table_and_others_go_
     # Once more: nothing left to restore, so it fails naming the segment, adds nothing.
     done = _replay(home, "--segment", first)
     assert done.returncode == 1 and first in done.stderr, done.stdout + done.stderr
+    _assert_once(home, TABLE, set(range(300)))
+
+
+async def test_all_quarantined_restores_every_segment_even_one_whose_reason_was_lost(
+    daemons: list[Daemon], tmp_path: Path
+) -> None:
+    """`replay --all-quarantined` commits every quarantined segment exactly once, also
+    one whose reason file a full disk kept from being written; a file that does not
+    verify fails by name and stays in quarantine."""
+    home, daemon = _daemon(daemons, tmp_path / "d", batch_timeout="1h")
+    quarantined: list[str] = []
+    for part in range(3):
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            await daemon.ingest(
+                session, [{"id": i, "v": "x"} for i in range(part * 100, part * 100 + 100)]
+            )
+        assert daemon.kill() == -signal.SIGKILL
+        async with Spool(home.spool_dir) as spool:  # recovery seals the killed segment
+            [info] = spool.recovered.segments
+            await spool.quarantine(info.id, f"example {part}")
+        quarantined.append(info.id)
+    [lost] = [
+        p
+        for p in (home.spool_dir / "quarantine").iterdir()
+        if quarantined[1] in p.name and p.name.endswith(".json")
+    ]
+    lost.unlink()
+
+    done = _replay(home, "--all-quarantined")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _assert_once(home, TABLE, set(range(300)))
+    assert home.quarantined() == [] and home.spool_files() == []
+
+    bad = home.spool_dir / "quarantine" / segment_file_name(TABLE, quarantined[0])
+    bad.write_bytes(b"not a segment")
+    done = _replay(home, "--all-quarantined")
+    assert done.returncode == 1 and quarantined[0] in done.stderr, done.stdout + done.stderr
+    assert bad.read_bytes() == b"not a segment"
     _assert_once(home, TABLE, set(range(300)))
 
 
