@@ -22,9 +22,10 @@ from daemon_harness import Daemon, DaemonDir
 
 _REQUESTS = 12
 _SYSCALLS = "write,writev,pwrite64,sendto,sendmsg,fsync,fdatasync"
-# 1234 writev(7</spool/t__events__0001.arrow>, ...) = 80   (-yy annotates every fd)
-_LINE = re.compile(r"^(?P<pid>\d+) (?P<call>\w+)\(\d+<(?P<what>[^>]*)>(?P<rest>.*)")
-_RESUMED = re.compile(r"^(?P<pid>\d+) <\.\.\. (?P<call>\w+) resumed>")
+# 1234  writev(7</spool/t__events__0001.arrow>, ...) = 80   (-yy annotates every fd;
+# strace pads the pid column, so short pids are followed by more than one space)
+_LINE = re.compile(r"^(?P<pid>\d+)\s+(?P<call>\w+)\(\d+<(?P<what>[^>]*)>(?P<rest>.*)")
+_RESUMED = re.compile(r"^(?P<pid>\d+)\s+<\.\.\. (?P<call>\w+) resumed>")
 
 
 def _events(trace: str, spool: Path) -> list[str]:
