@@ -1,4 +1,4 @@
-"""icespool's asyncio service: config, sources, routing, table writers, encode pool, commits.
+"""icespool's asyncio service: config, sources, routing, table writers, worker lanes, commits.
 
 In-process use::
 
@@ -13,7 +13,6 @@ In-process use::
 from __future__ import annotations
 
 from daemon.config import Config, load_config
-from daemon.encode_pool import EncodePool, Lane, LaneClosedError
 from daemon.errors import (
     BackpressureError,
     BadInputError,
@@ -25,8 +24,10 @@ from daemon.errors import (
     ShuttingDownError,
     UnknownTableError,
 )
+from daemon.ingest import Column, TableInput
+from daemon.lanes import Lane, LaneClosedError, LanePool
 from daemon.service import Icespool
-from daemon.writer import Column, FlushResult, TableWriter
+from daemon.writer import FlushResult, TableWriter
 
 __all__ = [
     "BackpressureError",
@@ -36,14 +37,15 @@ __all__ = [
     "CommitError",
     "Config",
     "ConfigError",
-    "EncodePool",
     "FlushResult",
     "Icespool",
     "IcespoolError",
     "Lane",
     "LaneClosedError",
+    "LanePool",
     "SchemaError",
     "ShuttingDownError",
+    "TableInput",
     "TableWriter",
     "UnknownTableError",
     "load_config",

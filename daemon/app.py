@@ -32,7 +32,7 @@ from daemon.http_api import start_http
 from daemon.reload import reload
 from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool
-from spool import SpoolError, SpoolLockedError
+from spool import FileSystem, SpoolError, SpoolLockedError
 
 __all__ = [
     "AFTER_GRACE_SECONDS",
@@ -55,13 +55,19 @@ _EXIT_FAILED = 1
 _EXIT_FORCED = 130
 
 
-def run_daemon(config: Config, reload_config: Callable[[], Config] | None = None) -> int:
+def run_daemon(
+    config: Config,
+    reload_config: Callable[[], Config] | None = None,
+    *,
+    fs: FileSystem | None = None,
+) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit status.
 
     ``reload_config`` loads the config again on SIGHUP (the CLI passes its own loader,
     so command-line overrides survive a reload); without it SIGHUP is only logged.
+    ``fs`` is the spool's file-system seam (tests inject faults and crash points).
     """
-    return uvloop.run(_serve(config, reload_config))
+    return uvloop.run(_serve(config, reload_config, fs))
 
 
 def replay(config: Config, *, segments: Sequence[str] = (), all_quarantined: bool = False) -> int:
@@ -73,7 +79,9 @@ def replay(config: Config, *, segments: Sequence[str] = (), all_quarantined: boo
     return uvloop.run(_replay(config, segments, all_quarantined))
 
 
-async def _serve(config: Config, reload_config: Callable[[], Config] | None = None) -> int:
+async def _serve(
+    config: Config, reload_config: Callable[[], Config] | None, fs: FileSystem | None
+) -> int:
     stop = asyncio.Event()
     hangup = asyncio.Event()
     _install_signal_handlers(stop, hangup)
@@ -86,7 +94,7 @@ async def _serve(config: Config, reload_config: Callable[[], Config] | None = No
     grace = config.timeouts.shutdown_grace
     executor = TrackedExecutor()
     asyncio.get_running_loop().set_default_executor(executor)
-    service = Icespool(config)
+    service = Icespool(config, fs=fs)
     # Started before recovery so the watchdog is fed while a large spool replays.
     systemd = SystemdNotifier.from_environ(lambda: status_line(service))
     systemd.start()

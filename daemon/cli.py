@@ -177,7 +177,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 def _check_connect(config: Config) -> int:
     # Imported here: pyiceberg is heavy and only --connect needs it.
-    from daemon.catalog_check import check_catalog
+    from daemon.iceberg import check_catalog
 
     sys.stdout.flush()
     try:

@@ -39,9 +39,9 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,8 +50,7 @@ import pyarrow.json as pj
 
 from daemon.errors import BadInputError, SchemaError
 from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
-from daemon.table_schema import cast_array, check_required_children
-from daemon.value_ranges import HUGE_EXPONENT, find_out_of_range
+from daemon.schema import HUGE_EXPONENT, cast_array, check_required_children, find_out_of_range
 
 __all__ = [
     "JsonOptions",
@@ -62,6 +61,8 @@ __all__ = [
     "decode_ndjson",
     "decode_ndjson_lenient",
     "infer_ndjson_schema",
+    "infer_records_schema",
+    "split_failures",
 ]
 
 _JSON_WS: Final = b" \t\r\n"
@@ -83,6 +84,7 @@ _SHOWN_VALUE_CHARS: Final = 60
 _UNIX_DAY: Final = "1970-01-01T"
 
 Converter = Callable[[pa.ChunkedArray], pa.Array | pa.ChunkedArray]
+_T = TypeVar("_T")
 
 
 class _RowError(Exception):
@@ -242,7 +244,12 @@ def decode_ndjson_lenient(
     else:
         data = list(data)
         body = b"\n".join(data)
-        if not data or body.count(b"\n") != len(data) - 1 or _BLANK_LINE.search(body):
+        if (
+            not data
+            or body.count(b"\n") != len(data) - 1
+            or b"\r" in body
+            or _BLANK_LINE.search(body)
+        ):
             body = b""  # a value is empty or spans lines: the per-record split decides
     if body:
         try:
@@ -250,9 +257,15 @@ def decode_ndjson_lenient(
         except (BadInputError, _Locate):
             pass  # found below, record by record
     lines, indices, errors = _split_records(data)
-    tables: list[pa.Table] = []
-    if lines:
-        _bisect(lines, indices, schema, options, tables, errors)
+    line_of = dict(zip(indices, lines, strict=True))
+
+    def decode(part: Sequence[int]) -> pa.Table:
+        body = b"\n".join(line_of[i] for i in part)
+        return _decode(body, schema, options, explain=len(part) == 1)
+
+    parts, failed = split_failures(indices, decode, (BadInputError, _Locate))
+    tables = [table for table, _ in parts]
+    errors += [_record_error(index, line_of[index], exc) for index, exc in failed]
     errors.sort(key=lambda e: e.index)
     table = None
     if tables:
@@ -280,30 +293,42 @@ def _split_records(
             continue
         # A newline outside a JSON string is whitespace, and one inside is invalid JSON
         # either way: flattening keeps one record per line.
-        lines.append(raw.replace(b"\n", b" ") if b"\n" in raw else raw)
+        if b"\n" in raw or b"\r" in raw:
+            raw = raw.replace(b"\n", b" ").replace(b"\r", b" ")
+        lines.append(raw)
         indices.append(index)
     return lines, indices, errors
 
 
-def _bisect(
-    lines: list[bytes],
-    indices: list[int],
-    schema: pa.Schema,
-    options: JsonOptions,
-    tables: list[pa.Table],
-    errors: list[RecordError],
-) -> None:
-    single = len(lines) == 1
-    try:
-        tables.append(_decode(b"\n".join(lines), schema, options, explain=single))
-        return
-    except (BadInputError, _Locate) as exc:
-        if single:
-            errors.append(_record_error(indices[0], lines[0], exc))
-            return
-    middle = len(lines) // 2
-    _bisect(lines[:middle], indices[:middle], schema, options, tables, errors)
-    _bisect(lines[middle:], indices[middle:], schema, options, tables, errors)
+def split_failures(
+    indices: Sequence[int],
+    attempt: Callable[[Sequence[int]], _T],
+    catch: tuple[type[Exception], ...],
+) -> tuple[list[tuple[_T, Sequence[int]]], list[tuple[int, Exception]]]:
+    """``attempt`` on every index at once; where it raises ``catch``, on halves, until
+    each failure stands alone. Returns the results with the indices each covers (in
+    order) and the single indices that failed with their error.
+
+    The one decode-then-bisect of the daemon (NDJSON bodies, Kafka JSON and Avro
+    values): k bad records among n cost O(k log n) attempts, the good ones keep the
+    vectorized path.
+    """
+    done: list[tuple[_T, Sequence[int]]] = []
+    failed: list[tuple[int, Exception]] = []
+    pending = [indices] if len(indices) else []
+    while pending:
+        part = pending.pop()
+        try:
+            done.append((attempt(part), part))
+            continue
+        except catch as exc:
+            if len(part) == 1:
+                failed.append((part[0], exc))
+                continue
+        middle = len(part) // 2
+        pending += [part[middle:], part[:middle]]  # the first half is tried first
+    done.sort(key=lambda item: item[1][0])
+    return done, failed
 
 
 _LINE_REF: Final = re.compile(r" \((?:line|row) \d+\)|^line \d+: ")
@@ -344,6 +369,36 @@ def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.S
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise BadInputError(f"the records' types cannot be inferred: {exc}") from exc
     return schema
+
+
+def infer_records_schema(
+    values: Sequence[bytes], columns: Collection[str] | None, max_depth: int
+) -> pa.Schema:
+    """The inferred types of ``columns`` (None: all) in these JSON records (blocking).
+
+    One inference over all of them first; when that fails (some record is bad in
+    another way) record by record, keeping a column's type only when the records
+    that carry it agree (long and double agree on double).
+    """
+    try:
+        return infer_ndjson_schema(b"\n".join(values), max_depth)
+    except BadInputError:
+        pass
+    found: dict[str, pa.DataType | None] = {}
+    for value in values:
+        try:
+            schema = infer_ndjson_schema(value, max_depth)
+        except BadInputError:
+            continue
+        for inferred in schema:
+            if columns is not None and inferred.name not in columns:
+                continue
+            seen = found.setdefault(inferred.name, inferred.type)
+            if seen is None or seen == inferred.type:
+                continue
+            numbers = {seen, inferred.type} <= {pa.int64(), pa.float64()}
+            found[inferred.name] = pa.float64() if numbers else None
+    return pa.schema([(name, t) for name, t in found.items() if t is not None])
 
 
 def check_depth(body: bytes, max_depth: int) -> None:
@@ -494,9 +549,9 @@ def _flip(plan: _Plan, message: str) -> frozenset[str] | None:
     return plan.numbers ^ {match.group("path")}
 
 
-def decode_arrow_stream(body: bytes, schema: pa.Schema) -> pa.Table:
-    """Read an Arrow IPC stream. Casting to ``schema`` is the writer's job (``conform``)."""
-    del schema  # conform() in TableWriter.append casts and names the failing column
+def decode_arrow_stream(body: bytes) -> pa.Table:
+    """Read an Arrow IPC stream as it is; `daemon.ingest` conforms it to the table
+    (evolving the table where its policy allows) and names a failing column."""
     if not body:
         raise BadInputError("no records: the body is empty; send an Arrow IPC stream")
     source = pa.BufferReader(body)

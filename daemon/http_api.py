@@ -24,38 +24,29 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-import pyarrow as pa
 from aiohttp import web
 
-from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import (
     BackpressureError,
     BadInputError,
     IcespoolError,
-    SchemaError,
     ShuttingDownError,
     UnknownTableError,
 )
+from daemon.iceberg import short_error, unavailable
+from daemon.ingest import ARROW_STREAM, FORMATS, NDJSON
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
-from daemon.timeouts import short_error, unavailable
 from daemon.writer import FlushResult, TableWriter
 from spool import SpoolIOError
 
 __all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
 
-NDJSON: Final = "application/x-ndjson"
-ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
 
 _log = logging.getLogger("icespool.http")
 
-Decoder = Callable[[bytes, pa.Schema], pa.Table]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_DECODERS: Final[Mapping[str, Decoder]] = {
-    NDJSON: decode_ndjson,
-    ARROW_STREAM: decode_arrow_stream,
-}
 # Routes that need the Bearer token when one is configured; probes and metrics
 # stay open so kubelet and Prometheus need no secret.
 _PROTECTED: Final = frozenset({"ingest", "flush", "status"})
@@ -228,8 +219,7 @@ class _Api:
         name = request.match_info["table"]
         # An infer = true table is created from the schema of its first body.
         writer = None if self._service.awaiting_schema(name) else self._writer(name)
-        decoder = _DECODERS.get(request.content_type)
-        if decoder is None:
+        if request.content_type not in FORMATS:
             raise _Problem(
                 415,
                 f"unsupported Content-Type {_shown(request.content_type)}; send "
@@ -243,16 +233,7 @@ class _Api:
             if writer is not None:
                 writer.check_capacity()
             body, held = await self._read_body(request, name)
-            if writer is None:
-                writer = await self._create_for(name, decoder, body)
-            if decoder is decode_ndjson:
-                # The table's JSON options (epoch units of timestamp columns).
-                options = _json_options(self._service, writer)
-                table = await _decode_evolving(writer, body, options)
-            else:
-                table = await asyncio.to_thread(decoder, body, writer.arrow_schema)
-            # Shielded: a client that hangs up must not cancel a half-done spool append.
-            accepted = await asyncio.shield(writer.append(table))
+            accepted = await self._service.ingest.body(name, body, request.content_type)
         except BadInputError as exc:
             raise _Problem(400, str(exc)) from None
         except BackpressureError as exc:
@@ -264,19 +245,6 @@ class _Api:
         finally:
             self._inflight -= held
         return _json({"accepted": accepted})
-
-    async def _create_for(self, name: str, decoder: object, body: bytes) -> TableWriter:
-        if decoder is decode_ndjson:
-            depth = self._service.config.table_settings(name).max_nesting_depth
-            schema = await asyncio.to_thread(infer_ndjson_schema, body, depth)
-        else:
-            schema = (await asyncio.to_thread(decode_arrow_stream, body, pa.schema([]))).schema
-        try:
-            return await self._service.create_from(name, schema)
-        except SchemaError:
-            raise  # a type without an Iceberg equivalent: 400 naming the column
-        except Exception as exc:
-            raise _unavailable(exc, f"cannot create table {name} yet") from None
 
     async def flush(self, request: web.Request) -> web.StreamResponse:
         writer = self._writer(request.match_info["table"])
@@ -352,7 +320,7 @@ class _Api:
 
     # ------------------------------------------------------------------ helpers
 
-    def _writer(self, name: str) -> TableWriter:
+    def _check_ready(self) -> None:
         service = self._service
         if service.draining:
             raise _Problem(
@@ -369,23 +337,30 @@ class _Api:
                 headers=_retry_after(_STARTING_RETRY_AFTER),
                 close=True,
             )
+
+    def _writer(self, name: str) -> TableWriter:
+        self._check_ready()
         try:
-            return service.writer(name)
+            return self._service.table_writer(name)
         except BackpressureError as exc:  # shutting down, or the table is degraded
             raise _Problem(
                 503, str(exc), headers=_retry_after(exc.retry_after), close=True
             ) from None
         except UnknownTableError as exc:
-            if service.awaiting_schema(name):
-                raise _Problem(404, str(exc)) from None
-            # Table names are only ever looked up, never joined into a path, so a
-            # traversal attempt is just another unknown name.
-            known = ", ".join(service.table_names) or "(none)"
-            raise _Problem(
-                404,
-                f"table {_shown(name)} is not configured on this daemon; tables: {known}",
-                close=True,
-            ) from None
+            raise self._unknown_table(name, exc) from None
+
+    def _unknown_table(self, name: str, exc: UnknownTableError) -> _Problem:
+        service = self._service
+        if service.awaiting_schema(name):
+            return _Problem(404, str(exc))
+        # Table names are only ever looked up, never joined into a path, so a
+        # traversal attempt is just another unknown name.
+        known = ", ".join(service.table_names) or "(none)"
+        return _Problem(
+            404,
+            f"table {_shown(name)} is not configured on this daemon; tables: {known}",
+            close=True,
+        )
 
     async def _read_body(self, request: web.Request, table: str) -> tuple[bytes, int]:
         """The whole body and the in-flight bytes reserved for it (caller releases them)."""
@@ -438,35 +413,11 @@ class _Api:
         return extra
 
 
-def _json_options(service: Any, writer: TableWriter) -> JsonOptions:
-    tables = {table.name: table for table in service.config.tables}
-    return JsonOptions.for_table(tables.get(writer.name), writer.settings.max_nesting_depth)
-
-
 def _too_large(what: str, limit: int) -> str:
     return (
         f"request body too large: {what}, the limit is {limit} bytes (http.max_body_bytes); "
         "split the records over several requests"
     )
-
-
-async def _decode_evolving(writer: TableWriter, body: bytes, options: JsonOptions) -> pa.Table:
-    """Decode NDJSON; where the table's evolve policy allows, add or widen the columns
-    the records need first (one column per round: each error names one)."""
-    evolved: set[str] = set()
-    while True:
-        try:
-            return await asyncio.to_thread(decode_ndjson, body, writer.arrow_schema, options)
-        except SchemaError as exc:
-            if writer.evolve_policy == "none" or exc.column in evolved:
-                raise
-            evolved.add(exc.column)
-            inferred = await asyncio.to_thread(infer_ndjson_schema, body, options.max_depth)
-            if exc.column not in inferred.names:
-                raise
-            plan = await writer.evolve(inferred, only={exc.column}, exact=False)
-            if not plan:
-                raise
 
 
 def _unavailable(exc: Exception, what: str, then: str = "") -> Exception:

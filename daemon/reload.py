@@ -149,7 +149,7 @@ def apply_reload(service: Icespool, plan: ReloadPlan) -> None:
     """Install ``plan`` in a running `Icespool` service (on its event loop)."""
     old_log = service.config.log
     for name, settings in plan.settings.items():
-        service.writer(name).settings = settings
+        service.table_writer(name).settings = settings
     service.config = plan.config
     new_log = plan.config.log
     if new_log.format != old_log.format:

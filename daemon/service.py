@@ -22,11 +22,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
-from daemon.catalog_health import CatalogHealth
-from daemon.catalogs import ensure_table, load_catalog
 from daemon.config import Config, KafkaConfig, TableConfig
-from daemon.decode import JsonOptions
-from daemon.encode_pool import EncodePool
 from daemon.errors import (
     BackpressureError,
     CatalogError,
@@ -34,25 +30,32 @@ from daemon.errors import (
     ShuttingDownError,
     UnknownTableError,
 )
-from daemon.evolution import Policy
-from daemon.kafka import KafkaSource, dead_letter_schema
+from daemon.iceberg import (
+    CatalogHealth,
+    ensure_table,
+    load_catalog,
+    short_error,
+    startup_timeout,
+    unavailable,
+)
+from daemon.ingest import AUTO_CREATED, Ingest, TableInput
+from daemon.kafka import KafkaSource, OffsetBook, dead_letter_schema
+from daemon.lanes import LanePool
 from daemon.metrics import Metrics
-from daemon.table_schema import (
+from daemon.schema import (
+    Policy,
     arrow_schema_for,
     infer_schema,
     parse_partition_spec,
     parse_schema,
     parse_sort_order,
 )
-from daemon.timeouts import short_error, startup_timeout, unavailable
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
-from spool import QuarantinedSegment, Spool
+from spool import FileSystem, QuarantinedSegment, Spool
 
 __all__ = ["Icespool"]
 
 _log = logging.getLogger("icespool.service")
-# Tables a Kafka source creates for new routes take new fields as they come.
-_AUTO_CREATED_EVOLVE: Policy = "add-columns"
 # How often tables that could not be loaded are tried again.
 _RELOAD_INTERVAL = 10.0
 # /v1/status lists at most this many quarantined segments (and counts all of them).
@@ -62,7 +65,11 @@ _STATUS_QUARANTINE_LIMIT = 100
 class Icespool:
     """Everything between a decoded batch and a committed Iceberg snapshot."""
 
-    def __init__(self, config: Config, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, config: Config, *, metrics: Metrics | None = None, fs: FileSystem | None = None
+    ) -> None:
+        """``fs``: the spool's file-system seam; tests pass one that fails or crashes
+        at chosen calls (the daemon never does)."""
         self.config = config
         self.metrics = metrics or Metrics()
         self.ready = False
@@ -73,10 +80,13 @@ class Icespool:
             durability=config.spool.durability,
             max_bytes=config.spool.max_bytes,
             segment_max_bytes=config.spool.segment_max_bytes,
+            fs=fs,
         )
-        self._pool = EncodePool(config.encode.resolved_workers)
+        self._pool = LanePool(config.encode.resolved_workers)
         self._catalog: Catalog | None = None
+        self.ingest = Ingest(self)
         self._writers: dict[str, TableWriter] = {}
+        self._books: dict[str, OffsetBook] = {}
         self._sources: list[KafkaSource] = []
         self._awaiting_schema: dict[str, TableConfig] = {}
         self._creating: dict[str, asyncio.Lock] = {}
@@ -136,7 +146,7 @@ class Icespool:
                         self._mark_unloaded(dead_letters, None, exc)
                 if kafka.auto_create:
                     for name in await asyncio.to_thread(self._auto_created, kafka):
-                        await self._add_writer(name, None, evolve=_AUTO_CREATED_EVOLVE)
+                        await self._add_writer(name, None, evolve=AUTO_CREATED)
             await self._recover()
         except BaseException:
             await self._abort()
@@ -159,13 +169,13 @@ class Icespool:
             source = KafkaSource(
                 kafka,
                 name=f"kafka[{i}]",
+                ingest=self.ingest,
                 writer_for=self._writers.__getitem__,  # also while draining
+                book_for=self._book,
                 load_properties=self._load_properties,
                 spool_has_room=self._spool_has_room,
                 metrics=self.metrics,
                 table_names=list(self._writers),
-                json_options={t.name: JsonOptions.for_table(t) for t in self.config.tables},
-                create_table=self._create_routed,
                 max_nesting_depth=self.config.defaults.max_nesting_depth,
             )
             self._start_source(source)
@@ -288,8 +298,12 @@ class Icespool:
         """Why the catalog counts as unreachable right now (None: it answers)."""
         return None if self._health is None else self._health.problem
 
-    def writer(self, name: str) -> TableWriter:
-        """The writer of a configured table."""
+    def writer(self, name: str) -> TableInput:
+        """A configured table, for the in-process API (appends go through `ingest`)."""
+        return TableInput(self.ingest, self.table_writer(name))
+
+    def table_writer(self, name: str) -> TableWriter:
+        """The writer of a configured table; raises why it cannot take records."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down; retry against another replica")
         try:
@@ -315,7 +329,7 @@ class Icespool:
         return list(self._writers)
 
     async def flush(self, name: str) -> FlushResult:
-        return await self.writer(name).flush("manual")
+        return await self.table_writer(name).flush("manual")
 
     async def _add_writer(
         self,
@@ -342,6 +356,7 @@ class Icespool:
             self._pool.lane(name),
             self.metrics,
             evolve=evolve or (table_config.evolve if table_config else "none"),
+            claims=self._book(name).claims,
         )
         self._writers[name] = writer
         return writer
@@ -376,9 +391,6 @@ class Icespool:
                 extra={"table": name},
             )
             return writer
-
-    async def _create_routed(self, name: str, incoming: pa.Schema) -> TableWriter:
-        return await self.create_from(name, incoming, evolve=_AUTO_CREATED_EVOLVE)
 
     def _create_inferred(
         self, name: str, incoming: pa.Schema, table_config: TableConfig | None
@@ -444,6 +456,13 @@ class Icespool:
         assert self._catalog is not None
         schema = dead_letter_schema()
         return ensure_table(self._catalog, name, schema, parse_partition_spec(schema, []), {}, True)
+
+    def _book(self, name: str) -> OffsetBook:
+        """The Kafka offset bookkeeping of table ``name`` (its writer's claims)."""
+        book = self._books.get(name)
+        if book is None:
+            book = self._books[name] = OffsetBook(name, self.metrics)
+        return book
 
     def _load_properties(self, name: str) -> dict[str, str]:
         """A table's current properties, read with a Table of its own (blocking)."""

@@ -364,8 +364,8 @@ def _read_probe_table(directory: Path) -> list[tuple[Any, ...]]:
     # Imported here: pyarrow/pyiceberg are heavy and only the probe needs them.
     import pyarrow as pa
 
-    from daemon.catalogs import load_catalog
     from daemon.config import validate_config
+    from daemon.iceberg import load_catalog
     from daemon.spark_session import spark_session
 
     with tempfile.TemporaryDirectory(prefix="icespool-spark-probe-") as tmp:

@@ -17,24 +17,15 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from daemon.committer import (
-    CommitRejectedError,
-    CommitResult,
-    commit_files,
-    commit_properties,
-    find_committed_segments,
-)
+from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
-from daemon.encode_pool import Lane
 from daemon.errors import (
     BackpressureError,
     BadInputError,
@@ -44,21 +35,33 @@ from daemon.errors import (
     SchemaError,
     ShuttingDownError,
 )
-from daemon.evolution import EvolutionPlan, Policy, apply_plan
+from daemon.iceberg import (
+    CommitRejectedError,
+    CommitResult,
+    commit_files,
+    commit_properties,
+    encode_data_files,
+    find_committed_segments,
+)
+from daemon.lanes import Lane
 from daemon.metrics import Metrics
-from daemon.offsets import OffsetClaims, OffsetsMovedError, Ranges
-from daemon.parquet_encode import encode_data_files
-from daemon.table_schema import arrow_schema_for, conform
-from daemon.value_ranges import find_out_of_range
+from daemon.schema import (
+    EvolutionPlan,
+    Policy,
+    apply_plan,
+    arrow_schema_for,
+    conform,
+    find_out_of_range,
+)
 from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, SpoolIOError
 
-__all__ = ["SEGMENT_ATTEMPTS", "Column", "FlushResult", "TableWriter", "UncommittableSegmentError"]
+__all__ = ["SEGMENT_ATTEMPTS", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 
 _log = logging.getLogger("icespool.writer")
 _MAX_RETRY_DELAY = 60.0
-# Re-filtering after another replica committed overlapping Kafka offsets converges
+# Re-filtering after another replica committed overlapping source positions converges
 # quickly (each round sees more of its commits); more rounds mean a livelock bug.
-_OFFSET_ATTEMPTS = 5
+_REFILTER_ATTEMPTS = 5
 # Flushes a segment may fail through its own fault before it is quarantined: a
 # few, so a schema change racing the encode does not quarantine good data, but
 # bounded, so one bad segment never holds its table back for long.
@@ -70,30 +73,14 @@ class UncommittableSegmentError(CommitError):
     shape the table rejects), as opposed to the catalog or storage failing.
 
     ``kind`` is a short label for metrics (``schema``, ``encode``, ``rejected``,
-    ``metadata``); ``withheld`` the Kafka offset ranges the segments cover, which
-    must not be recorded as committed while the segments are in quarantine.
+    ``metadata``); ``claims`` what the segments' rows claim (source positions),
+    withheld if the segments end in quarantine.
     """
 
-    def __init__(
-        self, message: str, *, kind: str, withheld: Mapping[str, Ranges] | None = None
-    ) -> None:
+    def __init__(self, message: str, *, kind: str, claims: Claims | None = None) -> None:
         super().__init__(message)
         self.kind = kind
-        self.withheld = dict(withheld or {})
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """Column data for `TableWriter.append` (seed 002's column-write API).
-
-    ``validity`` is source-aligned (``validity[i]`` says whether ``values[i]`` is
-    valid); ``selection`` picks and orders source rows, and validity is gathered
-    through it too.
-    """
-
-    values: Any
-    validity: Sequence[bool] | pa.Array | None = None
-    selection: Sequence[int] | pa.Array | None = None
+        self.claims = claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +119,7 @@ class TableWriter:
         lane: Lane,
         metrics: Metrics,
         evolve: Policy = "none",
+        claims: ClaimsFactory = NO_CLAIMS,
     ) -> None:
         self.name = name
         self.arrow_schema = arrow_schema
@@ -151,9 +139,7 @@ class TableWriter:
         self._failures = 0
         self._retry_at = 0.0
         self._strikes: dict[str, int] = {}  # segment id -> flushes it failed by its own fault
-        # Kafka offsets of this run's quarantined segments: never recorded as held,
-        # so the source re-reads them after a restart or a replay commits them.
-        self._withheld: dict[str, Ranges] = {}
+        self._claims = claims
         self.degraded: str | None = None  # why the last flush failed; None once one succeeds
         self._background: set[asyncio.Future[FlushResult]] = set()
         self.last_commit: FlushResult | None = None
@@ -186,29 +172,18 @@ class TableWriter:
     # ------------------------------------------------------------------ ingest
 
     async def append(
-        self,
-        data: pa.RecordBatch | pa.Table | Mapping[str, Column | Any],
-        meta: Mapping[str, object] | None = None,
+        self, data: pa.RecordBatch | pa.Table, meta: Mapping[str, object] | None = None
     ) -> int:
-        """Spool a batch (or columns); returns the record count once acked.
+        """Spool a batch in the table's schema; returns the record count once acked.
 
-        Raises `SchemaError` naming the column when the data cannot be cast to the
-        table's schema (nothing of it is spooled), `BackpressureError` when the
-        table's queue or the spool is full.
+        The way in (`daemon.ingest`) decodes and evolves first; this only conforms
+        (a cheap re-check: the schema may have changed since) and raises
+        `SchemaError` naming the column when the data does not fit (nothing of it
+        is spooled), `BackpressureError` when the table's queue or the spool is full.
         """
         if self._closing:
             raise ShuttingDownError(f"table {self.name} is closing; retry elsewhere or later")
-        if isinstance(data, Mapping):
-            batch = await asyncio.to_thread(_columns_to_batch, data, self.arrow_schema)
-        else:
-            try:
-                batch = await asyncio.to_thread(conform, data, self.arrow_schema)
-            except SchemaError:
-                if self.evolve_policy == "none":
-                    raise
-                # Raises SchemaChangeError naming the column when the policy forbids it.
-                await self.evolve(data.schema)
-                batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+        batch = await asyncio.to_thread(conform, data, self.arrow_schema)
         rows: int = batch.num_rows
         if rows == 0:
             return 0
@@ -242,21 +217,6 @@ class TableWriter:
         self._gauge()
         self._size_trigger()
         return rows
-
-    async def queue(self, record: Mapping[str, object]) -> None:
-        """Spool one record (a mapping of column to value)."""
-        await self.queue_all([record])
-
-    async def queue_all(self, records: Iterable[Mapping[str, object]]) -> int:
-        """Spool records given as mappings; all or nothing."""
-        rows = list(records)
-        if not rows:
-            return 0
-        try:
-            table = pa.Table.from_pylist(rows)
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise BadInputError(f"records cannot be converted: {exc}") from exc
-        return await self.append(table)
 
     async def flush(self, reason: str = "manual") -> FlushResult:
         """Commit everything acked so far; returns the commit's result."""
@@ -344,42 +304,19 @@ class TableWriter:
         props: Mapping[str, str] = self._table.metadata.properties
         return props
 
-    async def commit_offsets(self, claims: Mapping[str, Ranges]) -> bool:
-        """Record Kafka offset ranges without data (a source saw no records for us).
+    async def update_properties(
+        self, updates: Callable[[Mapping[str, str]], Mapping[str, str]]
+    ) -> bool:
+        """Set the table properties ``updates(current)`` returns, without data (a
+        source recording positions it consumed with nothing for this table).
 
-        Runs on the table's lane, so it never races this table's own commits. The
-        caller guarantees nothing of these ranges is pending for this table.
+        Runs on the table's lane, so it never races this table's own commits.
         Returns whether the table changed.
         """
         future: asyncio.Future[bool] = self._lane.submit(
-            lambda: asyncio.to_thread(self._commit_offsets, dict(claims))
+            lambda: asyncio.to_thread(commit_properties, self._table, updates)
         )
         return await future
-
-    def _commit_offsets(self, claims: dict[str, Ranges]) -> bool:
-        for attempt in range(1, 6):
-            self._table.refresh()
-            current = self._table.metadata.properties
-            updates = {
-                key: text
-                for key, ranges in claims.items()
-                if (
-                    text := str(
-                        Ranges.parse(current.get(key)).union(
-                            ranges.minus(self._withheld.get(key, Ranges()))
-                        )
-                    )
-                )
-                != current.get(key)
-            }
-            if not updates:
-                return False
-            try:
-                commit_properties(self._table, updates)
-                return True
-            except CommitFailedException:
-                time.sleep(0.05 * attempt)
-        return False
 
     def _size_trigger(self) -> None:
         if self._pending.records >= self.settings.max_batch_records:
@@ -521,11 +458,12 @@ class TableWriter:
                 f"{fault} (attempt {strikes} of {SEGMENT_ATTEMPTS}; then the segment is "
                 "quarantined and later segments go on)",
                 kind=fault.kind,
-                withheld=fault.withheld,
+                claims=fault.claims,
             ) from fault
         await self._spool.quarantine(info.id, str(fault))
-        for key, ranges in fault.withheld.items():
-            self._withheld[key] = self._withheld.get(key, Ranges()).union(ranges)
+        if fault.claims is not None:
+            # Never recorded as held: a restart or a replay re-reads / commits them.
+            fault.claims.withhold()
         self._settled(info)
         self._metrics.quarantined_segments.inc()  # what the quarantine alert watches
         self._metrics.uncommittable_segments.labels(table=self.name, reason=fault.kind).inc()
@@ -582,12 +520,12 @@ class TableWriter:
         if not readable:
             return FlushResult(self.name, reason, None, 0)
         seg_ids = [s.id for s in readable]
-        for attempt in range(1, _OFFSET_ATTEMPTS + 1):
+        for attempt in range(1, _REFILTER_ATTEMPTS + 1):
             try:
                 outcome = await self._encode_and_commit(batches, metas, seg_ids, reason)
                 break
-            except OffsetsMovedError as exc:
-                if attempt == _OFFSET_ATTEMPTS:
+            except ClaimsMovedError as exc:
+                if attempt == _REFILTER_ATTEMPTS:
                     raise
                 _log.warning("%s: %s; filtering again", self.name, exc)
                 await asyncio.to_thread(self._table.refresh)
@@ -623,22 +561,14 @@ class TableWriter:
         reason: str,
     ) -> tuple[CommitResult, list[Any], int] | None:
         """Encode and commit the rows the table does not hold yet (None: all held)."""
-        claims = OffsetClaims()
-        # The table was refreshed just before (segment check or OffsetsMovedError).
+        claims = self._claims()
+        # The table was refreshed just before (segment check or ClaimsMovedError).
         try:
-            rows, dropped = claims.filter(batches, metas, self._table.metadata.properties)
+            rows = claims.filter(batches, metas, self._table.metadata.properties)
         except CommitError as exc:
             raise UncommittableSegmentError(
                 f"{_segments_text(seg_ids)} of {self.name}: {exc}", kind="metadata"
             ) from exc
-        if dropped:
-            self._metrics.kafka_duplicates.labels(table=self.name).inc(dropped)
-            _log.warning(
-                "%s: dropped %d spooled Kafka records another replica already committed",
-                self.name,
-                dropped,
-                extra={"table": self.name, "records": dropped},
-            )
         if not rows:
             return None
         encode_started = time.perf_counter()
@@ -659,7 +589,7 @@ class TableWriter:
                 f"{_segments_text(seg_ids)} of {self.name} cannot be encoded for the table's "
                 f"current schema: {type(exc).__name__}: {exc}",
                 kind="schema" if isinstance(exc, BadInputError) else "encode",
-                withheld=claims.covered(),
+                claims=claims,
             ) from exc
         self._metrics.encode_duration.labels(table=self.name).observe(
             time.perf_counter() - encode_started
@@ -673,14 +603,14 @@ class TableWriter:
                 files,
                 segment_ids=seg_ids,
                 summary={"icespool.reason": reason, **claims.summary()},
-                update_properties=claims.properties if claims else None,
+                update_properties=claims.properties,
                 spool_id=self._spool.id,
             )
         except CommitRejectedError as exc:
             raise UncommittableSegmentError(
                 f"{_segments_text(seg_ids)} of {self.name}: {exc}",
                 kind="rejected",
-                withheld=claims.covered(),
+                claims=claims,
             ) from exc
         return commit, files, sum(b.num_rows for b in rows)
 
@@ -767,32 +697,3 @@ def _take_chunk(segments: list[SegmentInfo], max_bytes: int) -> list[SegmentInfo
         chunk.append(info)
         size += info.bytes
     return chunk
-
-
-def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) -> pa.RecordBatch:
-    arrays: dict[str, pa.Array] = {}
-    for name, spec in columns.items():
-        column = spec if isinstance(spec, Column) else Column(spec)
-        try:
-            target = schema.field(name).type
-        except KeyError:
-            raise BadInputError(f"column {name!r} is not in the table's schema") from None
-        try:
-            values = pa.array(column.values, type=target)
-            if column.validity is not None:
-                valid = pa.array(column.validity, pa.bool_())
-                if len(valid) < len(values):
-                    raise BadInputError(
-                        f"column {name!r}: validity has {len(valid)} entries for "
-                        f"{len(values)} values"
-                    )
-                values = pc.if_else(valid[: len(values)], values, pa.nulls(len(values), target))
-            if column.selection is not None:
-                values = values.take(pa.array(column.selection, pa.int64()))
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise BadInputError(f"column {name!r}: {exc}") from exc
-        arrays[name] = values
-    lengths = {len(a) for a in arrays.values()}
-    if len(lengths) > 1:
-        raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
-    return conform(pa.table(arrays), schema)

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from json_values import dumps, storage_type
 
 from daemon.http_api import ARROW_STREAM, NDJSON
-from daemon.table_schema import arrow_schema_for, parse_schema
+from daemon.schema import arrow_schema_for, parse_schema
 
 __all__ = [
     "MAP_KEYS",

@@ -18,8 +18,8 @@ import pytest
 import structlog
 
 from daemon.cli import main
-from daemon.config._types import TYPE_HELP
 from daemon.logs import configure_logging
+from daemon.schema._grammar import TYPE_HELP
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "icespool"
 # The installed console script and `python -m daemon` must behave the same.

@@ -31,22 +31,22 @@ from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import IdentityTransform
 
-from daemon.catalogs import ensure_table, load_catalog
-from daemon.committer import (
+from daemon.errors import CommitError
+from daemon.iceberg._catalog import ensure_table, load_catalog
+from daemon.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
     CommitResult,
-    RetryPolicy,
     StaleEncodingError,
     commit_files,
     find_committed_segments,
     last_segments_key,
 )
-from daemon.errors import CommitError
-from daemon.parquet_encode import encode_data_files
-from daemon.table_schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from daemon.iceberg._parquet import encode_data_files
+from daemon.retry import Backoff
+from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = RetryPolicy(attempts=6, base_delay_s=0.001, max_delay_s=0.02)
+FAST = Backoff(attempts=6, base=0.001, cap=0.02)
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},
     {"name": "ts", "type": "timestamptz"},
@@ -280,7 +280,7 @@ def test_gives_up_after_bounded_attempts_and_says_the_spool_keeps_the_data(
     _create(catalog)
     table = _lossy(tmp_path, ["before"] * 3)
     files = _encode(table, _rows(0, 5), "s1")
-    policy = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.002)
+    policy = Backoff(attempts=3, base=0.001, cap=0.002)
     with pytest.raises(CommitError, match="the spool still holds the records") as info:
         commit_files(table, files, segment_ids=["s1"], summary={}, retry=policy)
     assert "failed after 3 attempts (ConnectionResetError" in str(info.value)
@@ -344,7 +344,7 @@ def test_threads_committing_concurrently_all_land_exactly_once(
                     work[(w, c)],
                     segment_ids=[f"w{w}-{c}"],
                     summary={},
-                    retry=RetryPolicy(attempts=50, base_delay_s=0.002, max_delay_s=0.05),
+                    retry=Backoff(attempts=50, base=0.002, cap=0.05),
                 )
                 for c in range(commits_each)
             ]
@@ -377,10 +377,11 @@ _WORKER = textwrap.dedent(
     import json, os, sys, time
     sys.path.insert(0, os.environ["ICESPOOL_REPO"])
     import pyarrow as pa
-    from daemon.catalogs import load_catalog
-    from daemon.committer import RetryPolicy, commit_files
-    from daemon.parquet_encode import encode_data_files
-    from daemon.table_schema import arrow_schema_for, conform
+    from daemon.iceberg._catalog import load_catalog
+    from daemon.iceberg._commit import commit_files
+    from daemon.retry import Backoff
+    from daemon.iceberg._parquet import encode_data_files
+    from daemon.schema import arrow_schema_for, conform
 
     worker, commits, rows = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     props = json.loads(os.environ["ICESPOOL_CATALOG"])
@@ -399,7 +400,7 @@ _WORKER = textwrap.dedent(
     while not os.path.exists(go):
         time.sleep(0.005)
     attempts = []
-    policy = RetryPolicy(attempts=60, base_delay_s=0.005, max_delay_s=0.1)
+    policy = Backoff(attempts=60, base=0.005, cap=0.1)
     for segment, files in prepared:
         result = commit_files(table, files, segment_ids=[segment], summary={}, retry=policy)
         attempts.append(result.attempts)

@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 from daemon.config import (
     ConfigFileError,
-    PartitionField,
     TableConfig,
     WriterSettings,
     apply_env_overrides,
@@ -27,13 +26,13 @@ from daemon.config import (
     load_config,
     parse_bytes,
     parse_duration,
-    parse_partition,
     redact_uri,
     redacted,
     render_toml,
     validate_config,
 )
 from daemon.errors import ConfigError, UnknownTableError
+from daemon.schema import PartitionTerm, parse_partition
 
 MiB = 2**20
 GiB = 2**30
@@ -288,7 +287,7 @@ def test_contract_example_loads_with_exact_values(tmp_path: Path) -> None:
         ("ts", "timestamptz", False),
         ("kind", "string", False),
     ]
-    assert table.partition_fields == [PartitionField("day", "ts")]
+    assert table.partition_fields == [PartitionTerm("day", "ts")]
 
     (kafka,) = config.kafka
     assert kafka.bootstrap_servers == ["127.0.0.1:9092"]
@@ -727,10 +726,10 @@ def test_every_default_can_be_overridden_per_table() -> None:
 
 
 def test_partition_specs_parse() -> None:
-    assert parse_partition("bucket(16, event_id)") == PartitionField("bucket", "event_id", 16)
-    assert parse_partition("truncate(4,kind)") == PartitionField("truncate", "kind", 4)
-    assert parse_partition("days(ts)") == PartitionField("day", "ts")
-    assert parse_partition("kind") == PartitionField("identity", "kind")
+    assert parse_partition("bucket(16, event_id)") == PartitionTerm("bucket", "event_id", 16)
+    assert parse_partition("truncate(4,kind)") == PartitionTerm("truncate", "kind", 4)
+    assert parse_partition("days(ts)") == PartitionTerm("day", "ts")
+    assert parse_partition("kind") == PartitionTerm("identity", "kind")
     with pytest.raises(ValueError, match="unknown transform") as info:
         parse_partition("weeks(ts)")
     assert str(info.value).startswith("'weeks(ts)': unknown transform 'weeks'; write 'col', ")

@@ -14,7 +14,7 @@ import pytest
 
 from daemon.decode import decode_arrow_stream, decode_ndjson
 from daemon.errors import BadInputError, SchemaError
-from daemon.table_schema import arrow_schema_for, parse_schema
+from daemon.schema import arrow_schema_for, parse_schema
 
 UTC = dt.UTC
 
@@ -214,7 +214,7 @@ def arrow_stream(table: pa.Table) -> bytes:
 
 def test_arrow_stream_round_trips() -> None:
     table = pa.table({"id": pa.array([1, 2], pa.int64()), "name": ["a", None]})
-    decoded = decode_arrow_stream(arrow_stream(table), SCHEMA)
+    decoded = decode_arrow_stream(arrow_stream(table))
     assert decoded.equals(table)
 
 
@@ -229,10 +229,10 @@ def test_arrow_stream_round_trips() -> None:
 )
 def test_bad_arrow_streams_are_bad_input(body: bytes, fragment: str) -> None:
     with pytest.raises(BadInputError, match=fragment):
-        decode_arrow_stream(body, SCHEMA)
+        decode_arrow_stream(body)
 
 
 def test_truncated_arrow_stream_is_bad_input() -> None:
     body = arrow_stream(pa.table({"id": pa.array(range(1000), pa.int64())}))
     with pytest.raises(BadInputError, match="not a valid Arrow IPC stream"):
-        decode_arrow_stream(body[: len(body) // 2], SCHEMA)
+        decode_arrow_stream(body[: len(body) // 2])

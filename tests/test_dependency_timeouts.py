@@ -14,10 +14,10 @@ import requests
 import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
-from daemon.catalogs import load_catalog
 from daemon.config import TimeoutsConfig
 from daemon.errors import CommitError
-from daemon.timeouts import catalog_properties, unavailable
+from daemon.iceberg._catalog import load_catalog
+from daemon.iceberg._timeouts import catalog_properties, unavailable
 
 _TIMEOUTS = TimeoutsConfig(
     catalog_connect=4.0, catalog_request=1.5, storage_connect=3.0, storage_request=7.0

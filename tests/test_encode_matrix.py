@@ -48,14 +48,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from daemon.catalogs import ensure_table, load_catalog
-from daemon.committer import commit_files
 from daemon.config import Config
 from daemon.errors import SchemaError
 from daemon.http_api import NDJSON
-from daemon.parquet_encode import encode_data_files
+from daemon.iceberg._catalog import ensure_table, load_catalog
+from daemon.iceberg._commit import commit_files
+from daemon.iceberg._parquet import encode_data_files
+from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 from daemon.service import Icespool
-from daemon.table_schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 ROWS = int(os.environ.get("ICESPOOL_ENCODE_ROWS", "11000"))  # per transport
 EXAMPLES = int(os.environ.get("ICESPOOL_ENCODE_EXAMPLES", "4"))

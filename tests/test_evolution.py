@@ -16,7 +16,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
 from service_helpers import table_rows, wait_rows
 
-from daemon.evolution import SchemaChangeError, plan_evolution
+from daemon.schema._evolution import SchemaChangeError, plan_evolution
 from daemon.service import Icespool
 
 TABLE = "demo.evolving"

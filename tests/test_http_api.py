@@ -391,7 +391,7 @@ async def test_unexpected_error_is_a_generic_500_and_the_daemon_stays_up(
 ) -> None:
     service, base = daemon
     client = Client(session, base)
-    writer = service.writer(DEMO)
+    writer = service.table_writer(DEMO)
     healthy_append = writer.append
 
     async def broken_append(*args: Any, **kwargs: Any) -> int:

@@ -29,8 +29,8 @@ from daemon.config import Config, redacted
 from daemon.errors import ConfigError
 from daemon.kafka._avro import RegistrySchemas, decode_avro
 from daemon.kafka._decode import Fetch
+from daemon.schema import arrow_schema_for, parse_schema
 from daemon.service import Icespool
-from daemon.table_schema import arrow_schema_for, parse_schema
 
 MakeConfig = Callable[..., Config]
 UTC = dt.UTC

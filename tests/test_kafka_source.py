@@ -19,7 +19,7 @@ from kafka_harness import Broker, create_topic, produce, produce_values
 from service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
-from daemon.offsets import Ranges, batch_meta, offsets_key
+from daemon.kafka._offsets import Ranges, batch_meta, offsets_key
 from daemon.service import Icespool
 
 MakeConfig = Callable[..., Config]

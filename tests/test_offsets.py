@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.offsets import (
+from daemon.kafka._offsets import (
+    OffsetBook,
     OffsetClaims,
     OffsetsMovedError,
     Ranges,
@@ -16,6 +17,7 @@ from daemon.offsets import (
     offsets_key,
     parse_offsets_key,
 )
+from daemon.metrics import Metrics
 
 
 def test_ranges_text_round_trip_and_merge() -> None:
@@ -67,12 +69,31 @@ def _batch(ids: list[int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"id": pa.array(ids, pa.int64())})
 
 
+class _Book:
+    """One table's offset book and a way to read how many rows its claims dropped."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.book = OffsetBook("t.x", self.metrics)
+
+    def claims(self) -> OffsetClaims:
+        return self.book.claims()
+
+    @property
+    def dropped(self) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "icespool_kafka_duplicates_dropped_total", {"table": "t.x"}
+        )
+        return value or 0.0
+
+
 def test_claims_drop_rows_the_table_holds_and_merge_ranges() -> None:
     key = offsets_key("g", "t", 0)
     meta = batch_meta("g", "t", 0, Ranges.of([(10, 19)]), Ranges.runs([10, 12, 15, 19]))
-    claims = OffsetClaims()
-    kept, dropped = claims.filter([_batch([10, 12, 15, 19])], [meta], {key: "0-12"})
-    assert dropped == 2
+    book = _Book()
+    claims = book.claims()
+    kept = claims.filter([_batch([10, 12, 15, 19])], [meta], {key: "0-12"})
+    assert book.dropped == 2
     assert kept[0].column("id").to_pylist() == [15, 19]
     assert claims.properties({key: "0-12"}) == {key: "0-19"}
     assert claims.summary() == {"icespool.kafka-offsets": "g/t/0=10-19"}
@@ -83,11 +104,10 @@ def test_claims_keep_an_offset_spooled_twice_once() -> None:
     # spools them again; one commit holding both copies must add each row once.
     meta = batch_meta("g", "t", 0, Ranges.of([(0, 9)]), Ranges.runs(list(range(10))))
     again = batch_meta("g", "t", 0, Ranges.of([(5, 14)]), Ranges.runs(list(range(5, 15))))
-    claims = OffsetClaims()
-    kept, dropped = claims.filter(
-        [_batch(list(range(10))), _batch(list(range(5, 15)))], [meta, again], {}
-    )
-    assert dropped == 5
+    book = _Book()
+    claims = book.claims()
+    kept = claims.filter([_batch(list(range(10))), _batch(list(range(5, 15)))], [meta, again], {})
+    assert book.dropped == 5
     assert [i for b in kept for i in b.column("id").to_pylist()] == list(range(15))
     assert claims.covered() == {offsets_key("g", "t", 0): Ranges.of([(0, 14)])}
 
@@ -95,9 +115,10 @@ def test_claims_keep_an_offset_spooled_twice_once() -> None:
 def test_claims_refuse_when_another_replica_committed_our_rows() -> None:
     key = offsets_key("g", "t", 3)
     meta = batch_meta("g", "t", 3, Ranges.of([(100, 199)]), Ranges.runs(range(100, 200)))
-    claims = OffsetClaims()
-    kept, dropped = claims.filter([_batch(list(range(100, 200)))], [meta], {})
-    assert dropped == 0 and kept[0].num_rows == 100
+    book = _Book()
+    claims = book.claims()
+    kept = claims.filter([_batch(list(range(100, 200)))], [meta], {})
+    assert book.dropped == 0 and kept[0].num_rows == 100
     # Meanwhile the partition's new owner committed 150-300: ours overlap.
     with pytest.raises(OffsetsMovedError, match="overlap"):
         claims.properties({key: "0-99,150-300"})
@@ -106,13 +127,14 @@ def test_claims_refuse_when_another_replica_committed_our_rows() -> None:
 
 
 def test_batches_without_kafka_meta_pass_unchanged() -> None:
-    claims = OffsetClaims()
+    book = _Book()
+    claims = book.claims()
     batch = _batch([1, 2])
-    kept, dropped = claims.filter([batch], [None], {})
-    assert kept == [batch] and dropped == 0 and not claims
+    kept = claims.filter([batch], [None], {})
+    assert kept == [batch] and book.dropped == 0 and not claims
 
 
 def test_claims_reject_inconsistent_metadata() -> None:
     meta = batch_meta("g", "t", 0, Ranges.of([(0, 9)]), Ranges.runs([0, 1, 2]))
     with pytest.raises(Exception, match="3 offsets"):
-        OffsetClaims().filter([_batch([1, 2])], [meta], {})
+        _Book().claims().filter([_batch([1, 2])], [meta], {})

@@ -40,9 +40,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from daemon.catalogs import ensure_table, load_catalog
 from daemon.errors import CatalogError, SchemaError
-from daemon.table_schema import (
+from daemon.iceberg._catalog import ensure_table, load_catalog
+from daemon.schema import (
     FIELD_ID_KEY,
     SchemaDifference,
     arrow_schema_for,

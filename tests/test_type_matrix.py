@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from json_values import b64_json, decimal_json, dumps, storage_type
 from pyiceberg.catalog import Catalog
 
-from daemon.catalogs import ensure_table, load_catalog
-from daemon.committer import commit_files
 from daemon.decode import JsonOptions, decode_ndjson, decode_ndjson_lenient
 from daemon.errors import SchemaError
-from daemon.parquet_encode import encode_data_files
-from daemon.table_schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from daemon.iceberg._catalog import ensure_table, load_catalog
+from daemon.iceberg._commit import commit_files
+from daemon.iceberg._parquet import encode_data_files
+from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 UTC = dt.UTC
 D = decimal.Decimal

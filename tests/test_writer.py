@@ -12,10 +12,10 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
 from daemon import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
-from daemon.committer import SEGMENTS_SUMMARY_KEY, commit_files
 from daemon.config import Config, embedded_default, validate_config
-from daemon.parquet_encode import encode_data_files
-from daemon.table_schema import arrow_schema_for
+from daemon.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
+from daemon.iceberg._parquet import encode_data_files
+from daemon.schema import arrow_schema_for
 from spool import Spool
 
 TABLE = "t.events"
@@ -235,7 +235,7 @@ async def test_close_commits_and_then_refuses(tmp_path: Path) -> None:
     writer = ice.writer(TABLE)
     await writer.append(_batch(range(3)))
     in_flight = asyncio.create_task(writer.flush())
-    result = await writer.close()
+    result = await writer.writer.close()
     await in_flight
     assert writer.pending_records == 0
     assert result.reason in ("close", "manual")

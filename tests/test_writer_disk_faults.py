@@ -15,9 +15,8 @@ from spool import SpoolIOError
 
 async def test_a_failed_seal_still_commits_the_sealed_segments(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    ice = Icespool(config)
     fs = FaultyFileSystem()
-    ice._spool._fs = fs  # the spool's file-system seam; the daemon never sets it
+    ice = Icespool(config, fs=fs)  # the spool's file-system seam; the daemon never sets it
     async with ice:
         writer = ice.writer(TABLE)
         await writer.append(_batch(range(100)))

@@ -36,13 +36,11 @@ from daemon.config._model import (
     LogConfig,
     LogFormat,
     LogLevel,
-    PartitionField,
     SpoolConfig,
     TableConfig,
     TimeoutsConfig,
     WriterSettings,
     embedded_catalog,
-    parse_partition,
 )
 from daemon.config._redact import REDACTED, is_secret_key, redact_uri, redact_value, redacted
 from daemon.config._render import render_toml
@@ -66,7 +64,6 @@ __all__ = [
     "LogConfig",
     "LogFormat",
     "LogLevel",
-    "PartitionField",
     "SpoolConfig",
     "TableConfig",
     "TimeoutsConfig",
@@ -82,7 +79,6 @@ __all__ = [
     "load_config",
     "parse_bytes",
     "parse_duration",
-    "parse_partition",
     "read_config_file",
     "redact_uri",
     "redact_value",

@@ -12,7 +12,6 @@ import re
 import types
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -28,9 +27,17 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.config._types import parse_sort, parse_type_string, render_type
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 from daemon.errors import ConfigError, UnknownTableError
+from daemon.schema import (
+    PartitionTerm,
+    load_schema_file,
+    parse_partition,
+    parse_sort,
+    parse_type_string,
+    render_type,
+    transform_accepts,
+)
 
 __all__ = [
     "COLUMN_TYPES",
@@ -46,14 +53,12 @@ __all__ = [
     "LogConfig",
     "LogFormat",
     "LogLevel",
-    "PartitionField",
     "SpoolConfig",
     "TableConfig",
     "TimeoutsConfig",
     "TimestampUnit",
     "WriterSettings",
     "embedded_catalog",
-    "parse_partition",
 ]
 
 DEFAULT_DATA_DIR = "icespool-data"
@@ -230,97 +235,12 @@ def _check_server(value: str) -> str:
 # ------------------------------------------------------------------ partitions
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionField:
-    """One parsed ``partition_by`` entry: ``day(ts)`` -> PartitionField("day", "ts")."""
-
-    transform: Literal["identity", "year", "month", "day", "hour", "bucket", "truncate", "void"]
-    column: str
-    param: int | None = None  # bucket count or truncate width
-
-
-_PARTITION_RE = re.compile(
-    r"^\s*(?:(?P<fn>[A-Za-z_]+)\s*\(\s*(?:(?P<param>\d+)\s*,\s*)?(?P<arg>[^\s,()]+)\s*\)"
-    r"|(?P<bare>[^\s,()]+))\s*$"
-)
-_TRANSFORM_ALIASES = {
-    "identity": "identity",
-    "year": "year",
-    "years": "year",
-    "month": "month",
-    "months": "month",
-    "day": "day",
-    "days": "day",
-    "date": "day",
-    "hour": "hour",
-    "hours": "hour",
-    "bucket": "bucket",
-    "truncate": "truncate",
-    "void": "void",
-}
-_PARTITION_HELP = (
-    "write 'col', 'identity(col)', 'year(col)', 'month(col)', 'day(col)', 'hour(col)', "
-    "'bucket(N, col)', 'truncate(W, col)' or 'void(col)'"
-)
-# Which column types each transform accepts (Iceberg spec, "Partition Transforms").
-_TEMPORAL = frozenset({"date", "timestamp", "timestamptz"})
-_TRANSFORM_TYPES: dict[str, frozenset[str] | None] = {
-    "identity": None,
-    "void": None,
-    "year": _TEMPORAL,
-    "month": _TEMPORAL,
-    "day": _TEMPORAL,
-    "hour": frozenset({"timestamp", "timestamptz"}),
-    "bucket": frozenset(
-        {"int", "long", "date", "time", "timestamp", "timestamptz", "string", "uuid", "binary"}
-    ),
-    "truncate": frozenset({"int", "long", "string", "binary"}),
-}
-
-
-def parse_partition(spec: str) -> PartitionField:
-    """Parse one ``partition_by`` entry; raises ValueError saying what is accepted."""
-    m = _PARTITION_RE.match(spec)
-    if m is None:
-        raise ValueError(f"{spec!r} is not a partition field; {_PARTITION_HELP}")
-    if m.group("bare") is not None:
-        return PartitionField("identity", m.group("bare"))
-    fn = m.group("fn").lower()
-    transform = _TRANSFORM_ALIASES.get(fn)
-    if transform is None:
-        raise ValueError(f"{spec!r}: unknown transform {m.group('fn')!r}; {_PARTITION_HELP}")
-    param = int(m.group("param")) if m.group("param") is not None else None
-    if transform in ("bucket", "truncate"):
-        if param is None or param < 1:
-            raise ValueError(
-                f"{spec!r}: {transform} needs a positive number first, e.g. "
-                f"'{transform}(16, {m.group('arg')})'"
-            )
-    elif param is not None:
-        raise ValueError(f"{spec!r}: {transform} takes only a column, e.g. '{fn}(col)'")
-    return PartitionField(transform, m.group("arg"), param)  # type: ignore[arg-type]
-
-
 def _check_partition(value: str) -> str:
     parse_partition(value)
     return value
 
 
-PartitionSpec = Annotated[str, AfterValidator(_check_partition)]
-
-
-def _transform_accepts(transform: str, column_type: str) -> bool:
-    allowed = _TRANSFORM_TYPES[transform]
-    if allowed is None:
-        return True
-    base = column_type.split("(")[0].split("[")[0]
-    if base == "decimal":
-        return transform in ("bucket", "truncate")
-    if base == "fixed":
-        return transform == "bucket"
-    if "<" in column_type:
-        return False  # struct, list and map columns cannot be partition sources
-    return column_type in allowed
+PartitionBy = Annotated[str, AfterValidator(_check_partition)]
 
 
 # ------------------------------------------------------------------ sections
@@ -537,7 +457,7 @@ class TableConfig(_Section):
     create: bool = False
     # "schema" would shadow a BaseModel attribute, hence the alias.
     columns: list[ColumnConfig] | None = Field(default=None, alias="schema")
-    partition_by: list[PartitionSpec] = Field(default_factory=list)
+    partition_by: list[PartitionBy] = Field(default_factory=list)
     sort_by: list[Annotated[str, AfterValidator(_check_sort)]] = Field(default_factory=list)
     # Table properties set when the table is created (an existing table keeps its own).
     properties: Annotated[dict[str, str], BeforeValidator(_table_properties)] = Field(
@@ -574,7 +494,7 @@ class TableConfig(_Section):
         return (self.namespace, self.table)
 
     @property
-    def partition_fields(self) -> list[PartitionField]:
+    def partition_fields(self) -> list[PartitionTerm]:
         return [parse_partition(spec) for spec in self.partition_by]
 
     def overrides(self) -> dict[str, Any]:
@@ -847,9 +767,6 @@ def _check_avro(i: int, kafka: KafkaConfig) -> None:
             "format 'avro' routes records before decoding them; route by 'route_header'",
         )
     if schema_file is not None:
-        # Imported here: only Avro sources need the decoder.
-        from daemon.kafka._avro import load_schema_file
-
         try:
             load_schema_file(schema_file)
         except ValueError as exc:
@@ -888,7 +805,7 @@ def _check_table(i: int, table: TableConfig) -> None:
                 f"{', '.join(types_by_name)}",
             )
         column_type = types_by_name[field.column]
-        if not _transform_accepts(field.transform, column_type):
+        if not transform_accepts(field.transform, column_type):
             raise ConfigError(
                 key,
                 f"{field.transform} cannot partition {field.column!r} of type {column_type}; "

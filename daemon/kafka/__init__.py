@@ -1,6 +1,19 @@
-"""Kafka sources: consumer-group members that feed table writers exactly once."""
+"""Kafka sources: consumer-group members that feed table writers exactly once.
+
+_source       a source's life: connect, fetch loop, rebalances, one fetch's walk
+_client       aiokafka consumer/producer options (security), creation, stop
+_partitions   the assigned partitions, each in an explicit state
+_routing      which table each record goes to (static, by field, by header)
+_offsets      offset ranges kept in table properties; a commit's claims
+_commit       idle tables' ranges, consumer-group commits and lag
+_decode       JSON and raw values -> Arrow batches, dead records
+_avro         Avro values (registry or schema file) -> Arrow batches
+_raw_fetch    reading past records the client cannot parse
+_dead_letter  the dead-letter table's rows and the topic alternative
+"""
 
 from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
+from daemon.kafka._offsets import OffsetBook
 from daemon.kafka._source import KafkaSource
 
-__all__ = ["DEAD_LETTER_COLUMNS", "KafkaSource", "dead_letter_schema"]
+__all__ = ["DEAD_LETTER_COLUMNS", "KafkaSource", "OffsetBook", "dead_letter_schema"]

@@ -23,8 +23,6 @@ its records dead letters with reason ``schema_unavailable``.
 from __future__ import annotations
 
 import base64
-import contextlib
-import copy
 import http.client
 import io
 import json
@@ -35,7 +33,6 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,11 +41,18 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from daemon.decode import split_failures
 from daemon.errors import BadInputError, SchemaError
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
-from daemon.nesting import DEFAULT_MAX_DEPTH, depth
-from daemon.table_schema import cast_array, conform
-from daemon.value_ranges import find_out_of_range
+from daemon.nesting import DEFAULT_MAX_DEPTH
+from daemon.schema import (
+    WriterSchema,
+    cast_array,
+    conform,
+    find_out_of_range,
+    load_schema_file,
+    parse_writer_schema,
+)
 
 if TYPE_CHECKING:
     from daemon.config import KafkaConfig
@@ -58,11 +62,8 @@ __all__ = [
     "FileSchema",
     "RegistrySchemas",
     "SchemaUnavailable",
-    "WriterSchema",
     "avro_schemas",
     "decode_avro",
-    "load_schema_file",
-    "parse_writer_schema",
 ]
 
 _log = logging.getLogger("icespool.kafka")
@@ -79,23 +80,9 @@ _PRIMITIVES: Final = frozenset(
     {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 )
 _RESOLVE_LIMIT: Final = 64
-#: JSON levels a schema's text may nest (an Avro level takes three or four: record,
-#: fields, field, type). Checked before json.loads and fastavro's parser recurse.
-_SCHEMA_TEXT_DEPTH: Final = 400
 
 
 # ------------------------------------------------------------------ writer schemas
-
-
-@dataclass(frozen=True, slots=True)
-class WriterSchema:
-    """One writer schema, parsed twice: as written (logical types, for the column
-    converters) and without logical types (for fastavro's reader)."""
-
-    label: str  # "schema id 7" or the file name, for messages
-    shape: Any
-    reader: Any
-    named: dict[str, Any]
 
 
 class SchemaUnavailable(Exception):
@@ -104,42 +91,6 @@ class SchemaUnavailable(Exception):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
-
-
-def _strip_logical(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _strip_logical(v) for k, v in node.items() if k != "logicalType"}
-    if isinstance(node, list):
-        return [_strip_logical(v) for v in node]
-    return node
-
-
-def parse_writer_schema(text: str, label: str) -> WriterSchema:
-    """Parse an Avro schema (JSON text); ValueError says what is wrong with it."""
-    if depth(text.encode("utf-8", "surrogatepass")) > _SCHEMA_TEXT_DEPTH:
-        raise ValueError(f"{label} nests deeper than {_SCHEMA_TEXT_DEPTH} JSON levels")
-    try:
-        raw = json.loads(text)
-        shape = fastavro.parse_schema(copy.deepcopy(raw))
-        reader = fastavro.parse_schema(_strip_logical(raw))
-    except Exception as exc:  # fastavro raises many types for bad schemas
-        raise ValueError(
-            f"{label} is not a valid Avro schema: {type(exc).__name__}: {exc}"
-        ) from None
-    named = shape.get("__named_schemas", {}) if isinstance(shape, dict) else {}
-    return WriterSchema(label, shape, reader, dict(named))
-
-
-def load_schema_file(path: Path) -> WriterSchema:
-    """The fixed schema of an ``.avsc`` file; ValueError when it cannot be read or parsed."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {str(path)!r}: {exc}") from None
-    schema = parse_writer_schema(text, path.name)
-    if not (isinstance(schema.shape, dict) and schema.shape.get("type") == "record"):
-        raise ValueError(f"{str(path)!r}: the top-level Avro schema must be a record")
-    return schema
 
 
 class AvroSchemas:
@@ -155,13 +106,27 @@ class AvroSchemas:
 
 
 class FileSchema(AvroSchemas):
+    """The schema of an ``.avsc`` file, read again when the file changes."""
+
     framed = False
 
     def __init__(self, path: Path) -> None:
+        self._path = path
+        self._changed = self._mtime()
         self._schema = load_schema_file(path)
 
     def fixed(self) -> WriterSchema:
+        changed = self._mtime()
+        if changed != self._changed:
+            self._schema = load_schema_file(self._path)
+            self._changed = changed
         return self._schema
+
+    def _mtime(self) -> int | None:
+        try:
+            return self._path.stat().st_mtime_ns
+        except OSError:
+            return None  # a missing file fails in load_schema_file, by name
 
 
 class RegistrySchemas(AvroSchemas):
@@ -258,41 +223,19 @@ def _error_detail(exc: urllib.error.HTTPError) -> str:
         return ""
 
 
-_SOURCES: dict[tuple[object, ...], AvroSchemas] = {}
-_SOURCES_LOCK = threading.Lock()
-
-
 def avro_schemas(config: KafkaConfig) -> AvroSchemas:
-    """The schema source of a ``[[kafka]]`` section with format "avro" (one per
-    registry and credentials for the life of the process, or per schema file version)."""
-    changed: int | None = None
+    """The schema source of a ``[[kafka]]`` section with format "avro"; its source
+    keeps it (and the registry cache in it) for as long as it runs."""
     if config.avro_schema_file is not None:
-        with contextlib.suppress(OSError):  # a missing file fails in FileSchema, by name
-            changed = config.avro_schema_file.stat().st_mtime_ns
-    key = (
-        config.schema_registry_url,
-        config.schema_registry_username,
-        config.schema_registry_password,
-        config.schema_registry_timeout,
-        config.avro_schema_file,
-        changed,
-    )
-    with _SOURCES_LOCK:
-        found = _SOURCES.get(key)
-        if found is None:
-            if config.avro_schema_file is not None:
-                found = FileSchema(config.avro_schema_file)
-            elif config.schema_registry_url is not None:
-                found = RegistrySchemas(
-                    config.schema_registry_url,
-                    config.schema_registry_username,
-                    config.schema_registry_password,
-                    config.schema_registry_timeout,
-                )
-            else:
-                raise ValueError("format 'avro' needs schema_registry_url or avro_schema_file")
-            _SOURCES[key] = found
-        return found
+        return FileSchema(config.avro_schema_file)
+    if config.schema_registry_url is not None:
+        return RegistrySchemas(
+            config.schema_registry_url,
+            config.schema_registry_username,
+            config.schema_registry_password,
+            config.schema_registry_timeout,
+        )
+    raise ValueError("format 'avro' needs schema_registry_url or avro_schema_file")
 
 
 # ------------------------------------------------------------------ decoding
@@ -409,7 +352,15 @@ def _decode_group(
             continue
         rows.append(record)
         good.append(i)
-    _build_split(build, rows, good, out, dead)
+    by_index = dict(zip(good, rows, strict=True))
+    built, failed = split_failures(
+        good, lambda part: build([by_index[i] for i in part]), _CONVERSION_ERRORS
+    )
+    out.extend((batch, list(part)) for batch, part in built)
+    for index, error in failed:
+        reason = error.reason if isinstance(error, BadInputError) else "invalid"
+        column = error.column if isinstance(error, SchemaError) else None
+        dead.append(DeadRecord(index, reason, str(error), column))
 
 
 def _unreadable(writer: WriterSchema, exc: Exception) -> str:
@@ -425,29 +376,6 @@ def _unreadable(writer: WriterSchema, exc: Exception) -> str:
 
 
 _CONVERSION_ERRORS = (BadInputError, pa.ArrowException, ValueError, TypeError, OverflowError)
-
-
-def _build_split(
-    build: Callable[[list[Any]], pa.RecordBatch],
-    rows: list[Any],
-    indices: list[int],
-    out: list[tuple[pa.RecordBatch, list[int]]],
-    dead: list[DeadRecord],
-) -> None:
-    if not indices:
-        return
-    try:
-        out.append((build(rows), indices))
-        return
-    except _CONVERSION_ERRORS as exc:
-        if len(indices) == 1:
-            reason = exc.reason if isinstance(exc, BadInputError) else "invalid"
-            column = exc.column if isinstance(exc, SchemaError) else None
-            dead.append(DeadRecord(indices[0], reason, str(exc), column))
-            return
-    middle = len(indices) // 2
-    _build_split(build, rows[:middle], indices[:middle], out, dead)
-    _build_split(build, rows[middle:], indices[middle:], out, dead)
 
 
 # ------------------------------------------------------------------ column converters

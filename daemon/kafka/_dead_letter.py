@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 
 from daemon.kafka._decode import DeadRecord, Fetch, header_name, headers_json, record_timestamps
-from daemon.table_schema import parse_schema
+from daemon.schema import parse_schema
 
 __all__ = ["DEAD_LETTER_COLUMNS", "dead_letter_batch", "dead_letter_headers", "dead_letter_schema"]
 

@@ -20,10 +20,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.json as pj
 
-from daemon.decode import JsonOptions, decode_ndjson
-from daemon.errors import BadInputError, IcespoolError, SchemaError
+from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient
 from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
-from daemon.table_schema import conform
+from daemon.schema import conform
 
 __all__ = [
     "DeadRecord",
@@ -38,7 +37,6 @@ __all__ = [
     "too_deep_values",
 ]
 
-_LINE_1 = re.compile(r"^line 1: | \(line 1\)")
 # A line (value) that does not start with "{": one C-speed scan of the joined body.
 _NOT_AN_OBJECT = re.compile(rb"(?:\A|\n)[ \t\r]*(?:[^ \t\r\n{]|\n|\Z)")
 _UNSAFE = re.compile(rb"}(?:[ \t\r]*\{|[ \t\r\n]*null)")
@@ -173,42 +171,25 @@ def decode_json(
         # Found here, once, rather than by bisecting down to them.
         good = [i for i in good if i not in deep]
         dead.extend(DeadRecord(i, "too_deep", deep[i]) for i in sorted(deep))
-    tables: list[tuple[pa.Table, list[int]]] = []
-    _decode_split(view.values, good, value_schema, options, tables, dead)
+    result = decode_ndjson_lenient([view.values[i] or b"" for i in good], value_schema, options)
+    ok = np.asarray(good, dtype=np.int64)
+    if result.errors:
+        bad = {e.index for e in result.errors}
+        ok = np.asarray([g for j, g in enumerate(good) if j not in bad], dtype=np.int64)
+        dead.extend(
+            DeadRecord(good[e.index], e.reason, _error_text(e), e.column) for e in result.errors
+        )
     dead = [DeadRecord(int(positions[d.index]), d.reason, d.error, d.column) for d in dead]
-    if not tables:
-        return Decoded(None, np.empty(0, np.int64), sorted(dead, key=lambda d: d.index))
-    tables.sort(key=lambda t: t[1][0])
-    ok = np.asarray([i for _, idx in tables for i in idx], dtype=np.int64)
-    table = pa.concat_tables([t for t, _ in tables]) if len(tables) > 1 else tables[0][0]
-    batch = _with_metadata(table, view.take(ok), schema, metadata_columns)
-    return Decoded(batch, positions[ok], sorted(dead, key=lambda d: d.index))
+    dead.sort(key=lambda d: d.index)
+    if result.table is None:
+        return Decoded(None, np.empty(0, np.int64), dead)
+    batch = _with_metadata(result.table, view.take(ok), schema, metadata_columns)
+    return Decoded(batch, positions[ok], dead)
 
 
-def _decode_split(
-    values: list[bytes | None],
-    indices: list[int],
-    schema: pa.Schema,
-    options: JsonOptions | None,
-    out: list[tuple[pa.Table, list[int]]],
-    dead: list[DeadRecord],
-) -> None:
-    if not indices:
-        return
-    body = _join([values[i] or b"" for i in indices])
-    try:
-        out.append((decode_ndjson(body, schema, options), indices))
-        return
-    except (BadInputError, IcespoolError, pa.ArrowException) as exc:
-        if len(indices) == 1:
-            message = _LINE_1.sub("", str(exc))
-            column = exc.column if isinstance(exc, SchemaError) else None
-            reason = exc.reason if isinstance(exc, BadInputError) else "invalid"
-            dead.append(DeadRecord(indices[0], reason, message, column))
-            return
-    middle = len(indices) // 2
-    _decode_split(values, indices[:middle], schema, options, out, dead)
-    _decode_split(values, indices[middle:], schema, options, out, dead)
+def _error_text(error: RecordError) -> str:
+    # As the error the record alone raises (a SchemaError names its column first).
+    return error.message if error.column is None else f"column {error.column!r}: {error.message}"
 
 
 def too_deep_values(

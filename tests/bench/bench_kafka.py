@@ -81,9 +81,9 @@ from bench_write_path import (
     proc_status,
 )
 
-from daemon.catalogs import load_catalog
 from daemon.config import validate_config
-from daemon.table_schema import parse_schema
+from daemon.iceberg._catalog import load_catalog
+from daemon.schema import parse_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kafka_harness import Broker, create_topic

@@ -55,11 +55,11 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
 
-from daemon.catalogs import load_catalog
 from daemon.config import Config, validate_config
 from daemon.errors import BackpressureError
+from daemon.iceberg._catalog import load_catalog
+from daemon.schema import conform, parse_schema
 from daemon.service import Icespool
-from daemon.table_schema import conform, parse_schema
 from spool import Spool
 
 TABLE = "bench.events"

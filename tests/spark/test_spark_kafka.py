@@ -18,7 +18,7 @@ from pyiceberg.catalog import load_catalog
 from pyspark.sql import Row
 
 from daemon.config import Config
-from daemon.offsets import offsets_key
+from daemon.kafka._offsets import offsets_key
 from daemon.service import Icespool
 
 TABLE = "k.events"

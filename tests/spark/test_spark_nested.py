@@ -18,7 +18,7 @@ from json_values import storage_type
 from pyspark.sql import Row
 
 from daemon.http_api import ARROW_STREAM, NDJSON
-from daemon.table_schema import arrow_schema_for, parse_schema
+from daemon.schema import arrow_schema_for, parse_schema
 
 TABLE = "n.nested"
 COLUMNS: list[dict[str, object]] = [

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from spark_helpers import rows, scan_metrics
 
-from daemon.committer import SEGMENTS_SUMMARY_KEY
+from daemon.iceberg._commit import SEGMENTS_SUMMARY_KEY
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 

@@ -20,7 +20,7 @@ from json_values import b64_json, decimal_json, dumps, storage_type
 from pyspark.sql import Row
 
 from daemon.http_api import NDJSON
-from daemon.table_schema import arrow_schema_for, parse_schema
+from daemon.schema import arrow_schema_for, parse_schema
 
 D = decimal.Decimal
 TABLE = "h.matrix"

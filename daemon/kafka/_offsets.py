@@ -19,7 +19,8 @@ Why table properties and not snapshot summaries: properties survive
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -27,12 +28,15 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from daemon.claims import ClaimsMovedError
 from daemon.errors import CommitError
+from daemon.metrics import Metrics
 
 __all__ = [
     "META_KEY",
     "OFFSETS_PREFIX",
     "SUMMARY_KEY",
+    "OffsetBook",
     "OffsetClaims",
     "OffsetsMovedError",
     "Ranges",
@@ -40,7 +44,10 @@ __all__ = [
     "offsets_key",
     "parse_offsets_key",
     "ranges_from_properties",
+    "resume_position",
 ]
+
+_log = logging.getLogger("icespool.kafka")
 
 OFFSETS_PREFIX: Final = "icespool.kafka."
 #: Snapshot summary key: "<group>/<topic>/<partition>=<ranges>;..." of the commit.
@@ -49,7 +56,7 @@ SUMMARY_KEY: Final = "icespool.kafka-offsets"
 META_KEY: Final = "kafka"
 
 
-class OffsetsMovedError(CommitError):
+class OffsetsMovedError(ClaimsMovedError):
     """Another replica committed some of these offsets since they were filtered.
 
     Nothing was committed; filter the spooled rows again and retry.
@@ -191,7 +198,14 @@ class Ranges:
 def ranges_from_properties(
     properties: Mapping[str, str], group: str, topic: str, partition: int
 ) -> Ranges:
+    """The ranges a table (its ``properties``) covers of one (group, topic, partition)."""
     return Ranges.parse(properties.get(offsets_key(group, topic, partition)))
+
+
+def resume_position(ranges: Iterable[Ranges]) -> int | None:
+    """The lowest position any table needs (None: no table knows this partition)."""
+    positions = [p for r in ranges if (p := r.next_position()) is not None]
+    return min(positions) if positions else None
 
 
 def batch_meta(
@@ -211,10 +225,57 @@ class _Claim:
     rows: Ranges
 
 
-class OffsetClaims:
-    """The Kafka offsets of the batches one commit adds, per partition property."""
+class OffsetBook:
+    """The Kafka bookkeeping of one table that outlives single commits.
 
-    def __init__(self) -> None:
+    The table's writer gets ``claims`` as its `daemon.claims.ClaimsFactory`; the
+    sources read ``withheld`` when they record consumed ranges without data.
+    """
+
+    def __init__(self, table: str, metrics: Metrics) -> None:
+        self.table = table
+        self._metrics = metrics
+        # Offsets of this run's quarantined segments: never recorded as held, so the
+        # source re-reads them after a restart or a replay commits them.
+        self.withheld: dict[str, Ranges] = {}
+
+    def claims(self) -> OffsetClaims:
+        return OffsetClaims(self)
+
+    def dropped(self, records: int) -> None:
+        self._metrics.kafka_duplicates.labels(table=self.table).inc(records)
+        _log.warning(
+            "%s: dropped %d spooled Kafka records another replica already committed",
+            self.table,
+            records,
+            extra={"table": self.table, "records": records},
+        )
+
+    def consumed(
+        self, claims: Mapping[str, Ranges]
+    ) -> Callable[[Mapping[str, str]], dict[str, str]]:
+        """Property updates recording ``claims`` (consumed ranges with nothing pending
+        for this table) as held, except what is withheld; for ``update_properties``."""
+
+        def updates(current: Mapping[str, str]) -> dict[str, str]:
+            return {
+                key: str(
+                    Ranges.parse(current.get(key)).union(
+                        ranges.minus(self.withheld.get(key, Ranges()))
+                    )
+                )
+                for key, ranges in claims.items()
+            }
+
+        return updates
+
+
+class OffsetClaims:
+    """The Kafka offsets of the batches one commit adds, per partition property
+    (a `daemon.claims.Claims`)."""
+
+    def __init__(self, book: OffsetBook) -> None:
+        self._book = book
         self._claims: dict[str, _Claim] = {}
 
     def __bool__(self) -> bool:
@@ -225,11 +286,11 @@ class OffsetClaims:
         batches: Sequence[pa.RecordBatch],
         metas: Sequence[Mapping[str, object] | None],
         properties: Mapping[str, str],
-    ) -> tuple[list[pa.RecordBatch], int]:
+    ) -> list[pa.RecordBatch]:
         """Drop rows whose offsets the table already covers; remember the claims.
 
-        Returns the kept batches and the number of dropped rows. Batches without
-        Kafka metadata (HTTP, Python API) pass unchanged.
+        Returns the kept batches. Batches without Kafka metadata (HTTP, Python API)
+        pass unchanged.
         """
         kept: list[pa.RecordBatch] = []
         dropped = 0
@@ -260,7 +321,13 @@ class OffsetClaims:
             claim.rows = claim.rows.union(Ranges.runs(row_offsets))
             if batch.num_rows:
                 kept.append(batch)
-        return kept, dropped
+        if dropped:
+            self._book.dropped(dropped)
+        return kept
+
+    def withhold(self) -> None:
+        for key, ranges in self.covered().items():
+            self._book.withheld[key] = self._book.withheld.get(key, Ranges()).union(ranges)
 
     def covered(self) -> dict[str, Ranges]:
         """The offset ranges these claims cover, per partition property."""

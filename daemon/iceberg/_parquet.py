@@ -71,11 +71,11 @@ from pyiceberg.types import (
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_micros
 
 from daemon.errors import CatalogError, SchemaError
-from daemon.table_schema import arrow_schema_for, conform, fill_masked_children
+from daemon.schema import arrow_schema_for, conform, fill_masked_children
 
 __all__ = ["COMPRESSION_CODECS", "encode_data_files", "partition_transform"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("icespool.parquet")
 
 _DICTIONARY_SAMPLE_ROWS: Final = 20_000
 _DICTIONARY_MIN_ROWS: Final = 1_000

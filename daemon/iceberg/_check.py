@@ -13,10 +13,10 @@ import threading
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from daemon.catalogs import load_catalog
 from daemon.config import REDACTED, Config, is_secret_key
 from daemon.errors import CatalogError
-from daemon.timeouts import startup_timeout
+from daemon.iceberg._catalog import load_catalog
+from daemon.iceberg._timeouts import startup_timeout
 
 __all__ = ["check_catalog"]
 

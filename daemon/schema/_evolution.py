@@ -21,7 +21,6 @@ has become empty means another replica already did it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
@@ -47,9 +46,10 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from daemon.config._types import render_type
 from daemon.errors import SchemaError
-from daemon.table_schema import infer_schema
+from daemon.retry import retry_conflicts
+from daemon.schema._grammar import render_type
+from daemon.schema._infer import infer_schema
 
 __all__ = ["EvolutionPlan", "Policy", "SchemaChangeError", "apply_plan", "plan_evolution"]
 
@@ -200,20 +200,17 @@ def apply_plan(
     Re-plans on the refreshed table after a conflict, so two replicas adding the
     same column converge (the second finds nothing left to do).
     """
-    for attempt in range(1, 8):
+
+    def attempt() -> EvolutionPlan:
         table.refresh()
         plan = plan_evolution(table.schema(), incoming, policy, only=only, exact=exact)
         if not plan:
             return plan
-        try:
-            with table.update_schema() as update:
-                for path, field_type in plan.adds:
-                    update.add_column(path, field_type, required=False)
-                for path, field_type in plan.widens:
-                    update.update_column(path, field_type=field_type)
-        except CommitFailedException:
-            time.sleep(0.05 * attempt)
-            continue
+        with table.update_schema() as update:
+            for path, field_type in plan.adds:
+                update.add_column(path, field_type, required=False)
+            for path, field_type in plan.widens:
+                update.update_column(path, field_type=field_type)
         table.refresh()
         _log.info(
             "%s: schema evolved: %s",
@@ -222,4 +219,10 @@ def apply_plan(
             extra={"table": ".".join(table.name()), "change": plan.describe()},
         )
         return plan
-    raise SchemaChangeError("?", "schema update kept conflicting with other writers; retry")
+
+    try:
+        return retry_conflicts(attempt, what=f"table {'.'.join(table.name())}: schema change")
+    except CommitFailedException:
+        raise SchemaChangeError(
+            "?", "schema update kept conflicting with other writers; retry"
+        ) from None

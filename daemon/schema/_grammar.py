@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Literal
 
 from pyiceberg.types import (
     BinaryType,
@@ -43,7 +44,16 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-__all__ = ["PRIMITIVE_TYPES", "TYPE_HELP", "parse_sort", "parse_type_string", "render_type"]
+__all__ = [
+    "PRIMITIVE_TYPES",
+    "TYPE_HELP",
+    "PartitionTerm",
+    "parse_partition",
+    "parse_sort",
+    "parse_type_string",
+    "render_type",
+    "transform_accepts",
+]
 
 #: Primitive type keywords (format versions 1 and 2).
 PRIMITIVE_TYPES: Final[dict[str, PrimitiveType]] = {
@@ -302,3 +312,93 @@ def parse_sort(spec: str) -> tuple[str, bool, bool]:
     nulls = match.group("nulls")
     nulls_first = (nulls.lower() == "first") if nulls else not descending
     return match.group("term").strip(), descending, nulls_first
+
+
+# ------------------------------------------------------------------ partition_by terms
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionTerm:
+    """One parsed ``partition_by`` entry: ``day(ts)`` -> PartitionTerm("day", "ts")."""
+
+    transform: Literal["identity", "year", "month", "day", "hour", "bucket", "truncate", "void"]
+    column: str
+    param: int | None = None  # bucket count or truncate width
+
+
+_PARTITION_RE = re.compile(
+    r"^\s*(?:(?P<fn>[A-Za-z_]+)\s*\(\s*(?:(?P<param>\d+)\s*,\s*)?(?P<arg>[^\s,()]+)\s*\)"
+    r"|(?P<bare>[^\s,()]+))\s*$"
+)
+_TRANSFORM_ALIASES = {
+    "identity": "identity",
+    "year": "year",
+    "years": "year",
+    "month": "month",
+    "months": "month",
+    "day": "day",
+    "days": "day",
+    "date": "day",
+    "hour": "hour",
+    "hours": "hour",
+    "bucket": "bucket",
+    "truncate": "truncate",
+    "void": "void",
+}
+_PARTITION_HELP = (
+    "write 'col', 'identity(col)', 'year(col)', 'month(col)', 'day(col)', 'hour(col)', "
+    "'bucket(N, col)', 'truncate(W, col)' or 'void(col)'"
+)
+# Which column types each transform accepts (Iceberg spec, "Partition Transforms").
+_TEMPORAL = frozenset({"date", "timestamp", "timestamptz"})
+_TRANSFORM_TYPES: dict[str, frozenset[str] | None] = {
+    "identity": None,
+    "void": None,
+    "year": _TEMPORAL,
+    "month": _TEMPORAL,
+    "day": _TEMPORAL,
+    "hour": frozenset({"timestamp", "timestamptz"}),
+    "bucket": frozenset(
+        {"int", "long", "date", "time", "timestamp", "timestamptz", "string", "uuid", "binary"}
+    ),
+    "truncate": frozenset({"int", "long", "string", "binary"}),
+}
+
+
+def parse_partition(spec: str) -> PartitionTerm:
+    """Parse one ``partition_by`` entry; raises ValueError saying what is accepted."""
+    m = _PARTITION_RE.match(spec)
+    if m is None:
+        raise ValueError(f"{spec!r} is not a partition field; {_PARTITION_HELP}")
+    if m.group("bare") is not None:
+        return PartitionTerm("identity", m.group("bare"))
+    fn = m.group("fn").lower()
+    transform = _TRANSFORM_ALIASES.get(fn)
+    if transform is None:
+        raise ValueError(f"{spec!r}: unknown transform {m.group('fn')!r}; {_PARTITION_HELP}")
+    param = int(m.group("param")) if m.group("param") is not None else None
+    if transform in ("bucket", "truncate"):
+        if param is None or param < 1:
+            raise ValueError(
+                f"{spec!r}: {transform} needs a positive number first, e.g. "
+                f"'{transform}(16, {m.group('arg')})'"
+            )
+    elif param is not None:
+        raise ValueError(f"{spec!r}: {transform} takes only a column, e.g. '{fn}(col)'")
+    return PartitionTerm(transform, m.group("arg"), param)  # type: ignore[arg-type]
+
+
+def transform_accepts(transform: str, column_type: str) -> bool:
+    """Whether a column of ``column_type`` (the config's spelling) can be the source
+    of a ``transform`` partition field (Iceberg spec, "Partition Transforms")."""
+    allowed = _TRANSFORM_TYPES[transform]
+    if allowed is None:
+        return True
+    base = column_type.split("(")[0].split("[")[0]
+    if base == "decimal":
+        return transform in ("bucket", "truncate")
+    if base == "fixed":
+        return transform == "bucket"
+    if "<" in column_type:
+        return False  # struct, list and map columns cannot be partition sources
+    return column_type in allowed

@@ -50,14 +50,14 @@ from typing import Any, TypedDict, TypeVar
 
 from daemon.errors import IcespoolError
 
-__all__ = ["EncodePool", "Lane", "LaneClosedError"]
+__all__ = ["Lane", "LaneClosedError", "LanePool"]
 
 _T = TypeVar("_T")
 
 JobDoneHook = Callable[[str, float, BaseException | None], None]
 """``on_job_done(lane_key, seconds, error)``; ``error`` is None on success."""
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("icespool.lanes")
 
 
 class LaneClosedError(IcespoolError):
@@ -65,7 +65,7 @@ class LaneClosedError(IcespoolError):
 
 
 class LaneStats(TypedDict):
-    """One lane's counters as returned by ``EncodePool.stats()``."""
+    """One lane's counters as returned by ``LanePool.stats()``."""
 
     pending: int
     queued: int
@@ -104,13 +104,13 @@ class _Job:
 
 
 class Lane:
-    """A FIFO of jobs for one key; obtain it from ``EncodePool.lane(key)``.
+    """A FIFO of jobs for one key; obtain it from ``LanePool.lane(key)``.
 
     Jobs run in submission order, one at a time. Not thread-safe except for
     ``submit_threadsafe``.
     """
 
-    def __init__(self, pool: EncodePool, key: str) -> None:
+    def __init__(self, pool: LanePool, key: str) -> None:
         self._pool = pool
         self._key = key
         self._queue: deque[_Job] = deque()
@@ -156,13 +156,13 @@ class Lane:
         once the pool starts. Cancelling the future before the job starts
         removes it from the queue; once it has started the job runs to the end
         and its outcome is discarded (an encode in a thread cannot be stopped).
-        Raises LaneClosedError after ``close()`` or ``EncodePool.stop()``.
+        Raises LaneClosedError after ``close()`` or ``LanePool.stop()``.
         """
         loop = self._pool._require_loop()
         if self._closed:
             raise LaneClosedError(
                 f"encode lane {self._key!r} is closed; register the table again "
-                "(EncodePool.lane) once its close() has returned"
+                "(LanePool.lane) once its close() has returned"
             )
         future: asyncio.Future[_T] = loop.create_future()
         item = _Job(self, job, future)
@@ -211,7 +211,7 @@ class Lane:
 
         The job in flight always finishes. Queued jobs run first, or with
         ``cancel_queued=True`` are dropped and their futures cancelled. Once
-        this returns the key is free: ``EncodePool.lane(key)`` makes a new lane.
+        this returns the key is free: ``LanePool.lane(key)`` makes a new lane.
         With queued jobs and ``cancel_queued=False`` this waits for the pool to
         run them, so the pool must be started.
         """
@@ -279,7 +279,7 @@ def _current_task_cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-class EncodePool:
+class LanePool:
     """Async worker tasks serving per-key FIFO lanes round-robin.
 
     ``workers`` is chosen by the caller; the daemon uses ``default_workers()``
@@ -300,7 +300,7 @@ class EncodePool:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(
                 f"encode pool needs workers >= 1, got {workers!r}; "
-                "use EncodePool.default_workers() for 2 x CPU cores"
+                "use LanePool.default_workers() for 2 x CPU cores"
             )
         if (
             isinstance(max_jobs_per_claim, bool)
@@ -341,7 +341,7 @@ class EncodePool:
     def workers(self) -> int:
         return self._size
 
-    async def __aenter__(self) -> EncodePool:
+    async def __aenter__(self) -> LanePool:
         await self.start()
         return self
 
@@ -358,7 +358,7 @@ class EncodePool:
         """Start the workers; a second call does nothing."""
         loop = self._require_loop()
         if self._stopping:
-            raise RuntimeError("this encode pool was stopped; create a new EncodePool")
+            raise RuntimeError("this encode pool was stopped; create a new LanePool")
         if self._tasks:
             return
         self._tasks = [
@@ -429,14 +429,14 @@ class EncodePool:
             self._loop = running
         elif self._loop is not running:
             raise RuntimeError(
-                "EncodePool is bound to another event loop; from other threads "
+                "LanePool is bound to another event loop; from other threads "
                 "use Lane.submit_threadsafe"
             )
         return running
 
     def _require_bound_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
-            raise RuntimeError("EncodePool has no event loop yet; register lanes on it first")
+            raise RuntimeError("LanePool has no event loop yet; register lanes on it first")
         return self._loop
 
     def _unregister(self, lane: Lane) -> None:

@@ -39,7 +39,6 @@ place).
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,13 +66,13 @@ from pyiceberg.table.snapshots import (
 from pyiceberg.table.update import AssertTableUUID
 
 from daemon.errors import CommitError
+from daemon.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = [
     "SEGMENTS_SUMMARY_KEY",
     "CommitRejectedError",
     "CommitResult",
     "PropertyUpdate",
-    "RetryPolicy",
     "StaleEncodingError",
     "commit_files",
     "commit_properties",
@@ -81,7 +80,7 @@ __all__ = [
     "last_segments_key",
 ]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("icespool.commit")
 
 #: Snapshot summary key listing the spool segment ids a snapshot covers.
 SEGMENTS_SUMMARY_KEY: Final = "icespool.segments"
@@ -160,25 +159,6 @@ class StaleEncodingError(CommitError):
     committing them would record wrong partition values. Re-encode the segments (the
     spool still holds them) and commit again.
     """
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries with jittered exponential backoff.
-
-    ``attempts`` counts commit attempts (first try included); each one refreshes the
-    table and checks it again (pyiceberg's own conflict retry is bypassed, see
-    ``_commit_once``).
-    """
-
-    attempts: int = 12
-    base_delay_s: float = 0.05
-    max_delay_s: float = 5.0
-
-    def delay(self, attempt: int) -> float:
-        """Full-jitter backoff before retry number ``attempt`` (1-based)."""
-        ceiling = min(self.max_delay_s, self.base_delay_s * (2 ** (attempt - 1)))
-        return random.uniform(ceiling / 2, ceiling)
 
 
 @dataclass(frozen=True)
@@ -372,16 +352,33 @@ def _refresh(table: Table) -> BaseException | None:
     return None
 
 
-def commit_properties(table: Table, properties: Mapping[str, str]) -> None:
-    """Set table properties in one metadata commit built on ``table`` as loaded.
+def commit_properties(
+    table: Table,
+    updates: Callable[[Mapping[str, str]], Mapping[str, str]],
+    *,
+    retry: Backoff = CONFLICTS,
+) -> bool:
+    """Set the properties ``updates(current properties)`` returns, in one metadata commit.
 
-    A concurrent change raises CommitFailedException (nothing changed); the caller
-    refreshes and decides again.
+    Each attempt refreshes the table first and asks ``updates`` again, so a
+    concurrent change is decided on what the other writer committed. Returns
+    whether anything changed (``updates`` returned nothing new: no commit). After
+    ``retry.attempts`` conflicts the last CommitFailedException is raised.
     """
-    transaction = table.transaction()
-    transaction.set_properties(dict(properties))
-    _commit_once(transaction)
-    table.refresh()
+
+    def attempt() -> bool:
+        table.refresh()
+        current = table.metadata.properties
+        changed = {k: v for k, v in updates(current).items() if current.get(k) != v}
+        if not changed:
+            return False
+        transaction = table.transaction()
+        transaction.set_properties(changed)
+        _commit_once(transaction)
+        table.refresh()
+        return True
+
+    return retry_conflicts(attempt, what=f"table {_name(table)}: property commit", backoff=retry)
 
 
 def commit_files(
@@ -390,7 +387,7 @@ def commit_files(
     *,
     segment_ids: Sequence[str],
     summary: Mapping[str, str],
-    retry: RetryPolicy | None = None,
+    retry: Backoff = CONFLICTS,
     update_properties: PropertyUpdate | None = None,
     spool_id: str | None = None,
 ) -> CommitResult:
@@ -411,7 +408,7 @@ def commit_files(
     ``spool_id`` (the spool the segments come from) records them as that spool's
     latest commit in a table property, in the same commit (see the module doc).
     """
-    policy = retry or RetryPolicy()
+    policy = retry
     segments = list(segment_ids)
     _validate(data_files, segments, summary)
     properties = {**summary, SEGMENTS_SUMMARY_KEY: ",".join(segments)}

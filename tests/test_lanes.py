@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
-from daemon.encode_pool import EncodePool, Lane, LaneClosedError
+from daemon.lanes import Lane, LaneClosedError, LanePool
 
 Record = tuple[str, int]
 
@@ -55,7 +55,7 @@ async def test_four_lanes_drain_round_robin_in_fifo_order(workers: int, yields: 
     running: dict[str, bool] = {}
     violations: list[str] = []
     make = _recorder(order, running, violations, yields=yields)
-    async with EncodePool(workers) as pool:
+    async with LanePool(workers) as pool:
         # Lane by lane, so a FIFO over all submissions would give t0 x8 first.
         futures = [pool.lane(f"t{t}").submit(make(f"t{t}", j)) for t in range(4) for j in range(8)]
         results = await asyncio.gather(*futures)
@@ -67,7 +67,7 @@ async def test_four_lanes_drain_round_robin_in_fifo_order(workers: int, yields: 
 async def test_max_jobs_per_claim_batches_within_a_lane() -> None:
     order: list[Record] = []
     make = _recorder(order, {}, [])
-    async with EncodePool(1, max_jobs_per_claim=3) as pool:
+    async with LanePool(1, max_jobs_per_claim=3) as pool:
         futures = [pool.lane(f"t{t}").submit(make(f"t{t}", j)) for t in range(2) for j in range(5)]
         await asyncio.gather(*futures)
     assert order == [
@@ -81,7 +81,7 @@ async def test_max_jobs_per_claim_batches_within_a_lane() -> None:
 async def test_hot_lane_does_not_starve_a_late_lane() -> None:
     order: list[Record] = []
     make = _recorder(order, {}, [])
-    async with EncodePool(1) as pool:
+    async with LanePool(1) as pool:
         hot = pool.lane("hot")
         hot_futures = [hot.submit(make("hot", j)) for j in range(100)]
         await asyncio.sleep(0)  # the worker is now inside the hot lane's backlog
@@ -148,7 +148,7 @@ class _Stress:
         self.submitted[key] = seq + 1
         return seq
 
-    def check(self, pool: EncodePool, outcomes: list[tuple[str, int, object]]) -> None:
+    def check(self, pool: LanePool, outcomes: list[tuple[str, int, object]]) -> None:
         assert len(outcomes) == self.TOTAL
         for key, seq, outcome in outcomes:
             if (key, seq) in self.raises:
@@ -168,7 +168,7 @@ class _Stress:
 
 async def _stress_tasks(workers: int, seed: int) -> None:
     state = _Stress(random.Random(seed))
-    async with EncodePool(workers, max_jobs_per_claim=1 + seed % 2) as pool:
+    async with LanePool(workers, max_jobs_per_claim=1 + seed % 2) as pool:
         lanes = [pool.lane(key) for key in state.keys]
         submitted: list[tuple[str, int, asyncio.Future[int]]] = []
 
@@ -195,7 +195,7 @@ async def _stress_tasks(workers: int, seed: int) -> None:
 
 async def _stress_threads(workers: int, seed: int) -> None:
     state = _Stress(random.Random(seed))
-    async with EncodePool(workers, max_jobs_per_claim=1 + seed % 2) as pool:
+    async with LanePool(workers, max_jobs_per_claim=1 + seed % 2) as pool:
         lanes = [pool.lane(key) for key in state.keys]
         submitted: list[tuple[str, int, concurrent.futures.Future[int]]] = []
         start = threading.Barrier(4)
@@ -282,7 +282,7 @@ def _quick(log: list[str], name: str) -> Callable[[], Awaitable[str]]:
 async def test_close_cancelling_queued_lets_the_in_flight_job_finish() -> None:
     gate = asyncio.Event()
     log: list[str] = []
-    async with EncodePool(2) as pool:
+    async with LanePool(2) as pool:
         lane = pool.lane("t")
         first = lane.submit(_gated(gate, log, "a"))
         queued = [lane.submit(_quick(log, name)) for name in ("b", "c")]
@@ -314,7 +314,7 @@ async def test_close_cancelling_queued_lets_the_in_flight_job_finish() -> None:
 async def test_close_without_cancelling_runs_queued_jobs_in_order() -> None:
     gate = asyncio.Event()
     log: list[str] = []
-    async with EncodePool(1) as pool:
+    async with LanePool(1) as pool:
         lane = pool.lane("t")
         futures = [lane.submit(_gated(gate, log, "a"))]
         futures += [lane.submit(_quick(log, name)) for name in ("b", "c")]
@@ -338,7 +338,7 @@ async def test_close_while_the_in_flight_job_raises_keeps_pending_exact() -> Non
         await gate.wait()
         raise _Boom("encode failed")
 
-    async with EncodePool(1) as pool:
+    async with LanePool(1) as pool:
         lane = pool.lane("t")
         first = lane.submit(failing)
         queued = lane.submit(failing)
@@ -357,7 +357,7 @@ async def test_close_while_the_in_flight_job_raises_keeps_pending_exact() -> Non
 async def test_close_is_idempotent_and_can_escalate_to_cancel() -> None:
     gate = asyncio.Event()
     log: list[str] = []
-    async with EncodePool(1) as pool:
+    async with LanePool(1) as pool:
         lane = pool.lane("t")
         first = lane.submit(_gated(gate, log, "a"))
         second = lane.submit(_quick(log, "b"))
@@ -379,7 +379,7 @@ async def test_close_is_idempotent_and_can_escalate_to_cancel() -> None:
 async def test_cancelling_a_queued_future_drops_the_job() -> None:
     gate = asyncio.Event()
     log: list[str] = []
-    async with EncodePool(1) as pool:
+    async with LanePool(1) as pool:
         lane = pool.lane("t")
         first = lane.submit(_gated(gate, log, "a"))
         doomed = lane.submit(_quick(log, "b"))
@@ -399,7 +399,7 @@ async def test_cancelling_a_queued_future_drops_the_job() -> None:
 async def test_stop_without_drain_cancels_in_flight_and_queued() -> None:
     gate = asyncio.Event()
     log: list[str] = []
-    pool = EncodePool(2)
+    pool = LanePool(2)
     await pool.start()
     lanes = [pool.lane(f"t{i}") for i in range(3)]
     in_flight = [lane.submit(_gated(gate, log, f"{lane.key}-a")) for lane in lanes]
@@ -422,7 +422,7 @@ async def test_stop_without_drain_cancels_in_flight_and_queued() -> None:
 
 async def test_stop_with_drain_runs_the_backlog_first() -> None:
     log: list[str] = []
-    pool = EncodePool(2)
+    pool = LanePool(2)
     await pool.start()
     futures = [pool.lane(f"t{i % 3}").submit(_quick(log, str(i))) for i in range(30)]
     await asyncio.gather(pool.stop(), pool.stop())  # concurrent stops are safe
@@ -432,7 +432,7 @@ async def test_stop_with_drain_runs_the_backlog_first() -> None:
 
 async def test_jobs_submitted_before_start_run_after_start() -> None:
     log: list[str] = []
-    pool = EncodePool(1)
+    pool = LanePool(1)
     future = pool.lane("t").submit(_quick(log, "a"))
     await asyncio.sleep(0.01)
     assert log == []
@@ -441,7 +441,7 @@ async def test_jobs_submitted_before_start_run_after_start() -> None:
 
 
 async def test_stop_of_a_pool_never_started_cancels_its_queue() -> None:
-    pool = EncodePool(1)
+    pool = LanePool(1)
     lane = pool.lane("t")
     future = lane.submit(_quick([], "a"))
     await pool.stop()
@@ -455,7 +455,7 @@ async def test_submit_threadsafe_delivers_results_errors_and_closed_lanes() -> N
     async def boom() -> None:
         raise _Boom("thread job")
 
-    async with EncodePool(2) as pool:
+    async with LanePool(2) as pool:
         lane = pool.lane("t")
         ok = await asyncio.to_thread(lambda: lane.submit_threadsafe(_quick([], "x")).result(5))
         assert ok == "x"
@@ -505,7 +505,7 @@ async def test_a_raising_job_does_not_kill_its_worker() -> None:
     async def ok() -> str:
         return "ok"
 
-    async with EncodePool(1, on_job_done=hook) as pool:
+    async with LanePool(1, on_job_done=hook) as pool:
         lane = pool.lane("t")
         futures = [lane.submit(boom), lane.submit(cancelled_inside), lane.submit(ok)]
         other = pool.lane("u").submit(ok)
@@ -532,8 +532,8 @@ async def test_a_failing_metrics_hook_is_logged_not_fatal(
     async def ok() -> int:
         return 1
 
-    with caplog.at_level(logging.ERROR, logger="daemon.encode_pool"):
-        async with EncodePool(1, on_job_done=hook) as pool:
+    with caplog.at_level(logging.ERROR, logger="icespool.lanes"):
+        async with LanePool(1, on_job_done=hook) as pool:
             lane = pool.lane("t")
             assert list(await asyncio.gather(lane.submit(ok), lane.submit(ok))) == [1, 1]
     assert [r.getMessage() for r in caplog.records] == [
@@ -544,19 +544,19 @@ async def test_a_failing_metrics_hook_is_logged_not_fatal(
 @pytest.mark.parametrize("workers", [0, -1, True])
 def test_worker_count_is_validated(workers: int) -> None:
     with pytest.raises(ValueError, match="workers >= 1"):
-        EncodePool(workers)
+        LanePool(workers)
 
 
 def test_default_workers_is_twice_the_cores() -> None:
-    assert EncodePool.default_workers() >= 2
-    assert EncodePool.default_workers() % 2 == 0
+    assert LanePool.default_workers() >= 2
+    assert LanePool.default_workers() % 2 == 0
 
 
 # -- parallelism -----------------------------------------------------------------
 
 
 async def _timed_lanes(job: Callable[[], Awaitable[None]]) -> float:
-    async with EncodePool(4) as pool:
+    async with LanePool(4) as pool:
         lanes: list[Lane] = [pool.lane(f"t{i}") for i in range(4)]
         began = time.perf_counter()
         await asyncio.gather(*(lane.submit(job) for lane in lanes))

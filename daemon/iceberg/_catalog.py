@@ -26,8 +26,8 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError, SchemaError
-from daemon.table_schema import SchemaDifference, schema_diff
-from daemon.timeouts import bound_catalog, catalog_properties, short_error
+from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
+from daemon.schema import SchemaDifference, schema_diff
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 

@@ -1,0 +1,60 @@
+"""Everything that talks to Iceberg: catalogs, tables, data files, commits.
+
+    _catalog    load a catalog; load, create and check a table against its declaration
+    _timeouts   bounds on every catalog and object-store call; outage classification
+    _health     a background probe that tells /readyz whether the catalog answers
+    _check      `check-config --connect`: prove the catalog and warehouse are reachable
+    _parquet    Arrow rows -> Parquet data files written through the table's FileIO
+    _commit     ONE snapshot per flush, idempotent per spool segment; property commits
+
+Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
+"""
+
+from daemon.iceberg._catalog import check_compatible, ensure_table, load_catalog, split_identifier
+from daemon.iceberg._check import check_catalog
+from daemon.iceberg._commit import (
+    SEGMENTS_SUMMARY_KEY,
+    CommitRejectedError,
+    CommitResult,
+    PropertyUpdate,
+    StaleEncodingError,
+    commit_files,
+    commit_properties,
+    find_committed_segments,
+    last_segments_key,
+)
+from daemon.iceberg._health import CatalogHealth
+from daemon.iceberg._parquet import COMPRESSION_CODECS, encode_data_files, partition_transform
+from daemon.iceberg._timeouts import (
+    bound_catalog,
+    catalog_properties,
+    short_error,
+    startup_timeout,
+    unavailable,
+)
+
+__all__ = [
+    "COMPRESSION_CODECS",
+    "SEGMENTS_SUMMARY_KEY",
+    "CatalogHealth",
+    "CommitRejectedError",
+    "CommitResult",
+    "PropertyUpdate",
+    "StaleEncodingError",
+    "bound_catalog",
+    "catalog_properties",
+    "check_catalog",
+    "check_compatible",
+    "commit_files",
+    "commit_properties",
+    "encode_data_files",
+    "ensure_table",
+    "find_committed_segments",
+    "last_segments_key",
+    "load_catalog",
+    "partition_transform",
+    "short_error",
+    "split_identifier",
+    "startup_timeout",
+    "unavailable",
+]

@@ -1,0 +1,366 @@
+"""The one way in, for HTTP, Kafka and the Python API: decode -> evolve or create -> append.
+
+    HTTP body    ``Ingest.body``      NDJSON or Arrow IPC, all or nothing
+    Kafka fetch  ``Ingest.decoded``   the source's lenient decode, per table
+    Python API   ``TableInput``       Arrow batches, tables, columns or dicts
+
+Every path meets the same three steps:
+
+1. **create**: a table declared with ``infer = true`` (or a Kafka route with
+   ``auto_create``) that does not exist yet is created from the schema of its first
+   records (`Ingest.create`; a replica that created it first wins, its table is used).
+2. **decode and evolve**: the input is decoded into the table's Arrow schema. Where
+   that fails for columns the table lacks (or has too narrow) and the table's
+   ``evolve`` policy allows it, the table's schema is changed first and the input
+   decoded again (`Ingest.decoded`, at most `EVOLVE_ROUNDS` rounds). A change the
+   policy refuses is a `SchemaChangeError` naming the column and the policy.
+3. **append**: the decoded batch goes to the table's writer, which spools it (the ack).
+
+Errors are domain errors (`daemon.errors`); each source maps them: HTTP to a status,
+Kafka to a dead letter, the Python API raises them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from daemon.config import Config
+from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
+from daemon.errors import BadInputError, SchemaError
+from daemon.schema import Policy, SchemaChangeError, conform
+from daemon.writer import FlushResult, TableWriter
+
+__all__ = [
+    "ARROW_STREAM",
+    "AUTO_CREATED",
+    "EVOLVE_ROUNDS",
+    "FORMATS",
+    "NDJSON",
+    "Column",
+    "Ingest",
+    "TableInput",
+    "Tables",
+    "Wants",
+]
+
+NDJSON: Final = "application/x-ndjson"
+ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
+#: Body formats `Ingest.body` takes (HTTP Content-Type values).
+FORMATS: Final = frozenset({NDJSON, ARROW_STREAM})
+#: The evolve policy of tables a Kafka source creates for new routes: they take new
+#: fields as they come.
+AUTO_CREATED: Final[Policy] = "add-columns"
+#: Schema changes one input may cause before it is decoded for the last time: a
+#: decode names the columns it failed on; a few rounds cover nested and later ones.
+EVOLVE_ROUNDS: Final = 4
+
+_R = TypeVar("_R")
+
+
+class Tables(Protocol):
+    """What the way in needs of the daemon's tables (`daemon.service.Icespool`)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    def table_writer(self, name: str) -> TableWriter:
+        """The writer of ``name``; raises UnknownTableError / BackpressureError."""
+
+    def awaiting_schema(self, name: str) -> bool:
+        """Whether ``name`` is created from its first records and does not exist yet."""
+
+    def create_from(
+        self, name: str, incoming: pa.Schema, *, evolve: Policy | None = None
+    ) -> Awaitable[TableWriter]:
+        """Create ``name`` for records shaped like ``incoming`` (or load a replica's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wants:
+    """What a decode that failed asks of the table's schema.
+
+    ``columns``: the columns to add or widen (None: every column of ``incoming``);
+    ``incoming``: the input's own Arrow schema (blocking: inferred from JSON);
+    ``exact``: the input's types are exact (Arrow), not inferred (JSON numbers).
+    """
+
+    columns: frozenset[str] | None
+    incoming: Callable[[], pa.Schema]
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """Column data for `TableInput.append` (seed 002's column-write API).
+
+    ``validity`` is source-aligned (``validity[i]`` says whether ``values[i]`` is
+    valid); ``selection`` picks and orders source rows, and validity is gathered
+    through it too.
+    """
+
+    values: Any
+    validity: Sequence[bool] | pa.Array | None = None
+    selection: Sequence[int] | pa.Array | None = None
+
+
+class Ingest:
+    """Decode, evolve or create, and append, for every source of one daemon."""
+
+    def __init__(self, tables: Tables) -> None:
+        self._tables = tables
+        # Built once per table and depth: they are hashable keys of the decode plan cache.
+        self._options: dict[tuple[str, int], JsonOptions] = {}
+
+    # ------------------------------------------------------------------ HTTP
+
+    def check(self, name: str) -> TableWriter | None:
+        """The writer of ``name`` if it can take records now (raises the error that
+        says why not: unknown, degraded, shutting down, full); None when the table
+        is created from its first records. Cheap: runs before a body is read."""
+        if self._tables.awaiting_schema(name):
+            return None
+        writer = self._tables.table_writer(name)
+        writer.check_capacity()
+        return writer
+
+    async def body(self, name: str, body: bytes, content_type: str) -> int:
+        """Decode a request body (one of `FORMATS`) for ``name`` and spool all of it,
+        or none of it; returns the number of records acked.
+
+        Raises `BadInputError` / `SchemaError` (the body), `UnknownTableError`,
+        `BackpressureError` (degraded, full, shutting down) or what the catalog
+        raised while creating or evolving the table."""
+        if content_type not in FORMATS:
+            raise BadInputError(f"unsupported Content-Type {content_type!r}")
+        writer = self.check(name)
+        if content_type == NDJSON:
+            if writer is None:
+                depth = self._tables.config.table_settings(name).max_nesting_depth
+                writer = await self.create(name, lambda: infer_ndjson_schema(body, depth))
+            table: pa.Table | pa.RecordBatch = await self._ndjson(writer, body)
+        else:
+            raw = await asyncio.to_thread(decode_arrow_stream, body)
+            if writer is None:
+                writer = await self.create(name, lambda: raw.schema)
+            table = await self.conformed(writer, raw)
+        # Shielded: a client that hangs up must not cancel a half-done spool append.
+        return await asyncio.shield(writer.append(table))
+
+    async def _ndjson(self, writer: TableWriter, body: bytes) -> pa.Table:
+        options = self.json_options(writer)
+
+        def decode(schema: pa.Schema) -> pa.Table | SchemaError:
+            try:
+                return decode_ndjson(body, schema, options)
+            except SchemaError as exc:
+                return exc
+
+        def wants(result: pa.Table | SchemaError) -> Wants | None:
+            if not isinstance(result, SchemaError):
+                return None
+            # One column per round: the decode names the first one it failed on.
+            return Wants(
+                frozenset({result.column}),
+                lambda: infer_ndjson_schema(body, options.max_depth),
+                exact=False,
+            )
+
+        result, refused = await self.decoded(writer, decode, wants)
+        if isinstance(result, SchemaError):
+            raise refused.get(result.column, result)
+        return result
+
+    # ------------------------------------------------------------------ Python API
+
+    async def append(
+        self,
+        writer: TableWriter,
+        data: pa.RecordBatch | pa.Table | Mapping[str, Column | Any],
+        meta: Mapping[str, object] | None = None,
+    ) -> int:
+        """Spool Arrow data (or columns) for ``writer``'s table; evolves it for new
+        columns where its policy allows. Returns the record count once acked."""
+        if isinstance(data, Mapping):
+            batch = await asyncio.to_thread(_columns_to_batch, data, writer.arrow_schema)
+        else:
+            batch = await self.conformed(writer, data)
+        return await writer.append(batch, meta)
+
+    async def conformed(
+        self, writer: TableWriter, data: pa.RecordBatch | pa.Table
+    ) -> pa.RecordBatch:
+        """``data`` cast to the table's schema, evolving the table first for the
+        columns it lacks where the policy allows (SchemaError otherwise)."""
+
+        def decode(schema: pa.Schema) -> pa.RecordBatch | SchemaError:
+            try:
+                return conform(data, schema)
+            except SchemaError as exc:
+                return exc
+
+        def wants(result: pa.RecordBatch | SchemaError) -> Wants | None:
+            if not isinstance(result, SchemaError):
+                return None
+            return Wants(None, lambda: data.schema, exact=True)
+
+        result, refused = await self.decoded(writer, decode, wants)
+        if isinstance(result, SchemaError):
+            raise refused.get(result.column, result)
+        return result
+
+    # ------------------------------------------------------------------ every source
+
+    async def decoded(
+        self,
+        writer: TableWriter,
+        decode: Callable[[pa.Schema], _R],
+        wants: Callable[[_R], Wants | None],
+    ) -> tuple[_R, dict[str, SchemaChangeError]]:
+        """``decode(table's Arrow schema)`` (blocking, run in a thread), after evolving
+        the table for what ``wants`` says the result lacks, as the table's policy
+        allows. Returns the last result and the changes the policy refused, by column.
+
+        A column is evolved at most once per input, and at most `EVOLVE_ROUNDS`
+        changes are made, so a result that keeps failing ends the loop.
+        """
+        refused: dict[str, SchemaChangeError] = {}
+        tried: set[str] = set()
+        whole = False  # an exact (Arrow) input evolves all its columns at once, once
+        result = await asyncio.to_thread(decode, writer.arrow_schema)
+        for _ in range(EVOLVE_ROUNDS):
+            if writer.evolve_policy == "none":
+                break
+            want = wants(result)
+            if want is None:
+                break
+            if want.columns is None:
+                if whole:
+                    break
+                whole, only = True, None
+            else:
+                only = want.columns - tried - refused.keys()
+                if not only:
+                    break
+                tried |= only
+            before = writer.arrow_schema
+            try:
+                incoming = await asyncio.to_thread(want.incoming)
+                await writer.evolve(incoming, only=only, exact=want.exact)
+            except SchemaChangeError as exc:
+                refused[exc.column] = exc
+                continue
+            except BadInputError:
+                break  # the records' types cannot even be inferred: the decode error stands
+            # Evolved here, or by a replica first (the plan was empty, the schema new).
+            if writer.arrow_schema is not before:
+                result = await asyncio.to_thread(decode, writer.arrow_schema)
+        return result, refused
+
+    async def create(
+        self, name: str, incoming: Callable[[], pa.Schema], *, evolve: Policy | None = None
+    ) -> TableWriter:
+        """The writer of ``name``, creating the table from ``incoming()`` (the Arrow
+        schema of its first records; blocking) when it does not exist yet."""
+        schema = await asyncio.to_thread(incoming)
+        return await self._tables.create_from(name, schema, evolve=evolve)
+
+    def json_options(self, writer: TableWriter) -> JsonOptions:
+        """How JSON maps to ``writer``'s table (timestamp units, nesting depth)."""
+        depth = writer.settings.max_nesting_depth  # a SIGHUP may change it
+        key = (writer.name, depth)
+        options = self._options.get(key)
+        if options is None:
+            declared = {t.name: t for t in self._tables.config.tables}.get(writer.name)
+            options = self._options[key] = JsonOptions.for_table(declared, depth)
+        return options
+
+
+class TableInput:
+    """One table of the in-process API: ``Icespool.writer(name)``.
+
+    Appends go through the way in (evolution included); flushes and figures are the
+    table writer's (``writer``).
+    """
+
+    def __init__(self, ingest: Ingest, writer: TableWriter) -> None:
+        self._ingest = ingest
+        self.writer = writer
+
+    @property
+    def name(self) -> str:
+        return self.writer.name
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return self.writer.arrow_schema
+
+    @property
+    def pending_records(self) -> int:
+        return self.writer.pending_records
+
+    async def append(
+        self,
+        data: pa.RecordBatch | pa.Table | Mapping[str, Column | Any],
+        meta: Mapping[str, object] | None = None,
+    ) -> int:
+        """Spool a batch (or columns); returns the record count once acked.
+
+        Raises `SchemaError` naming the column when the data cannot be cast to the
+        table's schema (nothing of it is spooled), `BackpressureError` when the
+        table's queue or the spool is full.
+        """
+        return await self._ingest.append(self.writer, data, meta)
+
+    async def queue(self, record: Mapping[str, object]) -> None:
+        """Spool one record (a mapping of column to value)."""
+        await self.queue_all([record])
+
+    async def queue_all(self, records: Iterable[Mapping[str, object]]) -> int:
+        """Spool records given as mappings; all or nothing."""
+        rows = list(records)
+        if not rows:
+            return 0
+        try:
+            table = pa.Table.from_pylist(rows)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise BadInputError(f"records cannot be converted: {exc}") from exc
+        return await self.append(table)
+
+    async def flush(self, reason: str = "manual") -> FlushResult:
+        """Commit everything acked so far; returns the commit's result."""
+        return await self.writer.flush(reason)
+
+
+def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) -> pa.RecordBatch:
+    arrays: dict[str, pa.Array] = {}
+    for name, spec in columns.items():
+        column = spec if isinstance(spec, Column) else Column(spec)
+        try:
+            target = schema.field(name).type
+        except KeyError:
+            raise BadInputError(f"column {name!r} is not in the table's schema") from None
+        try:
+            values = pa.array(column.values, type=target)
+            if column.validity is not None:
+                valid = pa.array(column.validity, pa.bool_())
+                if len(valid) < len(values):
+                    raise BadInputError(
+                        f"column {name!r}: validity has {len(valid)} entries for "
+                        f"{len(values)} values"
+                    )
+                values = pc.if_else(valid[: len(values)], values, pa.nulls(len(values), target))
+            if column.selection is not None:
+                values = values.take(pa.array(column.selection, pa.int64()))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise BadInputError(f"column {name!r}: {exc}") from exc
+        arrays[name] = values
+    lengths = {len(a) for a in arrays.values()}
+    if len(lengths) > 1:
+        raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
+    return conform(pa.table(arrays), schema)

@@ -1,0 +1,119 @@
+"""A source's offsets after the tables have them: idle tables, group commits, lag.
+
+The tables' properties are the truth (`daemon.kafka._offsets`). Two things follow
+from them here, both on the source's tick, on revoke and on close:
+
+- a table with nothing pending from a partition the source consumed (a rarely used
+  route, the dead-letter table) records the consumed range in a property-only
+  commit, so it does not hold the resume position back forever (`advance_idle`);
+- the consumer group's offsets are committed to Kafka from the tables' ranges,
+  never ahead of them, only for lag tooling (`commit_group`), and the lag gauge
+  follows the same position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from daemon.kafka._client import PROBE_TIMEOUT
+from daemon.kafka._offsets import (
+    OffsetBook,
+    Ranges,
+    offsets_key,
+    ranges_from_properties,
+    resume_position,
+)
+from daemon.kafka._partitions import Partition
+from daemon.metrics import Metrics
+from daemon.writer import TableWriter
+
+__all__ = ["OffsetCommitter"]
+
+_log = logging.getLogger("icespool.kafka")
+
+
+class OffsetCommitter:
+    """Records consumed ranges in idle tables and commits group offsets and lag.
+
+    ``tables()`` are the source's tables at the moment of the call (routes created
+    by ``auto_create`` join), ``writer_for`` and ``book_for`` look them up.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        group_id: str,
+        tables: Callable[[], Sequence[str]],
+        writer_for: Callable[[str], TableWriter],
+        book_for: Callable[[str], OffsetBook],
+        metrics: Metrics,
+    ) -> None:
+        self._source = source
+        self._group = group_id
+        self._tables = tables
+        self._writer_for = writer_for
+        self._book_for = book_for
+        self._metrics = metrics
+
+    async def advance_idle(self, parts: Sequence[Partition]) -> None:
+        """Record consumed ranges in tables that hold nothing pending from them.
+
+        Raises what the catalog raised (the caller logs it; the next tick retries).
+        """
+        for table in self._tables():
+            writer = self._writer_for(table)
+            if writer.pending_records:
+                continue
+            claims: dict[str, Ranges] = {}
+            for part in parts:
+                consumed = part.consumed()
+                if not consumed:
+                    continue
+                tp = part.tp
+                known = ranges_from_properties(
+                    writer.table_properties, self._group, tp.topic, tp.partition
+                )
+                if known.union(consumed) != known:
+                    claims[offsets_key(self._group, tp.topic, tp.partition)] = consumed
+            if claims:
+                await writer.update_properties(self._book_for(table).consumed(claims))
+
+    async def commit_group(self, consumer: AIOKafkaConsumer, parts: Sequence[Partition]) -> None:
+        """Commit to Kafka, per partition, the lowest position any table needs; set lag."""
+        offsets: dict[TopicPartition, int] = {}
+        for part in parts:
+            tp = part.tp
+            position = resume_position(
+                ranges_from_properties(
+                    self._writer_for(t).table_properties, self._group, tp.topic, tp.partition
+                )
+                for t in self._tables()
+            )
+            if position is not None and position != part.kafka_committed:
+                offsets[tp] = position
+            highwater = consumer.highwater(tp)
+            base = position if position is not None else part.position
+            if highwater is not None and base is not None:
+                part.lag = max(0, highwater - base)
+                self._metrics.kafka_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(
+                    part.lag
+                )
+        if not offsets:
+            return
+        # Only for lag tooling, so a broker outage must not stall consumption:
+        # bounded, and retried at the next tick.
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                await consumer.commit(offsets)
+        except (KafkaError, TimeoutError) as exc:
+            _log.warning("%s: committing offsets to Kafka failed: %r", self._source, exc)
+            return
+        by_tp = {p.tp: p for p in parts}
+        for tp, offset in offsets.items():
+            by_tp[tp].kafka_committed = offset

@@ -1,0 +1,103 @@
+"""Which table each record of a fetch goes to.
+
+A source has one router: `StaticRouter` (``table = ...``: every record to one
+table) or `DynamicRouter` (``route_field`` / ``route_header`` with
+``table_template``). A route value must be a plain name part (1-128 letters,
+digits, ``_`` or ``-``): a value like ``../x`` never becomes part of a table name.
+Records without a usable route, or routed to a table that is not configured,
+become dead records (``invalid``, ``too_deep``, ``unknown_route``); with
+``auto_create`` the source creates the unknown route's table and adds it here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from daemon.config import KafkaConfig
+from daemon.kafka._decode import DeadRecord, Fetch, route_values, too_deep_values
+
+__all__ = ["DynamicRouter", "Routed", "Router", "StaticRouter", "router_for"]
+
+_ROUTE_VALUE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+#: Fetch positions per table, and the records no table takes (with the table an
+#: ``unknown_route`` record was meant for).
+Routed = tuple[dict[str, npt.NDArray[np.int64]], list[tuple[DeadRecord, str | None]]]
+
+
+class Router(Protocol):
+    @property
+    def targets(self) -> list[str]:
+        """The tables records may go to (the dead-letter table not included)."""
+
+    def route(self, fetch: Fetch) -> Routed:
+        """Split ``fetch`` by table (blocking: may parse every value)."""
+
+    def add(self, table: str) -> None:
+        """Route to ``table`` from now on (``auto_create`` created it)."""
+
+
+class StaticRouter:
+    def __init__(self, table: str) -> None:
+        self._targets = [table]
+
+    @property
+    def targets(self) -> list[str]:
+        return self._targets
+
+    def route(self, fetch: Fetch) -> Routed:
+        return {self._targets[0]: np.arange(len(fetch.offsets), dtype=np.int64)}, []
+
+    def add(self, table: str) -> None:
+        raise ValueError(f"a source with a static table routes to nothing else ({table!r})")
+
+
+class DynamicRouter:
+    def __init__(self, config: KafkaConfig, tables: Sequence[str], max_depth: int) -> None:
+        self._config = config
+        self._targets = list(config.targets(tables))
+        self._max_depth = max_depth
+
+    @property
+    def targets(self) -> list[str]:
+        return self._targets
+
+    def add(self, table: str) -> None:
+        if table not in self._targets:
+            self._targets.append(table)
+
+    def route(self, fetch: Fetch) -> Routed:
+        c, depth = self._config, self._max_depth
+        routes = route_values(fetch, field=c.route_field, header=c.route_header, max_depth=depth)
+        deep = too_deep_values(fetch.values, range(len(routes)), depth) if c.route_field else {}
+        dead: list[tuple[DeadRecord, str | None]] = []
+        by_table: dict[str, list[int]] = {}
+        for i, route in enumerate(routes):
+            table = c.route(route) if route and _ROUTE_VALUE.fullmatch(route) else None
+            if table is not None and table in self._targets:
+                by_table.setdefault(table, []).append(i)
+            elif i in deep:
+                dead.append((DeadRecord(i, "too_deep", deep[i]), None))
+            elif table is None:
+                what = c.route_field or c.route_header
+                problem = (
+                    f"no usable route value in {what!r} (got {route!r}; "
+                    "1-128 letters, digits, '_' or '-')"
+                )
+                dead.append((DeadRecord(i, "invalid", problem), None))
+            else:
+                problem = f"route {route!r} -> {table!r} is not a configured table"
+                dead.append((DeadRecord(i, "unknown_route", problem), table))
+        return {t: np.asarray(ix, dtype=np.int64) for t, ix in by_table.items()}, dead
+
+
+def router_for(config: KafkaConfig, tables: Sequence[str], max_depth: int) -> Router:
+    """The router of a ``[[kafka]]`` source over the daemon's ``tables``."""
+    if config.dynamic:
+        return DynamicRouter(config, tables, max_depth)
+    return StaticRouter(config.targets(tables)[0])

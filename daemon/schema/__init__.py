@@ -1,0 +1,91 @@
+"""Schemas: the column-type grammar, declarations -> Iceberg, Arrow conformance,
+inference, differences and evolution.
+
+A leaf of the daemon: it imports nothing of config, decode, Kafka or the writer, so
+config validates types and partitions with the same code that builds the tables.
+
+    _grammar     type, partition and sort grammar of the config (strings -> terms)
+    _declare     declared columns / partition_by / sort_by -> pyiceberg objects
+    _arrow       the Arrow schema of a table; conform and cast batches to it
+    _ranges      values Iceberg readers can hold (dates, times, decimals)
+    _infer       an Iceberg schema from a first batch; declared vs existing diff
+    _evolution   which schema change incoming data asks for, and applying it
+    _avro        Avro writer schemas (registry or .avsc) parsed for the decoder
+"""
+
+from daemon.schema._arrow import (
+    FIELD_ID_KEY,
+    arrow_schema_for,
+    cast_array,
+    check_required_children,
+    conform,
+    fill_masked_children,
+)
+from daemon.schema._avro import WriterSchema, load_schema_file, parse_writer_schema
+from daemon.schema._declare import (
+    parse_partition_spec,
+    parse_schema,
+    parse_sort_order,
+    parse_type,
+)
+from daemon.schema._evolution import (
+    EvolutionPlan,
+    Policy,
+    SchemaChangeError,
+    apply_plan,
+    plan_evolution,
+)
+from daemon.schema._grammar import (
+    PRIMITIVE_TYPES,
+    TYPE_HELP,
+    PartitionTerm,
+    parse_partition,
+    parse_sort,
+    parse_type_string,
+    render_type,
+    transform_accepts,
+)
+from daemon.schema._infer import MAX_INFERRED_FIELDS, SchemaDifference, infer_schema, schema_diff
+from daemon.schema._ranges import (
+    HUGE_EXPONENT,
+    OutOfRange,
+    find_out_of_range,
+    has_huge_exponent,
+)
+
+__all__ = [
+    "FIELD_ID_KEY",
+    "HUGE_EXPONENT",
+    "MAX_INFERRED_FIELDS",
+    "PRIMITIVE_TYPES",
+    "TYPE_HELP",
+    "EvolutionPlan",
+    "OutOfRange",
+    "PartitionTerm",
+    "Policy",
+    "SchemaChangeError",
+    "SchemaDifference",
+    "WriterSchema",
+    "apply_plan",
+    "arrow_schema_for",
+    "cast_array",
+    "check_required_children",
+    "conform",
+    "fill_masked_children",
+    "find_out_of_range",
+    "has_huge_exponent",
+    "infer_schema",
+    "load_schema_file",
+    "parse_partition",
+    "parse_partition_spec",
+    "parse_schema",
+    "parse_sort",
+    "parse_sort_order",
+    "parse_type",
+    "parse_type_string",
+    "parse_writer_schema",
+    "plan_evolution",
+    "render_type",
+    "schema_diff",
+    "transform_accepts",
+]
