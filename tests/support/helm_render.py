@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -362,8 +364,62 @@ def render_chart(
 ) -> Render:
     """``helm install RELEASE CHART -f values`` into a fresh fake cluster; its objects.
 
-    Raises HelmRenderError with Helm's own message when Helm refuses the chart.
+    Runs in a child Python process, so Helm's Go runtime (its threads and signal handlers)
+    never lives in the test process. Raises HelmRenderError with Helm's own message when
+    Helm refuses the chart; any other failure of the child is an AssertionError with its
+    output.
     """
+    request = {
+        "chart": str(chart),
+        "release": release,
+        "values": dict(values or {}),
+        "namespace": namespace,
+        "kube_version": kube_version,
+    }
+    child = subprocess.run(
+        [sys.executable, __file__],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert child.returncode in (0, 3), (
+        f"the Helm render process failed (exit {child.returncode}):\n"
+        f"{child.stdout[-4000:]}\n{child.stderr[-4000:]}"
+    )
+    answer = json.loads(child.stdout)
+    if child.returncode == 3:
+        raise HelmRenderError(answer["refused"])
+    return Render(release=release, namespace=namespace, **answer)
+
+
+def _main() -> int:
+    """The child: one render request on stdin, its objects (or Helm's refusal) on stdout."""
+    request = json.load(sys.stdin)
+    try:
+        render = _render_in_process(
+            Path(request["chart"]),
+            request["release"],
+            request["values"],
+            namespace=request["namespace"],
+            kube_version=request["kube_version"],
+        )
+    except HelmRenderError as exc:
+        json.dump({"refused": str(exc)}, sys.stdout)
+        return 3
+    json.dump({"objects": render.objects, "result": render.result}, sys.stdout)
+    return 0
+
+
+def _render_in_process(
+    chart: Path,
+    release: str,
+    values: Mapping[str, Any] | None = None,
+    *,
+    namespace: str,
+    kube_version: str,
+) -> Render:
     import helm_sdkpy  # imported here: it loads Helm's Go runtime into this process
 
     api = FakeKubeAPI(kube_version=kube_version)
@@ -388,3 +444,7 @@ def render_chart(
     # Helm stores the release (POST) and marks it deployed (PUT): the install completed.
     assert [r.split()[0] for r in api.release_records] == ["POST", "PUT"], api.release_records
     return Render(release=release, namespace=namespace, objects=api.created, result=result)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
