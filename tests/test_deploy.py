@@ -130,6 +130,107 @@ def test_systemd_unit_settings(clean_env: None) -> None:
         assert any(path.is_relative_to(w) for w in writable), path
 
 
+def _install_steps() -> list[str]:
+    """The commands of the unit file's install header (the indented comment lines)."""
+    header = UNIT.read_text().split("[Unit]")[0]
+    return [line.removeprefix("#   ") for line in header.splitlines() if line.startswith("#   ")]
+
+
+def test_systemd_install_steps_install_from_a_clone_not_pypi() -> None:
+    steps = _install_steps()
+    assert len(steps) == 7
+    # icespool is not on PyPI: the venv installs the clone (the cwd of every step).
+    assert "python3 -m venv /opt/icespool && /opt/icespool/bin/pip install ." in steps
+    readme = (ROOT / "README.md").read_text()
+    warning = "(`pip install icespool` finds nothing)"
+    assert warning in readme
+    for text in (UNIT.read_text(), readme.replace(warning, "")):
+        assert not re.search(r"pip install '?icespool\b", text)
+    assert "/opt/icespool/bin/icespool" in _unit_settings(UNIT.read_text())["ExecStart"][0]
+
+
+def test_systemd_install_steps_create_what_the_example_config_needs(
+    tmp_path: Path, clean_env: None
+) -> None:
+    """Run the header's file steps under tmp_path (as the current user instead of
+    root:icespool); then every path the example config reads exists, the token is random
+    and private, and the installed config passes check-config."""
+    import grp
+    import os
+    import pwd
+
+    from daemon.app import _read_token
+
+    root = tmp_path / "root"
+    (root / "etc/systemd/system").mkdir(parents=True)
+    user = pwd.getpwuid(os.getuid()).pw_name
+    group = grp.getgrgid(os.getgid()).gr_name
+    file_steps = [s for s in _install_steps() if s.startswith("install ") or "| install " in s]
+    assert len(file_steps) == 4  # /etc/icespool, the config, the token, the unit
+    for step in file_steps:
+        local = (
+            step.replace(" /etc/", f" {root}/etc/")
+            .replace("-o root", f"-o {user}")
+            .replace("-g icespool", f"-g {group}")
+        )
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", local],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (done.returncode, done.stderr) == (0, ""), local
+    etc = root / "etc/icespool"
+    assert etc.stat().st_mode & 0o777 == 0o750
+    installed = etc / "icespool.toml"
+    assert installed.read_text() == VM_CONFIG.read_text()
+    assert installed.stat().st_mode & 0o777 == 0o640
+    assert (root / "etc/systemd/system/icespool.service").read_text() == UNIT.read_text()
+    # ExecStart's --config is the installed file.
+    exec_start = _unit_settings(UNIT.read_text())["ExecStart"][0].split()
+    assert Path(exec_start[exec_start.index("--config") + 1]) == Path("/etc/icespool/icespool.toml")
+    # Every path the config reads or writes: created by a step, or the unit's StateDirectory
+    # (/var/lib/icespool, which systemd creates for the service user).
+    config = load_config(VM_CONFIG)
+    state = Path("/var/lib") / _unit_settings(UNIT.read_text())["StateDirectory"][0]
+    assert config.http.auth_token_file is not None and config.catalog.uri is not None
+    assert config.catalog.warehouse is not None
+    token_file = root / config.http.auth_token_file.relative_to("/")
+    assert token_file.exists(), f"no step creates {config.http.auth_token_file}"
+    for path in (
+        config.spool.dir,
+        Path(config.catalog.uri.removeprefix("sqlite:///")),
+        Path(config.catalog.warehouse.removeprefix("file://")),
+    ):
+        assert path.is_relative_to(state), path
+    token = _read_token(token_file)
+    assert token is not None and re.fullmatch(r"[A-Za-z0-9_-]{43}", token)
+    assert token_file.stat().st_mode & 0o777 == 0o640  # the service's group reads it
+    # A second install makes a different token (it is random, not a fixed example).
+    again = subprocess.run(
+        [
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            next(s for s in file_steps if "token" in s).split("|")[0],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert again.stdout.strip() != token
+    # The installed config passes check-config as the unit's daemon would load it.
+    checked = _run(*daemon_command(), "check-config", "--config", str(installed))
+    assert (checked.returncode, checked.stderr) == (0, ""), checked.stderr
+    effective = tomllib.loads(checked.stdout)
+    assert effective["http"]["auth_token_file"] == "/etc/icespool/token"
+    assert effective["spool"]["dir"] == "/var/lib/icespool/spool"
+
+
 def test_example_configs_load_with_the_project_loader(clean_env: None) -> None:
     vm = load_config(VM_CONFIG)
     assert vm.spool.dir == Path("/var/lib/icespool/spool")

@@ -28,6 +28,45 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/*
+The Prometheus job of this release's scrape targets. The ServiceMonitor relabels `job` to
+it (without that it would be the Service's name) and the PrometheusRule's alerts select
+it, so both always agree, whatever the release is called.
+*/}}
+{{- define "icespool.metricsJob" -}}
+{{- include "icespool.fullname" . }}
+{{- end }}
+
+{{/*
+Refuse replicaCount > 1 without a shared catalog: every replica has its own volume, so a
+SQLite catalog or a file:// warehouse there would give each pod its own private tables.
+A catalog URI or warehouse set from a Secret (ICESPOOL__CATALOG__URI / __WAREHOUSE under
+`secrets`) replaces the one in `config`, so it is judged as shared.
+*/}}
+{{- define "icespool.checkSharedCatalog" -}}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- $fromSecret := dict }}
+{{- range $part := list "catalog" "objectStore" "kafka" }}
+{{- $secret := index $.Values.secrets $part }}
+{{- if $secret.existingSecret }}
+{{- range $name, $key := $secret.env }}
+{{- $_ := set $fromSecret $name true }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $catalog := .Values.config.catalog | default dict }}
+{{- $type := toString ($catalog.type | default "sql") }}
+{{- $uri := toString ($catalog.uri | default "") }}
+{{- $warehouse := toString ($catalog.warehouse | default "") }}
+{{- if and (eq $type "sql") (hasPrefix "sqlite" $uri) (not (hasKey $fromSecret "ICESPOOL__CATALOG__URI")) }}
+{{- fail (printf "replicaCount=%d needs a catalog that all replicas share, but config.catalog.uri is SQLite (%s) on each replica's own volume: every pod would keep its own tables. Set config.catalog.type=rest with the REST catalog's uri, or config.catalog.uri to a postgresql+psycopg2:// URI (or ICESPOOL__CATALOG__URI from secrets.catalog), or set replicaCount=1." (int .Values.replicaCount) $uri) }}
+{{- end }}
+{{- if and (or (hasPrefix "file:" $warehouse) (hasPrefix "/" $warehouse)) (not (hasKey $fromSecret "ICESPOOL__CATALOG__WAREHOUSE")) }}
+{{- fail (printf "replicaCount=%d needs a warehouse that all replicas share, but config.catalog.warehouse is %s, a path on each replica's own volume. Set config.catalog.warehouse to object storage (s3://bucket/path, gs://..., abfss://...) or set replicaCount=1." (int .Values.replicaCount) $warehouse) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "icespool.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "icespool.fullname" .) .Values.serviceAccount.name }}
