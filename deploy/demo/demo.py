@@ -471,7 +471,10 @@ def run_spark_query(config: Path, runtime_dir: str | None) -> str:
             child, capture_output=True, text=True, timeout=SPARK_S, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired as exc:
-        raise DemoError(f"Spark did not answer within {SPARK_S} s:\n{exc.stderr or ''}") from None
+        # (TimeoutExpired carries bytes even with text=True; the child's JVM exits with it.)
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        last = "\n".join(err.splitlines()[-30:])
+        raise DemoError(f"Spark did not answer within {SPARK_S} s:\n{last}") from None
     if result.returncode != 0:
         raise DemoError(
             f"the Spark query failed (status {result.returncode}):\n"
