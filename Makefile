@@ -3,6 +3,7 @@
 #
 #   make run     install and run the daemon on the embedded default config
 #   make test    install test extras + Debian test packages, lint, run the test suite
+#   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
 #   make spark-runtime   assemble + check the local Iceberg Spark runtime in .spark-runtime/
@@ -21,10 +22,12 @@ PIP_FLAGS := --disable-pip-version-check --quiet
 # The stamps are rebuilt (packages reinstalled) only when pyproject.toml changes.
 STAMP_RUN := $(VENV)/.icespool-installed
 STAMP_TEST := $(VENV)/.icespool-installed-test
+STAMP_DEMO := $(VENV)/.icespool-installed-demo
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help run test lint pytest bench test-deps spark-runtime clean distclean
+.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime demo clean \
+  distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -52,11 +55,16 @@ $(STAMP_RUN): pyproject.toml | $(BIN)/python
 # pyproject's marker honours; it works on 3.11 too, so there it is installed past the check.
 HELM_SDKPY := helm-sdkpy>=0.1.32
 
+# The tests install everything the demo needs too (the demo extra is a subset).
 $(STAMP_TEST): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e '.[test,spark]'
+	$(PIP) install $(PIP_FLAGS) -e '.[test,spark,demo]'
 	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then \
 	  $(PIP) install $(PIP_FLAGS) --ignore-requires-python '$(HELM_SDKPY)'; \
 	fi
+	touch $@ $(STAMP_RUN) $(STAMP_DEMO)
+
+$(STAMP_DEMO): pyproject.toml | $(BIN)/python
+	$(PIP) install $(PIP_FLAGS) -e '.[demo]'
 	touch $@ $(STAMP_RUN)
 
 # ------------------------------------------------------------------ Debian test packages
@@ -68,9 +76,14 @@ TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdb
   libpostgresql-jdbc-java \
   prometheus systemd strace
 
-test-deps:
+# What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
+SPARK_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
+  libpostgresql-jdbc-java
+
+# $(call install_debs,PACKAGES): apt-get install those not installed yet.
+define install_debs
 	@missing=""; \
-	for pkg in $(TEST_DEB_PACKAGES); do \
+	for pkg in $(1); do \
 	  dpkg-query -W -f='$${Status}' "$$pkg" 2>/dev/null | grep -q 'install ok installed' \
 	    || missing="$$missing $$pkg"; \
 	done; \
@@ -79,6 +92,13 @@ test-deps:
 	  $(SUDO) apt-get update; \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
 	fi
+endef
+
+test-deps:
+	$(call install_debs,$(TEST_DEB_PACKAGES))
+
+spark-deps:
+	$(call install_debs,$(SPARK_DEB_PACKAGES))
 
 # ------------------------------------------------------------------ Spark runtime
 # The Iceberg Spark runtime for pyspark 3.5, from PyPI and Debian only (see
@@ -87,13 +107,18 @@ test-deps:
 # Idempotent: with unchanged inputs it only re-checks the files (about a second).
 SPARK_RUNTIME := .spark-runtime
 
-spark-runtime: $(STAMP_TEST) test-deps
+spark-runtime: $(STAMP_DEMO) spark-deps
 	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME)
 
 # ------------------------------------------------------------------ entry points
 
 run: $(STAMP_RUN)
 	$(BIN)/icespool run
+
+# Quick start (deploy/demo/demo.py): a local Tansu broker, sample orders produced to it,
+# `icespool run` consuming them into ./icespool-demo/, then a Spark SQL query over the table.
+demo: $(STAMP_DEMO) spark-runtime
+	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/python deploy/demo/demo.py
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check .

