@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixture_types import MakeConfig, RunDaemon
-from kafka_harness import Broker
+from support.fixture_types import MakeConfig, RunDaemon
+from support.kafka_harness import Broker
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http_api import start_http

@@ -30,7 +30,9 @@ import aiohttp
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-from daemon_harness import (
+from pyiceberg.table import Table
+from pyiceberg.types import LongType, NestedField, StringType
+from support.daemon_harness import (
     NDJSON,
     TABLE,
     Daemon,
@@ -39,8 +41,6 @@ from daemon_harness import (
     keep_committed_segment,
     ndjson,
 )
-from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField, StringType
 
 SEGMENTS_KEY = "icespool.segments"
 REASON_KEY = "icespool.reason"

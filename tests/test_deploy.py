@@ -20,9 +20,9 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from daemon_harness import daemon_command
-from fixture_types import MakeConfig, RunDaemon
 from prometheus_client.parser import text_string_to_metric_families
+from support.daemon_harness import daemon_command
+from support.fixture_types import MakeConfig, RunDaemon
 
 from daemon.app import SHUTDOWN_GRACE_SECONDS
 from daemon.config import load_config, validate_config

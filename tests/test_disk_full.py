@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from daemon_harness import NDJSON, Daemon, DaemonDir, ndjson
+from support.daemon_harness import NDJSON, Daemon, DaemonDir, ndjson
 
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
 _REQUEST_RECORDS = 500

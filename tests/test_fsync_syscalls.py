@@ -18,7 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon_harness import Daemon, DaemonDir
+from support.daemon_harness import Daemon, DaemonDir
 
 _REQUESTS = 12
 _SYSCALLS = "write,writev,pwrite64,sendto,sendmsg,fsync,fdatasync"

@@ -31,7 +31,10 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 import pytest
-from daemon_harness import (
+from pyiceberg.catalog import load_catalog
+from pyiceberg.table import Table
+from pyiceberg.table.update.schema import UpdateSchema
+from support.daemon_harness import (
     CATALOG_NAME,
     NDJSON,
     TABLE,
@@ -41,11 +44,8 @@ from daemon_harness import (
     keep_committed_segment,
     ndjson,
 )
-from kafka_harness import Broker, create_topic, produce
-from pyiceberg.catalog import load_catalog
-from pyiceberg.table import Table
-from pyiceberg.table.update.schema import UpdateSchema
-from service_helpers import metric
+from support.kafka_harness import Broker, create_topic, produce
+from support.service_helpers import metric
 
 import daemon.service as service_module
 from daemon import BackpressureError, Icespool

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon_harness import daemon_command
-from fixture_types import RunDaemon
+from support.daemon_harness import daemon_command
+from support.fixture_types import RunDaemon
 
 from daemon.config import REDACTED, embedded_default, is_secret_key, redacted, validate_config
 

@@ -23,9 +23,9 @@ import aiohttp
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-from daemon_harness import CATALOG_NAME, Daemon, DaemonDir
-from daemon_harness import TABLE as HARNESS_TABLE
 from pyiceberg.catalog import load_catalog
+from support.daemon_harness import CATALOG_NAME, Daemon, DaemonDir
+from support.daemon_harness import TABLE as HARNESS_TABLE
 
 from daemon.config import validate_config
 from daemon.decode import JsonOptions, decode_ndjson

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from daemon_harness import TABLE, Daemon, DaemonDir
+from support.daemon_harness import TABLE, Daemon, DaemonDir
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.reload import plan_reload

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon_harness import Daemon, DaemonDir
+from support.daemon_harness import Daemon, DaemonDir
 
 from daemon.sd_notify import Notifier, SystemdNotifier, watchdog_interval
 

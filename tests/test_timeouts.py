@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import psycopg2
 import pytest
-from daemon_harness import Daemon, DaemonDir
-from proxy import TcpProxy
+from support.daemon_harness import Daemon, DaemonDir
+from support.proxy import TcpProxy
 
 from daemon.app import AFTER_GRACE_SECONDS, EXIT_STUCK
 

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from spooltests._faulty_fs import FaultyFileSystem
+from support.faulty_fs import FaultyFileSystem
 from test_writer import TABLE, _batch, _config, _rows
 
 from daemon import BackpressureError, Icespool

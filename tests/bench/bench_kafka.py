@@ -86,7 +86,7 @@ from daemon.iceberg._catalog import load_catalog
 from daemon.schema import parse_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kafka_harness import Broker, create_topic
+from support.kafka_harness import Broker, create_topic
 
 TOPIC = "events"
 LIVE_TOPIC = "live"

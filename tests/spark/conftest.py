@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 import pytest
-from spark_helpers import unique_catalog_name
+from support.spark_helpers import unique_catalog_name
 
 from daemon.config import Config, validate_config
 from daemon.errors import SparkConfError

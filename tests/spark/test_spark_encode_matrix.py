@@ -22,10 +22,11 @@ import os
 from typing import Any
 
 import aiohttp
-from fixture_types import MakeConfig, RunDaemon
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from matrix_values import (
+from pyspark.sql import Row
+from support.fixture_types import MakeConfig, RunDaemon
+from support.matrix_values import (
     MAP_KEYS,
     PRIMITIVES,
     Column,
@@ -37,7 +38,6 @@ from matrix_values import (
     nodes,
     post_and_flush,
 )
-from pyspark.sql import Row
 
 ROWS = 4_000
 EXAMPLES = int(os.environ.get("ICESPOOL_SPARK_ENCODE_EXAMPLES", "2"))

@@ -13,9 +13,9 @@ from decimal import Decimal
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from kafka_harness import Broker, create_topic, produce
 from pyiceberg.catalog import load_catalog
 from pyspark.sql import Row
+from support.kafka_harness import Broker, create_topic, produce
 
 from daemon.config import Config
 from daemon.kafka._offsets import offsets_key

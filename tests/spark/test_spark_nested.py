@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 import pyarrow as pa
-from json_values import storage_type
 from pyspark.sql import Row
+from support.json_values import storage_type
 
 from daemon.http_api import ARROW_STREAM, NDJSON
 from daemon.schema import arrow_schema_for, parse_schema

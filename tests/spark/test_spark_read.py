@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from spark_helpers import rows, scan_metrics
+from support.spark_helpers import rows, scan_metrics
 
 from daemon.iceberg._commit import SEGMENTS_SUMMARY_KEY
 

@@ -16,8 +16,8 @@ import aiohttp
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from json_values import b64_json, decimal_json, dumps, storage_type
 from pyspark.sql import Row
+from support.json_values import b64_json, decimal_json, dumps, storage_type
 
 from daemon.http_api import NDJSON
 from daemon.schema import arrow_schema_for, parse_schema

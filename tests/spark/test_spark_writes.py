@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from daemon_harness import Daemon, DaemonDir
 from pyiceberg.catalog import load_catalog
-from spark_helpers import unique_catalog_name
+from support.daemon_harness import Daemon, DaemonDir
+from support.spark_helpers import unique_catalog_name
 
 from daemon.config import validate_config
 from daemon.iceberg._commit import commit_files, find_committed_segments

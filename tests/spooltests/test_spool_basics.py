@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.spool_helpers import SCHEMA, batch, read_all
 
 from spool import (
     SegmentCorruptError,
@@ -18,8 +19,6 @@ from spool import (
     SpoolFullError,
     UnknownSegmentError,
 )
-
-from ._helpers import SCHEMA, batch, read_all
 
 
 def _segment_files(directory: Path) -> list[Path]:

@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.spool_helpers import batch, read_all
 
 from spool import Spool
-
-from ._helpers import batch, read_all
 
 TABLE = "ns.events"
 OTHER = "ns.other"

@@ -30,11 +30,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.faulty_fs import FAULTS, Fault, FaultyFileSystem, crash
+from support.spool_helpers import batch
 
 from spool import AppendAck, Durability, Spool, SpoolIOError
-
-from ._faulty_fs import FAULTS, Fault, FaultyFileSystem, crash
-from ._helpers import batch
 
 TABLES = ("ns.a", "ns.b")
 EXAMPLES = int(os.environ.get("ICESPOOL_FAULT_EXAMPLES", "200"))

@@ -12,12 +12,11 @@ import os
 from pathlib import Path
 
 import pytest
+from support.faulty_fs import Fault, FaultyFileSystem, crash
+from support.spool_helpers import batch, read_all
 
 from spool import SegmentInfo, Spool, SpoolFullError, SpoolIOError
 from spool._segment import OpenSegment
-
-from ._faulty_fs import Fault, FaultyFileSystem, crash
-from ._helpers import batch, read_all
 
 TABLE = "ns.events"
 

@@ -6,9 +6,9 @@ import asyncio
 import os
 from pathlib import Path
 
-from spool import FileSystem, Spool
+from support.spool_helpers import batch, read_all
 
-from ._helpers import batch, read_all
+from spool import FileSystem, Spool
 
 
 class _CountingFileSystem(FileSystem):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spool import Spool, segment_file_name
+from support.spool_helpers import batch, read_all
 
-from ._helpers import batch, read_all
+from spool import Spool, segment_file_name
 
 NASTY = [
     "../x",

@@ -17,6 +17,7 @@ import pytest
 from spool import Spool, SpoolLockedError
 
 HERE = Path(__file__).parent
+SUPPORT = HERE.parent / "support"
 REPO = HERE.parent.parent
 TABLE = "ns.kill"
 
@@ -24,7 +25,7 @@ TABLE = "ns.kill"
 def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen(
-        [sys.executable, str(HERE / script), *args],
+        [sys.executable, str(SUPPORT / script), *args],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -69,7 +70,7 @@ async def test_kill_9_never_loses_an_acked_batch(tmp_path: Path, durability: str
     acked_max = -1
     rounds = 20
     for round_no in range(rounds):
-        proc = _spawn("_appender.py", str(tmp_path), durability)
+        proc = _spawn("spool_appender.py", str(tmp_path), durability)
         reader = _AckReader(proc)
         deadline = time.monotonic() + 20
         while not any(line.startswith("START") for line in reader.lines):
@@ -94,7 +95,7 @@ async def test_kill_9_never_loses_an_acked_batch(tmp_path: Path, durability: str
 
 
 def test_second_opener_fails_fast_naming_the_pid_until_holder_dies(tmp_path: Path) -> None:
-    proc = _spawn("_holder.py", str(tmp_path))
+    proc = _spawn("spool_holder.py", str(tmp_path))
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "READY"
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.spool_helpers import batch, read_all
 
 from spool import SegmentCorruptError, Spool, UnknownSegmentError
-
-from ._helpers import batch, read_all
 
 TABLE = "ns.events"
 

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
-from kafka_harness import Broker, create_topic, produce_values
-from service_helpers import metric, table_rows, wait_rows
+from support.kafka_harness import Broker, create_topic, produce_values
+from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
 from daemon.kafka._avro import FileSchema, decode_avro

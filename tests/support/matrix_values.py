@@ -31,10 +31,10 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 from hypothesis import strategies as st
-from json_values import dumps, storage_type
 
 from daemon.http_api import ARROW_STREAM, NDJSON
 from daemon.schema import arrow_schema_for, parse_schema
+from support.json_values import dumps, storage_type
 
 __all__ = [
     "MAP_KEYS",

@@ -15,8 +15,8 @@ import aiohttp
 import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer
-from kafka_harness import Broker, create_topic, produce, produce_values
-from service_helpers import metric, table_rows, wait_rows
+from support.kafka_harness import Broker, create_topic, produce, produce_values
+from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
 from daemon.kafka._offsets import Ranges, batch_meta, offsets_key

@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 import pytest
-from fixture_types import MakeConfig, RunDaemon
-from kafka_harness import Broker, create_topic, produce_values
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
-from service_helpers import table_rows, wait_rows
+from support.fixture_types import MakeConfig, RunDaemon
+from support.kafka_harness import Broker, create_topic, produce_values
+from support.service_helpers import table_rows, wait_rows
 
 from daemon.schema._evolution import SchemaChangeError, plan_evolution
 from daemon.service import Icespool

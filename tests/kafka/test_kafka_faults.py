@@ -23,8 +23,8 @@ from pathlib import Path
 import aiohttp
 import psycopg2
 import pytest
-from daemon_harness import TABLE, Daemon, DaemonDir
-from kafka_harness import Broker, create_topic, produce
+from support.daemon_harness import TABLE, Daemon, DaemonDir
+from support.kafka_harness import Broker, create_topic, produce
 
 PARTITIONS = 6
 

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from json_values import b64_json, decimal_json, dumps, storage_type
 from pyiceberg.catalog import Catalog
+from support.json_values import b64_json, decimal_json, dumps, storage_type
 
 from daemon.decode import JsonOptions, decode_ndjson, decode_ndjson_lenient
 from daemon.errors import SchemaError

@@ -1,6 +1,6 @@
 """Child process for the kill -9 tests: appends numbered batches, prints each ack.
 
-Usage: python _appender.py SPOOL_DIR DURABILITY
+Usage: python spool_appender.py SPOOL_DIR DURABILITY
 Resumes numbering after whatever the spool already holds, so ids stay unique
 across rounds. Also rotates and seals now and then, so kills land in every phase.
 """

@@ -22,8 +22,8 @@ import fastavro
 import numpy as np
 import pytest
 from aiohttp import web
-from kafka_harness import Broker, create_topic, produce_values
-from service_helpers import metric, table_rows, wait_rows
+from support.kafka_harness import Broker, create_topic, produce_values
+from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config, redacted
 from daemon.errors import ConfigError

@@ -32,10 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from fixture_types import MakeConfig, RunDaemon
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from matrix_values import (
+from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+from support.fixture_types import MakeConfig, RunDaemon
+from support.matrix_values import (
     Column,
     column_values,
     columns,
@@ -44,9 +47,6 @@ from matrix_values import (
     nodes,
     post_and_flush,
 )
-from pyiceberg.catalog import Catalog
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
 
 from daemon.config import Config
 from daemon.errors import SchemaError
