@@ -97,7 +97,7 @@ class Wants:
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """Column data for `TableInput.append` (seed 002's column-write API).
+    """Column data for `TableInput.append` (the column-write API: values, validity, selection).
 
     ``validity`` is source-aligned (``validity[i]`` says whether ``values[i]`` is
     valid); ``selection`` picks and orders source rows, and validity is gathered

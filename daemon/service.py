@@ -14,6 +14,7 @@ is retried in the background, and a failing writer retries its flushes itself.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Any
@@ -42,6 +43,7 @@ from daemon.ingest import AUTO_CREATED, Ingest, TableInput
 from daemon.kafka import KafkaSource, OffsetBook, dead_letter_schema
 from daemon.lanes import LanePool
 from daemon.metrics import Metrics
+from daemon.retry import Backoff
 from daemon.schema import (
     Policy,
     arrow_schema_for,
@@ -56,6 +58,10 @@ from spool import FileSystem, QuarantinedSegment, Spool
 __all__ = ["Icespool"]
 
 _log = logging.getLogger("icespool.service")
+# An unreachable catalog at start-up: retried from about a second up to 30 s apart.
+_CATALOG_RETRY = Backoff(attempts=1, base=1.0, cap=30.0)
+# A final commit that meets an outage: retried within the shutdown grace.
+_FINAL_COMMIT = Backoff(attempts=1, base=0.5, cap=5.0)
 # How often tables that could not be loaded are tried again.
 _RELOAD_INTERVAL = 10.0
 # /v1/status lists at most this many quarantined segments (and counts all of them).
@@ -216,24 +222,27 @@ class Icespool:
         for source in self._sources:
             await source.stop_fetching()
         deadline = time.monotonic() + grace
-        writers = self._writers.values()
-        closing = [asyncio.ensure_future(_final_commit(w, deadline)) for w in writers]
-        done, pending = await asyncio.wait(closing, timeout=grace) if closing else (set(), set())
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                _log.error("final commit failed; the spool keeps the records: %s", task.exception())
-        if pending:
-            _log.warning(
-                "shutdown grace of %.0fs passed with %d tables still committing; their "
-                "records stay in the spool for the next start",
-                grace,
-                len(pending),
-            )
-        for source in self._sources:
-            await source.close()  # offsets to Kafka only after the final commits
-        await self._pool.stop(drain=not pending)
-        for task in pending:
-            task.cancel()
+        # Each final commit logs its own failure, so none of them cancels the others.
+        async with asyncio.TaskGroup() as group:
+            closing = [
+                group.create_task(_final_commit(w, deadline), name=f"final-commit-{w.name}")
+                for w in self._writers.values()
+            ]
+            pending: set[asyncio.Task[None]] = set()
+            if closing:
+                _, pending = await asyncio.wait(closing, timeout=grace)
+            if pending:
+                _log.warning(
+                    "shutdown grace of %.0fs passed with %d tables still committing; their "
+                    "records stay in the spool for the next start",
+                    grace,
+                    len(pending),
+                )
+            for source in self._sources:
+                await source.close()  # offsets to Kafka only after the final commits
+            await self._pool.stop(drain=not pending)
+            for task in pending:
+                task.cancel()
         await self._spool.close()
         return self._spool.stats().segments
 
@@ -241,9 +250,8 @@ class Icespool:
         """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
         catalog = self.config.catalog
         timeout = startup_timeout(self.config.timeouts)
-        delay = 1.0
         attempt: asyncio.Future[Catalog] | None = None
-        while True:
+        for failures in itertools.count(1):
             # A load stuck beyond its timeout keeps its thread: wait for it again rather
             # than starting another one next to it.
             if attempt is None:
@@ -269,9 +277,10 @@ class Icespool:
                     attempt.cancel()
                 raise error
             self._starting = f"starting: catalog unreachable, retrying: {error}"
+            delay = _CATALOG_RETRY.delay(failures)
             _log.error("%s; retrying in %.0fs", error, delay)
             await asyncio.sleep(delay)
-            delay = min(30.0, delay * 2)
+        raise AssertionError("unreachable")
 
     async def _abort(self) -> None:
         self._state = "stopped"
@@ -672,17 +681,19 @@ class Icespool:
         self.metrics.spool_segments.set(stats.segments)
 
 
-async def _final_commit(writer: TableWriter, deadline: float) -> FlushResult:
+async def _final_commit(writer: TableWriter, deadline: float) -> None:
     """The shutdown commit of one table, retried while its catalog or object store is
     unreachable and the grace lasts: a blip as the daemon stops (a catalog restart in
     the same rollout) must not leave the spool to a start that may never come."""
-    delay = 0.5
-    while True:
+    for attempt in itertools.count(1):
         try:
-            return await writer.close("shutdown")
+            await writer.close("shutdown")
+            return
         except Exception as exc:
+            delay = _FINAL_COMMIT.delay(attempt)
             if unavailable(exc) is None or time.monotonic() + delay >= deadline:
-                raise
+                _log.error("final commit failed; the spool keeps the records: %s", exc)
+                return
             _log.warning(
                 "%s: shutdown commit failed (%s); retrying in %.1fs within the grace",
                 writer.name,
@@ -691,4 +702,3 @@ async def _final_commit(writer: TableWriter, deadline: float) -> FlushResult:
                 extra={"table": writer.name},
             )
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
