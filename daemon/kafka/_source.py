@@ -53,6 +53,7 @@ from daemon.kafka._decode import (
     route_values,
     too_deep_values,
 )
+from daemon.kafka._diagnose import connect_problem
 from daemon.kafka._raw_fetch import fetch_raw
 from daemon.metrics import Metrics
 from daemon.nesting import DEFAULT_MAX_DEPTH
@@ -202,15 +203,17 @@ class KafkaSource:
                 backoff = 0.5
                 await self._consume()
             except (KafkaError, OSError) as exc:
-                self._disconnected(exc)
+                self._disconnected(exc, await connect_problem(exc, self._client_options()))
                 await self._sleep(backoff)
                 backoff = min(_MAX_BACKOFF, backoff * 2)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                # A bug must not stop ingestion silently: log it, start over.
-                _log.exception("%s: consumer loop failed; restarting it", self.name)
-                self._disconnected(None)
+            except Exception as exc:
+                problem = await connect_problem(exc, self._client_options())  # SCRAM refused
+                if problem is None:
+                    # A bug must not stop ingestion silently: log it, start over.
+                    _log.exception("%s: consumer loop failed; restarting it", self.name)
+                self._disconnected(exc if problem else None, problem)
                 await self._sleep(backoff)
                 backoff = min(_MAX_BACKOFF, backoff * 2)
 
@@ -218,9 +221,9 @@ class KafkaSource:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
-    def _disconnected(self, exc: BaseException | None) -> None:
+    def _disconnected(self, exc: BaseException | None, problem: str | None = None) -> None:
         if exc is not None:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._last_error = problem or f"{type(exc).__name__}: {exc}"
             _log.warning("%s: Kafka unavailable, retrying: %s", self.name, self._last_error)
         self.connected = False
         self._metrics.kafka_connected.set(0)
