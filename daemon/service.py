@@ -21,7 +21,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.errors import (
@@ -33,10 +32,14 @@ from daemon.errors import (
 )
 from daemon.iceberg import (
     CatalogHealth,
-    ensure_table,
+    create_inferred,
+    create_with,
+    existing_table,
     load_catalog,
+    load_declared,
     short_error,
     startup_timeout,
+    table_names,
     unavailable,
 )
 from daemon.ingest import AUTO_CREATED, Ingest, TableInput
@@ -47,10 +50,6 @@ from daemon.retry import Backoff
 from daemon.schema import (
     Policy,
     arrow_schema_for,
-    infer_schema,
-    parse_partition_spec,
-    parse_schema,
-    parse_sort_order,
 )
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import FileSystem, QuarantinedSegment, Spool
@@ -134,7 +133,9 @@ class Icespool:
                 name = table_config.name
                 try:
                     if table_config.infer and table_config.columns is None:
-                        existing = await asyncio.to_thread(self._existing_table, name)
+                        existing = await asyncio.to_thread(
+                            existing_table, self._require_catalog(), name
+                        )
                         if existing is None:  # created from the first batch it receives
                             self._awaiting_schema[name] = table_config
                             continue
@@ -352,9 +353,13 @@ class Icespool:
         if table is not None:
             pass
         elif create:  # a dead-letter table: our schema, created when missing
-            table = await asyncio.to_thread(self._dead_letter_table, name)
+            table = await asyncio.to_thread(
+                create_with, self._require_catalog(), name, dead_letter_schema()
+            )
         else:
-            table = await asyncio.to_thread(self._load_table, name, table_config)
+            table = await asyncio.to_thread(
+                load_declared, self._require_catalog(), name, table_config
+            )
         settings = self.config.table_settings(name) if table_config else self.config.defaults
         writer = TableWriter(
             name,
@@ -389,7 +394,9 @@ class Icespool:
             if name in self._writers:
                 return self._writers[name]
             table_config = self._awaiting_schema.get(name)
-            table = await asyncio.to_thread(self._create_inferred, name, incoming, table_config)
+            table = await asyncio.to_thread(
+                create_inferred, self._require_catalog(), name, incoming, table_config
+            )
             writer = await self._add_writer(name, table_config, table=table, evolve=evolve)
             writer.start()
             self._awaiting_schema.pop(name, None)
@@ -401,70 +408,16 @@ class Icespool:
             )
             return writer
 
-    def _create_inferred(
-        self, name: str, incoming: pa.Schema, table_config: TableConfig | None
-    ) -> Any:
-        assert self._catalog is not None
-        existing = self._existing_table(name)
-        if existing is not None:
-            return existing
-        schema = infer_schema(incoming)
-        spec = parse_partition_spec(schema, table_config.partition_by if table_config else [])
-        sort_by = table_config.sort_by if table_config else []
-        return ensure_table(
-            self._catalog,
-            name,
-            schema,
-            spec,
-            table_config.properties if table_config else {},
-            True,
-            sort_order=parse_sort_order(schema, sort_by),
-        )
-
-    def _existing_table(self, name: str) -> Any:
-        assert self._catalog is not None
-        try:
-            return self._catalog.load_table(name)
-        except NoSuchTableError:
-            return None
-
     def _auto_created(self, kafka: KafkaConfig) -> list[str]:
         """Tables a Kafka source created in an earlier run (they match its template)."""
         assert self._catalog is not None and kafka.table_template is not None
         namespace = kafka.table_template.split(".", 1)[0]
-        try:
-            listed = self._catalog.list_tables(namespace)
-        except NoSuchNamespaceError:
-            return []
-        names = [".".join(identifier) for identifier in listed]
-        return [n for n in kafka.targets(names) if n not in self._writers]
+        listed = table_names(self._catalog, namespace)
+        return [n for n in kafka.targets(listed) if n not in self._writers]
 
-    def _load_table(self, name: str, table_config: TableConfig | None) -> Any:
-        assert self._catalog is not None
-        if table_config is None or table_config.columns is None:
-            try:
-                return self._catalog.load_table(name)
-            except Exception as exc:
-                raise CatalogError(
-                    f"table {name!r} cannot be loaded ({exc}); declare its schema with "
-                    "create = true (or infer = true), or create it in the catalog"
-                ) from exc
-        schema = parse_schema([c.model_dump() for c in table_config.columns])
-        spec = parse_partition_spec(schema, table_config.partition_by)
-        return ensure_table(
-            self._catalog,
-            name,
-            schema,
-            spec,
-            table_config.properties,
-            table_config.create,
-            sort_order=parse_sort_order(schema, table_config.sort_by),
-        )
-
-    def _dead_letter_table(self, name: str) -> Any:
-        assert self._catalog is not None
-        schema = dead_letter_schema()
-        return ensure_table(self._catalog, name, schema, parse_partition_spec(schema, []), {}, True)
+    def _require_catalog(self) -> Catalog:
+        assert self._catalog is not None, "the catalog is loaded in start()"
+        return self._catalog
 
     def _book(self, name: str) -> OffsetBook:
         """The Kafka offset bookkeeping of table ``name`` (its writer's claims)."""
