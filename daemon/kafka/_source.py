@@ -15,32 +15,26 @@ Exactly-once rests on the offset ranges each table keeps in its own properties
   they never run ahead of Iceberg (`daemon.kafka._commit`).
 
 This module is the source's life: connect (with backoff), the fetch loop, the
-rebalance callbacks, and the walk of one fetch: route -> (create) -> decode and
-evolve through `daemon.ingest` -> dead letters -> hand each table its rows.
+rebalance callbacks, reading past records the client cannot parse; the walk of one
+fetch (route, create, decode and evolve through `daemon.ingest`, dead letters,
+hand each table its rows) is `daemon.kafka._handover`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CorruptRecordException, KafkaError
 
 from daemon.config import KafkaConfig
-from daemon.decode import infer_records_schema
-from daemon.errors import BackpressureError, IcespoolError
-from daemon.ingest import AUTO_CREATED, Ingest, Wants
-from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
+from daemon.ingest import Ingest
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
@@ -49,11 +43,11 @@ from daemon.kafka._client import (
     stop_quietly,
 )
 from daemon.kafka._commit import OffsetCommitter
-from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw
+from daemon.kafka._decode import Fetch
 from daemon.kafka._diagnose import connect_problem
-from daemon.kafka._offsets import OffsetBook, Ranges, batch_meta, ranges_from_properties
-from daemon.kafka._partitions import Assignment, Partition, PartitionState
+from daemon.kafka._handover import Handover
+from daemon.kafka._offsets import OffsetBook, Ranges, ranges_from_properties
+from daemon.kafka._partitions import Assignment, PartitionState
 from daemon.kafka._raw_fetch import fetch_raw
 from daemon.kafka._routing import Router, router_for
 from daemon.metrics import Metrics
@@ -67,8 +61,6 @@ _POLL_MS = 200
 #: Reconnecting to brokers that are gone: from half a second up to 30 s.
 _RECONNECT = Backoff(attempts=1, base=0.5, cap=30.0)
 _INIT_RETRY = 2.0
-# Where a partition remembers how far dead letters went when they go to a topic.
-_DEAD_LETTER_TOPIC = "<dead-letter topic>"
 # What aiokafka raises for a record it cannot parse: CorruptRecordException from
 # its Python reader or a bad CRC, UnicodeDecodeError (a ValueError) from its C reader.
 _UNPARSEABLE = (CorruptRecordException, ValueError, IndexError)
@@ -76,7 +68,6 @@ _RAW_FETCH_BYTES = 4 << 20
 
 #: Reads the current properties of a table straight from the catalog (blocking).
 LoadProperties = Callable[[str], Mapping[str, str]]
-Dead = list[tuple[DeadRecord, str | None]]
 
 
 class KafkaSource:
@@ -107,10 +98,21 @@ class KafkaSource:
         self._max_depth = max_nesting_depth
         self._router: Router = router_for(config, table_names, max_nesting_depth)
         self.dead_letter_table = config.dead_letter_table
-        self._avro: AvroSchemas | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._parts = Assignment(name, metrics)
+        self._handover = Handover(
+            config,
+            source=name,
+            router=self._router,
+            ingest=ingest,
+            writer_for=writer_for,
+            producer=lambda: self._producer,
+            spool_has_room=spool_has_room,
+            metrics=metrics,
+            max_nesting_depth=max_nesting_depth,
+        )
+        self._handover.on_new_table = self._new_table
         self._offsets = OffsetCommitter(
             source=name,
             group_id=config.group_id,
@@ -457,180 +459,18 @@ class KafkaSource:
         )
         self._metrics.kafka_records.labels(topic=tp.topic).inc(len(records))
         part.begin(int(fetch.offsets[0]), self.tables)
-        last = int(fetch.offsets[-1])
-        per_table, dead = await self._decode(fetch)
-        if unparseable:
-            dead = _set_aside(fetch, per_table, dead, unparseable)
-        if not self._has_room(per_table, dead):
-            self._parts.pause(consumer, part, int(fetch.offsets[0]))
-            return
-        try:
-            # Dead letters first: the tables' offset claims cover the dead records too,
-            # so with a dead-letter topic a crash must find them sent already.
-            if dead:
-                await self._dead_letters(part, fetch, dead, last)
-            for table, decoded in per_table.items():
-                if decoded.batch is not None:
-                    await self._hand(part, table, decoded.batch, fetch.offsets[decoded.rows], last)
-        except (BackpressureError, KafkaError) as exc:
-            # What was handed stays handed (and is skipped on the re-read).
-            _log.info("%s: pausing %s[%d]: %s", self.name, tp.topic, tp.partition, exc)
-            self._parts.pause(consumer, part, int(fetch.offsets[0]))
-            return
-        part.position = last + 1
-
-    async def _decode(self, fetch: Fetch) -> tuple[dict[str, Decoded], Dead]:
-        """Route, create the tables unknown routes name (``auto_create``), then decode
-        each table's records through the way in (which evolves the table where its
-        policy allows). Dead records come back in fetch order."""
-        subsets, dead = await asyncio.to_thread(self._router.route, fetch)
-        unknown = any(d.reason == "unknown_route" for d, _ in dead)
-        if unknown and self.config.auto_create and await self._create_routes(fetch, dead):
-            subsets, dead = await asyncio.to_thread(self._router.route, fetch)
-        out: dict[str, Decoded] = {}
-        for table, rows in subsets.items():
-            writer = self._writer_for(table)
-            subset = None if len(rows) == len(fetch.offsets) else rows
-
-            decoded, refused = await self._ingest.decoded(
-                writer,
-                functools.partial(self._decode_table, fetch, subset=subset, writer=writer),
-                functools.partial(self._wants, fetch, writer=writer),
-            )
-            out[table] = decoded
-            for record in decoded.dead:
-                change = refused.get(record.column or "")
-                if change is not None:  # the table's policy refuses what it needs
-                    record = replace(record, reason="schema_change", error=str(change))
-                dead.append((record, table))
-        dead.sort(key=lambda item: item[0].index)
-        return out, dead
-
-    def _decode_table(
-        self,
-        fetch: Fetch,
-        schema: pa.Schema,
-        *,
-        subset: npt.NDArray[np.int64] | None,
-        writer: TableWriter,
-    ) -> Decoded:
-        c = self.config
-        common: dict[str, Any] = {
-            "metadata_columns": c.metadata_columns,
-            "max_record_bytes": c.max_record_bytes,
-            "subset": subset,
-        }
-        if c.format == "raw":
-            return decode_raw(fetch, schema, **common)
-        options = self._ingest.json_options(writer)
-        if c.format == "avro":
-            if self._avro is None:
-                self._avro = avro_schemas(c)
-            return decode_avro(
-                fetch, schema, schemas=self._avro, max_depth=options.max_depth, **common
-            )
-        return decode_json(fetch, schema, options=options, **common)
-
-    def _wants(self, fetch: Fetch, decoded: Decoded, *, writer: TableWriter) -> Wants | None:
-        """The columns the dead records of a JSON decode lacked, with their values."""
-        if self.config.format != "json":
-            return None
-        failed = [d for d in decoded.dead if d.column is not None]
-        if not failed:
-            return None
-        values = [fetch.values[d.index] or b"" for d in failed]
-        columns = frozenset(d.column for d in failed if d.column is not None)
-        depth = self._ingest.json_options(writer).max_depth
-        return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
-
-    async def _create_routes(self, fetch: Fetch, dead: Dead) -> bool:
-        """With ``auto_create``: create the tables unknown routes name, from the
-        inferred schema of their records. Returns whether one was created."""
-        wanted: dict[str, list[bytes]] = {}
-        for record, table in dead:
-            if record.reason == "unknown_route" and table is not None:
-                wanted.setdefault(table, []).append(fetch.values[record.index] or b"")
-        created = False
-        for table, values in wanted.items():
-            try:
-                await self._ingest.create(
-                    table,
-                    functools.partial(infer_records_schema, values, None, self._max_depth),
-                    evolve=AUTO_CREATED,
-                )
-            except (IcespoolError, ValueError) as exc:
-                _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
-                continue
-            self._router.add(table)
-            for part in self._parts:
-                # Its coverage starts with this assignment: records before were not
-                # its (they went to the dead-letter destination as unknown routes).
-                if part.start is not None:
-                    part.handed.setdefault(table, part.start - 1)
-                part.committed.setdefault(table, Ranges())
-            created = True
-        return created
-
-    def _has_room(self, per_table: Mapping[str, Decoded], dead: Sequence[object]) -> bool:
-        if not self._spool_has_room():
-            return False
-        tables = [t for t, d in per_table.items() if d.batch is not None]
-        if dead and self.dead_letter_table:
-            tables.append(self.dead_letter_table)
-        return all(self._writer_for(t).has_capacity() for t in tables)
-
-    async def _hand(
-        self,
-        part: Partition,
-        table: str,
-        batch: pa.RecordBatch,
-        offsets: npt.NDArray[np.int64],
-        last: int,
-    ) -> npt.NDArray[np.bool_]:
-        """Spool the rows ``table`` has not got yet, claiming the fetch's range up to
-        ``last``; returns which rows were new."""
-        handed = part.handed.get(table, -1)
-        fresh = part.fresh(table, offsets)
-        dropped = int(offsets.size - fresh.sum())
-        if dropped:
-            self._metrics.kafka_duplicates.labels(table=table).inc(dropped)
-            batch = batch.filter(pa.array(fresh))
-            offsets = offsets[fresh]
-        if batch.num_rows:
-            meta = batch_meta(
-                self.config.group_id,
-                part.tp.topic,
-                part.tp.partition,
-                Ranges.of([(handed + 1, last)]),
-                Ranges.runs(offsets),
-            )
-            await self._writer_for(table).append(batch, meta)
-        part.hand(table, last)
-        return fresh
-
-    async def _dead_letters(self, part: Partition, fetch: Fetch, dead: Dead, last: int) -> None:
-        offsets = fetch.offsets[np.asarray([d.index for d, _ in dead], dtype=np.int64)]
-        dlt = self.dead_letter_table
-        if dlt is not None:
-            batch = dead_letter_batch(fetch, dead, self._writer_for(dlt).arrow_schema)
-            fresh = await self._hand(part, dlt, batch, offsets, last)
+        if await self._handover.hand(part, fetch, unparseable):
+            part.position = int(fetch.offsets[-1]) + 1
         else:
-            # At least once: a crash between send and the next offset commit re-sends.
-            assert self._producer is not None
-            fresh = part.fresh(_DEAD_LETTER_TOPIC, offsets)
-            for (record, target), new in zip(dead, fresh, strict=True):
-                if new:
-                    await self._producer.send_and_wait(
-                        self.config.dead_letter,
-                        value=fetch.values[record.index],
-                        key=fetch.keys[record.index],
-                        headers=dead_letter_headers(fetch, record, target),
-                    )
-            # A re-read after backpressure skips what was already sent.
-            part.hand(_DEAD_LETTER_TOPIC, last)
-        for (record, target), new in zip(dead, fresh, strict=True):
-            if new:
-                self._metrics.dead_letters.labels(table=target or "", reason=record.reason).inc()
+            self._parts.pause(consumer, part, int(fetch.offsets[0]))
+
+    def _new_table(self, table: str) -> None:
+        """``auto_create`` made ``table``: its coverage starts with this assignment
+        (records before were not its; they went to the dead letters as unknown routes)."""
+        for part in self._parts:
+            if part.start is not None:
+                part.handed.setdefault(table, part.start - 1)
+            part.committed.setdefault(table, Ranges())
 
     # ------------------------------------------------------------------ backpressure
 
@@ -651,37 +491,6 @@ class KafkaSource:
         except Exception as exc:  # the catalog is down: retried at the next tick
             _log.warning("%s: recording consumed offsets failed: %s", self.name, exc)
         await self._offsets.commit_group(consumer, parts)
-
-
-def _set_aside(
-    fetch: Fetch,
-    per_table: dict[str, Decoded],
-    dead: Dead,
-    unparseable: Mapping[int, str],
-) -> Dead:
-    """Make the records at ``unparseable`` offsets dead letters (reason
-    ``unparseable``) whatever their decode said; returns the new dead list."""
-    positions = {
-        i: unparseable[o] for i, o in enumerate(fetch.offsets.tolist()) if o in unparseable
-    }
-    target: dict[int, str | None] = {}  # the table each was meant for, where known
-    for name, decoded in per_table.items():
-        keep = np.asarray([int(i) not in positions for i in decoded.rows], dtype=bool)
-        target.update((int(i), name) for i in decoded.rows[~keep])
-        if decoded.batch is not None and not keep.all():
-            batch = decoded.batch.filter(pa.array(keep))
-            per_table[name] = Decoded(batch if batch.num_rows else None, decoded.rows[keep])
-    kept: Dead = []
-    for record, table in dead:
-        if record.index in positions:
-            target[record.index] = table
-        else:
-            kept.append((record, table))
-    kept.extend(
-        (DeadRecord(i, "unparseable", problem), target.get(i)) for i, problem in positions.items()
-    )
-    kept.sort(key=lambda item: item[0].index)
-    return kept
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

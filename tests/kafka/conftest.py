@@ -1,4 +1,1 @@
-"""tests/kafka: Kafka tests that need a secured broker (tests/support/secure_broker.py).
-
-The shared fixtures (make_config, run_daemon, ...) come from tests/conftest.py.
-"""
+"""tests/kafka: tests of daemon/kafka/ (the shared fixtures come from tests/conftest.py)."""

@@ -21,8 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from fixture_types import MakeConfig, RunDaemon
-from service_helpers import table_rows, wait_rows
+from support.fixture_types import MakeConfig, RunDaemon
 from support.secure_broker import (
     SecureBroker,
     TlsFiles,
@@ -31,6 +30,7 @@ from support.secure_broker import (
     make_tls_files,
     produce_ids,
 )
+from support.service_helpers import table_rows, wait_rows
 
 from daemon.config import Config
 from daemon.service import Icespool

@@ -1,0 +1,282 @@
+"""The walk of one fetch batch of one partition: from Kafka records to spooled rows.
+
+    route -> create the tables unknown routes name (auto_create)
+          -> decode and evolve each table's records through `daemon.ingest`
+          -> dead letters (a table or a topic) -> hand each table its new rows
+
+Caller: `KafkaSource`, under its lock, for a partition in state FETCHING.
+Affects: the partition's ``handed`` marks (never its position or state: the source
+advances or pauses it by what `Handover.hand` returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from daemon.config import KafkaConfig
+from daemon.decode import infer_records_schema
+from daemon.errors import BackpressureError, IcespoolError
+from daemon.ingest import AUTO_CREATED, Ingest, Wants
+from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
+from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
+from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw
+from daemon.kafka._offsets import Ranges, batch_meta
+from daemon.kafka._partitions import Partition
+from daemon.kafka._routing import Router
+from daemon.metrics import Metrics
+from daemon.writer import TableWriter
+
+__all__ = ["Handover"]
+
+_log = logging.getLogger("icespool.kafka")
+# Where a partition remembers how far dead letters went when they go to a topic.
+_DEAD_LETTER_TOPIC = "<dead-letter topic>"
+Dead = list[tuple[DeadRecord, str | None]]
+
+
+class Handover:
+    """Hands fetched records to their tables (and dead letters to theirs) exactly once."""
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        *,
+        source: str,
+        router: Router,
+        ingest: Ingest,
+        writer_for: Callable[[str], TableWriter],
+        producer: Callable[[], AIOKafkaProducer | None],
+        spool_has_room: Callable[[], bool],
+        metrics: Metrics,
+        max_nesting_depth: int,
+    ) -> None:
+        self.config = config
+        self.name = source
+        self._router = router
+        self._ingest = ingest
+        self._writer_for = writer_for
+        self._producer = producer
+        self._spool_has_room = spool_has_room
+        self._metrics = metrics
+        self._max_depth = max_nesting_depth
+        self.dead_letter_table = config.dead_letter_table
+        self._avro: AvroSchemas | None = None
+        self.on_new_table: Callable[[str], None] = lambda table: None
+
+    async def hand(
+        self, part: Partition, fetch: Fetch, unparseable: Mapping[int, str] | None = None
+    ) -> bool:
+        """Spool what ``fetch`` holds for each table; False when there is no room
+        (nothing, or only a prefix of tables, was handed: the source pauses the
+        partition at the fetch's first offset and the re-read skips what was handed)."""
+        tp = f"{fetch.topic}[{fetch.partition}]"
+        last = int(fetch.offsets[-1])
+        per_table, dead = await self._decode(fetch)
+        if unparseable:
+            dead = _set_aside(fetch, per_table, dead, unparseable)
+        if not self._has_room(per_table, dead):
+            return False
+        try:
+            # Dead letters first: the tables' offset claims cover the dead records too,
+            # so with a dead-letter topic a crash must find them sent already.
+            if dead:
+                await self._dead_letters(part, fetch, dead, last)
+            for table, decoded in per_table.items():
+                if decoded.batch is not None:
+                    await self._hand(part, table, decoded.batch, fetch.offsets[decoded.rows], last)
+        except (BackpressureError, KafkaError) as exc:
+            # What was handed stays handed (and is skipped on the re-read).
+            _log.info("%s: pausing %s: %s", self.name, tp, exc)
+            return False
+        return True
+
+    async def _decode(self, fetch: Fetch) -> tuple[dict[str, Decoded], Dead]:
+        """Route, create the tables unknown routes name (``auto_create``), then decode
+        each table's records through the way in (which evolves the table where its
+        policy allows). Dead records come back in fetch order."""
+        subsets, dead = await asyncio.to_thread(self._router.route, fetch)
+        unknown = any(d.reason == "unknown_route" for d, _ in dead)
+        if unknown and self.config.auto_create and await self._create_routes(fetch, dead):
+            subsets, dead = await asyncio.to_thread(self._router.route, fetch)
+        out: dict[str, Decoded] = {}
+        for table, rows in subsets.items():
+            writer = self._writer_for(table)
+            subset = None if len(rows) == len(fetch.offsets) else rows
+
+            decoded, refused = await self._ingest.decoded(
+                writer,
+                functools.partial(self._decode_table, fetch, subset=subset, writer=writer),
+                functools.partial(self._wants, fetch, writer=writer),
+            )
+            out[table] = decoded
+            for record in decoded.dead:
+                change = refused.get(record.column or "")
+                if change is not None:  # the table's policy refuses what it needs
+                    record = replace(record, reason="schema_change", error=str(change))
+                dead.append((record, table))
+        dead.sort(key=lambda item: item[0].index)
+        return out, dead
+
+    def _decode_table(
+        self,
+        fetch: Fetch,
+        schema: pa.Schema,
+        *,
+        subset: npt.NDArray[np.int64] | None,
+        writer: TableWriter,
+    ) -> Decoded:
+        c = self.config
+        common: dict[str, Any] = {
+            "metadata_columns": c.metadata_columns,
+            "max_record_bytes": c.max_record_bytes,
+            "subset": subset,
+        }
+        if c.format == "raw":
+            return decode_raw(fetch, schema, **common)
+        options = self._ingest.json_options(writer)
+        if c.format == "avro":
+            if self._avro is None:
+                self._avro = avro_schemas(c)
+            return decode_avro(
+                fetch, schema, schemas=self._avro, max_depth=options.max_depth, **common
+            )
+        return decode_json(fetch, schema, options=options, **common)
+
+    def _wants(self, fetch: Fetch, decoded: Decoded, *, writer: TableWriter) -> Wants | None:
+        """The columns the dead records of a JSON decode lacked, with their values."""
+        if self.config.format != "json":
+            return None
+        failed = [d for d in decoded.dead if d.column is not None]
+        if not failed:
+            return None
+        values = [fetch.values[d.index] or b"" for d in failed]
+        columns = frozenset(d.column for d in failed if d.column is not None)
+        depth = self._ingest.json_options(writer).max_depth
+        return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
+
+    async def _create_routes(self, fetch: Fetch, dead: Dead) -> bool:
+        """With ``auto_create``: create the tables unknown routes name, from the
+        inferred schema of their records. Returns whether one was created."""
+        wanted: dict[str, list[bytes]] = {}
+        for record, table in dead:
+            if record.reason == "unknown_route" and table is not None:
+                wanted.setdefault(table, []).append(fetch.values[record.index] or b"")
+        created = False
+        for table, values in wanted.items():
+            try:
+                await self._ingest.create(
+                    table,
+                    functools.partial(infer_records_schema, values, None, self._max_depth),
+                    evolve=AUTO_CREATED,
+                )
+            except (IcespoolError, ValueError) as exc:
+                _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
+                continue
+            self._router.add(table)
+            self.on_new_table(table)
+            created = True
+        return created
+
+    def _has_room(self, per_table: Mapping[str, Decoded], dead: Sequence[object]) -> bool:
+        if not self._spool_has_room():
+            return False
+        tables = [t for t, d in per_table.items() if d.batch is not None]
+        if dead and self.dead_letter_table:
+            tables.append(self.dead_letter_table)
+        return all(self._writer_for(t).has_capacity() for t in tables)
+
+    async def _hand(
+        self,
+        part: Partition,
+        table: str,
+        batch: pa.RecordBatch,
+        offsets: npt.NDArray[np.int64],
+        last: int,
+    ) -> npt.NDArray[np.bool_]:
+        """Spool the rows ``table`` has not got yet, claiming the fetch's range up to
+        ``last``; returns which rows were new."""
+        handed = part.handed.get(table, -1)
+        fresh = part.fresh(table, offsets)
+        dropped = int(offsets.size - fresh.sum())
+        if dropped:
+            self._metrics.kafka_duplicates.labels(table=table).inc(dropped)
+            batch = batch.filter(pa.array(fresh))
+            offsets = offsets[fresh]
+        if batch.num_rows:
+            meta = batch_meta(
+                self.config.group_id,
+                part.tp.topic,
+                part.tp.partition,
+                Ranges.of([(handed + 1, last)]),
+                Ranges.runs(offsets),
+            )
+            await self._writer_for(table).append(batch, meta)
+        part.hand(table, last)
+        return fresh
+
+    async def _dead_letters(self, part: Partition, fetch: Fetch, dead: Dead, last: int) -> None:
+        offsets = fetch.offsets[np.asarray([d.index for d, _ in dead], dtype=np.int64)]
+        dlt = self.dead_letter_table
+        if dlt is not None:
+            batch = dead_letter_batch(fetch, dead, self._writer_for(dlt).arrow_schema)
+            fresh = await self._hand(part, dlt, batch, offsets, last)
+        else:
+            # At least once: a crash between send and the next offset commit re-sends.
+            producer = self._producer()
+            assert producer is not None, "the source starts its producer when it connects"
+            fresh = part.fresh(_DEAD_LETTER_TOPIC, offsets)
+            for (record, target), new in zip(dead, fresh, strict=True):
+                if new:
+                    await producer.send_and_wait(
+                        self.config.dead_letter,
+                        value=fetch.values[record.index],
+                        key=fetch.keys[record.index],
+                        headers=dead_letter_headers(fetch, record, target),
+                    )
+            # A re-read after backpressure skips what was already sent.
+            part.hand(_DEAD_LETTER_TOPIC, last)
+        for (record, target), new in zip(dead, fresh, strict=True):
+            if new:
+                self._metrics.dead_letters.labels(table=target or "", reason=record.reason).inc()
+
+
+def _set_aside(
+    fetch: Fetch,
+    per_table: dict[str, Decoded],
+    dead: Dead,
+    unparseable: Mapping[int, str],
+) -> Dead:
+    """Make the records at ``unparseable`` offsets dead letters (reason
+    ``unparseable``) whatever their decode said; returns the new dead list."""
+    positions = {
+        i: unparseable[o] for i, o in enumerate(fetch.offsets.tolist()) if o in unparseable
+    }
+    target: dict[int, str | None] = {}  # the table each was meant for, where known
+    for name, decoded in per_table.items():
+        keep = np.asarray([int(i) not in positions for i in decoded.rows], dtype=bool)
+        target.update((int(i), name) for i in decoded.rows[~keep])
+        if decoded.batch is not None and not keep.all():
+            batch = decoded.batch.filter(pa.array(keep))
+            per_table[name] = Decoded(batch if batch.num_rows else None, decoded.rows[keep])
+    kept: Dead = []
+    for record, table in dead:
+        if record.index in positions:
+            target[record.index] = table
+        else:
+            kept.append((record, table))
+    kept.extend(
+        (DeadRecord(i, "unparseable", problem), target.get(i)) for i, problem in positions.items()
+    )
+    kept.sort(key=lambda item: item[0].index)
+    return kept
