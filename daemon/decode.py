@@ -57,6 +57,7 @@ __all__ = [
     "LenientResult",
     "RecordError",
     "check_depth",
+    "count_ndjson_records",
     "decode_arrow_stream",
     "decode_ndjson",
     "decode_ndjson_lenient",
@@ -1066,6 +1067,12 @@ def _count_nonblank_lines(body: bytes) -> int:
     # Segments between newlines, minus the whitespace-only ones (this includes the
     # empty segment after a final newline).
     return body.count(b"\n") + 1 - len(_BLANK_LINE.findall(body))
+
+
+def count_ndjson_records(body: bytes) -> int:
+    """The records of an NDJSON body as the decoder counts them: its non-blank lines
+    (whether or not they are valid JSON). Blocking on large bodies (one regex scan)."""
+    return _count_nonblank_lines(body)
 
 
 def _line_of_row(body: bytes, row: int) -> str:

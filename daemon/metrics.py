@@ -6,11 +6,18 @@ share counters. Dashboards and alert rules in ``deploy/`` may use only these nam
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
+
+import pyarrow
+import pyiceberg
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -22,6 +29,15 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FILE_SIZE_BUCKETS = tuple(float(2**n) for n in range(16, 33, 2))  # 64 KiB .. 4 GiB
+# HTTP acks: the goal is a 20 ms p99, so the buckets are dense around it (1 ms .. 10 s).
+_ACK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 class Metrics:
@@ -30,6 +46,22 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_* (RSS, CPU seconds, open fds, start time) and python_info: this
+        # registry is the daemon's own, so the default registry's copies never reach it.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.build_info = Gauge(
+            "icespool_build_info",
+            "Always 1; the labels name the running versions",
+            ["version", "python", "pyarrow", "pyiceberg"],
+            registry=r,
+        )
+        self.build_info.labels(
+            version=_version("icespool"),
+            python=platform.python_version(),
+            pyarrow=pyarrow.__version__,
+            pyiceberg=pyiceberg.__version__,
+        ).set(1)
         self.records_acked = Counter(
             "icespool_records_acked_total",
             "Records acknowledged (in the spool)",
@@ -78,6 +110,13 @@ class Metrics:
         self.last_commit = Gauge(
             "icespool_last_commit_timestamp_seconds",
             "Unix time of the table's last commit",
+            ["table"],
+            registry=r,
+        )
+        self.last_commit_age = Gauge(
+            "icespool_table_last_commit_age_seconds",
+            "Seconds since this process last committed the table (set at every scrape; "
+            "absent until its first commit)",
             ["table"],
             registry=r,
         )
@@ -147,6 +186,13 @@ class Metrics:
             ["table", "reason"],
             registry=r,
         )
+        self.records_rejected = Counter(
+            "icespool_records_rejected_total",
+            "Records of HTTP ingest requests answered 400 (Kafka's bad records are "
+            "icespool_dead_letters_total instead)",
+            ["table", "reason"],
+            registry=r,
+        )
         self.kafka_lag = Gauge(
             "icespool_kafka_lag_records",
             "Consumer lag per partition (high watermark - committed offset)",
@@ -172,13 +218,22 @@ class Metrics:
         )
         self.kafka_connected = Gauge(
             "icespool_kafka_connected",
-            "1 while every Kafka source is connected to its brokers (0 when none is configured)",
+            "1 while the Kafka source is connected to its brokers, else 0 (no series "
+            "without a Kafka source)",
+            ["source"],
             registry=r,
         )
         self.http_requests = Counter(
             "icespool_http_requests_total",
             "HTTP requests by route and status code",
             ["route", "code"],
+            registry=r,
+        )
+        self.http_ack_duration = Histogram(
+            "icespool_http_ack_duration_seconds",
+            "Time from an ingest request's start to its 200 ack (every record spooled)",
+            ["table"],
+            buckets=_ACK_BUCKETS,
             registry=r,
         )
         self.ready = Gauge(

@@ -624,7 +624,8 @@ class Icespool:
         }
 
     def refresh_gauges(self) -> None:
-        """Bring the readiness and spool gauges up to date (on every /metrics scrape)."""
+        """Bring the readiness, spool and last-commit-age gauges up to date (on every
+        /metrics scrape)."""
         # As /readyz: a catalog outage or a Kafka source down makes it 0 too.
         self.metrics.ready.set(1 if self.not_ready_reason() is None else 0)
         self._spool.quarantined()  # re-counts files an operator removed by hand
@@ -632,6 +633,11 @@ class Icespool:
         self.metrics.spool_bytes.set(stats.bytes)
         self.metrics.spool_quarantine_bytes.set(stats.quarantine_bytes)
         self.metrics.spool_segments.set(stats.segments)
+        now = time.monotonic()
+        for name, writer in self._writers.items():  # O(tables), one label lookup each
+            if writer.last_commit_at is not None:
+                age = self.metrics.last_commit_age.labels(table=name)
+                age.set(now - writer.last_commit_at)
 
 
 async def _final_commit(writer: TableWriter, deadline: float) -> None:

@@ -146,6 +146,9 @@ class TableWriter:
         self.degraded: str | None = None  # why the last flush failed; None once one succeeds
         self._background: set[asyncio.Future[FlushResult]] = set()
         self.last_commit: FlushResult | None = None
+        # time.monotonic() of the last commit (None before the first): its age is
+        # exported at scrape time, immune to wall-clock steps.
+        self.last_commit_at: float | None = None
         metrics.table(name)
 
     # ------------------------------------------------------------------ lifecycle
@@ -635,6 +638,7 @@ class TableWriter:
         m.commits.labels(table=self.name, reason=result.reason).inc()
         m.commit_duration.labels(table=self.name).observe(result.duration_ms / 1000)
         m.last_commit.labels(table=self.name).set(time.time())
+        self.last_commit_at = time.monotonic()
         for data_file in files:
             m.data_file_size.labels(table=self.name).observe(data_file.file_size_in_bytes)
         self.last_commit = result

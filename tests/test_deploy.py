@@ -419,7 +419,7 @@ def test_promtool_check_and_unit_test_the_rules() -> None:
     promtool = _tool("promtool", "install the Debian package 'prometheus' (make test-deps)")
     check = _run(promtool, "check", "rules", str(RULES))
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 9 rules found" in check.stdout
+    assert "SUCCESS: 13 rules found" in check.stdout
     tested = _run(promtool, "test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
@@ -428,12 +428,17 @@ def test_promtool_check_and_unit_test_the_rules() -> None:
 # ------------------------------------------------------------------ metric names
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The daemon's own prefix, and the process collector's (shared with every other job,
+# so the rules and the dashboard must scope those to icespool's targets).
+_PREFIXES = ("icespool_", "process_")
 # Labelled series that exist only after their event (a dead letter, a refused request,
-# a Kafka source consuming). The test below checks them against the registry's
+# a Kafka source consuming, a 400). The test below checks them against the registry's
 # declarations instead of the scrape, and insists that this list is exact.
 EVENT_ONLY = {
     "icespool_dead_letters_total",
     "icespool_backpressure_total",
+    "icespool_records_rejected_total",
+    "icespool_kafka_connected",  # one series per Kafka source: none without Kafka
     "icespool_kafka_lag_records",
     "icespool_kafka_records_consumed_total",
     "icespool_kafka_duplicates_dropped_total",
@@ -442,7 +447,7 @@ EVENT_ONLY = {
 
 def _names(expr: str) -> set[str]:
     without_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    return {n for n in _NAME.findall(without_strings) if n.startswith("icespool_")}
+    return {n for n in _NAME.findall(without_strings) if n.startswith(_PREFIXES)}
 
 
 def _referenced() -> tuple[set[str], set[str]]:
@@ -485,10 +490,33 @@ def test_dashboard_covers_what_operators_need() -> None:
         "icespool_data_file_size_bytes_bucket",
         "icespool_kafka_lag_records",
         "icespool_dead_letters_total",
+        "icespool_http_ack_duration_seconds_bucket",
+        "icespool_records_rejected_total",
+        "icespool_table_last_commit_age_seconds",
+        "icespool_build_info",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
     ):
         assert name in from_dashboard, name
     titles = [p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]]
     assert len(titles) == len(set(titles))
+
+
+def test_process_metrics_are_read_only_from_icespool_targets() -> None:
+    """process_* names are every Python (and Go) exporter's: a rule or panel reading
+    them unscoped would alert on, or draw, other jobs' processes."""
+    rules = yaml.safe_load(RULES.read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs += [t["expr"] for p in panels for t in p["targets"]]
+    scoped = [e for e in exprs if any(n.startswith("process_") for n in _names(e))]
+    assert len(scoped) == 5  # the fd alert; the RSS, CPU, open fds and fd limit targets
+    for expr in scoped:
+        if "and on (instance, job) icespool_build_info" in expr:
+            continue
+        for found in re.finditer(r"process_\w+", expr):
+            assert expr[found.end() :].startswith('{job="icespool"'), expr
 
 
 async def test_rules_and_dashboard_use_only_exported_metrics(
@@ -496,7 +524,7 @@ async def test_rules_and_dashboard_use_only_exported_metrics(
 ) -> None:
     from_rules, from_dashboard = _referenced()
     referenced = from_rules | from_dashboard
-    assert len(from_rules) >= 9 and len(from_dashboard) >= 20
+    assert len(from_rules) >= 15 and len(from_dashboard) >= 30
     async with run_daemon() as (_, base), aiohttp.ClientSession() as session:
         body = b'{"event_id": 1, "kind": "a"}\n{"event_id": 2, "kind": "b"}\n'
         async with session.post(

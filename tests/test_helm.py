@@ -399,7 +399,8 @@ def test_alert_rules_select_the_job_the_service_monitor_produces(full_render: Re
     groups = _rule_groups(full_render)
     exprs = [rule["expr"] for group in groups["groups"] for rule in group["rules"]]
     jobs = [m for expr in exprs for m in re.findall(r'job="([^"]*)"', expr)]
-    assert jobs == [job["replacement"]] * 2  # IcespoolDown and IcespoolAbsent
+    # IcespoolDown, IcespoolAbsent, and the two process_* series of the fd alert
+    assert jobs == [job["replacement"]] * 4
     # The same rules as deploy/prometheus apart from the job label.
     assert groups == _deploy_rules_with_job(job["replacement"])
 
@@ -443,7 +444,7 @@ def test_rendered_rules_pass_the_promtool_unit_tests(full_render: Render, tmp_pa
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 9 rules found" in check.stdout
+    assert "SUCCESS: 13 rules found" in check.stdout
     tested = subprocess.run(
         [promtool, "test", "rules", "rules.test.yml"],
         cwd=tmp_path,

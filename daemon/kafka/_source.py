@@ -125,6 +125,8 @@ class KafkaSource:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.connected = False
+        # Its series exists from the start at 0: a source that never connects is seen.
+        self._metrics.kafka_connected.labels(source=name).set(0)
         self._last_tick = time.monotonic()
         self._init_retry_at = 0.0
         self._last_error = ""
@@ -169,7 +171,7 @@ class KafkaSource:
         if self._producer is not None:
             await stop_quietly(self._producer)
             self._producer = None
-        self.connected = False
+        self._set_connected(False)
 
     # ------------------------------------------------------------------ status
 
@@ -237,7 +239,7 @@ class KafkaSource:
 
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
-        self._metrics.kafka_connected.set(1 if connected else 0)
+        self._metrics.kafka_connected.labels(source=self.name).set(1 if connected else 0)
 
     async def _connect(self) -> None:
         c = self.config

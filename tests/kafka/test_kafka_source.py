@@ -15,6 +15,7 @@ import aiohttp
 import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer
+from prometheus_client.parser import text_string_to_metric_families
 from support.kafka_harness import Broker, create_topic, produce, produce_values
 from support.service_helpers import metric, table_rows, wait_rows
 
@@ -237,6 +238,18 @@ async def test_a_stalled_replica_cannot_commit_offsets_another_already_committed
         assert props[key] == "0-199"
 
 
+async def _connected(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """icespool_kafka_connected of a scrape, by source."""
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return {
+        sample.labels["source"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "icespool_kafka_connected"
+    }
+
+
 async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
     make_config: MakeConfig, run_daemon: Callable[..., Any], tmp_path: Any
 ) -> None:
@@ -249,6 +262,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
             await wait_rows(service, TABLE, 100)
             async with http.get(f"{url}/readyz") as response:
                 assert response.status == 200
+            assert await _connected(http, url) == {"kafka[0]": 1.0}
             broker.stop()
             deadline = time.monotonic() + 30
             status, text = 200, ""
@@ -269,6 +283,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
                 kafka = (await response.json())["kafka"]
                 assert kafka["sources"][0]["connected"] is False
                 assert kafka["sources"][0]["last_error"]
+            assert await _connected(http, url) == {"kafka[0]": 0.0}
             # The broker comes back (empty: it keeps data in memory) on the same port.
             broker = Broker.start(tmp_path, port=broker.port)
             deadline = time.monotonic() + 60
@@ -277,6 +292,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
                 async with http.get(f"{url}/readyz") as response:
                     status = response.status
             assert status == 200
+            assert await _connected(http, url) == {"kafka[0]": 1.0}
             rows = await asyncio.to_thread(table_rows, service, TABLE)
             assert sorted(r["id"] for r in rows) == [*range(100), *range(1000, 1005)]
     finally:
