@@ -260,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return EXIT_USAGE
     except ConfigError as exc:
-        _error(f"config key {exc.key!r}: {exc.problem}")
+        for problem in exc.problems:  # every mistake of the config, one per line
+            _error(problem.line())
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
         if exc.name != "daemon.app":

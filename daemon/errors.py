@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Self
 
 __all__ = [
@@ -23,12 +24,37 @@ class IcespoolError(Exception):
 
 
 class ConfigError(IcespoolError):
-    """The configuration is invalid; the message names the key and the fix."""
+    """The configuration is invalid; the message names the key and the fix.
 
-    def __init__(self, key: str, problem: str) -> None:
+    ``key``/``problem`` are the first problem; ``problems`` all of them (a config is
+    checked whole, so one run of check-config lists every mistake). ``table`` names
+    the ``[[tables]]`` entry a ``tables[i]...`` key belongs to.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        problem: str,
+        *,
+        table: str | None = None,
+        more: Sequence[ConfigError] = (),
+    ) -> None:
         self.key = key
         self.problem = problem
-        super().__init__(f"config key {key!r}: {problem}")
+        self.table = table
+        self.problems: tuple[ConfigError, ...] = (self, *(p for e in more for p in e.problems))
+        super().__init__("\n".join(p.line() for p in self.problems))
+
+    def line(self) -> str:
+        """This one problem (not the others) as one line."""
+        where = f" (table {self.table!r})" if self.table else ""
+        return f"config key {self.key!r}{where}: {self.problem}"
+
+    @classmethod
+    def of(cls, problems: Sequence[ConfigError]) -> ConfigError:
+        """One error carrying ``problems`` (at least one), in order."""
+        first, *rest = problems
+        return cls(first.key, first.problem, table=first.table, more=rest)
 
 
 class BadInputError(IcespoolError):

@@ -171,7 +171,7 @@ async def reload(service: Icespool, load: Callable[[], Config]) -> ReloadPlan | 
         # Reading the file is blocking I/O; validation is quick but runs with it.
         new = await asyncio.to_thread(load)
     except ConfigError as exc:
-        where = f"config key {exc.key!r}: {exc.problem}" if exc.key else str(exc)
+        where = "; ".join(problem.line() for problem in exc.problems)
         _log.error("SIGHUP: config not reloaded, keeping the running config: %s", where)
         return None
     except OSError as exc:

@@ -145,6 +145,23 @@ def test_check_config_json_output(tmp_path: Path) -> None:
     assert data["http"] == {"listen": "127.0.0.1:8080", "max_body_bytes": "64MiB"}
 
 
+def test_check_config_lists_every_problem_at_once(command: list[str], tmp_path: Path) -> None:
+    broken = GOOD_CONFIG.replace('type = "timestamptz"', 'type = "text"')
+    broken += '\n[log]\nlevel = "loud"\n'
+    path = write(tmp_path, broken)
+
+    proc = icespool(command, "check-config", "--config", str(path), cwd=tmp_path)
+
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("error: config key 'log.level': ")
+    assert lines[1].startswith(
+        "error: config key 'tables[0].schema[1].type' (table 'demo.events'): type 'text'"
+    )
+
+
 def test_check_config_bad_value_exits_2_naming_the_key(command: list[str], tmp_path: Path) -> None:
     path = write(tmp_path, GOOD_CONFIG.replace('type = "timestamptz"', 'type = "text"'))
 
@@ -153,7 +170,8 @@ def test_check_config_bad_value_exits_2_naming_the_key(command: list[str], tmp_p
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr == (
-        "error: config key 'tables[0].schema[1].type': type 'text': unknown type 'text'; "
+        "error: config key 'tables[0].schema[1].type' (table 'demo.events'): type 'text': "
+        "unknown type 'text'; "
         f"{TYPE_HELP}\n"
     )
 

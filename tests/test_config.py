@@ -421,7 +421,8 @@ def test_unknown_keys_are_rejected_by_name(mutate: Any, key: str, problem: str) 
     mutate(raw)
     error = config_error(raw)
     assert (error.key, error.problem) == (key, problem)
-    assert str(error) == f"config key {key!r}: {problem}"
+    where = f" (table {raw['tables'][0]['name']!r})" if key.startswith("tables[0]") else ""
+    assert str(error) == f"config key {key!r}{where}: {problem}"
 
 
 def test_catalog_passes_unknown_keys_through_as_strings() -> None:
@@ -678,14 +679,46 @@ def test_unicode_and_long_table_names_within_limit_are_accepted() -> None:
     assert config.table_names == ["données.événements", "n." + "x" * 253]
 
 
-def test_several_problems_report_the_first_and_count_the_rest() -> None:
+def test_several_problems_are_all_reported_at_once() -> None:
     raw = raw_contract()
     raw["spool"]["durability"] = "sometimes"
     raw["http"]["listen"] = "nowhere"
     raw["defaults"]["compression"] = "brotli"
     error = config_error(raw)
     assert error.key == "spool.durability"
-    assert error.problem.endswith(" (and 2 more problems after this one)")
+    assert [p.key for p in error.problems] == [
+        "spool.durability",
+        "http.listen",
+        "defaults.compression",
+    ]
+    assert str(error).splitlines() == [p.line() for p in error.problems]
+
+
+def test_cross_field_problems_are_all_reported_and_name_their_table() -> None:
+    raw = raw_contract()
+    raw["tables"].append({"name": raw["tables"][0]["name"]})  # defined twice
+    raw["tables"].append({"name": "demo.other", "create": True})  # no schema to create from
+    raw["kafka"][0]["table"] = "demo.missing"
+    error = config_error(raw)
+    lines = [p.line() for p in error.problems]
+    assert [p.key for p in error.problems] == [
+        "tables[1].name",
+        "tables[2].schema",
+        "kafka[0].table",
+    ], lines
+    assert error.problems[0].table == raw["tables"][0]["name"]
+    assert error.problems[1].table == "demo.other"
+    assert "(table 'demo.other')" in lines[1]
+    assert error.problems[2].table is None
+
+
+def test_a_type_error_in_a_table_names_the_table() -> None:
+    raw = raw_contract()
+    raw["tables"][0]["schema"][1]["type"] = "lng"
+    error = config_error(raw)
+    assert error.key == "tables[0].schema[1].type"
+    assert error.table == raw["tables"][0]["name"]
+    assert f"(table {raw['tables'][0]['name']!r})" in str(error)
 
 
 def test_config_is_immutable() -> None:

@@ -10,6 +10,7 @@ import copy
 import datetime as dt
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -113,6 +114,9 @@ def env_overrides(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``ICESPOOL__...`` variables of ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIX)}
+
+
+_TABLE_KEY = re.compile(r"tables\[(\d+)\]")
 
 
 def format_key(loc: Sequence[str | int]) -> str:
@@ -222,15 +226,27 @@ def _describe(err: ErrorDetails) -> str:
     return f"{msg}; got {_short_repr(err['input'])}"
 
 
-def _with_source(error: ConfigError, sources: Mapping[str, str]) -> ConfigError:
+def _located(error: ConfigError, raw: Mapping[str, Any], sources: Mapping[str, str]) -> ConfigError:
+    """``error`` naming its table (for a ``tables[i]...`` key) and the environment
+    variable that set the value, where one did."""
+    problem, table = error.problem, error.table
     for key, var in sources.items():
         if error.key == key or error.key.startswith((key + ".", key + "[")):
-            return ConfigError(error.key, f"{error.problem} (set by {var})")
-    return error
+            problem = f"{problem} (set by {var})"
+            break
+    found = _TABLE_KEY.match(error.key)
+    tables = raw.get("tables")
+    if table is None and found and isinstance(tables, list):
+        index = int(found.group(1))
+        entry = tables[index] if index < len(tables) else None
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        table = name if isinstance(name, str) and name else None
+    return ConfigError(error.key, problem, table=table)
 
 
 def validate_config(raw: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Config:
-    """Validate a raw config mapping; the first problem is raised as ConfigError.
+    """Validate a raw config mapping; every problem is in the ConfigError raised
+    (``problems``; ``key``/``problem`` are the first one).
 
     ``sources`` (dotted key -> environment variable) lets the message say where a bad value
     came from.
@@ -240,14 +256,10 @@ def validate_config(raw: Mapping[str, Any], sources: Mapping[str, str] | None = 
         return Config.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        first = errors[0]
-        problem = _describe(first)
-        if len(errors) > 1:
-            more = len(errors) - 1
-            problem += f" (and {more} more problem{'s' if more > 1 else ''} after this one)"
-        raise _with_source(ConfigError(format_key(first["loc"]), problem), sources) from None
+        problems = [ConfigError(format_key(e["loc"]), _describe(e)) for e in errors]
     except ConfigError as exc:
-        raise _with_source(exc, sources) from None
+        problems = list(exc.problems)
+    raise ConfigError.of([_located(p, raw, sources) for p in problems]) from None
 
 
 def load_config(

@@ -7,11 +7,12 @@ key themselves, because a nested model does not know its own position in the fil
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import types
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -619,32 +620,53 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross_check(self) -> Config:
-        # ConfigError is not a ValueError, so pydantic lets it through with our dotted key.
+        # ConfigError is not a ValueError, so pydantic lets it through with our dotted
+        # key. Every check runs, so one error lists every cross-field problem.
+        problems: list[ConfigError] = []
+
+        def check(run: Callable[[], None]) -> None:
+            try:
+                run()
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+
+        check(self._check_catalog)
+        check(self._check_spool)
+        seen: dict[str, int] = {}
+        for i, table in enumerate(self.tables):
+            if table.name in seen:
+                problems.append(
+                    ConfigError(
+                        f"tables[{i}].name",
+                        f"{table.name!r} is already defined by tables[{seen[table.name]}]; "
+                        "define each table once",
+                        table=table.name,
+                    )
+                )
+                continue
+            seen[table.name] = i
+            check(functools.partial(_check_table, i, table))
+        for i, kafka in enumerate(self.kafka):
+            check(functools.partial(self._check_kafka, i, kafka, seen))
+        if problems:
+            raise ConfigError.of(problems)
+        return self
+
+    def _check_catalog(self) -> None:
         if self.catalog.type == "sql" and self.catalog.uri is None:
             raise ConfigError(
                 "catalog.uri",
                 "a sql catalog needs a database URI, e.g. 'sqlite:////var/lib/icespool/"
                 "catalog.db' or 'postgresql+psycopg2://user@host/db'",
             )
+
+    def _check_spool(self) -> None:
         if self.spool.segment_max_bytes > self.spool.max_bytes:
             raise ConfigError(
                 "spool.segment_max_bytes",
                 f"{format_bytes(self.spool.segment_max_bytes)} is larger than spool.max_bytes "
                 f"({format_bytes(self.spool.max_bytes)}); lower it or raise spool.max_bytes",
             )
-        seen: dict[str, int] = {}
-        for i, table in enumerate(self.tables):
-            if table.name in seen:
-                raise ConfigError(
-                    f"tables[{i}].name",
-                    f"{table.name!r} is already defined by tables[{seen[table.name]}]; "
-                    "define each table once",
-                )
-            seen[table.name] = i
-            _check_table(i, table)
-        for i, kafka in enumerate(self.kafka):
-            self._check_kafka(i, kafka, seen)
-        return self
 
     @staticmethod
     def _check_kafka(i: int, kafka: KafkaConfig, tables: dict[str, int]) -> None:
