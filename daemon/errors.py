@@ -11,6 +11,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "IcespoolError",
+    "ReplayInProgressError",
     "SchemaError",
     "ShuttingDownError",
     "SparkConfError",
@@ -77,6 +78,10 @@ class CatalogError(IcespoolError):
 
 class CommitError(IcespoolError):
     """An Iceberg commit failed for good; the spool still holds its records."""
+
+
+class ReplayInProgressError(IcespoolError):
+    """A dead-letter replay of the same table is already running; wait for its answer."""
 
 
 class SparkConfError(IcespoolError):

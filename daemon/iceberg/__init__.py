@@ -20,6 +20,7 @@ from daemon.iceberg._commit import (
     StaleEncodingError,
     commit_files,
     commit_properties,
+    delete_rows,
     find_committed_segments,
     last_segments_key,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "check_compatible",
     "commit_files",
     "commit_properties",
+    "delete_rows",
     "encode_data_files",
     "ensure_table",
     "find_committed_segments",
