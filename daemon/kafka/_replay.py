@@ -342,10 +342,9 @@ class DeadLetterReplay:
         result = ReplayResult(self.table)
         started = time.monotonic()
         _log.info(
-            "dead-letter replay of %s started (%s, limit %d)",
+            "dead-letter replay of %s started (%s)",
             self.table,
-            selection.describe() or "every dead letter",
-            selection.limit,
+            selection.describe(),
             extra={"table": self.table},
         )
         try:
