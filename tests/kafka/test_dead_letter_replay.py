@@ -26,6 +26,7 @@ from support.kafka_harness import Broker, create_topic, produce_values
 from support.service_helpers import table_rows, wait_rows
 
 from daemon.config import Config
+from daemon.errors import ConfigError
 from daemon.kafka import replay_group
 from daemon.kafka._offsets import offsets_key
 from daemon.service import Icespool
@@ -384,3 +385,20 @@ async def test_replay_by_time_and_limit_in_chunks_over_thousands_of_dead_letters
         rows = await asyncio.to_thread(table_rows, service, EVENTS)
         assert sorted(r["id"] for r in rows) == list(range(count))
         assert await asyncio.to_thread(table_rows, service, DEAD) == []
+
+
+def test_a_consumer_group_cannot_take_the_replay_prefix(make_config: MakeConfig) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make_config(
+            tables=[{"name": EVENTS, "create": True, "schema": SCHEMA}],
+            kafka=[
+                {
+                    "bootstrap_servers": "127.0.0.1:9",
+                    "topics": ["t"],
+                    "group_id": f"dead-letter-replay/{DEAD}",
+                    "table": EVENTS,
+                }
+            ],
+        )
+    assert caught.value.key == "kafka[0].group_id"
+    assert "starts with 'dead-letter-replay/', which dead-letter replay uses" in str(caught.value)
