@@ -33,7 +33,7 @@ import binascii
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -407,7 +407,8 @@ class DeadLetterReplay:
         reader: pa.RecordBatchReader = scan.to_arrow_batch_reader()
         return reader
 
-    async def _chunks(self, reader: pa.RecordBatchReader, limit: int) -> Any:
+    async def _chunks(self, reader: pa.RecordBatchReader, limit: int) -> AsyncIterator[pa.Table]:
+        """At most ``limit`` rows of ``reader`` in tables of about `CHUNK_ROWS` rows."""
         pending: list[pa.RecordBatch] = []
         rows = size = total = 0
         while total < limit:
