@@ -1,4 +1,4 @@
-"""The ``icespool`` command: run, replay, check-config, spark-conf.
+"""The ``icespool`` command: run, replay, check-config, spark-conf, dead-letters.
 
 argparse rather than click/typer: four subcommands with a handful of options need no
 dependency, and the standard library's help and error output are good enough.
@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from daemon.config import (
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_option(spark)
     _add_spark_conf_options(spark)
+    _add_dead_letters_parser(sub)
     return parser
 
 
@@ -243,11 +245,133 @@ def _cmd_spark_conf(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------- dead-letters
+
+
+def _add_dead_letters_parser(sub: Any) -> None:
+    dead = sub.add_parser("dead-letters", help="work with Kafka dead-letter tables")
+    actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    replay = actions.add_parser(
+        "replay",
+        help="ask the running daemon to re-ingest dead letters into their tables (exactly "
+        "once) and remove them from the dead-letter table",
+    )
+    _add_config_option(replay)
+    replay.add_argument(
+        "--table",
+        metavar="NAME",
+        help="the dead-letter table (default: the only one the config names)",
+    )
+    replay.add_argument("--reason", help="only dead letters with this reason (e.g. invalid)")
+    replay.add_argument("--topic", help="only records of this topic")
+    replay.add_argument("--partition", type=int, metavar="N", help="only this partition")
+    replay.add_argument("--from-offset", type=int, metavar="N", help="first offset (inclusive)")
+    replay.add_argument("--to-offset", type=int, metavar="N", help="last offset (inclusive)")
+    replay.add_argument(
+        "--since", metavar="TIME", help="dead-lettered at or after (ISO-8601, default UTC)"
+    )
+    replay.add_argument("--until", metavar="TIME", help="dead-lettered before (ISO-8601)")
+    replay.add_argument("--target-table", metavar="NAME", help="only records meant for it")
+    replay.add_argument(
+        "--limit", type=int, metavar="N", help="at most N dead letters (default 10000)"
+    )
+    replay.add_argument(
+        "--url",
+        metavar="URL",
+        help="the daemon's base URL (default: from [http] listen in the config)",
+    )
+    replay.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for the daemon's answer (default 600)",
+    )
+
+
+def _cmd_dead_letters(args: argparse.Namespace) -> int:
+    """`icespool dead-letters replay`: one POST to the running daemon, which holds the
+    spool lock and the writers (an offline replay would need it stopped)."""
+    import urllib.error
+    import urllib.request
+
+    config = _load(args)
+    table = args.table
+    if table is None:
+        tables = sorted({k.dead_letter_table for k in config.kafka if k.dead_letter_table})
+        if len(tables) != 1:
+            _error(
+                "name the dead-letter table with --table; the config has "
+                + (", ".join(tables) if tables else "none")
+            )
+            return EXIT_USAGE
+        table = tables[0]
+    filters = {
+        key: getattr(args, key)
+        for key in (
+            "reason",
+            "topic",
+            "partition",
+            "from_offset",
+            "to_offset",
+            "since",
+            "until",
+            "target_table",
+            "limit",
+        )
+        if getattr(args, key) is not None
+    }
+    base = args.url or _local_url(config)
+    if base is None:
+        _error(f"[http] listen is {config.http.listen!r}; pass the daemon's address with --url")
+        return EXIT_USAGE
+    headers = {"Content-Type": "application/json"}
+    if config.http.auth_token_file:
+        token = Path(config.http.auth_token_file).read_text().strip()
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(
+        f"{base.rstrip('/')}/v1/tables/{table}/replay",
+        data=json.dumps(filters).encode(),
+        headers=headers,
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            body = response.read().decode()
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            answer = {"error": text}
+        if "replayed" in answer:
+            print(json.dumps(answer, indent=2))  # what was done before the error
+        _error(f"the daemon answered {exc.code}: {answer.get('error', text)}")
+        return EXIT_FAILURE
+    except (urllib.error.URLError, OSError) as exc:
+        _error(f"cannot reach the daemon at {base}: {exc}; is `icespool run` running?")
+        return EXIT_FAILURE
+    print(json.dumps(json.loads(body), indent=2))
+    return EXIT_OK
+
+
+def _local_url(config: Config) -> str | None:
+    host, port = config.http.host, config.http.port
+    if port == 0:
+        return None
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 _COMMANDS = {
     "run": _cmd_run,
     "replay": _cmd_replay,
     "check-config": _cmd_check_config,
     "spark-conf": _cmd_spark_conf,
+    "dead-letters": _cmd_dead_letters,
 }
 
 

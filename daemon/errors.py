@@ -12,6 +12,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "IcespoolError",
+    "ReplayInProgressError",
     "SchemaError",
     "ShuttingDownError",
     "SparkConfError",
@@ -103,6 +104,10 @@ class CatalogError(IcespoolError):
 
 class CommitError(IcespoolError):
     """An Iceberg commit failed for good; the spool still holds its records."""
+
+
+class ReplayInProgressError(IcespoolError):
+    """A dead-letter replay of the same table is already running; wait for its answer."""
 
 
 class SparkConfError(IcespoolError):

@@ -2,6 +2,7 @@
 
     POST /v1/tables/{table}/records   ingest (application/x-ndjson or Arrow IPC stream)
     POST /v1/tables/{table}/flush     commit now
+    POST /v1/tables/{table}/replay    re-ingest a dead-letter table's records (JSON filters)
     GET  /v1/status                   service.status()
     GET  /metrics                     Prometheus text
     GET  /healthz, /readyz            liveness, readiness
@@ -31,11 +32,13 @@ from daemon.errors import (
     BackpressureError,
     BadInputError,
     IcespoolError,
+    ReplayInProgressError,
     ShuttingDownError,
     UnknownTableError,
 )
 from daemon.iceberg import short_error, unavailable
 from daemon.ingest import ARROW_STREAM, FORMATS, NDJSON
+from daemon.kafka import ReplayFilter
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.schema import SchemaChangeError
 from daemon.service import Icespool
@@ -51,7 +54,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Routes that need the Bearer token when one is configured; probes and metrics
 # stay open so kubelet and Prometheus need no secret.
-_PROTECTED: Final = frozenset({"ingest", "flush", "status"})
+_PROTECTED: Final = frozenset({"ingest", "flush", "replay", "status"})
 _UNMATCHED_ROUTE: Final = "unmatched"  # one label for every unknown path: bounded cardinality
 _SHOWN_NAME_CHARS: Final = 120
 _STARTING_RETRY_AFTER: Final = 1.0
@@ -132,6 +135,7 @@ async def start_http(
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.middleware])
     app.router.add_post("/v1/tables/{table}/records", api.ingest, name="ingest")
     app.router.add_post("/v1/tables/{table}/flush", api.flush, name="flush")
+    app.router.add_post("/v1/tables/{table}/replay", api.replay, name="replay")
     app.router.add_get("/v1/status", api.status, name="status")
     app.router.add_get("/metrics", api.metrics, name="metrics")
     app.router.add_get("/healthz", api.healthz, name="healthz")
@@ -281,6 +285,36 @@ class _Api:
                 "quarantined": list(result.quarantined),
             }
         )
+
+    async def replay(self, request: web.Request) -> web.StreamResponse:
+        """Dead-letter replay: 200 with the counts, or 503 with the counts so far and
+        the error that stopped it (replaying again is safe)."""
+        name = request.match_info["table"]
+        self._check_ready()
+        body = await request.read()  # bounded by client_max_size
+        try:
+            data = json.loads(body) if body.strip() else None
+        except ValueError as exc:
+            raise _Problem(400, f"the replay request is not JSON: {exc}") from None
+        try:
+            selection = ReplayFilter.from_json(data)
+        except BadInputError as exc:
+            raise _Problem(400, str(exc)) from None
+        try:
+            result = await self._service.replay_dead_letters(name, selection)
+        except UnknownTableError as exc:
+            raise _Problem(404, str(exc)) from None
+        except ReplayInProgressError as exc:
+            raise _Problem(409, str(exc)) from None
+        except BackpressureError as exc:
+            raise _Problem(503, str(exc), headers=_retry_after(exc.retry_after)) from None
+        except Exception as exc:
+            raise _unavailable(exc, f"replay of {name} failed") from None
+        if result.error is not None:
+            response = _json(result.as_dict(), 503)
+            response.headers["Retry-After"] = str(int(_UNAVAILABLE_RETRY_AFTER))
+            return response
+        return _json(result.as_dict())
 
     async def _flushed(self, writer: TableWriter) -> FlushResult:
         """The manual flush's result, or 503 once the catalog is known to be unreachable
@@ -485,7 +519,8 @@ def _describe_http_exception(request: web.Request, exc: web.HTTPException) -> st
     if exc.status == 404:
         return (
             f"no such endpoint: {request.method} {path}; the API is under "
-            "/v1/tables/{namespace.table}/records|flush, /v1/status, /metrics, /healthz, /readyz"
+            "/v1/tables/{namespace.table}/records|flush|replay, /v1/status, /metrics, "
+            "/healthz, /readyz"
         )
     if exc.status == 405:
         allowed = exc.headers.get("Allow", "")

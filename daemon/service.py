@@ -27,6 +27,7 @@ from daemon.errors import (
     BackpressureError,
     CatalogError,
     CommitError,
+    ReplayInProgressError,
     ShuttingDownError,
     UnknownTableError,
 )
@@ -43,7 +44,14 @@ from daemon.iceberg import (
     unavailable,
 )
 from daemon.ingest import AUTO_CREATED, Ingest, TableInput
-from daemon.kafka import KafkaSource, OffsetBook, dead_letter_schema
+from daemon.kafka import (
+    DeadLetterReplay,
+    KafkaSource,
+    OffsetBook,
+    ReplayFilter,
+    ReplayResult,
+    dead_letter_schema,
+)
 from daemon.lanes import LanePool
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
@@ -99,6 +107,7 @@ class Icespool:
         self._unloaded: dict[str, tuple[TableConfig | None, str]] = {}
         self._reloader: asyncio.Task[None] | None = None
         self._waiting_sources: list[KafkaSource] = []
+        self._replaying: set[str] = set()  # dead-letter tables with a replay running
         self._state = "new"
         self._health: CatalogHealth | None = None
         self._starting = "starting (spool recovery)"
@@ -538,6 +547,56 @@ class Icespool:
             reason = next((q.reason for q in self.quarantined() if q.id == info.id), "unknown")
             raise CommitError(f"segment {info.id} still cannot be committed: {reason}")
         return result
+
+    # ------------------------------------------------------------------ dead letters
+
+    async def replay_dead_letters(self, table: str, selection: ReplayFilter) -> ReplayResult:
+        """Re-ingest the dead letters of ``table`` that ``selection`` picks into their
+        targets, exactly once, and remove them from ``table`` (see
+        `daemon.kafka.DeadLetterReplay`).
+
+        Raises `UnknownTableError` (not a dead-letter table of this daemon),
+        `ReplayInProgressError` (one runs already), `BackpressureError` (shutting
+        down, or its source waits for a table to load). A failure midway is in the
+        result's ``error``; what was done before it stays done.
+        """
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down; replay dead letters later")
+        configured = [k.dead_letter_table for k in self.config.kafka if k.dead_letter_table]
+        if table not in configured:
+            raise UnknownTableError(
+                f"table {table!r} is not a dead-letter table of this daemon; dead-letter "
+                f"tables: {', '.join(sorted(set(configured))) or '(none)'}"
+            )
+        sources = [s for s in self._sources if s.dead_letter_table == table]
+        if not sources:
+            raise BackpressureError(
+                f"the Kafka source of {table} waits for its tables to load; replay later",
+                retry_after=_RELOAD_INTERVAL,
+            )
+        if table in self._replaying:
+            raise ReplayInProgressError(
+                f"a replay of {table} is already running; wait for its answer"
+            )
+        self._replaying.add(table)
+        try:
+            replay = DeadLetterReplay(
+                table,
+                sources=sources,
+                dead_letters=self.table_writer(table),
+                writer_for=self.table_writer,
+                load_table=self._load_fresh,
+                load_properties=self._load_properties,
+                stopping=lambda: self.draining,
+            )
+            return await replay.run(selection)
+        finally:
+            self._replaying.discard(table)
+
+    def _load_fresh(self, name: str) -> Any:
+        """A Table object of its own for ``name`` (blocking)."""
+        assert self._catalog is not None
+        return self._catalog.load_table(name)
 
     # ------------------------------------------------------------------ status
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
@@ -40,6 +41,7 @@ from daemon.iceberg import (
     CommitResult,
     commit_files,
     commit_properties,
+    delete_rows,
     encode_data_files,
     find_committed_segments,
 )
@@ -321,6 +323,25 @@ class TableWriter:
         """
         future: asyncio.Future[bool] = self._lane.submit(
             lambda: asyncio.to_thread(commit_properties, self._table, updates)
+        )
+        return await future
+
+    async def refresh(self) -> None:
+        """Re-read the table's metadata now, so a schema changed elsewhere (Spark,
+        pyiceberg: the fix of a dead letter's cause) applies to the next decode
+        instead of after the next commit. Runs on the table's lane."""
+        future: asyncio.Future[Table] = self._lane.submit(
+            lambda: asyncio.to_thread(self._table.refresh)
+        )
+        await future
+        self._sync_schema()
+
+    async def delete_rows(self, row_filter: BooleanExpression, summary: Mapping[str, str]) -> bool:
+        """Remove the table's rows matching ``row_filter`` in one commit (dead letters
+        that were replayed). Runs on the table's lane, so it never races this table's
+        own commits. Returns whether anything was removed."""
+        future: asyncio.Future[bool] = self._lane.submit(
+            lambda: asyncio.to_thread(delete_rows, self._table, row_filter, summary=summary)
         )
         return await future
 

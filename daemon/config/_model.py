@@ -591,6 +591,10 @@ class KafkaConfig(_Section):
 
 # ------------------------------------------------------------------ the whole config
 
+#: The claims group prefix of dead-letter replay (`daemon.kafka._replay`), which no
+#: consumer group may use (the config package cannot import the Kafka one).
+REPLAY_GROUP_PREFIX = "dead-letter-replay/"
+
 
 def _matches_template(template: str, name: str) -> bool:
     prefix, suffix = template.split("{value}")
@@ -670,6 +674,14 @@ class Config(_Section):
 
     @staticmethod
     def _check_kafka(i: int, kafka: KafkaConfig, tables: dict[str, int]) -> None:
+        if kafka.group_id.startswith(REPLAY_GROUP_PREFIX):
+            # Dead-letter replay claims offsets in the tables under this prefix; a
+            # consumer group of that name would share its bookkeeping.
+            raise ConfigError(
+                f"kafka[{i}].group_id",
+                f"{kafka.group_id!r} starts with {REPLAY_GROUP_PREFIX!r}, which dead-letter "
+                "replay uses; choose another group id",
+            )
         if bool(kafka.topics) == (kafka.topic_pattern is not None):
             raise ConfigError(
                 f"kafka[{i}].topics",

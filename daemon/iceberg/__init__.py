@@ -21,6 +21,7 @@ from daemon.iceberg._commit import (
     StaleEncodingError,
     commit_files,
     commit_properties,
+    delete_rows,
     find_committed_segments,
     last_segments_key,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "commit_properties",
     "create_inferred",
     "create_with",
+    "delete_rows",
     "encode_data_files",
     "ensure_table",
     "existing_table",

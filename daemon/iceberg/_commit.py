@@ -51,6 +51,7 @@ from pyiceberg.exceptions import (
     ResolveError,
     ValidationException,
 )
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import (
@@ -76,6 +77,7 @@ __all__ = [
     "StaleEncodingError",
     "commit_files",
     "commit_properties",
+    "delete_rows",
     "find_committed_segments",
     "last_segments_key",
 ]
@@ -379,6 +381,36 @@ def commit_properties(
         return True
 
     return retry_conflicts(attempt, what=f"table {_name(table)}: property commit", backoff=retry)
+
+
+def delete_rows(
+    table: Table,
+    row_filter: BooleanExpression,
+    *,
+    summary: Mapping[str, str],
+    retry: Backoff = CONFLICTS,
+) -> bool:
+    """Remove the rows matching ``row_filter`` in one snapshot (copy-on-write: data
+    files holding matches are rewritten without them). Returns whether anything was
+    removed.
+
+    Each attempt refreshes the table and decides again what to rewrite, so a writer
+    that appended meanwhile is never overwritten; a conflict is retried like
+    `commit_properties`. Deleting rows that are already gone commits nothing, so a
+    repeated call is harmless.
+    """
+
+    def attempt() -> bool:
+        table.refresh()
+        transaction = table.transaction()
+        transaction.delete(row_filter, snapshot_properties=dict(summary))
+        if not transaction._updates:
+            return False
+        _commit_once(transaction)
+        table.refresh()
+        return True
+
+    return retry_conflicts(attempt, what=f"table {_name(table)}: row delete", backoff=retry)
 
 
 def commit_files(

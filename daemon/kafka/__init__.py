@@ -10,10 +10,21 @@ _decode       JSON and raw values -> Arrow batches, dead records
 _avro         Avro values (registry or schema file) -> Arrow batches
 _raw_fetch    reading past records the client cannot parse
 _dead_letter  the dead-letter table's rows and the topic alternative
+_replay       dead letters back into their tables, exactly once
 """
 
 from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
 from daemon.kafka._offsets import OffsetBook
+from daemon.kafka._replay import DeadLetterReplay, ReplayFilter, ReplayResult, replay_group
 from daemon.kafka._source import KafkaSource
 
-__all__ = ["DEAD_LETTER_COLUMNS", "KafkaSource", "OffsetBook", "dead_letter_schema"]
+__all__ = [
+    "DEAD_LETTER_COLUMNS",
+    "DeadLetterReplay",
+    "KafkaSource",
+    "OffsetBook",
+    "ReplayFilter",
+    "ReplayResult",
+    "dead_letter_schema",
+    "replay_group",
+]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -54,7 +55,7 @@ from daemon.metrics import Metrics
 from daemon.retry import Backoff
 from daemon.writer import TableWriter
 
-__all__ = ["KafkaSource"]
+__all__ = ["Dead", "KafkaSource"]
 
 _log = logging.getLogger("icespool.kafka")
 _POLL_MS = 200
@@ -136,6 +137,22 @@ class KafkaSource:
         """Every table this source writes, its dead-letter table included."""
         dead = [self.dead_letter_table] if self.dead_letter_table else []
         return [*self._router.targets, *dead]
+
+    def consumes(self, topic: str) -> bool:
+        """Whether ``topic`` is one this source reads (its list or its pattern)."""
+        if topic in self.config.topics:
+            return True
+        pattern = self.config.topic_pattern
+        # As aiokafka's pattern subscription matches: from the start of the name.
+        return pattern is not None and re.match(pattern, topic) is not None
+
+    async def redecode(self, fetch: Fetch) -> tuple[dict[str, Decoded], Dead]:
+        """Route and decode ``fetch`` as if it were consumed now (dead-letter replay):
+        the same walk as a live fetch, through the way in, with this source's
+        format and settings. Holds the source's lock, so it never interleaves with a
+        live fetch's decode (both may evolve or create tables)."""
+        async with self._lock:
+            return await self._decode(fetch)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,0 +1,51 @@
+"""Crash points for `icespool run` children, owned by the tests (the daemon has no hooks).
+
+A test puts this directory first on the child's PYTHONPATH and names a point in
+``TEST_CRASH_AT``; Python imports this module at start-up, and it wraps the daemon
+function at that point so the process kills itself with SIGKILL (a real kill -9: no
+cleanup, no flush) the first time it gets there:
+
+    before-dead-letter-removal   dead-letter replay: the targets committed, the dead
+                                 letters not yet removed
+    before-replay-commit         dead-letter replay: rows spooled for a target, the
+                                 target's commit not started
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+_POINT = os.environ.get("TEST_CRASH_AT", "")
+
+
+def _die(point: str) -> None:
+    print(f"crash seam: SIGKILL at {point}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if _POINT == "before-dead-letter-removal":
+    from daemon.kafka import _replay
+
+    async def _remove(*args: Any, **kwargs: Any) -> bool:
+        _die(_POINT)
+        raise AssertionError("unreachable")
+
+    _replay.remove_dead_letters = _remove  # type: ignore[assignment]
+
+elif _POINT == "before-replay-commit":
+    from daemon.writer import TableWriter
+
+    _flush = TableWriter.flush
+
+    async def _flush_or_die(self: TableWriter, reason: str = "manual") -> Any:
+        if reason == "dead-letter-replay":
+            _die(_POINT)
+        return await _flush(self, reason)
+
+    TableWriter.flush = _flush_or_die  # type: ignore[method-assign]
+
+elif _POINT:
+    raise SystemExit(f"unknown TEST_CRASH_AT {_POINT!r}")
