@@ -143,6 +143,10 @@ class TableWriter:
         self.degraded: str | None = None  # why the last flush failed; None once one succeeds
         self._background: set[asyncio.Future[FlushResult]] = set()
         self.last_commit: FlushResult | None = None
+        self.last_commit_at: float | None = None  # wall clock, for /v1/status's age
+        # Told of every segment that leaves the spool (committed or quarantined): how
+        # start-up recovery and `icespool replay` count their progress.
+        self.on_settled: Callable[[SegmentInfo], None] | None = None
         metrics.table(name)
 
     # ------------------------------------------------------------------ lifecycle
@@ -625,6 +629,8 @@ class TableWriter:
         self._pending.first_ack.pop(info.id, None)
         self._strikes.pop(info.id, None)
         self._gauge()
+        if self.on_settled is not None:
+            self.on_settled(info)
 
     def _record(self, result: FlushResult, files: Sequence[Any]) -> None:
         m = self._metrics
@@ -635,6 +641,7 @@ class TableWriter:
         for data_file in files:
             m.data_file_size.labels(table=self.name).observe(data_file.file_size_in_bytes)
         self.last_commit = result
+        self.last_commit_at = time.time()
         _log.info(
             "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s",
             self.name,
