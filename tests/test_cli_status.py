@@ -14,7 +14,6 @@ import pty
 import re
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,10 @@ from support.fixture_types import MakeConfig, RunDaemon
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 # Tables of the in-process daemon: two that serve, one that cannot load (degraded).
-COLUMNS = [{"name": "event_id", "type": "long", "required": True}, {"name": "kind", "type": "string"}]
+COLUMNS = [
+    {"name": "event_id", "type": "long", "required": True},
+    {"name": "kind", "type": "string"},
+]
 TABLES = [
     {"name": "demo.events", "create": True, "schema": COLUMNS},
     {"name": "demo.other", "create": True, "schema": COLUMNS},
@@ -47,7 +49,7 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
 
 
-async def icespool(*args: str, cwd: Path, timeout: float = 60) -> tuple[int, str, str]:
+async def icespool(*args: str, cwd: Path) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *daemon_command(),
         *args,
@@ -57,7 +59,7 @@ async def icespool(*args: str, cwd: Path, timeout: float = 60) -> tuple[int, str
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -131,13 +133,25 @@ async def test_status_shows_pending_records_then_the_last_commit(
         events = cells(out, "demo.events")
         assert events[0:2] == ["demo.events", "3"]
         assert events[5:] == ["0", "1", "none", "yet"]
-        assert cells(out, "demo.other") == ["demo.other", "0", "0", "B", "-", "0", "0", "none", "yet"]
+        assert cells(out, "demo.other") == [
+            "demo.other",
+            "0",
+            "0",
+            "B",
+            "-",
+            "0",
+            "0",
+            "none",
+            "yet",
+        ]
         assert "demo.missing " not in out.split("degraded tables")[0]  # not loaded: no row
         assert out.split("\n\n")[2] == f"degraded tables (1):\n  demo.missing: {MISSING_REASON}\n"
 
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{url}/v1/tables/demo.events/flush") as resp:
-                assert (await resp.json())["records"] == 3
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/v1/tables/demo.events/flush") as resp,
+        ):
+            assert (await resp.json())["records"] == 3
         code, out, err = await icespool("status", "--url", url, cwd=tmp_path)
 
         assert (code, err) == (0, "")
@@ -333,9 +347,11 @@ async def test_tables_lists_the_daemons_tables(
     async with run_daemon(make_config(tables=TABLES)) as (_, url):
         await post(url, "demo.events", range(3))
         await post(url, "demo.other", range(5))
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{url}/v1/tables/demo.other/flush") as resp:
-                assert resp.status == 200
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/v1/tables/demo.other/flush") as resp,
+        ):
+            assert resp.status == 200
         await post(url, "demo.other", range(5, 7))
 
         code, out, err = await icespool("tables", "--url", url, cwd=tmp_path)
