@@ -68,6 +68,10 @@ def fetch_status(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> dict[str, Any]:
     """``GET {base_url}/v1/status``, bounded by ``timeout`` seconds (connect and read)."""
+    if not base_url.startswith(("http://", "https://")):
+        raise DaemonRequestError(
+            f"URL {base_url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8080)"
+        )
     url = base_url.rstrip("/") + "/v1/status"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token is not None:

@@ -14,12 +14,15 @@ import pty
 import re
 import signal
 import socket
+import ssl
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
@@ -216,6 +219,77 @@ async def test_unreachable_daemon_is_one_line_and_exit_1(tmp_path: Path) -> None
     code, out, err = await icespool("tables", "--url", url, cwd=tmp_path)
     assert (code, out) == (1, "")
     assert err.startswith(f"error: cannot reach the icespool daemon at {url}/v1/status: ")
+
+
+async def test_url_without_scheme_is_named(tmp_path: Path) -> None:
+    code, out, err = await icespool("status", "--url", "127.0.0.1:8080", cwd=tmp_path)
+    assert (code, out) == (1, "")
+    assert err == (
+        "error: URL '127.0.0.1:8080' must start with http:// or https:// "
+        "(e.g. http://127.0.0.1:8080)\n"
+    )
+
+
+async def test_https_daemon_with_an_unknown_ca_is_refused(tmp_path: Path) -> None:
+    # Not an https server at all: the TLS handshake fails, and says so, within the timeout.
+    with socket.socket() as plain:
+        plain.bind(("127.0.0.1", 0))
+        plain.listen(8)
+        url = f"https://127.0.0.1:{plain.getsockname()[1]}"
+        missing_ca = await icespool(
+            "status", "--url", url, "--cafile", str(tmp_path / "none.pem"), cwd=tmp_path
+        )
+        silent = await icespool("status", "--url", url, "--timeout", "0.5", cwd=tmp_path)
+
+    assert missing_ca[:2] == (1, "")
+    assert missing_ca[2].startswith(f"error: cannot load --cafile {tmp_path / 'none.pem'}: ")
+    assert silent[:2] == (1, "")
+    assert silent[2].startswith(f"error: cannot reach the icespool daemon at {url}/v1/status: ")
+    assert "timed out" in silent[2]
+
+
+async def test_https_with_cafile_reads_the_daemons_status(
+    run_daemon: RunDaemon, tmp_path: Path
+) -> None:
+    # The daemon's own TLS listener is built elsewhere; until then a TLS front (aiohttp
+    # with a self-signed certificate for 127.0.0.1) relays the real daemon's status.
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    async with run_daemon() as (_, url):
+        await post(url, "demo.events", range(3))
+
+        async def relay(_: web.Request) -> web.Response:
+            return web.json_response(await get_status(url))
+
+        app = web.Application()
+        app.router.add_get("/v1/status", relay)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        try:
+            port = runner.addresses[0][1]
+            https = f"https://127.0.0.1:{port}"
+            trusted = await icespool("status", "--url", https, "--cafile", str(cert), cwd=tmp_path)
+            untrusted = await icespool("status", "--url", https, cwd=tmp_path)
+        finally:
+            await runner.cleanup()
+
+    assert trusted[0] == 0 and trusted[2] == ""
+    assert trusted[1].startswith(f"icespool at {https}: ready, up ")
+    assert cells(trusted[1], "demo.events")[1] == "3"
+    assert untrusted[:2] == (1, "")
+    assert untrusted[2].startswith(
+        f"error: cannot reach the icespool daemon at {https}/v1/status: [SSL: "
+        "CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate"
+    )
 
 
 async def test_silent_daemon_times_out(tmp_path: Path) -> None:
