@@ -149,9 +149,11 @@ async def _serve(
     )
     # After the ready line: recovery is done and the socket accepts, as READY=1 promises.
     systemd.ready()
-    reloader = asyncio.create_task(_reload_on_hangup(service, hangup, reload_config))
-    await stop.wait()
-    reloader.cancel()
+    # Serving: SIGHUP reloads run beside, and end with it.
+    async with asyncio.TaskGroup() as group:
+        reloader = group.create_task(_reload_on_hangup(service, hangup, reload_config))
+        await stop.wait()
+        reloader.cancel()
     deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
     _log.info("shutting down: committing pending records (grace %gs)", grace)
     service.draining = True  # ingest answers 503 from now on; status stays readable
@@ -218,7 +220,10 @@ async def _reload_on_hangup(
         if reload_config is None:
             _log.warning("SIGHUP ignored: this daemon was started without a config loader")
             continue
-        await reload(service, reload_config)
+        try:
+            await reload(service, reload_config)
+        except Exception:  # a bug in applying a reload must not take the daemon down
+            _log.exception("SIGHUP: reload failed; keeping the running config")
 
 
 async def _replay(config: Config, segments: Sequence[str], all_quarantined: bool) -> int:

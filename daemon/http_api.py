@@ -1,4 +1,4 @@
-"""The HTTP endpoints of DESIGN.md's contract, on aiohttp.
+"""The HTTP endpoints of the daemon's contract (README, HTTP API), on aiohttp.
 
     POST /v1/tables/{table}/records   ingest (application/x-ndjson or Arrow IPC stream)
     POST /v1/tables/{table}/flush     commit now

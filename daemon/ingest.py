@@ -97,7 +97,7 @@ class Wants:
 
 @dataclass(frozen=True, slots=True)
 class Column:
-    """Column data for `TableInput.append` (seed 002's column-write API).
+    """Column data for `TableInput.append` (the column-write API: values, validity, selection).
 
     ``validity`` is source-aligned (``validity[i]`` says whether ``values[i]`` is
     valid); ``selection`` picks and orders source rows, and validity is gathered
@@ -154,24 +154,37 @@ class Ingest:
 
     async def _ndjson(self, writer: TableWriter, body: bytes) -> pa.Table:
         options = self.json_options(writer)
+        return await self._whole(
+            writer,
+            lambda schema: decode_ndjson(body, schema, options),
+            # One column per round: the decode names the first one it failed on.
+            lambda error: Wants(
+                frozenset({error.column}),
+                lambda: infer_ndjson_schema(body, options.max_depth),
+                exact=False,
+            ),
+        )
 
-        def decode(schema: pa.Schema) -> pa.Table | SchemaError:
+    async def _whole(
+        self,
+        writer: TableWriter,
+        decode: Callable[[pa.Schema], _R],
+        wants: Callable[[SchemaError], Wants],
+    ) -> _R:
+        """All-or-nothing ``decode`` through `decoded`: the `SchemaError` it raises
+        says what to evolve; one that remains is raised (the policy's refusal when
+        the policy refused that column)."""
+
+        def attempt(schema: pa.Schema) -> _R | SchemaError:
             try:
-                return decode_ndjson(body, schema, options)
+                return decode(schema)
             except SchemaError as exc:
                 return exc
 
-        def wants(result: pa.Table | SchemaError) -> Wants | None:
-            if not isinstance(result, SchemaError):
-                return None
-            # One column per round: the decode names the first one it failed on.
-            return Wants(
-                frozenset({result.column}),
-                lambda: infer_ndjson_schema(body, options.max_depth),
-                exact=False,
-            )
+        def failed(result: _R | SchemaError) -> Wants | None:
+            return wants(result) if isinstance(result, SchemaError) else None
 
-        result, refused = await self.decoded(writer, decode, wants)
+        result, refused = await self.decoded(writer, attempt, failed)
         if isinstance(result, SchemaError):
             raise refused.get(result.column, result)
         return result
@@ -197,22 +210,11 @@ class Ingest:
     ) -> pa.RecordBatch:
         """``data`` cast to the table's schema, evolving the table first for the
         columns it lacks where the policy allows (SchemaError otherwise)."""
-
-        def decode(schema: pa.Schema) -> pa.RecordBatch | SchemaError:
-            try:
-                return conform(data, schema)
-            except SchemaError as exc:
-                return exc
-
-        def wants(result: pa.RecordBatch | SchemaError) -> Wants | None:
-            if not isinstance(result, SchemaError):
-                return None
-            return Wants(None, lambda: data.schema, exact=True)
-
-        result, refused = await self.decoded(writer, decode, wants)
-        if isinstance(result, SchemaError):
-            raise refused.get(result.column, result)
-        return result
+        return await self._whole(
+            writer,
+            lambda schema: conform(data, schema),
+            lambda error: Wants(None, lambda: data.schema, exact=True),
+        )
 
     # ------------------------------------------------------------------ every source
 

@@ -29,7 +29,7 @@ bookkeeping below happens in one uninterrupted step of the loop thread.
 
 Hence claimable work always has a worker bound to reach it: a scanner, or a
 worker running a job that will rescan when it releases its lane. This is the
-seed's "notify one, cascade on claim, re-check after release" discipline, made
+"notify one, cascade on claim, re-check after release" discipline, made
 exact by counting: unlike a single stored permit, one wake per claimable lane
 cannot collapse. The cascade (``_kick`` after each claim) is kept as a second
 line of defence.
@@ -73,7 +73,7 @@ class LaneStats(TypedDict):
 
 
 class _Job:
-    """A submitted job plus the seed's PendingGuard.
+    """A submitted job plus its pending guard.
 
     Every way a job can end (it ran, it raised, its future was cancelled while
     queued, close or stop dropped it) calls ``settle``; only the first call

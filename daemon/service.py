@@ -14,13 +14,13 @@ is retried in the background, and a failing writer retries its flushes itself.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Any, TextIO
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.errors import (
@@ -32,10 +32,14 @@ from daemon.errors import (
 )
 from daemon.iceberg import (
     CatalogHealth,
-    ensure_table,
+    create_inferred,
+    create_with,
+    existing_table,
     load_catalog,
+    load_declared,
     short_error,
     startup_timeout,
+    table_names,
     unavailable,
 )
 from daemon.ingest import AUTO_CREATED, Ingest, TableInput
@@ -43,13 +47,10 @@ from daemon.kafka import KafkaSource, OffsetBook, dead_letter_schema
 from daemon.lanes import LanePool
 from daemon.metrics import Metrics
 from daemon.progress import Progress
+from daemon.retry import Backoff
 from daemon.schema import (
     Policy,
     arrow_schema_for,
-    infer_schema,
-    parse_partition_spec,
-    parse_schema,
-    parse_sort_order,
 )
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import FileSystem, QuarantinedSegment, Spool
@@ -57,6 +58,10 @@ from spool import FileSystem, QuarantinedSegment, Spool
 __all__ = ["Icespool"]
 
 _log = logging.getLogger("icespool.service")
+# An unreachable catalog at start-up: retried from about a second up to 30 s apart.
+_CATALOG_RETRY = Backoff(attempts=1, base=1.0, cap=30.0)
+# A final commit that meets an outage: retried within the shutdown grace.
+_FINAL_COMMIT = Backoff(attempts=1, base=0.5, cap=5.0)
 # How often tables that could not be loaded are tried again.
 _RELOAD_INTERVAL = 10.0
 # /v1/status lists at most this many quarantined segments (and counts all of them).
@@ -138,7 +143,9 @@ class Icespool:
                 name = table_config.name
                 try:
                     if table_config.infer and table_config.columns is None:
-                        existing = await asyncio.to_thread(self._existing_table, name)
+                        existing = await asyncio.to_thread(
+                            existing_table, self._require_catalog(), name
+                        )
                         if existing is None:  # created from the first batch it receives
                             self._awaiting_schema[name] = table_config
                             continue
@@ -226,24 +233,27 @@ class Icespool:
         for source in self._sources:
             await source.stop_fetching()
         deadline = time.monotonic() + grace
-        writers = self._writers.values()
-        closing = [asyncio.ensure_future(_final_commit(w, deadline)) for w in writers]
-        done, pending = await asyncio.wait(closing, timeout=grace) if closing else (set(), set())
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                _log.error("final commit failed; the spool keeps the records: %s", task.exception())
-        if pending:
-            _log.warning(
-                "shutdown grace of %.0fs passed with %d tables still committing; their "
-                "records stay in the spool for the next start",
-                grace,
-                len(pending),
-            )
-        for source in self._sources:
-            await source.close()  # offsets to Kafka only after the final commits
-        await self._pool.stop(drain=not pending)
-        for task in pending:
-            task.cancel()
+        # Each final commit logs its own failure, so none of them cancels the others.
+        async with asyncio.TaskGroup() as group:
+            closing = [
+                group.create_task(_final_commit(w, deadline), name=f"final-commit-{w.name}")
+                for w in self._writers.values()
+            ]
+            pending: set[asyncio.Task[None]] = set()
+            if closing:
+                _, pending = await asyncio.wait(closing, timeout=grace)
+            if pending:
+                _log.warning(
+                    "shutdown grace of %.0fs passed with %d tables still committing; their "
+                    "records stay in the spool for the next start",
+                    grace,
+                    len(pending),
+                )
+            for source in self._sources:
+                await source.close()  # offsets to Kafka only after the final commits
+            await self._pool.stop(drain=not pending)
+            for task in pending:
+                task.cancel()
         await self._spool.close()
         return self._spool.stats().segments
 
@@ -251,9 +261,8 @@ class Icespool:
         """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
         catalog = self.config.catalog
         timeout = startup_timeout(self.config.timeouts)
-        delay = 1.0
         attempt: asyncio.Future[Catalog] | None = None
-        while True:
+        for failures in itertools.count(1):
             # A load stuck beyond its timeout keeps its thread: wait for it again rather
             # than starting another one next to it.
             if attempt is None:
@@ -279,9 +288,10 @@ class Icespool:
                     attempt.cancel()
                 raise error
             self._starting = f"starting: catalog unreachable, retrying: {error}"
+            delay = _CATALOG_RETRY.delay(failures)
             _log.error("%s; retrying in %.0fs", error, delay)
             await asyncio.sleep(delay)
-            delay = min(30.0, delay * 2)
+        raise AssertionError("unreachable")
 
     async def _abort(self) -> None:
         self._state = "stopped"
@@ -355,9 +365,13 @@ class Icespool:
         if table is not None:
             pass
         elif create:  # a dead-letter table: our schema, created when missing
-            table = await asyncio.to_thread(self._dead_letter_table, name)
+            table = await asyncio.to_thread(
+                create_with, self._require_catalog(), name, dead_letter_schema()
+            )
         else:
-            table = await asyncio.to_thread(self._load_table, name, table_config)
+            table = await asyncio.to_thread(
+                load_declared, self._require_catalog(), name, table_config
+            )
         settings = self.config.table_settings(name) if table_config else self.config.defaults
         writer = TableWriter(
             name,
@@ -392,7 +406,9 @@ class Icespool:
             if name in self._writers:
                 return self._writers[name]
             table_config = self._awaiting_schema.get(name)
-            table = await asyncio.to_thread(self._create_inferred, name, incoming, table_config)
+            table = await asyncio.to_thread(
+                create_inferred, self._require_catalog(), name, incoming, table_config
+            )
             writer = await self._add_writer(name, table_config, table=table, evolve=evolve)
             writer.start()
             self._awaiting_schema.pop(name, None)
@@ -404,70 +420,16 @@ class Icespool:
             )
             return writer
 
-    def _create_inferred(
-        self, name: str, incoming: pa.Schema, table_config: TableConfig | None
-    ) -> Any:
-        assert self._catalog is not None
-        existing = self._existing_table(name)
-        if existing is not None:
-            return existing
-        schema = infer_schema(incoming)
-        spec = parse_partition_spec(schema, table_config.partition_by if table_config else [])
-        sort_by = table_config.sort_by if table_config else []
-        return ensure_table(
-            self._catalog,
-            name,
-            schema,
-            spec,
-            table_config.properties if table_config else {},
-            True,
-            sort_order=parse_sort_order(schema, sort_by),
-        )
-
-    def _existing_table(self, name: str) -> Any:
-        assert self._catalog is not None
-        try:
-            return self._catalog.load_table(name)
-        except NoSuchTableError:
-            return None
-
     def _auto_created(self, kafka: KafkaConfig) -> list[str]:
         """Tables a Kafka source created in an earlier run (they match its template)."""
         assert self._catalog is not None and kafka.table_template is not None
         namespace = kafka.table_template.split(".", 1)[0]
-        try:
-            listed = self._catalog.list_tables(namespace)
-        except NoSuchNamespaceError:
-            return []
-        names = [".".join(identifier) for identifier in listed]
-        return [n for n in kafka.targets(names) if n not in self._writers]
+        listed = table_names(self._catalog, namespace)
+        return [n for n in kafka.targets(listed) if n not in self._writers]
 
-    def _load_table(self, name: str, table_config: TableConfig | None) -> Any:
-        assert self._catalog is not None
-        if table_config is None or table_config.columns is None:
-            try:
-                return self._catalog.load_table(name)
-            except Exception as exc:
-                raise CatalogError(
-                    f"table {name!r} cannot be loaded ({exc}); declare its schema with "
-                    "create = true (or infer = true), or create it in the catalog"
-                ) from exc
-        schema = parse_schema([c.model_dump() for c in table_config.columns])
-        spec = parse_partition_spec(schema, table_config.partition_by)
-        return ensure_table(
-            self._catalog,
-            name,
-            schema,
-            spec,
-            table_config.properties,
-            table_config.create,
-            sort_order=parse_sort_order(schema, table_config.sort_by),
-        )
-
-    def _dead_letter_table(self, name: str) -> Any:
-        assert self._catalog is not None
-        schema = dead_letter_schema()
-        return ensure_table(self._catalog, name, schema, parse_partition_spec(schema, []), {}, True)
+    def _require_catalog(self) -> Catalog:
+        assert self._catalog is not None, "the catalog is loaded in start()"
+        return self._catalog
 
     def _book(self, name: str) -> OffsetBook:
         """The Kafka offset bookkeeping of table ``name`` (its writer's claims)."""
@@ -712,17 +674,19 @@ class Icespool:
         self.metrics.spool_segments.set(stats.segments)
 
 
-async def _final_commit(writer: TableWriter, deadline: float) -> FlushResult:
+async def _final_commit(writer: TableWriter, deadline: float) -> None:
     """The shutdown commit of one table, retried while its catalog or object store is
     unreachable and the grace lasts: a blip as the daemon stops (a catalog restart in
     the same rollout) must not leave the spool to a start that may never come."""
-    delay = 0.5
-    while True:
+    for attempt in itertools.count(1):
         try:
-            return await writer.close("shutdown")
+            await writer.close("shutdown")
+            return
         except Exception as exc:
+            delay = _FINAL_COMMIT.delay(attempt)
             if unavailable(exc) is None or time.monotonic() + delay >= deadline:
-                raise
+                _log.error("final commit failed; the spool keeps the records: %s", exc)
+                return
             _log.warning(
                 "%s: shutdown commit failed (%s); retrying in %.1fs within the grace",
                 writer.name,
@@ -731,4 +695,3 @@ async def _final_commit(writer: TableWriter, deadline: float) -> FlushResult:
                 extra={"table": writer.name},
             )
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)

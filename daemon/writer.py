@@ -45,6 +45,7 @@ from daemon.iceberg import (
 )
 from daemon.lanes import Lane
 from daemon.metrics import Metrics
+from daemon.retry import Backoff
 from daemon.schema import (
     EvolutionPlan,
     Policy,
@@ -58,7 +59,9 @@ from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, Spool
 __all__ = ["SEGMENT_ATTEMPTS", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 
 _log = logging.getLogger("icespool.writer")
-_MAX_RETRY_DELAY = 60.0
+# A failed flush is retried from about a second up to a minute apart (the spool keeps
+# every record meanwhile).
+_FLUSH_RETRY = Backoff(attempts=1, base=1.0, cap=60.0)
 # Re-filtering after another replica committed overlapping source positions converges
 # quickly (each round sees more of its commits); more rounds mean a livelock bug.
 _REFILTER_ATTEMPTS = 5
@@ -398,7 +401,7 @@ class TableWriter:
             self._failures += 1
             self.degraded = str(exc)
             self._metrics.table_degraded.labels(table=self.name).set(1)
-            delay = min(_MAX_RETRY_DELAY, 0.5 * 2**self._failures)
+            delay = _FLUSH_RETRY.delay(self._failures)
             self._retry_at = time.monotonic() + delay
             self._metrics.commit_failures.labels(table=self.name).inc()
             _log.error(

@@ -1,11 +1,11 @@
-"""Fault tests of a real `icespool run` process (DESIGN.md guarantees 1, 2 and 7).
+"""Fault tests of a real `icespool run` process (guarantees 1, 2 and 7).
 
-Every test starts the daemon as a child process (tests/daemon_harness.py) with a
+Every test starts the daemon as a child process (tests/support/daemon_harness.py) with a
 SQLite catalog, a warehouse and a spool under tmp_path, talks to it over HTTP and
 reads the Iceberg table back with pyiceberg. Nothing is mocked: kills are real
 SIGKILLs, the torn segment is a real file cut with truncate, the crash between
-commit and spool delete is rebuilt from a copy of the segment
-(``keep_committed_segment``).
+commit and spool delete is a crash point the test sets through the spool's
+file-system seam (support/fault_daemon.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from support.daemon_harness import (
     Daemon,
     DaemonDir,
     daemon_command,
-    keep_committed_segment,
     ndjson,
 )
 
@@ -300,14 +299,19 @@ async def test_crash_after_commit_before_spool_delete_does_not_commit_twice(
     make_daemon: MakeDaemon,
 ) -> None:
     home, daemon = make_daemon(batch_timeout="3600s")
-    daemon.start()
+    # A crash point through the spool's file-system seam: the daemon SIGKILLs itself
+    # at its first segment unlink, i.e. right after the Iceberg commit of the flush.
+    daemon.start(crash=["unlink:*.arrow:1"])
     await daemon.wait_ready()
     n = 1_234
     async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
         for chunk in (range(500), range(500, 1_000), range(1_000, n)):
             await daemon.ingest(session, _records(chunk))
-    assert daemon.kill() == -signal.SIGKILL
-    segment = _segment_id(await keep_committed_segment(home, daemon))
+        with pytest.raises(aiohttp.ClientError):
+            await daemon.flush(session)
+    assert await daemon.wait_exit(20) == -signal.SIGKILL, daemon.tail()
+    [spooled] = home.spool_files()
+    segment = _segment_id(spooled)
     rows, table = home.read_rows()
     snaps = _snapshots(table)
     assert len(snaps) == 1 and _segments_of(snaps[0]) == [segment], (

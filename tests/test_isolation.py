@@ -14,7 +14,7 @@
   that cannot be loaded at start-up is reloaded in the background.
 
 The crash-between-commit-and-delete state is rebuilt without any hook in the
-daemon (``daemon_harness.keep_committed_segment``).
+daemon (a crash point through the spool's file-system seam, support/fault_daemon.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from support.daemon_harness import (
     Daemon,
     DaemonDir,
     daemon_command,
-    keep_committed_segment,
     ndjson,
 )
 from support.kafka_harness import Broker, create_topic, produce
@@ -321,12 +320,14 @@ async def test_committed_segment_is_not_committed_again_after_its_snapshot_expir
     daemons: list[Daemon], tmp_path: Path
 ) -> None:
     home, daemon = _daemon(daemons, tmp_path / "d", batch_timeout="1h")
-    daemon.start()
+    daemon.start(crash=["unlink:*.arrow:1"])  # SIGKILL right after the commit
     await daemon.wait_ready()
     async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
         await daemon.ingest(session, [{"id": i, "v": "x"} for i in range(1000)])
-    assert daemon.kill() == -signal.SIGKILL
-    segment = await keep_committed_segment(home, daemon)
+        with pytest.raises(aiohttp.ClientError):
+            await daemon.flush(session)
+    assert await daemon.wait_exit(20) == -signal.SIGKILL, daemon.tail()
+    [segment] = home.spool_files()
     segment_id = segment.name.removesuffix(".arrow").rsplit("__", 1)[1]
 
     def expire(table: Table) -> None:

@@ -1,4 +1,4 @@
-"""icespool's configuration: the TOML contract of DESIGN.md as validated, immutable models.
+"""icespool's configuration: the documented TOML contract as validated, immutable models.
 
     config = load_config("/etc/icespool/icespool.toml")  # None: $ICESPOOL_CONFIG or the default
     settings = config.table_settings("demo.events")       # [defaults] + the table's overrides

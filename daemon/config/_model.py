@@ -1,4 +1,4 @@
-"""The config model: exactly the keys of the contract in DESIGN.md, unknown keys rejected.
+"""The config model: exactly the documented keys (README, Configuration), unknown keys rejected.
 
 Single-value checks live on the fields (so pydantic reports the exact location); checks that
 relate several values live in ``Config._cross_check`` and raise ConfigError with the dotted

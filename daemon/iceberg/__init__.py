@@ -1,6 +1,7 @@
 """Everything that talks to Iceberg: catalogs, tables, data files, commits.
 
-    _catalog    load a catalog; load, create and check a table against its declaration
+    _catalog    load a catalog; create a table or check it against its declaration
+    _tables     the daemon's tables: declared, created from first records, listed
     _timeouts   bounds on every catalog and object-store call; outage classification
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
@@ -25,6 +26,13 @@ from daemon.iceberg._commit import (
 )
 from daemon.iceberg._health import CatalogHealth
 from daemon.iceberg._parquet import COMPRESSION_CODECS, encode_data_files, partition_transform
+from daemon.iceberg._tables import (
+    create_inferred,
+    create_with,
+    existing_table,
+    load_declared,
+    table_names,
+)
 from daemon.iceberg._timeouts import (
     bound_catalog,
     catalog_properties,
@@ -48,14 +56,19 @@ __all__ = [
     "check_compatible",
     "commit_files",
     "commit_properties",
+    "create_inferred",
+    "create_with",
     "encode_data_files",
     "ensure_table",
+    "existing_table",
     "find_committed_segments",
     "last_segments_key",
     "load_catalog",
+    "load_declared",
     "partition_transform",
     "short_error",
     "split_identifier",
     "startup_timeout",
+    "table_names",
     "unavailable",
 ]

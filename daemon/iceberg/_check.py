@@ -15,11 +15,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from pyiceberg.exceptions import NoSuchNamespaceError
-
 from daemon.config import REDACTED, Config, is_secret_key
 from daemon.errors import CatalogError
 from daemon.iceberg._catalog import load_catalog
+from daemon.iceberg._tables import table_names
 from daemon.iceberg._timeouts import startup_timeout
 
 __all__ = ["catalog_tables", "check_catalog"]
@@ -89,12 +88,7 @@ def _list_tables(config: Config) -> list[tuple[str, str]]:
     namespaces |= {k.table_template.split(".", 1)[0] for k in config.kafka if k.table_template}
     catalog = load_catalog(config.catalog.name, config.catalog.properties(), config.timeouts)
     try:
-        listed: set[str] = set()
-        for namespace in sorted(namespaces):
-            try:
-                listed |= {".".join(ident) for ident in catalog.list_tables(namespace)}
-            except NoSuchNamespaceError:
-                continue
+        listed = {name for ns in sorted(namespaces) for name in table_names(catalog, ns)}
     finally:
         _dispose(catalog)
     rows = []

@@ -41,10 +41,17 @@ from daemon.decode import infer_records_schema
 from daemon.errors import BackpressureError, IcespoolError
 from daemon.ingest import AUTO_CREATED, Ingest, Wants
 from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
-from daemon.kafka._client import PROBE_TIMEOUT, new_consumer, new_producer, stop_quietly
+from daemon.kafka._client import (
+    PROBE_TIMEOUT,
+    client_options,
+    new_consumer,
+    new_producer,
+    stop_quietly,
+)
 from daemon.kafka._commit import OffsetCommitter
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw
+from daemon.kafka._diagnose import connect_problem
 from daemon.kafka._offsets import OffsetBook, Ranges, batch_meta, ranges_from_properties
 from daemon.kafka._partitions import Assignment, Partition, PartitionState
 from daemon.kafka._raw_fetch import fetch_raw
@@ -195,13 +202,17 @@ class KafkaSource:
                 failures = 0
                 await self._consume()
             except (KafkaError, OSError) as exc:
-                await self._disconnected(exc)
+                problem = await connect_problem(exc, client_options(self.config))
+                await self._disconnected(exc, problem)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                # A bug must not stop ingestion silently: log it, start over.
-                _log.exception("%s: consumer loop failed; restarting it", self.name)
-                await self._disconnected(None)
+            except Exception as exc:
+                # aiokafka raises KeyError for a refused SCRAM login: a connect problem.
+                problem = await connect_problem(exc, client_options(self.config))
+                if problem is None:
+                    # A bug must not stop ingestion silently: log it, start over.
+                    _log.exception("%s: consumer loop failed; restarting it", self.name)
+                await self._disconnected(exc if problem else None, problem)
             else:
                 continue
             failures += 1
@@ -212,9 +223,9 @@ class KafkaSource:
             async with asyncio.timeout(seconds):
                 await self._stop.wait()
 
-    async def _disconnected(self, exc: BaseException | None) -> None:
+    async def _disconnected(self, exc: BaseException | None, problem: str | None = None) -> None:
         if exc is not None:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._last_error = problem or f"{type(exc).__name__}: {exc}"
             _log.warning("%s: Kafka unavailable, retrying: %s", self.name, self._last_error)
         self._set_connected(False)
         consumer, self._consumer = self._consumer, None

@@ -1,0 +1,1 @@
+"""Test support code that is not a test module: broker harnesses and their helpers."""

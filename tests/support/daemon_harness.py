@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +35,6 @@ __all__ = [
     "DaemonDir",
     "DaemonError",
     "daemon_command",
-    "keep_committed_segment",
     "ndjson",
 ]
 
@@ -176,25 +174,6 @@ schema = [
         return sorted(q.iterdir()) if q.exists() else []
 
 
-async def keep_committed_segment(home: DaemonDir, daemon: Daemon) -> Path:
-    """Leave the state of a crash after an Iceberg commit, before the spool delete.
-
-    Call with the daemon killed and exactly one segment spooled: a copy of it is
-    taken, a start commits (and deletes) it, a kill -9 stops that start, and the
-    copy goes back. Returns the segment's path. No hook in the daemon is needed.
-    """
-    [segment] = home.spool_files()
-    saved = home.root / (segment.name + ".saved")
-    shutil.copy2(segment, saved)
-    daemon.start()
-    await daemon.wait_ready()  # recovery has committed the segment
-    daemon.kill()
-    if home.spool_files():
-        raise DaemonError(f"recovery did not commit {segment.name}\n{daemon.tail()}")
-    os.replace(saved, segment)
-    return segment
-
-
 def _dispose(catalog: Any) -> None:
     engine = getattr(catalog, "engine", None)
     if engine is not None:
@@ -214,8 +193,17 @@ class Daemon:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, env: Mapping[str, str] | None = None, wrapper: Sequence[str] = ()) -> None:
-        """Start ``icespool run``; ``wrapper`` prefixes the command (e.g. strace)."""
+    def start(
+        self,
+        env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
+        crash: Sequence[str] = (),
+    ) -> None:
+        """Start ``icespool run``; ``wrapper`` prefixes the command (e.g. strace).
+
+        ``crash``: crash points ``OP:PATTERN:N`` (see support/fault_daemon.py): the
+        daemon runs with a file-system seam that SIGKILLs it at that call.
+        """
         if self.running:
             raise DaemonError(f"daemon already running (pid {self.pid})")
         self._close_log()
@@ -227,8 +215,14 @@ class Daemon:
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
         child_env.update(env or {})
         child_env["PYTHONUNBUFFERED"] = "1"
+        command = [*daemon_command(), "run", "--config", str(self.home.config_path)]
+        if crash:
+            launcher = Path(__file__).with_name("fault_daemon.py")
+            points = [arg for point in crash for arg in ("--crash", point)]
+            command = [sys.executable, str(launcher), "--config", str(self.home.config_path)]
+            command += points
         self.proc = subprocess.Popen(
-            [*wrapper, *daemon_command(), "run", "--config", str(self.home.config_path)],
+            [*wrapper, *command],
             cwd=self.home.root,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,

@@ -8,6 +8,11 @@ Every call is the real one unless a fault is queued for that operation
 - ``torn``: a write stores part of its bytes, then fails with ENOSPC (the
   harshest case for rollback).
 
+Crash points (`crash_at`): the process kills itself with SIGKILL at the n-th call
+of an operation on a path matching a pattern, before the call does anything: the
+state kill -9 leaves at exactly that instant (e.g. the first segment unlink after a
+commit is "committed to Iceberg, still in the spool").
+
 It also remembers how many bytes of each file a successful fsync/fdatasync
 covered, so `power_loss` can cut every segment back to what was durable. A
 failed sync behaves like Linux after writeback EIO: the dirty pages are
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import os
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -39,6 +46,20 @@ class FaultyFileSystem(FileSystem):
         self.durable: dict[str, int] = {}  # path -> bytes a successful sync covered
         self.lost_after: dict[str, int] = {}  # path -> durable bytes when a sync failed
         self._paths: dict[int, str] = {}
+        self._crashes: list[tuple[str, str, list[int]]] = []  # op, pattern, [calls left]
+
+    def crash_at(self, op: str, pattern: str = "*", nth: int = 1) -> None:
+        """SIGKILL this process at the ``nth`` ``op`` call on a path matching ``pattern``."""
+        assert op in OPS and nth >= 1, (op, nth)
+        self._crashes.append((op, pattern, [nth]))
+
+    def _crash_if(self, op: str, path: str | os.PathLike[str] | int) -> None:
+        name = os.path.basename(self._paths.get(path, "") if isinstance(path, int) else path)
+        for crash_op, pattern, left in self._crashes:
+            if crash_op == op and fnmatch.fnmatch(name, pattern):
+                left[0] -= 1
+                if left[0] == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
 
     def inject(self, op: str, *faults: Fault) -> None:
         assert op in OPS, op
@@ -61,6 +82,7 @@ class FaultyFileSystem(FileSystem):
     # ------------------------------------------------------------------ the seam
 
     def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:  # type: ignore[override]
+        self._crash_if("open", path)
         self._fail_if("open")
         fd = os.open(path, flags, mode)
         self._paths[fd] = str(path)
@@ -85,11 +107,13 @@ class FaultyFileSystem(FileSystem):
         raise _error(fault)
 
     def fsync(self, fd: int) -> None:  # type: ignore[override]
+        self._crash_if("fsync", fd)
         self._sync_fails_if("fsync", fd)
         os.fsync(fd)
         self._synced(fd)
 
     def fdatasync(self, fd: int) -> None:  # type: ignore[override]
+        self._crash_if("fdatasync", fd)
         self._sync_fails_if("fdatasync", fd)
         os.fdatasync(fd)
         self._synced(fd)
@@ -104,6 +128,7 @@ class FaultyFileSystem(FileSystem):
                     marks[path] = length
 
     def replace(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:  # type: ignore[override]
+        self._crash_if("replace", dst)
         self._fail_if("replace")
         os.replace(src, dst)
         for marks in (self.durable, self.lost_after):
@@ -111,6 +136,7 @@ class FaultyFileSystem(FileSystem):
                 marks[str(dst)] = marks.pop(str(src))
 
     def unlink(self, path: str | os.PathLike[str]) -> None:  # type: ignore[override]
+        self._crash_if("unlink", path)
         self._fail_if("unlink")
         os.unlink(path)
         self.durable.pop(str(path), None)
