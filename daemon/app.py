@@ -19,6 +19,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -227,7 +228,9 @@ async def _reload_on_hangup(
 
 async def _replay(config: Config, segments: Sequence[str], all_quarantined: bool) -> int:
     _prepare_local_dirs(config)
-    service = Icespool(config)
+    # On a terminal, one progress line is redrawn in place (the log keeps its own lines).
+    line = sys.stderr if sys.stderr.isatty() else None
+    service = Icespool(config, progress_line=line)
     try:
         await service.start()  # start() commits every recovered segment first
     except (IcespoolError, OSError) as exc:

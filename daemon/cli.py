@@ -1,4 +1,5 @@
-"""The ``icespool`` command: run, replay, check-config, spark-conf, dead-letters.
+"""The ``icespool`` command: run, replay, status, tables, check-config, spark-conf,
+dead-letters.
 
 argparse rather than click/typer: four subcommands with a handful of options need no
 dependency, and the standard library's help and error output are good enough.
@@ -13,9 +14,9 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from daemon.config import (
@@ -108,6 +109,32 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 2 when it is unreachable or a table is missing)",
     )
 
+    status = sub.add_parser(
+        "status", help="ask the running daemon what it is doing (GET /v1/status)"
+    )
+    _add_config_option(status)
+    _add_daemon_options(status)
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C; on a pipe, print successive snapshots",
+    )
+
+    tables = sub.add_parser(
+        "tables", help="list the running daemon's tables (--offline: the config's and catalog's)"
+    )
+    _add_config_option(tables)
+    _add_daemon_options(tables)
+    tables.add_argument(
+        "--offline",
+        action="store_true",
+        help="no daemon: list the configured tables and those in the catalog namespaces "
+        "they use (reads the catalog)",
+    )
+
     spark = sub.add_parser(
         "spark-conf", help="print the Spark settings that read the daemon's catalog"
     )
@@ -115,6 +142,46 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_conf_options(spark)
     _add_dead_letters_parser(sub)
     return parser
+
+
+def _add_daemon_options(parser: argparse.ArgumentParser) -> None:
+    _add_connection_options(parser)
+    parser.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="give up on a request after this long (default: 5 s; --offline: the "
+        "catalog's start-up timeout)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the raw /v1/status JSON")
+
+
+def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """How a command reaches the running daemon (its URL, token, CA)."""
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help="the daemon's base URL, e.g. http://127.0.0.1:8080 or https://host:8443 "
+        "(default: from the config's [http] listen)",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the bearer token (default: the config's http.auth_token_file)",
+    )
+    parser.add_argument(
+        "--cafile", metavar="FILE", help="CA bundle that signed an https daemon's certificate"
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 and at most 86400 seconds")
+    return value
 
 
 def _add_spark_conf_options(parser: argparse.ArgumentParser) -> None:
@@ -245,6 +312,106 @@ def _cmd_spark_conf(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _status_fetcher(args: argparse.Namespace) -> tuple[str, Callable[[], dict[str, Any]]]:
+    """The daemon's URL, and a function that asks it for its status once."""
+    from daemon.status_client import DEFAULT_TIMEOUT, daemon_url, fetch_status, read_token
+
+    config = _load(args) if args.config or not args.url or not args.token_file else None
+    url = args.url or daemon_url(_require(config))
+    token_file = args.token_file or getattr(_require(config).http, "auth_token_file", None)
+    token = read_token(token_file)
+    timeout = args.timeout or DEFAULT_TIMEOUT
+    return url, lambda: fetch_status(url, token=token, cafile=args.cafile, timeout=timeout)
+
+
+def _require(config: Config | None) -> Config:
+    assert config is not None  # loaded whenever --url or --token-file is missing
+    return config
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from daemon.status_view import render_status
+
+    url, fetch = _status_fetcher(args)
+
+    def render(status: dict[str, Any]) -> str:
+        if args.json:
+            # Watching: one compact line per snapshot (NDJSON), for scripts.
+            indent = None if args.watch else 2
+            return json.dumps(status, indent=indent) + "\n"
+        return render_status(status, url)
+
+    if args.watch is None:
+        print(render(fetch()), end="")
+        return EXIT_OK
+    return _watch(fetch, render, args.watch)
+
+
+def _watch(
+    fetch: Callable[[], dict[str, Any]], render: Callable[[dict[str, Any]], str], every: float
+) -> int:
+    """Redraw until Ctrl-C (exit 0). A daemon that goes away (restart) is shown, not fatal;
+    a refused token is (it will not fix itself)."""
+    from daemon.status_client import DaemonRequestError
+
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            try:
+                text = render(fetch())
+            except DaemonRequestError as exc:
+                if exc.status in (401, 403):
+                    raise
+                text = f"error: {exc}\n"
+            if tty:  # clear the screen, cursor home: one view redrawn in place
+                sys.stdout.write(f"\x1b[H\x1b[2J{stamp}  every {every:g}s, Ctrl-C to stop\n\n")
+            elif not text.startswith("{"):
+                sys.stdout.write(f"--- {stamp}\n")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # `icespool status --watch | head`
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def _cmd_tables(args: argparse.Namespace) -> int:
+    if args.offline:
+        return _tables_offline(args)
+    from daemon.status_view import render_tables
+
+    _, fetch = _status_fetcher(args)
+    status = fetch()
+    if args.json:
+        tables = dict(status.get("tables") or {})
+        degraded = status.get("degraded") or {}
+        for name in set(tables) | set(degraded):
+            tables[name] = {**tables.get(name, {}), "degraded": degraded.get(name)}
+        print(json.dumps(tables, indent=2))
+        return EXIT_OK
+    print(render_tables(status), end="")
+    return EXIT_OK
+
+
+def _tables_offline(args: argparse.Namespace) -> int:
+    from daemon.iceberg import catalog_tables
+
+    config = _load(args)
+    rows = catalog_tables(config, timeout=args.timeout)
+    if args.json:
+        print(json.dumps([{"table": name, "source": source} for name, source in rows], indent=2))
+    elif not rows:
+        print("no tables")
+    else:
+        width = max(len(name) for name, _ in rows)
+        for name, source in rows:
+            print(f"{name.ljust(width)}  {source}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- dead-letters
 
 
@@ -275,14 +442,10 @@ def _add_dead_letters_parser(sub: Any) -> None:
     replay.add_argument(
         "--limit", type=int, metavar="N", help="at most N dead letters (default 10000)"
     )
-    replay.add_argument(
-        "--url",
-        metavar="URL",
-        help="the daemon's base URL (default: from [http] listen in the config)",
-    )
+    _add_connection_options(replay)
     replay.add_argument(
         "--timeout",
-        type=float,
+        type=_positive_seconds,
         default=600.0,
         metavar="SECONDS",
         help="how long to wait for the daemon's answer (default 600)",
@@ -292,9 +455,6 @@ def _add_dead_letters_parser(sub: Any) -> None:
 def _cmd_dead_letters(args: argparse.Namespace) -> int:
     """`icespool dead-letters replay`: one POST to the running daemon, which holds the
     spool lock and the writers (an offline replay would need it stopped)."""
-    import urllib.error
-    import urllib.request
-
     config = _load(args)
     table = args.table
     if table is None:
@@ -321,54 +481,32 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
         )
         if getattr(args, key) is not None
     }
-    base = args.url or _local_url(config)
-    if base is None:
-        _error(f"[http] listen is {config.http.listen!r}; pass the daemon's address with --url")
-        return EXIT_USAGE
-    headers = {"Content-Type": "application/json"}
-    if config.http.auth_token_file:
-        token = Path(config.http.auth_token_file).read_text().strip()
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(
-        f"{base.rstrip('/')}/v1/tables/{table}/replay",
-        data=json.dumps(filters).encode(),
-        headers=headers,
-        method="POST",
-    )
+    from daemon.status_client import DaemonRequestError, daemon_url, post_json, read_token
+
+    url = args.url or daemon_url(config)
+    token = read_token(args.token_file or config.http.auth_token_file)
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:
-            body = response.read().decode()
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode(errors="replace")
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            answer = {"error": text}
-        if "replayed" in answer:
-            print(json.dumps(answer, indent=2))  # what was done before the error
-        _error(f"the daemon answered {exc.code}: {answer.get('error', text)}")
-        return EXIT_FAILURE
-    except (urllib.error.URLError, OSError) as exc:
-        _error(f"cannot reach the daemon at {base}: {exc}; is `icespool run` running?")
-        return EXIT_FAILURE
-    print(json.dumps(json.loads(body), indent=2))
+        answer = post_json(
+            url,
+            f"/v1/tables/{table}/replay",
+            filters,
+            token=token,
+            cafile=args.cafile,
+            timeout=args.timeout,
+        )
+    except DaemonRequestError as exc:
+        if exc.answer and "replayed" in exc.answer:
+            print(json.dumps(exc.answer, indent=2))  # what was done before the error
+        raise
+    print(json.dumps(answer, indent=2))
     return EXIT_OK
-
-
-def _local_url(config: Config) -> str | None:
-    host, port = config.http.host, config.http.port
-    if port == 0:
-        return None
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 _COMMANDS = {
     "run": _cmd_run,
     "replay": _cmd_replay,
+    "status": _cmd_status,
+    "tables": _cmd_tables,
     "check-config": _cmd_check_config,
     "spark-conf": _cmd_spark_conf,
     "dead-letters": _cmd_dead_letters,

@@ -184,6 +184,9 @@ def status_line(service: Icespool) -> str:
         )
         return f"draining: committing {int(pending)} pending records"
     if not service.ready:
+        recovery = service.recovery
+        if recovery is not None and not recovery.finished:  # a large spool: how far it is
+            return f"starting: {recovery.text()}"
         return "starting: recovering the spool, loading the catalog and tables"
     service.refresh_gauges()  # the spool gauges are otherwise refreshed per scrape only
     acked = committed = 0.0

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -54,6 +54,7 @@ from daemon.kafka import (
 )
 from daemon.lanes import LanePool
 from daemon.metrics import Metrics
+from daemon.progress import Progress
 from daemon.retry import Backoff
 from daemon.schema import (
     Policy,
@@ -79,10 +80,16 @@ class Icespool:
     """Everything between a decoded batch and a committed Iceberg snapshot."""
 
     def __init__(
-        self, config: Config, *, metrics: Metrics | None = None, fs: FileSystem | None = None
+        self,
+        config: Config,
+        *,
+        metrics: Metrics | None = None,
+        fs: FileSystem | None = None,
+        progress_line: TextIO | None = None,
     ) -> None:
         """``fs``: the spool's file-system seam; tests pass one that fails or crashes
-        at chosen calls (the daemon never does)."""
+        at chosen calls (the daemon never does). ``progress_line``: a terminal on which
+        start-up recovery redraws one progress line (`icespool replay` on a TTY)."""
         self.config = config
         self.metrics = metrics or Metrics()
         self.ready = False
@@ -111,6 +118,9 @@ class Icespool:
         self._state = "new"
         self._health: CatalogHealth | None = None
         self._starting = "starting (spool recovery)"
+        self._progress_line = progress_line
+        # Start-up recovery's progress (None: nothing was spooled); kept after it ends.
+        self.recovery: Progress | None = None
 
     async def __aenter__(self) -> Icespool:
         await self.start()
@@ -304,6 +314,8 @@ class Icespool:
         if self.draining:
             return "shutting down"
         if not self.ready:
+            if self.recovery is not None and not self.recovery.finished:
+                return f"starting ({self.recovery.text()})"
             return self._starting
         if self.catalog_problem is not None:
             return self.catalog_problem
@@ -451,11 +463,27 @@ class Icespool:
         A table that cannot commit its leftovers is left degraded (its writer
         keeps retrying, its segments stay spooled); it never stops the others.
         """
-        leftovers = {s.table for s in self._spool.recovered.segments}
+        recovered = self._spool.recovered.segments
+        leftovers = {s.table for s in recovered}
         if not leftovers:
             return
-        total = len(self._spool.recovered.segments)
-        _log.info("replaying %d spooled segments of %d tables", total, len(leftovers))
+        progress = self.recovery = Progress.of_segments(
+            "recovery", recovered, line=self._progress_line
+        )
+        _log.info(
+            "replaying %d spooled segments of %d tables: %d records, %d bytes",
+            progress.total_segments,
+            len(leftovers),
+            progress.total_records,
+            progress.total_bytes,
+            extra={
+                "segments": progress.total_segments,
+                "tables": len(leftovers),
+                "records": progress.total_records,
+                "bytes": progress.total_bytes,
+            },
+        )
+        progress.draw()
         for name in sorted(leftovers):
             if name not in self._writers:
                 if name in self._unloaded:
@@ -467,7 +495,13 @@ class Icespool:
                     continue
             writer = self._writers[name]
             writer.adopt(self._spool.segments(name))
-            await self._commit_leftovers(writer)
+            writer.on_settled = progress.segment_done
+            try:
+                await self._commit_leftovers(writer)
+            finally:
+                writer.on_settled = None
+        # Short of 100% when a table is degraded: its segments stay for the next try.
+        progress.finish()
 
     async def _commit_leftovers(self, writer: TableWriter) -> None:
         # Each flush that fails by a segment's fault is one of that segment's
@@ -605,8 +639,10 @@ class Icespool:
         stats = self._spool.stats()
         lanes = self._pool.stats()
         tables: dict[str, Any] = {}
+        now = time.monotonic()
         for name, writer in self._writers.items():
             last = writer.last_commit
+            at, since = writer.last_commit_wall, writer.last_commit_at
             tables[name] = {
                 "pending_records": writer.pending_records,
                 "pending_bytes": writer.pending_bytes,
@@ -621,6 +657,8 @@ class Icespool:
                     "records": last.records,
                     "files": last.files,
                     "duration_ms": last.duration_ms,
+                    "at": None if at is None else round(at, 3),
+                    "age_seconds": None if since is None else round(max(0.0, now - since), 1),
                 },
             }
         quarantine = self.quarantined()
@@ -657,6 +695,8 @@ class Icespool:
             },
             "tables": tables,
             "kafka": self._kafka_status(),
+            # The last start-up recovery (null: nothing was spooled at start).
+            "recovery": None if self.recovery is None else self.recovery.snapshot(),
         }
 
     def quarantined(self) -> list[QuarantinedSegment]:

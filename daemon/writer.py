@@ -148,9 +148,13 @@ class TableWriter:
         self.degraded: str | None = None  # why the last flush failed; None once one succeeds
         self._background: set[asyncio.Future[FlushResult]] = set()
         self.last_commit: FlushResult | None = None
-        # time.monotonic() of the last commit (None before the first): its age is
-        # exported at scrape time, immune to wall-clock steps.
+        # When the last commit happened (None before the first): monotonic for ages
+        # (immune to wall-clock steps), wall clock for /v1/status's "at".
         self.last_commit_at: float | None = None
+        self.last_commit_wall: float | None = None
+        # Told of every segment that leaves the spool (committed or quarantined): how
+        # start-up recovery and `icespool replay` count their progress.
+        self.on_settled: Callable[[SegmentInfo], None] | None = None
         metrics.table(name)
 
     # ------------------------------------------------------------------ lifecycle
@@ -652,6 +656,8 @@ class TableWriter:
         self._pending.first_ack.pop(info.id, None)
         self._strikes.pop(info.id, None)
         self._gauge()
+        if self.on_settled is not None:
+            self.on_settled(info)
 
     def _record(self, result: FlushResult, files: Sequence[Any]) -> None:
         m = self._metrics
@@ -663,6 +669,7 @@ class TableWriter:
         for data_file in files:
             m.data_file_size.labels(table=self.name).observe(data_file.file_size_in_bytes)
         self.last_commit = result
+        self.last_commit_wall = time.time()
         _log.info(
             "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s",
             self.name,

@@ -12,7 +12,7 @@ Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
 
 from daemon.iceberg._catalog import check_compatible, ensure_table, load_catalog, split_identifier
-from daemon.iceberg._check import check_catalog
+from daemon.iceberg._check import catalog_tables, check_catalog
 from daemon.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
     CommitRejectedError,
@@ -52,6 +52,7 @@ __all__ = [
     "StaleEncodingError",
     "bound_catalog",
     "catalog_properties",
+    "catalog_tables",
     "check_catalog",
     "check_compatible",
     "commit_files",

@@ -1,4 +1,5 @@
-"""``icespool check-config --connect``: is the catalog reachable, are the tables there?
+"""``icespool check-config --connect`` (is the catalog reachable, are the tables there?)
+and ``icespool tables --offline`` (which tables do the config and its namespaces hold?).
 
 Runs the same catalog loading the daemon runs at start (so a passing check means the
 start will get past the catalog), then lists namespaces and looks up every configured
@@ -10,26 +11,46 @@ table. Every call is bounded by ``[timeouts]``; a catalog client those cannot re
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from daemon.config import REDACTED, Config, is_secret_key
 from daemon.errors import CatalogError
 from daemon.iceberg._catalog import load_catalog
+from daemon.iceberg._tables import table_names
 from daemon.iceberg._timeouts import startup_timeout
 
-__all__ = ["check_catalog"]
+__all__ = ["catalog_tables", "check_catalog"]
+
+T = TypeVar("T")
 
 
 def check_catalog(config: Config, timeout: float | None = None) -> list[str]:
     """Lines describing what was found; raises CatalogError saying what to fix."""
+    lines: list[str] = _bounded(config, _probe, timeout)
+    return lines
+
+
+def catalog_tables(config: Config, timeout: float | None = None) -> list[tuple[str, str]]:
+    """``icespool tables --offline``: (table, where it is known from), sorted by name.
+
+    The tables the config declares (or routes dead letters to) and every table of the
+    catalog namespaces those use. Read-only: nothing is created (not even a namespace).
+    """
+    found: list[tuple[str, str]] = _bounded(config, _list_tables, timeout)
+    return found
+
+
+def _bounded(config: Config, work: Callable[[Config], T], timeout: float | None) -> T:
+    """Run ``work(config)`` against the catalog; give up after ``timeout`` seconds."""
     if timeout is None:
         timeout = startup_timeout(config.timeouts)
     outcome: dict[str, Any] = {}
 
     def probe() -> None:
         try:
-            outcome["lines"] = _probe(config)
+            outcome["result"] = work(config)
         except Exception as exc:
             outcome["error"] = exc
 
@@ -52,8 +73,39 @@ def check_catalog(config: Config, timeout: float | None = None) -> list[str]:
             f"catalog {name!r} is unreachable or refused the request "
             f"({type(error).__name__}: {message}); check the [catalog] settings"
         ) from None
-    lines: list[str] = outcome["lines"]
-    return lines
+    result: T = outcome["result"]
+    return result
+
+
+def _list_tables(config: Config) -> list[tuple[str, str]]:
+    declared = {t.name: "configured" for t in config.tables}
+    for kafka in config.kafka:
+        if kafka.dead_letter_table is not None:
+            declared.setdefault(kafka.dead_letter_table, "dead letters of a [[kafka]] source")
+        if kafka.table is not None:
+            declared.setdefault(kafka.table, "[[kafka]] route")
+    namespaces = {name.split(".", 1)[0] for name in declared}
+    namespaces |= {k.table_template.split(".", 1)[0] for k in config.kafka if k.table_template}
+    catalog = load_catalog(config.catalog.name, config.catalog.properties(), config.timeouts)
+    try:
+        listed = {name for ns in sorted(namespaces) for name in table_names(catalog, ns)}
+    finally:
+        _dispose(catalog)
+    rows = []
+    for name in sorted(set(declared) | listed):
+        if name not in declared:
+            rows.append((name, "in the catalog"))
+        elif name in listed:
+            rows.append((name, f"{declared[name]}, in the catalog"))
+        else:
+            rows.append((name, f"{declared[name]}, not in the catalog yet"))
+    return rows
+
+
+def _dispose(catalog: Any) -> None:
+    engine = getattr(catalog, "engine", None)  # SqlCatalog: close its pool now
+    if engine is not None:
+        engine.dispose()
 
 
 def _probe(config: Config) -> list[str]:
@@ -79,9 +131,7 @@ def _probe(config: Config) -> list[str]:
             )
         return lines
     finally:
-        engine = getattr(catalog, "engine", None)  # SqlCatalog: close its pool now
-        if engine is not None:
-            engine.dispose()
+        _dispose(catalog)
 
 
 def _hide_secrets(message: str, config: Config) -> str:

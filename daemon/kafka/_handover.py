@@ -37,7 +37,7 @@ from daemon.kafka._routing import Router
 from daemon.metrics import Metrics
 from daemon.writer import TableWriter
 
-__all__ = ["Handover"]
+__all__ = ["Dead", "Handover"]
 
 _log = logging.getLogger("icespool.kafka")
 # Where a partition remembers how far dead letters went when they go to a topic.
@@ -82,7 +82,7 @@ class Handover:
         partition at the fetch's first offset and the re-read skips what was handed)."""
         tp = f"{fetch.topic}[{fetch.partition}]"
         last = int(fetch.offsets[-1])
-        per_table, dead = await self._decode(fetch)
+        per_table, dead = await self.decode(fetch)
         if unparseable:
             dead = _set_aside(fetch, per_table, dead, unparseable)
         if not self._has_room(per_table, dead):
@@ -101,7 +101,7 @@ class Handover:
             return False
         return True
 
-    async def _decode(self, fetch: Fetch) -> tuple[dict[str, Decoded], Dead]:
+    async def decode(self, fetch: Fetch) -> tuple[dict[str, Decoded], Dead]:
         """Route, create the tables unknown routes name (``auto_create``), then decode
         each table's records through the way in (which evolves the table where its
         policy allows). Dead records come back in fetch order."""

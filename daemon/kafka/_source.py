@@ -44,9 +44,9 @@ from daemon.kafka._client import (
     stop_quietly,
 )
 from daemon.kafka._commit import OffsetCommitter
-from daemon.kafka._decode import Fetch
+from daemon.kafka._decode import Decoded, Fetch
 from daemon.kafka._diagnose import connect_problem
-from daemon.kafka._handover import Handover
+from daemon.kafka._handover import Dead, Handover
 from daemon.kafka._offsets import OffsetBook, Ranges, ranges_from_properties
 from daemon.kafka._partitions import Assignment, PartitionState
 from daemon.kafka._raw_fetch import fetch_raw
@@ -55,7 +55,7 @@ from daemon.metrics import Metrics
 from daemon.retry import Backoff
 from daemon.writer import TableWriter
 
-__all__ = ["Dead", "KafkaSource"]
+__all__ = ["KafkaSource"]
 
 _log = logging.getLogger("icespool.kafka")
 _POLL_MS = 200
@@ -152,7 +152,7 @@ class KafkaSource:
         format and settings. Holds the source's lock, so it never interleaves with a
         live fetch's decode (both may evolve or create tables)."""
         async with self._lock:
-            return await self._decode(fetch)
+            return await self._handover.decode(fetch)
 
     # ------------------------------------------------------------------ lifecycle
 
