@@ -1,6 +1,6 @@
 """The HTTP endpoints of DESIGN.md's contract, on aiohttp.
 
-    POST /v1/tables/{table}/records   ingest (application/x-ndjson or Arrow IPC stream)
+    POST /v1/tables/{table}/records   ingest (NDJSON, a JSON array, or Arrow IPC stream)
     POST /v1/tables/{table}/flush     commit now
     GET  /v1/status                   service.status()
     GET  /metrics                     Prometheus text
@@ -34,13 +34,13 @@ from daemon.errors import (
     UnknownTableError,
 )
 from daemon.iceberg import short_error, unavailable
-from daemon.ingest import ARROW_STREAM, FORMATS, NDJSON
+from daemon.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
 from daemon.metrics import CONTENT_TYPE_LATEST
 from daemon.service import Icespool
 from daemon.writer import FlushResult, TableWriter
 from spool import SpoolIOError
 
-__all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
+__all__ = ["ARROW_STREAM", "JSON", "NDJSON", "HttpServer", "start_http"]
 
 
 _log = logging.getLogger("icespool.http")
@@ -223,7 +223,8 @@ class _Api:
             raise _Problem(
                 415,
                 f"unsupported Content-Type {_shown(request.content_type)}; send "
-                f"{NDJSON} (one JSON object per line) or {ARROW_STREAM}",
+                f"{NDJSON} (one JSON object per line), {JSON} (an array of objects) "
+                f"or {ARROW_STREAM}",
                 close=True,
             )
         held = 0
