@@ -19,6 +19,7 @@ from daemon.config import Config, validate_config
 from daemon.errors import ConfigError
 from daemon.http_api import HttpServer, start_http
 from daemon.http_auth import load_tokens
+from daemon.reload import plan_reload
 from daemon.service import Icespool
 
 NDJSON = "application/x-ndjson"
@@ -277,3 +278,19 @@ def test_check_config_reads_the_token_files_and_shows_no_token(
     out, err = capsys.readouterr()
     assert out == ""
     assert "config key 'http.tokens[0].token_file': cannot read the token file" in err
+
+
+def test_a_reload_plan_applies_http_secrets_and_leaves_the_rest_for_a_restart(
+    config: Config, tmp_path: Path
+) -> None:
+    raw = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["http"]["tokens"][0]["tables"] = ["shop.*"]
+    raw["http"]["listen"] = "127.0.0.1:9999"
+    raw["http"]["tls_cert_file"] = str(tmp_path / "c.pem")
+    raw["http"]["tls_key_file"] = str(tmp_path / "k.pem")
+    plan = plan_reload(config, validate_config(raw), config.table_names)
+    assert plan.applied == ("http.tokens[0].tables (re-read)",)
+    # Turning TLS on needs a new listener; the listen address too.
+    assert set(plan.not_applied) == {"http.listen", "http.tls_cert_file", "http.tls_key_file"}
+    assert plan.config.http.tokens[0].tables == ["shop.*"]
+    assert (plan.config.http.listen, plan.config.http.tls) == (config.http.listen, False)
