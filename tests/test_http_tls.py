@@ -9,6 +9,7 @@ import contextlib
 import json
 import signal
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from daemon.cli import main
 from daemon.config import Config
 from daemon.errors import ConfigError
 from daemon.http_api import HttpServer, start_http
+from daemon.http_conn import ConnectionLimits
 from daemon.http_tls import server_context
 from daemon.service import Icespool
 
@@ -168,7 +170,6 @@ async def test_a_reload_swaps_the_certificate_for_new_connections_only(
         await kept.close()
 
 
-@pytest.mark.slow
 async def test_sighup_rotates_the_certificate_of_a_running_daemon(
     tmp_path: Path, ca: LocalCA
 ) -> None:
@@ -259,3 +260,31 @@ def test_check_config_loads_the_pair_and_names_the_key_of_a_bad_one(
         code, out, err = _check_config(tmp_path, http, capsys)
         assert (code, out) == (2, ""), http
         assert f"config key {key_name!r}" in err and fragment in err, (http, err)
+
+
+async def test_a_client_that_never_finishes_the_handshake_is_closed(
+    tls_config: tuple[Config, int],
+) -> None:
+    config, _ = tls_config
+    service = Icespool(config)
+    await service.start()
+    try:
+        http = await start_http(
+            service,
+            "127.0.0.1",
+            0,
+            max_body_bytes=config.http.max_body_bytes,
+            tls=server_context(config.http),
+            limits=ConnectionLimits(header_timeout=0.5),
+        )
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", http.port)
+            started = time.monotonic()
+            writer.write(b"\x16\x03\x01")  # the first bytes of a ClientHello, then nothing
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            assert 0.45 <= time.monotonic() - started < 0.5 + 1.5
+            writer.close()
+        finally:
+            await http.stop()
+    finally:
+        await service.stop()
