@@ -69,12 +69,18 @@ def ndjson_from_array(body: bytes) -> bytes:
     at: npt.NDArray[np.intp] = np.flatnonzero(_STRUCTURE[data])
     char = data[at]
     quotes = char == _QUOTE
-    # A byte is inside a string when an odd number of quotes came before it.
-    inside = (np.cumsum(quotes) - quotes) % 2 == 1
-    outside = ~inside & ~quotes
-    opens = outside & ((char == _OPEN_SQUARE) | (char == _OPEN_CURLY))
-    closes = outside & ((char == _CLOSE_SQUARE) | (char == _CLOSE_CURLY))
-    depth = np.cumsum(opens.astype(np.int64) - closes)  # after each structural byte
+    # A byte is inside a string when an odd number of quotes came before it (the
+    # running parity: an xor scan, cheaper than a sum).
+    inside = (np.bitwise_xor.accumulate(quotes.view(np.uint8)) ^ quotes).view(np.bool_)
+    breaks = (char == _NEWLINE) | (char == _RETURN)
+    broken = np.flatnonzero(inside & breaks)
+    broken_at = int(at[broken[0]]) if broken.size else -1
+    # From here on only what is outside strings: brackets, commas, line breaks.
+    keep = ~(inside | quotes)
+    at, char = at[keep], char[keep]
+    opens = (char == _OPEN_SQUARE) | (char == _OPEN_CURLY)
+    closes = (char == _CLOSE_SQUARE) | (char == _CLOSE_CURLY)
+    depth = np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int64)
     ended = np.flatnonzero(depth == 0)
     if not ended.size:
         raise BadInputError(
@@ -91,26 +97,26 @@ def ndjson_from_array(body: bytes) -> bytes:
             f"trailing data after the JSON array at byte {end + 1}: "
             f"{_shown(body[end + 1 :])}; send one array per request"
         )
-    within = np.arange(at.size) <= last
-    top = within & outside & (char == _COMMA) & (depth == 1)
-    line_break = (char == _NEWLINE) | (char == _RETURN)
-    broken = np.flatnonzero(within & inside & line_break)
-    if broken.size:
-        index = int(np.count_nonzero(top[: broken[0]]))
+    at, char, depth = at[: last + 1], char[: last + 1], depth[: last + 1]
+    top = (char == _COMMA) & (depth == 1)
+    commas = at[top]
+    if 0 <= broken_at < end:
+        index = int(np.searchsorted(commas, broken_at))
         raise BadInputError(
             f"record at index {index}: invalid JSON (a raw line break inside a string; "
             "write it as \\n)"
         )
-    commas = at[top]
-    # Line breaks left are between tokens (whitespace): the element checks skip them.
-    solid = ~line_break
-    solid_top = np.flatnonzero(top[solid])
-    solid_last = int(np.count_nonzero(solid[:last]))
-    separators = np.concatenate(([0], solid_top, [solid_last]))
-    _check_elements(body, at[solid], char[solid], separators)
-    out = bytearray(body[: end + 1])
+    breaks = (char == _NEWLINE) | (char == _RETURN)
+    spaced = at[breaks]
+    if spaced.size:
+        # Line breaks left are between tokens (whitespace): the element checks skip them.
+        solid = ~breaks
+        at, char, top = at[solid], char[solid], top[solid]
+    separators = np.concatenate(([0], np.flatnonzero(top), [at.size - 1]))
+    _check_elements(body, at, char, separators)
+    out = bytearray(memoryview(body)[: end + 1])
     view = np.frombuffer(out, np.uint8)
-    view[at[within & line_break]] = _SPACE
+    view[spaced] = _SPACE
     view[0] = view[-1] = _SPACE
     view[commas] = _NEWLINE
     return bytes(out)
@@ -131,8 +137,8 @@ def _check_elements(
         and not body[at[separators[0]] + 1 : at[separators[1]]].strip(_WS)
     ):
         raise BadInputError("no records: the JSON array is empty")
-    # An element with no structural byte between its separators is a bare scalar or
-    # nothing at all: either way the first one is the error (no loop over elements).
+    # An element without a bracket (outside strings) is a scalar, a string or nothing
+    # at all: either way the first one is the error (no loop over elements).
     bare = np.flatnonzero(np.diff(separators) == 1)
     if bare.size:
         index = int(bare[0])
@@ -146,7 +152,7 @@ def _check_elements(
     wrong = np.flatnonzero(first != _OPEN_CURLY)
     if wrong.size:
         index = int(wrong[0])
-        what = {_OPEN_SQUARE: "an array", _QUOTE: "a string"}.get(int(first[index]))
+        what = {_OPEN_SQUARE: "an array"}.get(int(first[index]))
         raise BadInputError(
             f"record at index {index}: expected a JSON object, got {what or 'invalid JSON'}"
         )
@@ -177,6 +183,8 @@ def _kind(text: bytes) -> str:
         return "a boolean"
     if text == b"null":
         return "null"
+    if text[:1] == b'"' and text[-1:] == b'"' and len(text) > 1:
+        return "a string"
     if text[:1] in b"-0123456789":
         return "a number"
     return f"invalid JSON {_shown(text)}"
