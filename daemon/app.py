@@ -28,8 +28,11 @@ import uvloop
 
 from daemon.blocking import TrackedExecutor
 from daemon.config import Config, TimeoutsConfig
-from daemon.errors import IcespoolError
-from daemon.http_api import start_http
+from daemon.errors import ConfigError, IcespoolError
+from daemon.http_api import HttpServer, start_http
+from daemon.http_auth import load_tokens
+from daemon.http_conn import ConnectionLimits
+from daemon.http_tls import server_context
 from daemon.reload import reload
 from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool
@@ -88,9 +91,11 @@ async def _serve(
     _install_signal_handlers(stop, hangup)
     _prepare_local_dirs(config)
     try:
-        token = _read_token(config.http.auth_token_file)
-    except (OSError, IcespoolError) as exc:
-        _log.error("cannot read http.auth_token_file: %s", exc)
+        # Read before recovery: a missing token file or a bad certificate fails at once.
+        tokens = load_tokens(config.http)
+        tls = server_context(config.http)
+    except ConfigError as exc:
+        _log.error("cannot start: config key %r: %s", exc.key, exc.problem)
         return _EXIT_FAILED
     grace = config.timeouts.shutdown_grace
     executor = TrackedExecutor()
@@ -127,7 +132,13 @@ async def _serve(
             service,
             config.http.host,
             config.http.port,
-            auth_token=token,
+            tokens=tokens,
+            tls=tls,
+            limits=ConnectionLimits(
+                header_timeout=config.http.header_timeout,
+                idle_timeout=config.http.idle_timeout,
+                max_per_ip=config.http.max_connections_per_ip,
+            ),
             max_body_bytes=config.http.max_body_bytes,
         )
     except OSError as exc:
@@ -140,7 +151,8 @@ async def _serve(
     # otherwise paused ingest for 30-45 ms every ~10 s).
     gc.freeze()
     _log.info(
-        "icespool ready: http://%s:%d, tables %s, spool %s",
+        "icespool ready: %s://%s:%d, tables %s, spool %s",
+        "https" if http.tls else "http",
         config.http.host,
         http.port,
         ", ".join(service.table_names) or "(none)",
@@ -151,7 +163,7 @@ async def _serve(
     systemd.ready()
     # Serving: SIGHUP reloads run beside, and end with it.
     async with asyncio.TaskGroup() as group:
-        reloader = group.create_task(_reload_on_hangup(service, hangup, reload_config))
+        reloader = group.create_task(_reload_on_hangup(service, http, hangup, reload_config))
         await stop.wait()
         reloader.cancel()
     deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
@@ -212,7 +224,10 @@ async def _exit_if_stuck(executor: TrackedExecutor, deadline: float) -> None:
 
 
 async def _reload_on_hangup(
-    service: Icespool, hangup: asyncio.Event, reload_config: Callable[[], Config] | None
+    service: Icespool,
+    http: HttpServer,
+    hangup: asyncio.Event,
+    reload_config: Callable[[], Config] | None,
 ) -> None:
     while True:
         await hangup.wait()
@@ -221,9 +236,22 @@ async def _reload_on_hangup(
             _log.warning("SIGHUP ignored: this daemon was started without a config loader")
             continue
         try:
-            await reload(service, reload_config)
+            if await reload(service, reload_config) is None:
+                continue
+            # Token files and the certificate are read again even when their paths did
+            # not change: rotating one is rewriting its file and sending SIGHUP.
+            done = await http.reload(service.config.http)
+        except ConfigError as exc:
+            _log.error(
+                "SIGHUP: HTTP tokens and TLS certificate not reloaded, keeping the running "
+                "ones: %s",
+                "; ".join(problem.line() for problem in exc.problems),
+            )
+            continue
         except Exception:  # a bug in applying a reload must not take the daemon down
             _log.exception("SIGHUP: reload failed; keeping the running config")
+            continue
+        _log.info("SIGHUP: HTTP reloaded %s", "; ".join(done))
 
 
 async def _replay(config: Config, segments: Sequence[str], all_quarantined: bool) -> int:
@@ -303,12 +331,3 @@ def _prepare_local_dirs(config: Config) -> None:
     uri = config.catalog.uri or ""
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-
-
-def _read_token(path: Path | str | None) -> str | None:
-    if not path:
-        return None
-    token = Path(path).read_text().strip()
-    if not token:
-        raise IcespoolError(f"http.auth_token_file {path} is empty")
-    return token

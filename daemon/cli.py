@@ -229,6 +229,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
     config = _load(args)
+    _check_http_files(config)
     data = redacted(config)
     if args.format == "json":
         print(json.dumps(data, indent=2, ensure_ascii=False))
@@ -242,6 +243,16 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     header.append("secrets are shown as ***")
     print(render_toml(data, header="\n".join(header)), end="")
     return _check_connect(config) if args.connect else EXIT_OK
+
+
+def _check_http_files(config: Config) -> None:
+    """The TLS certificate and key load, and the named token files read (ConfigError
+    naming the key otherwise); values are never printed."""
+    from daemon.http_auth import load_tokens
+    from daemon.http_tls import server_context
+
+    server_context(config.http)
+    load_tokens(config.http, admin_file=False)
 
 
 def _check_connect(config: Config) -> int:

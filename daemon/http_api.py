@@ -1,9 +1,10 @@
 """The HTTP endpoints of the daemon's contract (README, HTTP API), on aiohttp.
 
-    POST /v1/tables/{table}/records   ingest (application/x-ndjson or Arrow IPC stream)
+    POST /v1/tables/{table}/records   ingest (NDJSON, a JSON array, or Arrow IPC stream)
     POST /v1/tables/{table}/flush     commit now
     POST /v1/tables/{table}/replay    re-ingest a dead-letter table's records (JSON filters)
     GET  /v1/status                   service.status()
+    GET  /v1/openapi.json             this API's OpenAPI 3 document (daemon/openapi.json)
     GET  /metrics                     Prometheus text
     GET  /healthz, /readyz            liveness, readiness
 
@@ -17,16 +18,17 @@ length) run before a byte of the body is read.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
+import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from aiohttp import web
 
+from daemon.config import HttpConfig
 from daemon.decode import count_ndjson_records, decode_arrow_stream
 from daemon.errors import (
     BackpressureError,
@@ -36,16 +38,21 @@ from daemon.errors import (
     ShuttingDownError,
     UnknownTableError,
 )
+from daemon.http_auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
+from daemon.http_conn import ConnectionLimits, Connections
+from daemon.http_tls import load_certificate
 from daemon.iceberg import short_error, unavailable
-from daemon.ingest import ARROW_STREAM, FORMATS, NDJSON
+from daemon.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
+from daemon.json_array import ndjson_from_array
 from daemon.kafka import ReplayFilter
 from daemon.metrics import CONTENT_TYPE_LATEST
+from daemon.openapi import openapi_document
 from daemon.schema import SchemaChangeError
 from daemon.service import Icespool
 from daemon.writer import FlushResult, TableWriter
 from spool import SpoolIOError
 
-__all__ = ["ARROW_STREAM", "NDJSON", "HttpServer", "start_http"]
+__all__ = ["ARROW_STREAM", "JSON", "NDJSON", "HttpServer", "start_http"]
 
 
 _log = logging.getLogger("icespool.http")
@@ -55,6 +62,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Routes that need the Bearer token when one is configured; probes and metrics
 # stay open so kubelet and Prometheus need no secret.
 _PROTECTED: Final = frozenset({"ingest", "flush", "replay", "status"})
+# What a non-admin token is told it cannot do, by route.
+_ADMIN_ROUTES: Final = {
+    "flush": "flush",
+    "replay": "replay dead letters",
+    "status": "GET /v1/status",
+}
 _UNMATCHED_ROUTE: Final = "unmatched"  # one label for every unknown path: bounded cardinality
 _SHOWN_NAME_CHARS: Final = 120
 _STARTING_RETRY_AFTER: Final = 1.0
@@ -89,14 +102,43 @@ class _Problem(Exception):
 class HttpServer:
     """A listening HTTP server; ``port`` is the bound port (useful with port 0)."""
 
-    def __init__(self, runner: web.AppRunner, port: int) -> None:
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        port: int,
+        api: _Api,
+        tls: ssl.SSLContext | None,
+        connections: Connections,
+    ) -> None:
         self._runner = runner
         self._port = port
+        self._api = api
+        self._tls = tls
+        self.connections = connections
         self._stopped = False
 
     @property
     def port(self) -> int:
         return self._port
+
+    @property
+    def tls(self) -> bool:
+        return self._tls is not None
+
+    async def reload(self, http: HttpConfig) -> list[str]:
+        """Read the token files and the TLS certificate and key again (SIGHUP) and use
+        them for the next requests and handshakes; the listener and open connections
+        stay. All or nothing: a `ConfigError` naming the key leaves both as they were.
+        Returns what was reloaded, for the log (names only, never a token)."""
+        tokens = await asyncio.to_thread(load_tokens, http)
+        done = []
+        if self._tls is not None and http.tls_cert_file and http.tls_key_file:
+            # On the loop: no handshake may start while the context changes.
+            load_certificate(self._tls, http.tls_cert_file, http.tls_key_file)
+            done.append(f"TLS certificate {http.tls_cert_file}")
+        self._api.tokens.replace(tokens)
+        done.append(f"tokens {', '.join(t.name for t in tokens) or '(none: API open)'}")
+        return done
 
     async def stop(self) -> None:
         """Stop listening and close connections. Idempotent."""
@@ -111,25 +153,36 @@ async def start_http(
     host: str,
     port: int,
     *,
-    auth_token: str | None,
+    auth_token: str | None = None,
     max_body_bytes: int,
     max_inflight_bytes: int | None = None,
     body_timeout: float = 60.0,
     shutdown_timeout: float = 5.0,
+    tokens: Sequence[Token] = (),
+    tls: ssl.SSLContext | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> HttpServer:
     """Serve ``service`` on ``host:port`` (0 picks a free port) until ``stop()``.
 
     ``auth_token``: when set, ingest, flush and status need ``Authorization: Bearer
-    <token>``. ``max_body_bytes`` bounds a request body (413 beyond it);
+    <token>`` (an admin token); ``tokens``: named, scoped tokens (`daemon.http_auth`).
+    ``max_body_bytes`` bounds a request body (413 beyond it);
     ``max_inflight_bytes`` (default 4 x ``max_body_bytes``) bounds the bodies of all
     ingest requests in progress together (503 + Retry-After beyond it);
     ``body_timeout`` bounds the time to receive a body (408), so slow clients cannot
-    hold a request open forever.
+    hold a request open forever. ``tls``: serve HTTPS with this server context
+    (`daemon.http_tls.server_context`). ``limits``: header and idle timeouts and the
+    per-IP connection cap (`daemon.http_conn`).
     """
     if auth_token is not None and not auth_token.strip():
         raise ValueError("auth_token must not be empty; pass None to disable auth")
+    every = list(tokens)
+    if auth_token is not None:
+        every.insert(0, Token(ADMIN_TOKEN_NAME, auth_token.strip().encode("utf-8"), admin=True))
+    limits = limits or ConnectionLimits()
     inflight = max_inflight_bytes or _INFLIGHT_BODIES * max_body_bytes
-    api = _Api(service, auth_token, max_body_bytes, max(inflight, max_body_bytes), body_timeout)
+    metrics = service.metrics
+    api = _Api(service, Tokens(every), max_body_bytes, max(inflight, max_body_bytes), body_timeout)
     # client_max_size guards any path that would call request.read(); ingest reads
     # the body itself with its own limit.
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.middleware])
@@ -137,35 +190,86 @@ async def start_http(
     app.router.add_post("/v1/tables/{table}/flush", api.flush, name="flush")
     app.router.add_post("/v1/tables/{table}/replay", api.replay, name="replay")
     app.router.add_get("/v1/status", api.status, name="status")
+    app.router.add_get("/v1/openapi.json", api.openapi, name="openapi")
     app.router.add_get("/metrics", api.metrics, name="metrics")
     app.router.add_get("/healthz", api.healthz, name="healthz")
     app.router.add_get("/readyz", api.readyz, name="readyz")
     # access_log=None: no log line per request at info; the middleware logs at debug.
+    # aiohttp's own keep-alive timer is left behind ours (http_conn closes first).
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=limits.idle_timeout + limits.header_timeout,
     )
     await runner.setup()
+    assert runner.server is not None
+    connections = Connections(
+        limits,
+        runner.server,
+        lambda reason: metrics.http_connections_closed.labels(reason=reason).inc(),
+    )
+    api.connections = connections
     try:
-        site = web.TCPSite(runner, host, port)
+        site = _Site(runner, host, port, tls, connections)
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
-    return HttpServer(runner, int(bound))
+    return HttpServer(runner, int(bound), api, tls, connections)
+
+
+class _Site(web.BaseSite):
+    """aiohttp's TCP site, listening through `Connections` (timeouts, per-IP cap)."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None,
+        connections: Connections,
+    ) -> None:
+        super().__init__(runner, ssl_context=tls)
+        self._host = host
+        self._port = port
+        self._connections = connections
+
+    @property
+    def name(self) -> str:
+        return f"{'https' if self._ssl_context else 'http'}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._connections.protocol,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            # A client that never finishes its handshake is a slow-header client too.
+            ssl_handshake_timeout=(
+                self._connections.limits.header_timeout if self._ssl_context else None
+            ),
+            backlog=self._backlog,
+            reuse_address=True,
+        )
 
 
 class _Api:
     def __init__(
         self,
         service: Icespool,
-        token: str | None,
+        tokens: Tokens,
         max_body_bytes: int,
         max_inflight_bytes: int,
         body_timeout: float,
     ) -> None:
         self._service = service
-        self._token = None if token is None else token.encode("utf-8")
+        self.tokens = tokens
+        self.connections: Connections | None = None  # set once the site is built
         self._max_body = max_body_bytes
         self._max_inflight = max_inflight_bytes
         self._inflight = 0  # body bytes held by ingest requests right now
@@ -179,9 +283,12 @@ class _Api:
         route = request.match_info.route
         resource = route.resource
         label = resource.canonical if resource is not None else _UNMATCHED_ROUTE
+        connections = self.connections
+        if connections is not None:
+            connections.begin(request.transport)
         try:
-            if self._token is not None and route.name in _PROTECTED:
-                self._authorize(request)
+            if self.tokens.enabled and route.name in _PROTECTED:
+                self._authorize(request, route.name)
             response = await handler(request)
         except _Problem as problem:
             response = _error(problem.status, problem.message, problem.headers)
@@ -194,6 +301,8 @@ class _Api:
         except Exception:
             _log.exception("%s %s failed", request.method, label)
             response = _error(500, "internal error; the daemon logged the details")
+        if connections is not None:
+            connections.end(request.transport)
         metrics = self._service.metrics
         metrics.http_requests.labels(route=label, code=str(response.status)).inc()
         if route.name == "ingest" and response.status == 200:
@@ -211,19 +320,21 @@ class _Api:
             )
         return response
 
-    def _authorize(self, request: web.Request) -> None:
-        assert self._token is not None
-        header = request.headers.get("Authorization", "")
-        scheme, _, credentials = header.strip().partition(" ")
-        challenge = {"WWW-Authenticate": 'Bearer realm="icespool"'}
-        if scheme.lower() != "bearer" or not credentials.strip():
+    def _authorize(self, request: web.Request, route: str | None) -> None:
+        try:
+            token = self.tokens.identify(request.headers.get("Authorization", ""))
+            if route == "ingest":
+                self.tokens.check_write(token, request.match_info["table"])
+            else:
+                self.tokens.check_admin(token, _ADMIN_ROUTES.get(route or "", "this route"))
+        except Denied as denied:
+            challenge = {"WWW-Authenticate": 'Bearer realm="icespool"'}
             raise _Problem(
-                401, "missing 'Authorization: Bearer <token>' header", headers=challenge, close=True
-            )
-        # surrogateescape: a header with undecodable bytes must compare unequal, not raise.
-        given = credentials.strip().encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(given, self._token):
-            raise _Problem(401, "wrong bearer token", headers=challenge, close=True)
+                denied.status,
+                denied.message,
+                headers=challenge if denied.status == 401 else None,
+                close=True,  # the body may still be on its way
+            ) from None
 
     # ------------------------------------------------------------------ ingest and admin
 
@@ -235,7 +346,8 @@ class _Api:
             raise _Problem(
                 415,
                 f"unsupported Content-Type {_shown(request.content_type)}; send "
-                f"{NDJSON} (one JSON object per line) or {ARROW_STREAM}",
+                f"{NDJSON} (one JSON object per line), {JSON} (an array of objects) "
+                f"or {ARROW_STREAM}",
                 close=True,
             )
         held = 0
@@ -349,6 +461,10 @@ class _Api:
             body=self._service.metrics.exposition(),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        del request
+        return web.Response(body=openapi_document(), headers={"Content-Type": "application/json"})
 
     async def healthz(self, request: web.Request) -> web.StreamResponse:
         del request
@@ -466,10 +582,16 @@ def _rejection_reason(exc: BadInputError) -> str:
 
 def _records_in(body: bytes, content_type: str) -> int:
     """Records of a refused body, for ``icespool_records_rejected_total`` (blocking):
-    NDJSON's non-blank lines, or a valid Arrow stream's rows; at least 1, so a body
+    NDJSON's non-blank lines, a JSON array's elements, or a valid Arrow stream's rows;
+    at least 1, so a body
     with no readable record (empty, or not an Arrow stream) still counts once."""
     if content_type == NDJSON:
         return max(1, count_ndjson_records(body))
+    if content_type == JSON:
+        try:
+            return max(1, count_ndjson_records(ndjson_from_array(body)))
+        except BadInputError:
+            return 1
     try:
         return max(1, int(decode_arrow_stream(body).num_rows))
     except BadInputError:
@@ -519,8 +641,8 @@ def _describe_http_exception(request: web.Request, exc: web.HTTPException) -> st
     if exc.status == 404:
         return (
             f"no such endpoint: {request.method} {path}; the API is under "
-            "/v1/tables/{namespace.table}/records|flush|replay, /v1/status, /metrics, "
-            "/healthz, /readyz"
+            "/v1/tables/{namespace.table}/records|flush|replay, /v1/status, "
+            "/v1/openapi.json, /metrics, /healthz, /readyz"
         )
     if exc.status == 405:
         allowed = exc.headers.get("Allow", "")

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from daemon.config import Config
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import BadInputError, SchemaError
+from daemon.json_array import JSON, array_error, ndjson_from_array
 from daemon.schema import Policy, SchemaChangeError, conform
 from daemon.writer import FlushResult, TableWriter
 
@@ -41,6 +42,7 @@ __all__ = [
     "AUTO_CREATED",
     "EVOLVE_ROUNDS",
     "FORMATS",
+    "JSON",
     "NDJSON",
     "Column",
     "Ingest",
@@ -51,8 +53,9 @@ __all__ = [
 
 NDJSON: Final = "application/x-ndjson"
 ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
-#: Body formats `Ingest.body` takes (HTTP Content-Type values).
-FORMATS: Final = frozenset({NDJSON, ARROW_STREAM})
+#: Body formats `Ingest.body` takes (HTTP Content-Type values). ``application/json`` is
+#: a JSON array of objects, taken as the NDJSON of its elements (`daemon.json_array`).
+FORMATS: Final = frozenset({NDJSON, ARROW_STREAM, JSON})
 #: The evolve policy of tables a Kafka source creates for new routes: they take new
 #: fields as they come.
 AUTO_CREATED: Final[Policy] = "add-columns"
@@ -139,17 +142,28 @@ class Ingest:
         if content_type not in FORMATS:
             raise BadInputError(f"unsupported Content-Type {content_type!r}")
         writer = self.check(name)
+        if content_type == JSON:
+            # Same rules as NDJSON, with errors naming the array index, not the line.
+            try:
+                lines = await asyncio.to_thread(ndjson_from_array, body)
+                return await self._records(name, writer, lines)
+            except BadInputError as exc:
+                raise array_error(exc) from None
         if content_type == NDJSON:
-            if writer is None:
-                depth = self._tables.config.table_settings(name).max_nesting_depth
-                writer = await self.create(name, lambda: infer_ndjson_schema(body, depth))
-            table: pa.Table | pa.RecordBatch = await self._ndjson(writer, body)
-        else:
-            raw = await asyncio.to_thread(decode_arrow_stream, body)
-            if writer is None:
-                writer = await self.create(name, lambda: raw.schema)
-            table = await self.conformed(writer, raw)
+            return await self._records(name, writer, body)
+        raw = await asyncio.to_thread(decode_arrow_stream, body)
+        if writer is None:
+            writer = await self.create(name, lambda: raw.schema)
+        table = await self.conformed(writer, raw)
         # Shielded: a client that hangs up must not cancel a half-done spool append.
+        return await asyncio.shield(writer.append(table))
+
+    async def _records(self, name: str, writer: TableWriter | None, body: bytes) -> int:
+        """Decode and spool an NDJSON body (`body`'s second half)."""
+        if writer is None:
+            depth = self._tables.config.table_settings(name).max_nesting_depth
+            writer = await self.create(name, lambda: infer_ndjson_schema(body, depth))
+        table = await self._ndjson(writer, body)
         return await asyncio.shield(writer.append(table))
 
     async def _ndjson(self, writer: TableWriter, body: bytes) -> pa.Table:

@@ -236,6 +236,13 @@ class Metrics:
             buckets=_ACK_BUCKETS,
             registry=r,
         )
+        self.http_connections_closed = Counter(
+            "icespool_http_connections_closed_total",
+            "HTTP connections the daemon closed on its own: per_ip_limit (refused with "
+            "503), header_timeout (408), idle_timeout (kept alive with no request)",
+            ["reason"],
+            registry=r,
+        )
         self.ready = Gauge(
             "icespool_ready", "1 when recovery is done and the catalog reachable", registry=r
         )

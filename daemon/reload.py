@@ -6,7 +6,12 @@ Applied at once: the writer settings (``[defaults]`` and each table's overrides 
 writer reads its settings at each trigger check and each flush, so swapping the
 settings object is enough.
 
-Everything else (catalog, spool, http, encode, Kafka sources, tables added or
+Also applied: the HTTP secrets (``http.auth_token_file``, ``http.tokens``,
+``http.tls_cert_file``/``tls_key_file`` while TLS stays on): the daemon reads the token
+files and the certificate again on every SIGHUP (`daemon.http_api.HttpServer.reload`),
+so rotating one is rewriting its file and sending SIGHUP.
+
+Everything else (catalog, spool, the rest of http, encode, Kafka sources, tables added or
 removed, a table's schema or partitioning) is wired into long-lived objects at start;
 those changes are reported at warning by key, and take effect at the next restart.
 Secret values are never printed: not-applied keys are listed by name only.
@@ -20,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from daemon.config import Config, TableConfig, WriterSettings
+from daemon.config import Config, HttpConfig, TableConfig, WriterSettings
 from daemon.errors import ConfigError
 from daemon.logs import configure_logging
 
@@ -34,6 +39,8 @@ _log = logging.getLogger("icespool.reload")
 RELOADABLE_TABLE_KEYS = tuple(WriterSettings.model_fields)
 # Sections that are built into long-lived objects at start (sockets, catalog, spool, pool).
 _RESTART_SECTIONS = ("catalog", "spool", "http", "encode", "timeouts")
+# Keys of [http] applied by a reload (prefixes of the flattened keys, tokens[i].x too).
+_HTTP_SECRETS = ("auth_token_file", "tokens", "tls_cert_file", "tls_key_file")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,14 @@ def plan_reload(old: Config, new: Config, running_tables: Iterable[str]) -> Relo
 
     for section in _RESTART_SECTIONS:
         not_applied += _changed_keys(getattr(old, section), getattr(new, section), section)
+    # HTTP secrets are re-read on every SIGHUP; turning TLS on or off needs a new listener.
+    secrets = _HTTP_SECRETS if old.http.tls == new.http.tls else _HTTP_SECRETS[:2]
+    http_applied = [k for k in not_applied if k.removeprefix("http.").startswith(secrets)]
+    not_applied = [k for k in not_applied if k not in http_applied]
+    applied += [f"{key} (re-read)" for key in http_applied]
+    http = old.http.model_copy(
+        update={key: getattr(new.http, key) for key in secrets if key in HttpConfig.model_fields}
+    )
 
     old_kafka = [_dump(k) for k in old.kafka]
     new_kafka = [_dump(k) for k in new.kafka]
@@ -133,7 +148,9 @@ def plan_reload(old: Config, new: Config, running_tables: Iterable[str]) -> Relo
             table.model_copy(update={k: getattr(fresh, k) for k in RELOADABLE_TABLE_KEYS})
         )
 
-    effective = old.model_copy(update={"defaults": new.defaults, "log": new.log, "tables": merged})
+    effective = old.model_copy(
+        update={"defaults": new.defaults, "log": new.log, "tables": merged, "http": http}
+    )
     settings: dict[str, WriterSettings] = {}
     for name in running_tables:
         if name in old_tables and name not in new_tables:

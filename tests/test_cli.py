@@ -142,7 +142,14 @@ def test_check_config_json_output(tmp_path: Path) -> None:
     data = json.loads(proc.stdout)
     assert data["catalog"]["uri"] == "postgresql+psycopg2://icespool:***@db.internal:5432/lake"
     assert data["catalog"]["token"] == "***"
-    assert data["http"] == {"listen": "127.0.0.1:8080", "max_body_bytes": "64MiB"}
+    assert data["http"] == {
+        "listen": "127.0.0.1:8080",
+        "tokens": [],
+        "max_body_bytes": "64MiB",
+        "header_timeout": "10s",
+        "idle_timeout": "1m",
+        "max_connections_per_ip": 256,
+    }
 
 
 def test_check_config_lists_every_problem_at_once(command: list[str], tmp_path: Path) -> None:

@@ -159,7 +159,7 @@ def test_systemd_install_steps_create_what_the_example_config_needs(
     import os
     import pwd
 
-    from daemon.app import _read_token
+    from daemon.http_auth import load_tokens
 
     root = tmp_path / "root"
     (root / "etc/systemd/system").mkdir(parents=True)
@@ -205,8 +205,10 @@ def test_systemd_install_steps_create_what_the_example_config_needs(
         Path(config.catalog.warehouse.removeprefix("file://")),
     ):
         assert path.is_relative_to(state), path
-    token = _read_token(token_file)
-    assert token is not None and re.fullmatch(r"[A-Za-z0-9_-]{43}", token)
+    # Read as the daemon reads it: http.auth_token_file is the admin token.
+    (admin,) = load_tokens(config.http.model_copy(update={"auth_token_file": token_file}))
+    token = admin.secret.decode()
+    assert admin.admin and re.fullmatch(r"[A-Za-z0-9_-]{43}", token)
     assert token_file.stat().st_mode & 0o777 == 0o640  # the service's group reads it
     # A second install makes a different token (it is random, not a fixed example).
     again = subprocess.run(

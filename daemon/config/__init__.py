@@ -39,6 +39,7 @@ from daemon.config._model import (
     SpoolConfig,
     TableConfig,
     TimeoutsConfig,
+    TokenConfig,
     WriterSettings,
     embedded_catalog,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "SpoolConfig",
     "TableConfig",
     "TimeoutsConfig",
+    "TokenConfig",
     "WriterSettings",
     "apply_env_overrides",
     "embedded_catalog",

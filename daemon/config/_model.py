@@ -58,6 +58,7 @@ __all__ = [
     "TableConfig",
     "TimeoutsConfig",
     "TimestampUnit",
+    "TokenConfig",
     "WriterSettings",
     "embedded_catalog",
 ]
@@ -352,12 +353,92 @@ def _split_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _check_token_name(value: str) -> str:
+    if not _TOKEN_NAME_RE.match(value):
+        raise ValueError(
+            f"{value[:80]!r} must be 1-64 letters, digits, '_', '.' or '-' (it is shown in "
+            "403 answers and logs), e.g. 'producer-a'"
+        )
+    return value
+
+
+def _check_table_glob(value: str) -> str:
+    _non_empty(value)
+    if "." not in value:
+        raise ValueError(
+            f"{value!r} must match 'namespace.table' names, e.g. 'shop.*' or 'demo.events' "
+            "('*.*' for every table)"
+        )
+    return value
+
+
+class TokenConfig(_Section):
+    """One ``[[http.tokens]]`` entry: a named Bearer token and what it may do.
+
+    ``tables``: globs over ``namespace.table`` (``fnmatch``: ``*``, ``?``, ``[...]``) the
+    token may ingest into; ``admin``: it may also flush, read /v1/status and ingest into
+    every table.
+    """
+
+    name: Annotated[str, AfterValidator(_check_token_name)]
+    token_file: AbsPath
+    tables: list[Annotated[str, AfterValidator(_check_table_glob)]] = Field(default_factory=list)
+    admin: bool = False
+
+
 class HttpConfig(_Section):
     """``[http]``: the ingest, admin, metrics and health endpoints."""
 
     listen: Annotated[str, AfterValidator(_check_listen)] = "127.0.0.1:8080"
+    # One admin token (the contract since 0.1); ``tokens`` adds named, scoped ones.
     auth_token_file: OptionalAbsPath = None
+    tokens: list[TokenConfig] = Field(default_factory=list)
     max_body_bytes: Bytes = 64 * 2**20
+    # TLS on the listener: both or neither; SIGHUP reloads the files (rotation).
+    tls_cert_file: OptionalAbsPath = None
+    tls_key_file: OptionalAbsPath = None
+    # A request's line and headers must arrive within this once its first byte did (or
+    # the connection opened): slow-header clients cannot hold connections for ever.
+    header_timeout: Seconds = 10.0
+    # A kept-alive connection with no request for this long is closed.
+    idle_timeout: Seconds = 60.0
+    # Open connections one client IP may hold; more are answered 503 and closed (0: no
+    # cap). Behind a proxy or load balancer every client has its address: raise it.
+    max_connections_per_ip: Annotated[int, Ge(0)] = 256
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @model_validator(mode="after")
+    def _check_http(self) -> HttpConfig:
+        # Only [http] holds these, so the dotted keys are known here.
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            missing = "tls_key_file" if self.tls_key_file is None else "tls_cert_file"
+            raise ConfigError(
+                f"http.{missing}",
+                "TLS needs both http.tls_cert_file (PEM certificate chain) and "
+                "http.tls_key_file (PEM private key); set both or neither",
+            )
+        names: dict[str, int] = {}
+        for i, token in enumerate(self.tokens):
+            if token.name in names:
+                raise ConfigError(
+                    f"http.tokens[{i}].name",
+                    f"{token.name!r} is already used by http.tokens[{names[token.name]}]; "
+                    "give each token its own name",
+                )
+            names[token.name] = i
+            if not token.admin and not token.tables:
+                raise ConfigError(
+                    f"http.tokens[{i}].tables",
+                    f"token {token.name!r} may do nothing: list the tables it may write "
+                    "(globs such as 'shop.*') or set admin = true",
+                )
+        return self
 
     @property
     def host(self) -> str:

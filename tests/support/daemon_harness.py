@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ __all__ = [
 TABLE = "t.events"
 CATALOG_NAME = "lake"
 NDJSON = "application/x-ndjson"
-_READY_RE = re.compile(r"icespool ready: http://(?P<host>[^\s,]+):(?P<port>\d+)")
+_READY_RE = re.compile(r"icespool ready: https?://(?P<host>[^\s,]+):(?P<port>\d+)")
 _READY_TIMEOUT = 60.0
 
 
@@ -183,8 +184,10 @@ def _dispose(catalog: Any) -> None:
 class Daemon:
     """One daemon installation; `start` may be called again after it died."""
 
-    def __init__(self, home: DaemonDir) -> None:
+    def __init__(self, home: DaemonDir, *, tls: ssl.SSLContext | None = None) -> None:
         self.home = home
+        # A client context trusting the daemon's certificate: the daemon serves HTTPS.
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.starts = 0
@@ -249,7 +252,8 @@ class Daemon:
             await asyncio.sleep(0.02)
         if self.port == 0:
             raise DaemonError(f"the ready line names port 0, not the bound port\n{self.tail()}")
-        async with aiohttp.ClientSession() as session:
+        connector = aiohttp.TCPConnector(ssl=self.tls if self.tls is not None else True)
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
                     async with session.get(f"{self.url}/readyz") as resp:
@@ -316,7 +320,7 @@ class Daemon:
     def url(self) -> str:
         if self.port is None:
             raise DaemonError("the daemon has not reported its port yet")
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     def records_url(self, table: str = TABLE) -> str:
         return f"{self.url}/v1/tables/{table}/records"
