@@ -12,8 +12,8 @@ Every path meets the same three steps:
 2. **decode and evolve**: the input is decoded into the table's Arrow schema. Where
    that fails for columns the table lacks (or has too narrow) and the table's
    ``evolve`` policy allows it, the table's schema is changed first and the input
-   decoded again (`Ingest.decoded`, at most `EVOLVE_ROUNDS` rounds). A change the
-   policy refuses is a `SchemaChangeError` naming the column and the policy.
+   decoded again (`Ingest.decoded`). A change the policy refuses is a
+   `SchemaChangeError` naming the column and the policy.
 3. **append**: the decoded batch goes to the table's writer, which spools it (the ack).
 
 Errors are domain errors (`daemon.errors`); each source maps them: HTTP to a status,
@@ -34,13 +34,12 @@ from daemon.config import Config
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import BadInputError, SchemaError
 from daemon.json_array import JSON, array_error, ndjson_from_array
-from daemon.schema import Policy, SchemaChangeError, conform
-from daemon.writer import FlushResult, TableWriter
+from daemon.schema import Policy, conform
+from daemon.writer import TableWriter
 
 __all__ = [
     "ARROW_STREAM",
     "AUTO_CREATED",
-    "EVOLVE_ROUNDS",
     "FORMATS",
     "JSON",
     "NDJSON",
@@ -59,9 +58,6 @@ FORMATS: Final = frozenset({NDJSON, ARROW_STREAM, JSON})
 #: The evolve policy of tables a Kafka source creates for new routes: they take new
 #: fields as they come.
 AUTO_CREATED: Final[Policy] = "add-columns"
-#: Schema changes one input may cause before it is decoded for the last time: a
-#: decode names the columns it failed on; a few rounds cover nested and later ones.
-EVOLVE_ROUNDS: Final = 4
 
 _R = TypeVar("_R")
 
@@ -88,12 +84,13 @@ class Tables(Protocol):
 class Wants:
     """What a decode that failed asks of the table's schema.
 
-    ``columns``: the columns to add or widen (None: every column of ``incoming``);
-    ``incoming``: the input's own Arrow schema (blocking: inferred from JSON);
-    ``exact``: the input's types are exact (Arrow), not inferred (JSON numbers).
+    ``columns``: the columns the decode failed on; ``incoming``: the input's own Arrow
+    schema (blocking: inferred from JSON); ``exact``: the input's types are exact
+    (Arrow data: the table evolves for all of ``incoming`` at once), not inferred (JSON:
+    it evolves for the failed columns and the top-level columns it lacks).
     """
 
-    columns: frozenset[str] | None
+    columns: frozenset[str]
     incoming: Callable[[], pa.Schema]
     exact: bool
 
@@ -227,7 +224,7 @@ class Ingest:
         return await self._whole(
             writer,
             lambda schema: conform(data, schema),
-            lambda error: Wants(None, lambda: data.schema, exact=True),
+            lambda error: Wants(frozenset({error.column}), lambda: data.schema, exact=True),
         )
 
     # ------------------------------------------------------------------ every source
@@ -237,42 +234,39 @@ class Ingest:
         writer: TableWriter,
         decode: Callable[[pa.Schema], _R],
         wants: Callable[[_R], Wants | None],
-    ) -> tuple[_R, dict[str, SchemaChangeError]]:
+    ) -> tuple[_R, dict[str, SchemaError]]:
         """``decode(table's Arrow schema)`` (blocking, run in a thread), after evolving
         the table for what ``wants`` says the result lacks, as the table's policy
-        allows. Returns the last result and the changes the policy refused, by column.
+        allows. Returns the last result and, by column, why the table could not be
+        changed for it: `SchemaChangeError` when the policy refuses the change, another
+        `SchemaError` when the records' shape cannot be a column at all (an empty field
+        name, a type Iceberg has no equivalent for).
 
-        A column is evolved at most once per input, and at most `EVOLVE_ROUNDS`
-        changes are made, so a result that keeps failing ends the loop.
+        It ends: every round changes the table for at least one column it has not tried
+        for this input before, and an input has finitely many columns.
         """
-        refused: dict[str, SchemaChangeError] = {}
+        refused: dict[str, SchemaError] = {}
         tried: set[str] = set()
-        whole = False  # an exact (Arrow) input evolves all its columns at once, once
         result = await asyncio.to_thread(decode, writer.arrow_schema)
-        for _ in range(EVOLVE_ROUNDS):
-            if writer.evolve_policy == "none":
-                break
+        while writer.evolve_policy != "none":
             want = wants(result)
-            if want is None:
+            if want is None or not want.columns - tried - refused.keys():
                 break
-            if want.columns is None:
-                if whole:
-                    break
-                whole, only = True, None
-            else:
-                only = want.columns - tried - refused.keys()
-                if not only:
-                    break
-                tried |= only
-            before = writer.arrow_schema
             try:
                 incoming = await asyncio.to_thread(want.incoming)
-                await writer.evolve(incoming, only=only, exact=want.exact)
-            except SchemaChangeError as exc:
-                refused[exc.column] = exc
-                continue
             except BadInputError:
                 break  # the records' types cannot even be inferred: the decode error stands
+            only = None if want.exact else _evolvable(want.columns, incoming, writer) - tried
+            if only is not None and not only:
+                break
+            tried |= want.columns if only is None else only
+            before = writer.arrow_schema
+            try:
+                await writer.evolve(incoming, only=only, exact=want.exact)
+            except SchemaError as exc:
+                for column in {*want.columns, *(only or ()), exc.column}:
+                    refused.setdefault(column, exc)
+                continue
             # Evolved here, or by a replica first (the plan was empty, the schema new).
             if writer.arrow_schema is not before:
                 result = await asyncio.to_thread(decode, writer.arrow_schema)
@@ -300,25 +294,18 @@ class Ingest:
 class TableInput:
     """One table of the in-process API: ``Icespool.writer(name)``.
 
-    Appends go through the way in (evolution included); flushes and figures are the
-    table writer's (``writer``).
+    Appends go through the way in (evolution included); everything else (``flush``,
+    ``close``, ``arrow_schema``, ``pending_records``, ``settings``, ...) is the table
+    writer's (``writer``), as it always was.
     """
 
     def __init__(self, ingest: Ingest, writer: TableWriter) -> None:
         self._ingest = ingest
         self.writer = writer
 
-    @property
-    def name(self) -> str:
-        return self.writer.name
-
-    @property
-    def arrow_schema(self) -> pa.Schema:
-        return self.writer.arrow_schema
-
-    @property
-    def pending_records(self) -> int:
-        return self.writer.pending_records
+    def __getattr__(self, name: str) -> Any:
+        # Figures, settings and flush/close: the table writer's, as they always were.
+        return getattr(self.writer, name)
 
     async def append(
         self,
@@ -348,9 +335,14 @@ class TableInput:
             raise BadInputError(f"records cannot be converted: {exc}") from exc
         return await self.append(table)
 
-    async def flush(self, reason: str = "manual") -> FlushResult:
-        """Commit everything acked so far; returns the commit's result."""
-        return await self.writer.flush(reason)
+
+def _evolvable(failed: frozenset[str], incoming: pa.Schema, writer: TableWriter) -> set[str]:
+    """The columns an inferred input evolves the table for in one round: those the decode
+    failed on that the input has a type for, and every top-level column the table lacks
+    (found all at once rather than one failed decode each)."""
+    present = set(incoming.names)
+    new = present - set(writer.arrow_schema.names)
+    return {c for c in failed | new if c in present or c.split(".", 1)[0] in present}
 
 
 def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) -> pa.RecordBatch:

@@ -35,6 +35,7 @@ __all__ = [
     "record_timestamps",
     "route_values",
     "too_deep_values",
+    "with_metadata_fields",
 ]
 
 # A line (value) that does not start with "{": one C-speed scan of the joined body.
@@ -107,6 +108,14 @@ _METADATA: dict[str, Callable[[Fetch], pa.Array]] = {
     "_kafka_timestamp": lambda f: record_timestamps(f.timestamps),
     "_kafka_key": lambda f: pa.array(f.keys, pa.binary()),
 }
+
+
+def with_metadata_fields(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """``schema`` (a route's inferred value columns) with the ``metadata_columns`` a
+    source adds to every row, so a table created for the route can hold them."""
+    empty = Fetch("", 0, np.empty(0, np.int64), [], [], [], [])
+    fields = [pa.field(name, _METADATA[name](empty).type) for name in columns]
+    return pa.schema([*(f for f in schema if f.name not in columns), *fields])
 
 
 def _with_metadata(

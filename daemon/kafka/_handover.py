@@ -30,11 +30,19 @@ from daemon.errors import BackpressureError, IcespoolError
 from daemon.ingest import AUTO_CREATED, Ingest, Wants
 from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, decode_json, decode_raw
+from daemon.kafka._decode import (
+    DeadRecord,
+    Decoded,
+    Fetch,
+    decode_json,
+    decode_raw,
+    with_metadata_fields,
+)
 from daemon.kafka._offsets import Ranges, batch_meta
 from daemon.kafka._partitions import Partition
 from daemon.kafka._routing import Router
 from daemon.metrics import Metrics
+from daemon.schema import SchemaChangeError
 from daemon.writer import TableWriter
 
 __all__ = ["Dead", "Handover"]
@@ -122,7 +130,7 @@ class Handover:
             out[table] = decoded
             for record in decoded.dead:
                 change = refused.get(record.column or "")
-                if change is not None:  # the table's policy refuses what it needs
+                if isinstance(change, SchemaChangeError):  # the policy refuses what it needs
                     record = replace(record, reason="schema_change", error=str(change))
                 dead.append((record, table))
         dead.sort(key=lambda item: item[0].index)
@@ -174,12 +182,14 @@ class Handover:
                 wanted.setdefault(table, []).append(fetch.values[record.index] or b"")
         created = False
         for table, values in wanted.items():
+
+            def incoming(values: list[bytes] = values) -> pa.Schema:
+                inferred = infer_records_schema(values, None, self._max_depth)
+                # The rows will carry the source's metadata columns too.
+                return with_metadata_fields(inferred, self.config.metadata_columns)
+
             try:
-                await self._ingest.create(
-                    table,
-                    functools.partial(infer_records_schema, values, None, self._max_depth),
-                    evolve=AUTO_CREATED,
-                )
+                await self._ingest.create(table, incoming, evolve=AUTO_CREATED)
             except (IcespoolError, ValueError) as exc:
                 _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
                 continue

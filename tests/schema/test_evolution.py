@@ -356,3 +356,155 @@ async def test_kafka_auto_create_makes_a_table_per_new_route_exactly_once(
         dead = await wait_rows(service, "auto.kafka_dead_letter", 24)
         assert sorted(json.loads(d["value"])["id"] for d in dead) == list(range(0, 1200, 50))
         assert {d["reason"] for d in dead} == {"invalid"}
+
+
+# ---------------------------------------------------------------- found by the differential
+# test of the refactored way in against the code before it (issue 12)
+
+
+async def test_one_body_with_many_new_columns_evolves_them_all_at_once(
+    make_config: MakeConfig, run_daemon: RunDaemon
+) -> None:
+    wide = {"id": 1, **{f"c{i}": i for i in range(12)}}
+    lines = [{"id": 2 + i, f"m{i}": i} for i in range(12)]  # one new column per line
+    async with (
+        run_daemon(_config(make_config, "add-columns")) as (service, url),
+        aiohttp.ClientSession() as http,
+    ):
+        post = f"{url}/v1/tables/{TABLE}/records"
+        for body in ([wide], lines):
+            async with http.post(post, data=_ndjson(body), headers=NDJSON) as r:
+                assert r.status == 200, await r.text()
+        await service.flush(TABLE)
+        rows, columns = await asyncio.to_thread(_rows, service)
+    assert columns == [
+        "id:long",
+        "n:int",
+        *(f"c{i}:long" for i in range(12)),
+        *(f"m{i}:long" for i in range(12)),
+    ]
+    assert [r["id"] for r in rows] == list(range(1, 14))
+    assert rows[0] | {} == {"id": 1, "n": None} | {f"c{i}": i for i in range(12)} | {
+        f"m{i}": None for i in range(12)
+    }
+
+
+@pytest.mark.parametrize(
+    ("evolve", "record", "error"),
+    [
+        # A nested widening the policy refuses names the nested field and the policy.
+        (
+            "add-columns",
+            {"id": 1, "st": {"a": 3_000_000_000}},
+            "column 'st.a': values need long but the column is int",
+        ),
+        # Why a key cannot become a column at all, not "not in the table schema".
+        ("add-columns", {"id": 1, "": 1}, "a field name must not be empty"),
+        ("add-columns", {"id": 1, "e": []}, "cannot infer an Iceberg type"),
+        # The real problem of a body that also adds columns.
+        (
+            "add-and-widen",
+            {"id": 1, "p1": 1, "p2": 2, "p3": 3, "p4": 4, "p5": 5, "n": "bad"},
+            "column 'n': values are string but the column is int",
+        ),
+    ],
+)
+async def test_a_refused_change_says_why(
+    make_config: MakeConfig, run_daemon: RunDaemon, evolve: str, record: Any, error: str
+) -> None:
+    config = make_config(
+        tables=[
+            {
+                "name": TABLE,
+                "create": True,
+                "evolve": evolve,
+                "schema": [
+                    {"name": "id", "type": "long", "required": True},
+                    {"name": "n", "type": "int"},
+                    {"name": "st", "type": "struct<a: int>"},
+                ],
+            }
+        ]
+    )
+    async with run_daemon(config) as (_, url), aiohttp.ClientSession() as http:
+        post = f"{url}/v1/tables/{TABLE}/records"
+        async with http.post(post, data=_ndjson([record]), headers=NDJSON) as r:
+            assert r.status == 400
+            assert error in (await r.json())["error"]
+
+
+async def test_in_process_writer_keeps_the_table_writers_figures(
+    make_config: MakeConfig,
+) -> None:
+    async with Icespool(_config(make_config, "add-columns")) as service:
+        writer = service.writer(TABLE)
+        await writer.queue_all([{"id": 1, "extra": "x"}])  # evolves: the way in
+        assert writer.pending_records == 1 and writer.pending_bytes > 0
+        assert writer.evolve_policy == "add-columns"
+        assert writer.settings.max_batch_records == service.config.defaults.max_batch_records
+        assert writer.arrow_schema.names == ["id", "n", "extra"]
+        assert writer.has_capacity()
+        result = await writer.flush()
+        assert result.records == 1 and writer.last_commit == result
+
+
+async def test_kafka_fetch_mixing_a_new_column_and_an_illegal_change_dead_letters_the_change(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    # One fetch: the new column evolves; the record whose id is text is refused as a
+    # schema change (the policy's words), not as an undecodable record.
+    topic = "mixed-change"
+    await create_topic(broker.bootstrap, topic, 1)
+    values = [{"id": 1, "newc": "x"}, {"id": "x"}, {"id": 3, "newc": "z"}]
+    await produce_values(broker.bootstrap, topic, [json.dumps(v).encode() for v in values])
+    config = _config(
+        make_config,
+        "add-and-widen",
+        defaults={"batch_timeout": "1s"},
+        kafka=[
+            {
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [topic],
+                "group_id": "g-mixed",
+                "table": TABLE,
+            }
+        ],
+    )
+    async with Icespool(config) as service:
+        dead = await wait_rows(service, f"{TABLE}_dead_letter", 1)
+        rows = await wait_rows(service, TABLE, 2)
+    assert [(d["offset"], d["reason"]) for d in dead] == [(1, "schema_change")]
+    assert "column 'id': values are string but the column is long" in dead[0]["error"]
+    assert sorted((r["id"], r["newc"]) for r in rows) == [(1, "x"), (3, "z")]
+
+
+async def test_auto_created_route_tables_hold_the_sources_metadata_columns(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    # The table created for a new route must take the metadata columns its rows carry
+    # (it used to lack them, and every fetch of the route crashed the consumer loop).
+    topic = "routed-meta"
+    await create_topic(broker.bootstrap, topic, 1)
+    values = [{"kind": "a" if i % 2 else "b", "id": i} for i in range(20)]
+    await produce_values(broker.bootstrap, topic, [json.dumps(v).encode() for v in values])
+    config = make_config(
+        tables=[],
+        defaults={"batch_timeout": "1s"},
+        kafka=[
+            {
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [topic],
+                "group_id": "g-routed-meta",
+                "route_field": "kind",
+                "table_template": "routed.t_{value}",
+                "auto_create": True,
+                "metadata_columns": ["_kafka_partition", "_kafka_offset"],
+            }
+        ],
+    )
+    async with Icespool(config) as service:
+        a = await wait_rows(service, "routed.t_a", 10)
+        b = await wait_rows(service, "routed.t_b", 10)
+    assert sorted((r["id"], r["_kafka_offset"], r["_kafka_partition"]) for r in a + b) == [
+        (i, i, 0) for i in range(20)
+    ]
