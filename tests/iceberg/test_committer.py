@@ -45,7 +45,7 @@ from daemon.iceberg._parquet import encode_data_files
 from daemon.retry import Backoff
 from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAST = Backoff(attempts=6, base=0.001, cap=0.02)
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},

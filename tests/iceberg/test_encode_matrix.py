@@ -61,7 +61,7 @@ ROWS = int(os.environ.get("ICESPOOL_ENCODE_ROWS", "11000"))  # per transport
 EXAMPLES = int(os.environ.get("ICESPOOL_ENCODE_EXAMPLES", "4"))
 TABLE = "matrix.t"
 WRITER_SETTINGS = {"target_file_size": "128KiB", "row_group_records": 2_000}
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 # ------------------------------------------------------------------ through a real daemon
