@@ -29,10 +29,8 @@ import uvloop
 from daemon.blocking import TrackedExecutor
 from daemon.config import Config, TimeoutsConfig
 from daemon.errors import ConfigError, IcespoolError
-from daemon.http_api import HttpServer, start_http
-from daemon.http_auth import load_tokens
-from daemon.http_conn import ConnectionLimits
-from daemon.http_tls import server_context
+from daemon.http import HttpServer, load_tokens, server_context, start_http
+from daemon.http._conn import ConnectionLimits
 from daemon.reload import reload
 from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool

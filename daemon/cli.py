@@ -248,8 +248,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 def _check_http_files(config: Config) -> None:
     """The TLS certificate and key load, and the named token files read (ConfigError
     naming the key otherwise); values are never printed."""
-    from daemon.http_auth import load_tokens
-    from daemon.http_tls import server_context
+    from daemon.http import load_tokens, server_context
 
     server_context(config.http)
     load_tokens(config.http, admin_file=False)

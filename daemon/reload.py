@@ -8,7 +8,7 @@ settings object is enough.
 
 Also applied: the HTTP secrets (``http.auth_token_file``, ``http.tokens``,
 ``http.tls_cert_file``/``tls_key_file`` while TLS stays on): the daemon reads the token
-files and the certificate again on every SIGHUP (`daemon.http_api.HttpServer.reload`),
+files and the certificate again on every SIGHUP (`daemon.http.HttpServer.reload`),
 so rotating one is rewriting its file and sending SIGHUP.
 
 Everything else (catalog, spool, the rest of http, encode, Kafka sources, tables added or

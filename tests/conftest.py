@@ -13,7 +13,7 @@ from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import Broker
 
 from daemon.config import Config, embedded_default, validate_config
-from daemon.http_api import start_http
+from daemon.http import start_http
 from daemon.service import Icespool
 
 

@@ -159,7 +159,7 @@ def test_systemd_install_steps_create_what_the_example_config_needs(
     import os
     import pwd
 
-    from daemon.http_auth import load_tokens
+    from daemon.http import load_tokens
 
     root = tmp_path / "root"
     (root / "etc/systemd/system").mkdir(parents=True)

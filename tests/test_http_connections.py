@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from support.fixture_types import MakeConfig
 
-from daemon.http_api import HttpServer, start_http
-from daemon.http_conn import ConnectionLimits
+from daemon.http import HttpServer, start_http
+from daemon.http._conn import ConnectionLimits
 from daemon.service import Icespool
 
 HEADER_TIMEOUT = 0.6

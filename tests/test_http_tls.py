@@ -24,9 +24,8 @@ from support.tls_certs import LocalCA
 from daemon.cli import main
 from daemon.config import Config
 from daemon.errors import ConfigError
-from daemon.http_api import HttpServer, start_http
-from daemon.http_conn import ConnectionLimits
-from daemon.http_tls import server_context
+from daemon.http import HttpServer, server_context, start_http
+from daemon.http._conn import ConnectionLimits
 from daemon.service import Icespool
 
 

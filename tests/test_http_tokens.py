@@ -17,8 +17,7 @@ from support.fixture_types import MakeConfig
 from daemon.cli import main
 from daemon.config import Config, validate_config
 from daemon.errors import ConfigError
-from daemon.http_api import HttpServer, start_http
-from daemon.http_auth import load_tokens
+from daemon.http import HttpServer, load_tokens, start_http
 from daemon.reload import plan_reload
 from daemon.service import Icespool
 

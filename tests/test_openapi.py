@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from support.daemon_harness import Daemon, DaemonDir
 
-from daemon.openapi import openapi_document
+from daemon.http import openapi_document
 
-REPO_DOCUMENT = Path(__file__).resolve().parents[1] / "daemon" / "openapi.json"
+REPO_DOCUMENT = Path(__file__).resolve().parents[1] / "daemon" / "http" / "openapi.json"
 ADMIN, PRODUCER = "admin-secret-1", "producer-secret-2"
 PER_IP = 12
 HEADER_TIMEOUT = 1.0

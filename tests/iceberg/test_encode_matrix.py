@@ -50,7 +50,7 @@ from support.matrix_values import (
 
 from daemon.config import Config
 from daemon.errors import SchemaError
-from daemon.http_api import NDJSON
+from daemon.http import NDJSON
 from daemon.iceberg._catalog import ensure_table, load_catalog
 from daemon.iceberg._commit import commit_files
 from daemon.iceberg._parquet import encode_data_files

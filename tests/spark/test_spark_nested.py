@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import Row
 from support.json_values import storage_type
 
-from daemon.http_api import ARROW_STREAM, NDJSON
+from daemon.http import ARROW_STREAM, NDJSON
 from daemon.schema import arrow_schema_for, parse_schema
 
 TABLE = "n.nested"

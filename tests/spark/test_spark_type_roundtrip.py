@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pyspark.sql import Row
 from support.json_values import b64_json, decimal_json, dumps, storage_type
 
-from daemon.http_api import NDJSON
+from daemon.http import NDJSON
 from daemon.schema import arrow_schema_for, parse_schema
 
 D = decimal.Decimal

@@ -32,7 +32,7 @@ import aiohttp
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from daemon.http_api import ARROW_STREAM, NDJSON
+from daemon.http import ARROW_STREAM, NDJSON
 from daemon.schema import arrow_schema_for, parse_schema
 from support.json_values import dumps, storage_type
 

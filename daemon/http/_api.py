@@ -4,7 +4,7 @@
     POST /v1/tables/{table}/flush     commit now
     POST /v1/tables/{table}/replay    re-ingest a dead-letter table's records (JSON filters)
     GET  /v1/status                   service.status()
-    GET  /v1/openapi.json             this API's OpenAPI 3 document (daemon/openapi.json)
+    GET  /v1/openapi.json             this API's OpenAPI 3 document (daemon/http/openapi.json)
     GET  /metrics                     Prometheus text
     GET  /healthz, /readyz            liveness, readiness
 
@@ -38,15 +38,15 @@ from daemon.errors import (
     ShuttingDownError,
     UnknownTableError,
 )
-from daemon.http_auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
-from daemon.http_conn import ConnectionLimits, Connections
-from daemon.http_tls import load_certificate
+from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
+from daemon.http._conn import ConnectionLimits, Connections
+from daemon.http._openapi import openapi_document
+from daemon.http._tls import load_certificate
 from daemon.iceberg import short_error, unavailable
 from daemon.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
 from daemon.json_array import ndjson_from_array
 from daemon.kafka import ReplayFilter
 from daemon.metrics import CONTENT_TYPE_LATEST
-from daemon.openapi import openapi_document
 from daemon.schema import SchemaChangeError
 from daemon.service import Icespool
 from daemon.writer import FlushResult, TableWriter
@@ -165,14 +165,14 @@ async def start_http(
     """Serve ``service`` on ``host:port`` (0 picks a free port) until ``stop()``.
 
     ``auth_token``: when set, ingest, flush and status need ``Authorization: Bearer
-    <token>`` (an admin token); ``tokens``: named, scoped tokens (`daemon.http_auth`).
+    <token>`` (an admin token); ``tokens``: named, scoped tokens (`daemon.http._auth`).
     ``max_body_bytes`` bounds a request body (413 beyond it);
     ``max_inflight_bytes`` (default 4 x ``max_body_bytes``) bounds the bodies of all
     ingest requests in progress together (503 + Retry-After beyond it);
     ``body_timeout`` bounds the time to receive a body (408), so slow clients cannot
     hold a request open forever. ``tls``: serve HTTPS with this server context
-    (`daemon.http_tls.server_context`). ``limits``: header and idle timeouts and the
-    per-IP connection cap (`daemon.http_conn`).
+    (`daemon.http._tls.server_context`). ``limits``: header and idle timeouts and the
+    per-IP connection cap (`daemon.http._conn`).
     """
     if auth_token is not None and not auth_token.strip():
         raise ValueError("auth_token must not be empty; pass None to disable auth")
@@ -195,7 +195,7 @@ async def start_http(
     app.router.add_get("/healthz", api.healthz, name="healthz")
     app.router.add_get("/readyz", api.readyz, name="readyz")
     # access_log=None: no log line per request at info; the middleware logs at debug.
-    # aiohttp's own keep-alive timer is left behind ours (http_conn closes first).
+    # aiohttp's own keep-alive timer is left behind ours (daemon.http._conn closes first).
     runner = web.AppRunner(
         app,
         access_log=None,

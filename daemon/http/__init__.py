@@ -1,0 +1,30 @@
+"""The HTTP API on aiohttp: ingest, flush, dead-letter replay, status, metrics, probes.
+
+_api       routes; maps domain errors to statuses; one call to the way in per request
+_auth      named Bearer tokens and their scopes (tables, admin)
+_conn      header and idle timeouts, connections per client IP
+_tls       the listener's certificate, reloaded on SIGHUP
+_openapi   the OpenAPI 3 document (openapi.json), served at /v1/openapi.json
+"""
+
+from daemon.http._api import ARROW_STREAM, JSON, NDJSON, HttpServer, start_http
+from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
+from daemon.http._openapi import OPENAPI_FILE, openapi_document
+from daemon.http._tls import load_certificate, server_context
+
+__all__ = [
+    "ADMIN_TOKEN_NAME",
+    "ARROW_STREAM",
+    "JSON",
+    "NDJSON",
+    "OPENAPI_FILE",
+    "Denied",
+    "HttpServer",
+    "Token",
+    "Tokens",
+    "load_certificate",
+    "load_tokens",
+    "openapi_document",
+    "server_context",
+    "start_http",
+]
