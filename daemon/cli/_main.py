@@ -30,7 +30,7 @@ from daemon.config import (
 )
 from daemon.errors import ConfigError, IcespoolError, SparkConfError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -324,7 +324,7 @@ def _cmd_spark_conf(args: argparse.Namespace) -> int:
 
 def _status_fetcher(args: argparse.Namespace) -> tuple[str, Callable[[], dict[str, Any]]]:
     """The daemon's URL, and a function that asks it for its status once."""
-    from daemon.status_client import DEFAULT_TIMEOUT, daemon_url, fetch_status, read_token
+    from daemon.cli._client import DEFAULT_TIMEOUT, daemon_url, fetch_status, read_token
 
     config = _load(args) if args.config or not args.url or not args.token_file else None
     url = args.url or daemon_url(_require(config))
@@ -340,7 +340,7 @@ def _require(config: Config | None) -> Config:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from daemon.status_view import render_status
+    from daemon.cli._view import render_status
 
     url, fetch = _status_fetcher(args)
 
@@ -362,7 +362,7 @@ def _watch(
 ) -> int:
     """Redraw until Ctrl-C (exit 0). A daemon that goes away (restart) is shown, not fatal;
     a refused token is (it will not fix itself)."""
-    from daemon.status_client import DaemonRequestError
+    from daemon.cli._client import DaemonRequestError
 
     tty = sys.stdout.isatty()
     try:
@@ -391,7 +391,7 @@ def _watch(
 def _cmd_tables(args: argparse.Namespace) -> int:
     if args.offline:
         return _tables_offline(args)
-    from daemon.status_view import render_tables
+    from daemon.cli._view import render_tables
 
     _, fetch = _status_fetcher(args)
     status = fetch()
@@ -491,7 +491,7 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
         )
         if getattr(args, key) is not None
     }
-    from daemon.status_client import DaemonRequestError, daemon_url, post_json, read_token
+    from daemon.cli._client import DaemonRequestError, daemon_url, post_json, read_token
 
     url = args.url or daemon_url(config)
     token = read_token(args.token_file or config.http.auth_token_file)
