@@ -476,20 +476,10 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
         table = tables[0]
+    from daemon.kafka import REPLAY_FILTER_KEYS
+
     filters = {
-        key: getattr(args, key)
-        for key in (
-            "reason",
-            "topic",
-            "partition",
-            "from_offset",
-            "to_offset",
-            "since",
-            "until",
-            "target_table",
-            "limit",
-        )
-        if getattr(args, key) is not None
+        key: getattr(args, key) for key in REPLAY_FILTER_KEYS if getattr(args, key) is not None
     }
     from daemon.cli._client import DaemonRequestError, daemon_url, post_json, read_token
 

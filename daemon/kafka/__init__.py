@@ -15,11 +15,20 @@ _replay       dead letters back into their tables, exactly once
 
 from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
 from daemon.kafka._offsets import OffsetBook
-from daemon.kafka._replay import DeadLetterReplay, ReplayFilter, ReplayResult, replay_group
+from daemon.kafka._replay import (
+    FILTER_KEYS as REPLAY_FILTER_KEYS,
+)
+from daemon.kafka._replay import (
+    DeadLetterReplay,
+    ReplayFilter,
+    ReplayResult,
+    replay_group,
+)
 from daemon.kafka._source import KafkaSource
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
+    "REPLAY_FILTER_KEYS",
     "DeadLetterReplay",
     "KafkaSource",
     "OffsetBook",

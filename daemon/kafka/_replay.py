@@ -65,6 +65,7 @@ from daemon.writer import TableWriter
 __all__ = [
     "CHUNK_ROWS",
     "DEFAULT_LIMIT",
+    "FILTER_KEYS",
     "MAX_LIMIT",
     "REPLAY_GROUP_PREFIX",
     "DeadLetterReplay",
@@ -103,7 +104,8 @@ _COLUMNS: Final = (
     "target_table",
     "reason",
 )
-_FILTER_KEYS: Final = (
+#: The keys of a replay request's filters (the JSON body, the CLI's options).
+FILTER_KEYS: Final = (
     "reason",
     "topic",
     "partition",
@@ -146,11 +148,11 @@ class ReplayFilter:
             return cls()
         if not isinstance(data, dict):
             raise BadInputError("the replay request must be a JSON object of filters")
-        unknown = sorted(set(data) - set(_FILTER_KEYS))
+        unknown = sorted(set(data) - set(FILTER_KEYS))
         if unknown:
             raise BadInputError(
                 f"unknown replay filter {', '.join(map(repr, unknown))}; "
-                f"filters: {', '.join(_FILTER_KEYS)}"
+                f"filters: {', '.join(FILTER_KEYS)}"
             )
         values: dict[str, Any] = {}
         for key in ("reason", "topic", "target_table"):
@@ -196,7 +198,7 @@ class ReplayFilter:
     def describe(self) -> str:
         shown = [
             f"{name}={getattr(self, name)}"
-            for name in _FILTER_KEYS
+            for name in FILTER_KEYS
             if getattr(self, name) is not None
         ]
         return " ".join(shown)
