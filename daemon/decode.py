@@ -1119,8 +1119,9 @@ def _parse_line(number: int, line: bytes) -> dict[str, Any]:
         ) from None
     except json.JSONDecodeError as exc:
         raise BadInputError(
-            f"line {number}: invalid JSON ({exc.msg} at character {exc.colno}); send one "
-            "JSON object per line, without line breaks inside a record"
+            # json says "Invalid control character at": no "at at".
+            f"line {number}: invalid JSON ({exc.msg.removesuffix(' at')} at character "
+            f"{exc.colno}); send one JSON object per line, without line breaks inside a record"
         ) from None
     if not isinstance(value, dict):
         raise BadInputError(f"line {number}: expected a JSON object, got {_kind(value)}")

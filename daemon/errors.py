@@ -12,6 +12,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "IcespoolError",
+    "ReadOnlyTableError",
     "ReplayInProgressError",
     "SchemaError",
     "ShuttingDownError",
@@ -84,6 +85,11 @@ class SchemaError(BadInputError):
 
 class UnknownTableError(IcespoolError):
     """A record was sent to a table that is not configured."""
+
+
+class ReadOnlyTableError(IcespoolError):
+    """Records were sent to a table only the daemon writes (a Kafka dead-letter table:
+    a forged dead letter could make a replay drop the real record at its offset)."""
 
 
 class BackpressureError(IcespoolError):

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from daemon.config import Config
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
-from daemon.errors import BadInputError, SchemaError
+from daemon.errors import BadInputError, ReadOnlyTableError, SchemaError
 from daemon.json_array import JSON, array_error, ndjson_from_array
 from daemon.schema import Policy, conform
 from daemon.writer import TableWriter
@@ -73,6 +73,9 @@ class Tables(Protocol):
 
     def awaiting_schema(self, name: str) -> bool:
         """Whether ``name`` is created from its first records and does not exist yet."""
+
+    def written_by_daemon(self, name: str) -> bool:
+        """Whether only the daemon writes ``name`` (a Kafka source's dead-letter table)."""
 
     def create_from(
         self, name: str, incoming: pa.Schema, *, evolve: Policy | None = None
@@ -123,6 +126,7 @@ class Ingest:
         """The writer of ``name`` if it can take records now (raises the error that
         says why not: unknown, degraded, shutting down, full); None when the table
         is created from its first records. Cheap: runs before a body is read."""
+        self._refuse_daemon_tables(name)
         if self._tables.awaiting_schema(name):
             return None
         writer = self._tables.table_writer(name)
@@ -210,6 +214,7 @@ class Ingest:
     ) -> int:
         """Spool Arrow data (or columns) for ``writer``'s table; evolves it for new
         columns where its policy allows. Returns the record count once acked."""
+        self._refuse_daemon_tables(writer.name)
         if isinstance(data, Mapping):
             batch = await asyncio.to_thread(_columns_to_batch, data, writer.arrow_schema)
         else:
@@ -279,6 +284,13 @@ class Ingest:
         schema of its first records; blocking) when it does not exist yet."""
         schema = await asyncio.to_thread(incoming)
         return await self._tables.create_from(name, schema, evolve=evolve)
+
+    def _refuse_daemon_tables(self, name: str) -> None:
+        if self._tables.written_by_daemon(name):
+            raise ReadOnlyTableError(
+                f"table {name!r} is a Kafka dead-letter table: only its source writes it "
+                "(re-ingest its records with POST /v1/tables/{table}/replay)"
+            )
 
     def json_options(self, writer: TableWriter) -> JsonOptions:
         """How JSON maps to ``writer``'s table (timestamp units, nesting depth)."""

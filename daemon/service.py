@@ -359,6 +359,10 @@ class Icespool:
     def table_names(self) -> list[str]:
         return list(self._writers)
 
+    def written_by_daemon(self, name: str) -> bool:
+        """Whether only the daemon writes ``name``: a Kafka source's dead-letter table."""
+        return any(k.dead_letter_table == name for k in self.config.kafka)
+
     async def flush(self, name: str) -> FlushResult:
         return await self.table_writer(name).flush("manual")
 

@@ -310,6 +310,54 @@ async def test_silent_daemon_times_out(tmp_path: Path) -> None:
     assert took < 10, took
 
 
+async def _serve_once(answer: bytes | None, *, trickle: bool = False) -> tuple[str, asyncio.Server]:
+    """A fake daemon on loopback: sends ``answer`` (one byte a second with ``trickle``)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        try:
+            for i in range(len(answer or b"")):
+                writer.write((answer or b"")[i : i + 1] if trickle else (answer or b"")[i:])
+                await writer.drain()
+                if not trickle:
+                    break
+                await asyncio.sleep(1)
+        except ConnectionError:
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", server
+
+
+@pytest.mark.parametrize(
+    ("answer", "trickle", "error"),
+    [
+        # Every read returns a byte within the timeout: only a deadline on the whole
+        # request ends it.
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"{" * 100, True, "timed out"),
+        (b"SSH-2.0-OpenSSH_9\r\n\r\n", False, "did not answer in HTTP: BadStatusLine"),
+        (
+            b'HTTP/1.1 200 OK\r\nContent-Length: 27\r\n\r\n{"ready": "x", "tables": 5}',
+            False,
+            "/v1/status has an unexpected shape",
+        ),
+    ],
+)
+async def test_a_daemon_that_misbehaves_is_one_error_line(
+    tmp_path: Path, answer: bytes, trickle: bool, error: str
+) -> None:
+    url, server = await _serve_once(answer, trickle=trickle)
+    async with server:
+        started = time.monotonic()
+        code, out, err = await icespool("status", "--url", url, "--timeout", "2", cwd=tmp_path)
+        took = time.monotonic() - started
+    assert (code, out) == (1, ""), err
+    assert err.startswith("error: ") and error in err and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert took < 15, took
+
+
 async def test_status_watch_prints_snapshots_until_ctrl_c(
     run_daemon: RunDaemon, tmp_path: Path
 ) -> None:

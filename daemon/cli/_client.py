@@ -7,11 +7,13 @@ must start fast and work without the daemon's heavy imports. Every failure becom
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +129,9 @@ def request_json(
         except (OSError, ssl.SSLError) as exc:
             raise DaemonRequestError(f"cannot load --cafile {cafile}: {exc}") from exc
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            raw = response.read()
+        # The whole request, a second past the per-read timeout (which says more when it
+        # fires first: connect refused or timed out).
+        raw = _within(timeout + 1.0, lambda: _send(request, timeout, context))
     except urllib.error.HTTPError as exc:
         answer = _json_object(exc.read())
         raise DaemonRequestError(
@@ -139,6 +142,10 @@ def request_json(
             f"cannot reach the icespool daemon at {url}: {exc.reason}; is it running, "
             "and is this its [http] listen address (--config / --url)?"
         ) from None
+    except http.client.HTTPException as exc:  # the peer does not speak HTTP
+        # repr: the peer's bytes, shown safely on one line.
+        detail = f"{type(exc).__name__}: {str(exc).strip()!r}" if str(exc) else type(exc).__name__
+        raise DaemonRequestError(f"{url} did not answer in HTTP: {detail}") from None
     except (TimeoutError, OSError) as exc:  # a read that timed out, a reset connection
         raise DaemonRequestError(
             f"no answer from the icespool daemon at {url} within {timeout:g}s: {exc}"
@@ -147,6 +154,35 @@ def request_json(
     if answer is None:
         raise DaemonRequestError(f"{url} did not answer with a JSON object: {raw[:200]!r}")
     return answer
+
+
+def _send(request: urllib.request.Request, timeout: float, context: ssl.SSLContext | None) -> bytes:
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+        body: bytes = response.read()
+        return body
+
+
+def _within(seconds: float, call: Callable[[], bytes]) -> bytes:
+    """``call()``'s result, or TimeoutError after ``seconds`` in all: urllib's timeout
+    bounds each socket read, so a peer trickling one byte at a time would never end.
+    The call runs in a daemon thread, left behind if it overruns (the CLI exits)."""
+    outcome: list[bytes | BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+        done.set()
+
+    threading.Thread(target=run, name="icespool-request", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError("timed out")
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

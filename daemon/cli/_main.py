@@ -349,7 +349,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             # Watching: one compact line per snapshot (NDJSON), for scripts.
             indent = None if args.watch else 2
             return json.dumps(status, indent=indent) + "\n"
-        return render_status(status, url)
+        return _rendered(render_status, status, url)
 
     if args.watch is None:
         print(render(fetch()), end="")
@@ -388,6 +388,20 @@ def _watch(
         return EXIT_OK
 
 
+def _rendered(render: Callable[..., str], status: dict[str, Any], *args: Any) -> str:
+    """A view of ``status``; a status of an unexpected shape (another program on the
+    port, a daemon of another version) is an error naming that, not a traceback."""
+    from daemon.cli._client import DaemonRequestError
+
+    try:
+        return render(status, *args)
+    except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        raise DaemonRequestError(
+            f"the daemon's /v1/status has an unexpected shape ({type(exc).__name__}: {exc}); "
+            "is this an icespool daemon of this version?"
+        ) from None
+
+
 def _cmd_tables(args: argparse.Namespace) -> int:
     if args.offline:
         return _tables_offline(args)
@@ -402,7 +416,7 @@ def _cmd_tables(args: argparse.Namespace) -> int:
             tables[name] = {**tables.get(name, {}), "degraded": degraded.get(name)}
         print(json.dumps(tables, indent=2))
         return EXIT_OK
-    print(render_tables(status), end="")
+    print(_rendered(render_tables, status), end="")
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from daemon.config import HttpConfig
 from daemon.decode import count_ndjson_records, decode_arrow_stream
@@ -34,6 +35,7 @@ from daemon.errors import (
     BackpressureError,
     BadInputError,
     IcespoolError,
+    ReadOnlyTableError,
     ReplayInProgressError,
     ShuttingDownError,
     UnknownTableError,
@@ -203,6 +205,8 @@ async def start_http(
         shutdown_timeout=shutdown_timeout,
         keepalive_timeout=limits.idle_timeout + limits.header_timeout,
     )
+    # Idempotent (the same filter object), whatever number of servers this process starts.
+    logging.getLogger("aiohttp.server").addFilter(_MALFORMED)
     await runner.setup()
     assert runner.server is not None
     connections = Connections(
@@ -256,6 +260,25 @@ class _Site(web.BaseSite):
             backlog=self._backlog,
             reuse_address=True,
         )
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse at error level with a traceback that
+    quotes the raw bytes, an Authorization header's token among them: keep only what
+    kind of request was refused, at info (any client can send these)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = "refused a malformed HTTP request (%s, status %s)"
+            record.args = (type(exc).__name__, exc.code)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_MALFORMED = _MalformedRequests()
 
 
 class _Api:
@@ -321,8 +344,11 @@ class _Api:
         return response
 
     def _authorize(self, request: web.Request, route: str | None) -> None:
+        given = request.headers.getall("Authorization", [])
+        if len(given) > 1:
+            raise _Problem(400, "send one Authorization header, not several", close=True)
         try:
-            token = self.tokens.identify(request.headers.get("Authorization", ""))
+            token = self.tokens.identify(given[0] if given else "")
             if route == "ingest":
                 self.tokens.check_write(token, request.match_info["table"])
             else:
@@ -340,8 +366,10 @@ class _Api:
 
     async def ingest(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["table"]
-        # An infer = true table is created from the schema of its first body.
-        writer = None if self._service.awaiting_schema(name) else self._writer(name)
+        # Readiness and the table first (404/503 before anything else); an infer = true
+        # table is created from the schema of its first body.
+        if not self._service.awaiting_schema(name):
+            self._writer(name)
         if request.content_type not in FORMATS:
             raise _Problem(
                 415,
@@ -355,10 +383,12 @@ class _Api:
         try:
             # Spares reading and decoding a body whose table is already full; the
             # writer checks again, exactly, at append time.
-            if writer is not None:
-                writer.check_capacity()
+            # Refusals that need no body (a dead-letter table, a full queue) come first.
+            self._service.ingest.check(name)
             body, held = await self._read_body(request, name)
             accepted = await self._service.ingest.body(name, body, request.content_type)
+        except ReadOnlyTableError as exc:
+            raise _Problem(403, str(exc), close=True) from None
         except BadInputError as exc:
             records = await asyncio.to_thread(_records_in, body, request.content_type)
             rejected = self._service.metrics.records_rejected
@@ -406,8 +436,9 @@ class _Api:
         body = await request.read()  # bounded by client_max_size
         try:
             data = json.loads(body) if body.strip() else None
-        except ValueError as exc:
-            raise _Problem(400, f"the replay request is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            what = "nests too deeply" if isinstance(exc, RecursionError) else f"is not JSON: {exc}"
+            raise _Problem(400, f"the replay request {what}") from None
         try:
             selection = ReplayFilter.from_json(data)
         except BadInputError as exc:
@@ -534,8 +565,8 @@ class _Api:
         chunks: list[bytes] = []
         size = 0
         try:
-            if declared:
-                held = self._reserve(declared, table)
+            # Bytes are reserved as they arrive, not as declared: a client that declares
+            # a large body and sends nothing must not hold the budget of everyone else.
             async with asyncio.timeout(self._body_timeout):
                 # Chunked (or lying) clients: count while reading, stop at the limit.
                 async for chunk in request.content.iter_any():

@@ -136,6 +136,13 @@ def _read(key: str, path: Path) -> bytes:
         raise ConfigError(key, f"cannot read the token file {path}: {reason}") from None
     if not text:
         raise ConfigError(key, f"the token file {path} is empty; put the token in it")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        # No client can send such a token in one Authorization header.
+        raise ConfigError(
+            key,
+            f"the token in {path} holds whitespace or control characters; put one "
+            "printable token on one line",
+        )
     return text.encode("utf-8")
 
 

@@ -344,9 +344,9 @@ class DeadLetterReplay:
         result = ReplayResult(self.table)
         started = time.monotonic()
         _log.info(
-            "dead-letter replay of %s started (%s)",
+            "dead-letter replay of %s started (%r)",
             self.table,
-            selection.describe(),
+            selection.describe(),  # repr: filter values come from a request
             extra={"table": self.table},
         )
         try:
