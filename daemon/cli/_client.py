@@ -142,14 +142,16 @@ def request_json(
             f"cannot reach the icespool daemon at {url}: {exc.reason}; is it running, "
             "and is this its [http] listen address (--config / --url)?"
         ) from None
+    except (TimeoutError, OSError) as exc:
+        # Timed out, reset, or closed unanswered (before HTTPException: RemoteDisconnected
+        # is both).
+        raise DaemonRequestError(
+            f"no answer from the icespool daemon at {url} within {timeout:g}s: {exc}"
+        ) from None
     except http.client.HTTPException as exc:  # the peer does not speak HTTP
         # repr: the peer's bytes, shown safely on one line.
         detail = f"{type(exc).__name__}: {str(exc).strip()!r}" if str(exc) else type(exc).__name__
         raise DaemonRequestError(f"{url} did not answer in HTTP: {detail}") from None
-    except (TimeoutError, OSError) as exc:  # a read that timed out, a reset connection
-        raise DaemonRequestError(
-            f"no answer from the icespool daemon at {url} within {timeout:g}s: {exc}"
-        ) from None
     answer = _json_object(raw)
     if answer is None:
         raise DaemonRequestError(f"{url} did not answer with a JSON object: {raw[:200]!r}")
