@@ -246,6 +246,53 @@ class Metrics:
         self.ready = Gauge(
             "icespool_ready", "1 when recovery is done and the catalog reachable", registry=r
         )
+        # The table's shape: set after each of this process's commits (snapshots, data
+        # files) and maintenance runs (all four), never computed at scrape.
+        self.table_snapshots = Gauge(
+            "icespool_table_snapshots",
+            "Snapshots in the table's metadata (after this process's last commit or "
+            "maintenance run)",
+            ["table"],
+            registry=r,
+        )
+        self.table_manifests = Gauge(
+            "icespool_table_manifests",
+            "Manifests of the table's current snapshot (at the last maintenance run)",
+            ["table"],
+            registry=r,
+        )
+        self.table_data_files = Gauge(
+            "icespool_table_data_files",
+            "Data files of the table's current snapshot",
+            ["table"],
+            registry=r,
+        )
+        self.table_metadata_bytes = Gauge(
+            "icespool_table_metadata_bytes",
+            "Size of the table's current metadata.json (at the last maintenance run)",
+            ["table"],
+            registry=r,
+        )
+        self.maintenance_runs = Counter(
+            "icespool_maintenance_runs_total",
+            "Maintenance tasks run per table: task expire/defaults/compact/orphans (outcome "
+            "ok or failed), or lease (outcome skipped: another replica maintains the table)",
+            ["table", "task", "outcome"],
+            registry=r,
+        )
+        self.maintenance_duration = Histogram(
+            "icespool_maintenance_duration_seconds",
+            "Time one maintenance task took, per task",
+            ["task"],
+            buckets=(*_DURATION_BUCKETS, 300, 600),
+            registry=r,
+        )
+        self.maintenance_files_removed = Counter(
+            "icespool_maintenance_files_removed_total",
+            "Files maintenance deleted, by kind (data_file, manifest, manifest_list, ...)",
+            ["table", "kind"],
+            registry=r,
+        )
 
     def table(self, name: str) -> None:
         """Create the per-table series at zero so dashboards show them before traffic."""
@@ -258,6 +305,25 @@ class Metrics:
             self.table_degraded,
         ):
             gauge.labels(table=name).set(0)
+
+    def set_table_shape(
+        self,
+        table: str,
+        *,
+        snapshots: int | None = None,
+        manifests: int | None = None,
+        data_files: int | None = None,
+        metadata_bytes: int | None = None,
+    ) -> None:
+        """Record what is known of a table's shape (None: not measured this time)."""
+        for gauge, value in (
+            (self.table_snapshots, snapshots),
+            (self.table_manifests, manifests),
+            (self.table_data_files, data_files),
+            (self.table_metadata_bytes, metadata_bytes),
+        ):
+            if value is not None:
+                gauge.labels(table=table).set(value)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -53,6 +53,7 @@ from daemon.kafka import (
     dead_letter_schema,
 )
 from daemon.lanes import LanePool
+from daemon.maintenance import DEFAULT_TASKS, MaintenanceScheduler
 from daemon.metrics import Metrics
 from daemon.progress import Progress
 from daemon.retry import Backoff
@@ -103,6 +104,14 @@ class Icespool:
             fs=fs,
         )
         self._pool = LanePool(config.encode.resolved_workers)
+        # Maintains every table that has a writer; starts after recovery, stops first.
+        self.maintenance = MaintenanceScheduler(
+            config,
+            pool=self._pool,
+            metrics=self.metrics,
+            tasks=DEFAULT_TASKS,
+            is_spooled=self._is_spooled,
+        )
         self._catalog: Catalog | None = None
         self.ingest = Ingest(self)
         self._writers: dict[str, TableWriter] = {}
@@ -189,6 +198,8 @@ class Icespool:
             self._catalog, self.config.catalog.name, timeouts.catalog_request
         )
         self._health.start()
+        # Tables with maintenance off are still measured (read-only) for the gauges.
+        await self.maintenance.start(self._catalog, self._spool.id)
         # Sources start last: recovered segments are committed, so the offsets the
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
@@ -234,6 +245,9 @@ class Icespool:
         self.ready = False
         self.draining = True
         self.metrics.ready.set(0)
+        # First: no maintenance commit queues behind (or between) the final commits,
+        # and this replica's leases are free for the others while it drains.
+        await self.maintenance.stop(release_within=min(5.0, grace / 4))
         if self._reloader is not None:
             self._reloader.cancel()
             await asyncio.gather(self._reloader, return_exceptions=True)
@@ -398,6 +412,7 @@ class Icespool:
             claims=self._book(name).claims,
         )
         self._writers[name] = writer
+        self.maintenance.add(name)
         return writer
 
     # ------------------------------------------------------------------ tables from data
@@ -455,6 +470,10 @@ class Icespool:
         """A table's current properties, read with a Table of its own (blocking)."""
         assert self._catalog is not None
         return dict(self._catalog.load_table(name).metadata.properties)
+
+    def _is_spooled(self, table: str, segment_id: str) -> bool:
+        """Whether the spool still holds segment ``segment_id`` of ``table``."""
+        return any(info.id == segment_id for info in self._spool.segments(table))
 
     def _spool_has_room(self) -> bool:
         # Sources pause before the spool refuses appends, leaving room for HTTP.
@@ -664,6 +683,7 @@ class Icespool:
                     "at": None if at is None else round(at, 3),
                     "age_seconds": None if since is None else round(max(0.0, now - since), 1),
                 },
+                "maintenance": self.maintenance.status(name),
             }
         quarantine = self.quarantined()
         return {

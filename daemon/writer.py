@@ -670,6 +670,15 @@ class TableWriter:
             m.data_file_size.labels(table=self.name).observe(data_file.file_size_in_bytes)
         self.last_commit = result
         self.last_commit_wall = time.time()
+        # The table's shape as this commit left it (O(1): no file read).
+        metadata = self._table.metadata
+        current = metadata.current_snapshot()
+        total = current.summary.get("total-data-files") if current and current.summary else None
+        m.set_table_shape(
+            self.name,
+            snapshots=len(metadata.snapshots),
+            data_files=int(total) if total else None,
+        )
         _log.info(
             "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s",
             self.name,

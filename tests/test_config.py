@@ -380,7 +380,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             lambda r: r.update(bogus=1),
             "bogus",
             "unknown key; valid keys here: catalog, spool, http, defaults, encode, log, timeouts, "
-            "tables, kafka",
+            "maintenance, tables, kafka",
         ),
         (
             lambda r: r["spool"].update(max_byte="1GiB"),
@@ -394,7 +394,8 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "unknown key; did you mean 'partition_by'? valid keys here: name, create, schema, "
             "partition_by, sort_by, properties, infer, timestamp_unit, evolve, max_batch_records, "
             "max_batch_bytes, batch_timeout, "
-            "target_file_size, compression, row_group_records, max_queue_bytes, max_nesting_depth",
+            "target_file_size, compression, row_group_records, max_queue_bytes, max_nesting_depth, "
+            "maintenance",
         ),
         (
             lambda r: r["tables"][0]["schema"][1].update(nullable=True),

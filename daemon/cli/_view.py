@@ -98,7 +98,9 @@ def _table_rows(status: Mapping[str, Any]) -> list[str]:
     tables: Mapping[str, Any] = status.get("tables") or {}
     if not tables:
         return ["no tables"]
-    rows = [["TABLE", "PENDING", "BYTES", "OLDEST", "QUEUE", "SEGMENTS", "LAST COMMIT"]]
+    rows = [
+        ["TABLE", "PENDING", "BYTES", "OLDEST", "QUEUE", "SEGMENTS", "LAST COMMIT", "MAINTENANCE"]
+    ]
     for name in sorted(tables):
         t = tables[name]
         oldest = t.get("oldest_pending_age_seconds", 0)
@@ -111,6 +113,7 @@ def _table_rows(status: Mapping[str, Any]) -> list[str]:
                 str(t.get("encode_queue", 0)),
                 str(t.get("spool_segments", 0)),
                 _last_commit(t),
+                _maintenance(t.get("maintenance")),
             ]
         )
     return _aligned(rows, numeric={1, 2, 3, 4, 5})
@@ -123,6 +126,29 @@ def _last_commit(table: Mapping[str, Any]) -> str:
     age = last.get("age_seconds")
     when = f", {human_seconds(age)} ago" if age is not None else ""
     return f"{last.get('reason')}, {last.get('records')} records{when}"
+
+
+def _maintenance(state: Mapping[str, Any] | None) -> str:
+    """``ok, next in 4m``; ``skipped (another replica maintains it), ...``; ``failed
+    (3 in a row): <error>, next in 10m``; ``off: <why>``."""
+    if not state:
+        return "-"
+    if state.get("disabled"):
+        return f"off: {state['disabled']}"
+    upcoming = f"next in {human_seconds(state.get('next_due_in_seconds'))}"
+    last = state.get("last_run")
+    if state.get("running"):
+        return "running"
+    if not last:
+        return f"not run yet, {upcoming}"
+    outcome = str(last.get("outcome"))
+    if outcome == "skipped":
+        return f"skipped (another replica maintains it), {upcoming}"
+    failures = state.get("consecutive_failures") or 0
+    if last.get("error"):
+        streak = f" ({failures} in a row)" if failures > 1 else ""
+        return f"{outcome}{streak}: {last['error']}, {upcoming}"
+    return f"{outcome}, {upcoming}"
 
 
 def _kafka_lines(kafka: Mapping[str, Any]) -> list[str]:

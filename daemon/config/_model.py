@@ -54,6 +54,8 @@ __all__ = [
     "LogConfig",
     "LogFormat",
     "LogLevel",
+    "MaintenanceConfig",
+    "MaintenanceOverride",
     "SpoolConfig",
     "TableConfig",
     "TimeoutsConfig",
@@ -509,6 +511,87 @@ class TimeoutsConfig(_Section):
     shutdown_grace: Seconds = 30.0
 
 
+# Never more maintenance runs at once than this: each holds a thread and reads manifests.
+MaintenanceConcurrency = Annotated[int, Ge(1), Le(64)]
+# Iceberg's own floor for min-snapshots-to-keep is 1: the current snapshot stays.
+MinSnapshots = Annotated[int, Ge(1)]
+# Compaction bin-packs at least two files, or it only copies one.
+CompactionMinFiles = Annotated[int, Ge(2)]
+LeaseMode = Literal["catalog", "none"]
+
+
+class MaintenanceOverride(_Section):
+    """A ``[[tables]]`` entry's ``maintenance = { ... }``: overrides of ``[maintenance]``
+    for that table (None: the section's value). The daemon-wide keys (``concurrency``,
+    ``io_bytes_per_second``, ``lease``) have no per-table form."""
+
+    enabled: bool | None = None
+    interval: Seconds | None = None
+    run_timeout: Seconds | None = None
+    max_snapshot_age: Seconds | None = None
+    min_snapshots: MinSnapshots | None = None
+    max_snapshots: PositiveInt | None = None
+    max_deletes_per_run: PositiveInt | None = None
+    compaction: bool | None = None
+    compaction_min_files: CompactionMinFiles | None = None
+    compaction_max_bytes_per_run: Bytes | None = None
+    orphan_older_than: Seconds | None = None
+    apply_to_existing: bool | None = None
+    lease_ttl: Seconds | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        return {k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None}
+
+
+class MaintenanceConfig(_Section):
+    """``[maintenance]``: the daemon keeps the tables it writes healthy (snapshot expiry and
+    the files only expired snapshots reached, small-file compaction, never-committed files),
+    one maintainer per table across replicas (a lease in the catalog)."""
+
+    enabled: bool = True
+    # How often each table is maintained (its runs are spread over the interval).
+    interval: Seconds = 300.0
+    # Runs at once across all tables (each one thread, outside the ingest lanes).
+    concurrency: MaintenanceConcurrency = 1
+    # One table's run gives up after this (its lease also bounds it); retried with backoff.
+    run_timeout: Seconds = 600.0
+    # Retention of tables without the standard properties history.expire.max-snapshot-age-ms
+    # / history.expire.min-snapshots-to-keep (and of the tables the daemon creates).
+    max_snapshot_age: Seconds = 6 * 3600.0
+    min_snapshots: MinSnapshots = 10
+    # A cap whatever the age: the newest max_snapshots stay (min_snapshots always does).
+    max_snapshots: PositiveInt = 2000
+    # Files one run deletes at most; the rest wait for the next run.
+    max_deletes_per_run: PositiveInt = 10_000
+    compaction: bool = True
+    compaction_min_files: CompactionMinFiles = 5
+    compaction_max_bytes_per_run: Bytes = 2 * 2**30
+    # Read+write budget of compaction, shared by all tables.
+    io_bytes_per_second: Bytes = 64 * 2**20
+    # A daemon-named data file no snapshot reaches is removed once it is this old.
+    orphan_older_than: Seconds = 3600.0
+    # Set the daemon's table defaults (retention, metadata cleanup, manifest merge) on
+    # existing tables too, for the keys they do not set themselves.
+    apply_to_existing: bool = False
+    # "catalog": a lease in a table property, taken by compare-and-swap (SQL catalogs);
+    # "none": no lease, for catalogs that cannot hold one (REST): set it on ONE replica.
+    lease: LeaseMode = "catalog"
+    # How long a lease lasts unless renewed (unset: 3 x interval).
+    lease_ttl: Seconds | None = None
+
+    @property
+    def resolved_lease_ttl(self) -> float:
+        """``lease_ttl``, or 3 x ``interval`` when unset."""
+        return self.lease_ttl if self.lease_ttl is not None else 3 * self.interval
+
+    def retention_properties(self) -> dict[str, str]:
+        """The standard retention properties of tables the daemon creates."""
+        return {
+            "history.expire.max-snapshot-age-ms": str(int(self.max_snapshot_age * 1000)),
+            "history.expire.min-snapshots-to-keep": str(self.min_snapshots),
+        }
+
+
 class ColumnConfig(_Section):
     """One entry of a table's ``schema``."""
 
@@ -562,6 +645,8 @@ class TableConfig(_Section):
     row_group_records: PositiveInt | None = None
     max_queue_bytes: Bytes | None = None
     max_nesting_depth: NestingDepth | None = None
+    # Overrides of [maintenance] for this table, e.g. { enabled = false }.
+    maintenance: MaintenanceOverride | None = None
 
     @property
     def namespace(self) -> str:
@@ -700,6 +785,7 @@ class Config(_Section):
     encode: EncodeConfig = Field(default_factory=EncodeConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     tables: list[TableConfig] = Field(default_factory=list)
     kafka: list[KafkaConfig] = Field(default_factory=list)
 
@@ -717,6 +803,7 @@ class Config(_Section):
 
         check(self._check_catalog)
         check(self._check_spool)
+        check(functools.partial(_check_maintenance, "maintenance", self.maintenance))
         seen: dict[str, int] = {}
         for i, table in enumerate(self.tables):
             if table.name in seen:
@@ -731,6 +818,14 @@ class Config(_Section):
                 continue
             seen[table.name] = i
             check(functools.partial(_check_table, i, table))
+            if table.maintenance is not None:
+                check(
+                    functools.partial(
+                        _check_maintenance,
+                        f"tables[{i}].maintenance",
+                        self.maintenance_for(table.name),
+                    )
+                )
         for i, kafka in enumerate(self.kafka):
             check(functools.partial(self._check_kafka, i, kafka, seen))
         if problems:
@@ -849,6 +944,14 @@ class Config(_Section):
             f"table {name!r} is not configured; add a [[tables]] entry with name = {name!r}"
         )
 
+    def maintenance_for(self, name: str) -> MaintenanceConfig:
+        """Effective ``[maintenance]`` of a table: the section overlaid by the table's
+        ``maintenance = {...}`` (tables without an entry: the section as it is)."""
+        for table in self.tables:
+            if table.name == name and table.maintenance is not None:
+                return self.maintenance.model_copy(update=table.maintenance.overrides())
+        return self.maintenance
+
     def table_settings(self, name: str) -> WriterSettings:
         """Effective writer settings of a table: ``[defaults]`` overlaid by its overrides."""
         return self.defaults.model_copy(update=self.table(name).overrides())
@@ -886,6 +989,24 @@ def _check_avro(i: int, kafka: KafkaConfig) -> None:
             load_schema_file(schema_file)
         except ValueError as exc:
             raise ConfigError(f"kafka[{i}].avro_schema_file", str(exc)) from None
+
+
+def _check_maintenance(where: str, m: MaintenanceConfig) -> None:
+    """Relations between [maintenance] values (``where``: the section, or a table's
+    override, which is checked merged with the section)."""
+    if m.min_snapshots > m.max_snapshots:
+        raise ConfigError(
+            f"{where}.min_snapshots",
+            f"{m.min_snapshots} is more than max_snapshots ({m.max_snapshots}); the cap "
+            "cannot keep fewer snapshots than the minimum",
+        )
+    if m.lease_ttl is not None and m.lease_ttl < 2 * m.interval:
+        raise ConfigError(
+            f"{where}.lease_ttl",
+            f"{format_duration(m.lease_ttl)} is shorter than 2 x interval "
+            f"({format_duration(m.interval)}): the maintainer renews its lease once per run, "
+            "so a shorter lease lapses between runs; raise it or leave it unset (3 x interval)",
+        )
 
 
 def _check_table(i: int, table: TableConfig) -> None:

@@ -6,7 +6,8 @@
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
-    _commit     ONE snapshot per flush, idempotent per spool segment; property commits
+    _commit     ONE snapshot per flush, idempotent per spool segment; property commits;
+                snapshot expiry; the compare-and-swap requirements of maintenance
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
@@ -15,15 +16,20 @@ from daemon.iceberg._catalog import check_compatible, ensure_table, load_catalog
 from daemon.iceberg._check import catalog_tables, check_catalog
 from daemon.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
+    AssertProperty,
+    AssertUnreferenced,
     CommitRejectedError,
     CommitResult,
+    ExpiredSnapshots,
     PropertyUpdate,
     StaleEncodingError,
+    commit_expiry,
     commit_files,
     commit_properties,
     delete_rows,
     find_committed_segments,
     last_segments_key,
+    validates_locally,
 )
 from daemon.iceberg._health import CatalogHealth
 from daemon.iceberg._parquet import COMPRESSION_CODECS, encode_data_files, partition_transform
@@ -45,9 +51,12 @@ from daemon.iceberg._timeouts import (
 __all__ = [
     "COMPRESSION_CODECS",
     "SEGMENTS_SUMMARY_KEY",
+    "AssertProperty",
+    "AssertUnreferenced",
     "CatalogHealth",
     "CommitRejectedError",
     "CommitResult",
+    "ExpiredSnapshots",
     "PropertyUpdate",
     "StaleEncodingError",
     "bound_catalog",
@@ -55,6 +64,7 @@ __all__ = [
     "catalog_tables",
     "check_catalog",
     "check_compatible",
+    "commit_expiry",
     "commit_files",
     "commit_properties",
     "create_inferred",
@@ -73,4 +83,5 @@ __all__ = [
     "startup_timeout",
     "table_names",
     "unavailable",
+    "validates_locally",
 ]

@@ -40,10 +40,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal, cast
 
+from pydantic import Field
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchNamespaceError,
@@ -54,6 +57,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import (
     ADDED_DATA_FILES,
     ADDED_FILE_SIZE,
@@ -64,22 +68,33 @@ from pyiceberg.table.snapshots import (
     PARTITION_SUMMARY_PROP,
     Snapshot,
 )
-from pyiceberg.table.update import AssertTableUUID
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    TableRequirement,
+    ValidatableTableRequirement,
+)
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from daemon.errors import CommitError
 from daemon.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = [
     "SEGMENTS_SUMMARY_KEY",
+    "AssertProperty",
+    "AssertUnreferenced",
     "CommitRejectedError",
     "CommitResult",
+    "ExpiredSnapshots",
     "PropertyUpdate",
     "StaleEncodingError",
+    "commit_expiry",
     "commit_files",
     "commit_properties",
     "delete_rows",
     "find_committed_segments",
     "last_segments_key",
+    "validates_locally",
 ]
 
 _log = logging.getLogger("icespool.commit")
@@ -316,7 +331,68 @@ def _stage(
     return transaction, snapshot_id
 
 
-def _commit_once(transaction: Transaction) -> None:
+class AssertProperty(ValidatableTableRequirement):
+    """Compare-and-swap on one table property: the commit lands only if ``key`` still
+    has ``value`` (None: absent) in the metadata it is applied to.
+
+    Iceberg has no such requirement, so only a catalog that validates requirements
+    itself, against the metadata it swaps (`validates_locally`), can honour it; a REST
+    catalog would send it to a server that does not know it. ``_commit_once`` refuses
+    it elsewhere rather than commit unguarded.
+    """
+
+    type: Literal["icespool-assert-property"] = Field(default="icespool-assert-property")
+    key: str
+    value: str | None = None
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
+        if base_metadata is None:
+            raise CommitFailedException("Requirement failed: current table metadata is missing")
+        current = base_metadata.properties.get(self.key)
+        if current != self.value:
+            raise CommitFailedException(
+                f"Requirement failed: property {self.key} is {current!r}, expected {self.value!r}"
+            )
+
+
+class AssertUnreferenced(ValidatableTableRequirement):
+    """No branch or tag points at any of ``snapshot_ids`` (an expiry must not remove a
+    ref someone created, or a branch rolled back, since it chose what to expire:
+    removing a snapshot drops the refs that point at it). Local validation only, as
+    `AssertProperty`; elsewhere `commit_expiry` asserts every ref's position instead."""
+
+    type: Literal["icespool-assert-unreferenced"] = Field(default="icespool-assert-unreferenced")
+    snapshot_ids: list[int]
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
+        if base_metadata is None:
+            raise CommitFailedException("Requirement failed: current table metadata is missing")
+        wanted = set(self.snapshot_ids)
+        for name, ref in base_metadata.refs.items():
+            if ref.snapshot_id in wanted:
+                raise CommitFailedException(
+                    f"Requirement failed: ref {name} now points at snapshot {ref.snapshot_id}, "
+                    "which this commit would expire"
+                )
+
+
+_LOCAL_REQUIREMENTS: Final = (AssertProperty, AssertUnreferenced)
+
+
+def validates_locally(catalog: Catalog) -> bool:
+    """Whether ``catalog`` checks a commit's requirements itself against the metadata it
+    then swaps by compare-and-swap, so `AssertProperty` / `AssertUnreferenced` hold.
+
+    pyiceberg's SqlCatalog does (``_update_and_stage_table`` validates every requirement
+    on the metadata it loaded, and the UPDATE swaps metadata_location only if it is still
+    that one). REST sends requirements to the server, which knows only Iceberg's own.
+    """
+    return isinstance(catalog, SqlCatalog)
+
+
+def _commit_once(
+    transaction: Transaction, requirements: Sequence[ValidatableTableRequirement] = ()
+) -> None:
     """Send the staged commit once; a conflict raises CommitFailedException.
 
     pyiceberg's ``commit_transaction`` retries a conflict by re-applying our updates
@@ -324,14 +400,30 @@ def _commit_once(transaction: Transaction) -> None:
     offset ranges) against what the other writer just committed, so conflicts come
     back to ``commit_files``' loop, which refreshes and checks again. Uses pyiceberg
     internals (pinned <0.13); tests/test_committer.py covers conflicts.
+
+    ``requirements``: more conditions the catalog checks at the swap (a lease, the
+    refs an expiry relies on). icespool's own kinds need `validates_locally`.
     """
     table = transaction._table
-    requirements = (
-        *transaction._requirements,
-        AssertTableUUID(uuid=transaction.table_metadata.table_uuid),
+    if any(isinstance(r, _LOCAL_REQUIREMENTS) for r in requirements) and not validates_locally(
+        table.catalog
+    ):
+        raise CommitError(
+            f"table {_name(table)}: catalog type {type(table.catalog).__name__} cannot check "
+            "icespool's commit requirements (a maintenance lease); nothing was committed"
+        )
+    # pyiceberg types requirements as the union of Iceberg's kinds; a catalog that
+    # validates locally (checked above) only calls validate() on them.
+    every = cast(
+        "tuple[TableRequirement, ...]",
+        (
+            *transaction._requirements,
+            *requirements,
+            AssertTableUUID(uuid=transaction.table_metadata.table_uuid),
+        ),
     )
     try:
-        table._do_commit(updates=transaction._updates, requirements=requirements)
+        table._do_commit(updates=transaction._updates, requirements=every)
     except CommitFailedException:
         # Certainly not landed: the manifests written for this attempt are garbage.
         for producer in transaction._snapshot_producers:
@@ -359,6 +451,8 @@ def commit_properties(
     updates: Callable[[Mapping[str, str]], Mapping[str, str]],
     *,
     retry: Backoff = CONFLICTS,
+    guard: Collection[str] = (),
+    requirements: Sequence[ValidatableTableRequirement] = (),
 ) -> bool:
     """Set the properties ``updates(current properties)`` returns, in one metadata commit.
 
@@ -366,6 +460,10 @@ def commit_properties(
     concurrent change is decided on what the other writer committed. Returns
     whether anything changed (``updates`` returned nothing new: no commit). After
     ``retry.attempts`` conflicts the last CommitFailedException is raised.
+
+    ``guard``: properties whose values this attempt read must still hold when the
+    catalog swaps (compare-and-swap, `AssertProperty`: a maintenance lease);
+    ``requirements``: more such conditions.
     """
 
     def attempt() -> bool:
@@ -376,11 +474,75 @@ def commit_properties(
             return False
         transaction = table.transaction()
         transaction.set_properties(changed)
-        _commit_once(transaction)
+        guards = [AssertProperty(key=key, value=current.get(key)) for key in guard]
+        _commit_once(transaction, [*guards, *requirements])
         table.refresh()
         return True
 
     return retry_conflicts(attempt, what=f"table {_name(table)}: property commit", backoff=retry)
+
+
+@dataclass(frozen=True)
+class ExpiredSnapshots:
+    """What ``commit_expiry`` removed: the snapshots as they were (their manifest
+    lists name the files only they may have reached)."""
+
+    snapshots: tuple[Snapshot, ...]
+
+
+def _unreferenced(
+    table: Table, metadata: TableMetadata, ids: Collection[int]
+) -> list[ValidatableTableRequirement]:
+    if validates_locally(table.catalog):
+        return [AssertUnreferenced(snapshot_ids=sorted(ids))]
+    # Iceberg's own requirement, checked by any catalog: every ref is where it was
+    # (stricter: a commit moving main conflicts, and the expiry is planned again).
+    return [
+        AssertRefSnapshotId(ref=name, snapshot_id=ref.snapshot_id)
+        for name, ref in metadata.refs.items()
+    ]
+
+
+def commit_expiry(
+    table: Table,
+    choose: Callable[[TableMetadata], Collection[int]],
+    *,
+    requirements: Sequence[ValidatableTableRequirement] = (),
+    retry: Backoff = CONFLICTS,
+) -> ExpiredSnapshots | None:
+    """Remove the snapshots ``choose(refreshed metadata)`` names from the table's
+    metadata in one commit (no file is deleted here). None: nothing to expire.
+
+    Each attempt refreshes and chooses again. Branch and tag heads are never removed
+    (``choose`` must not name them, and the commit requires that no ref points at a
+    chosen snapshot when it lands, so a ref created meanwhile is not dropped). Table
+    properties are untouched, so exactly-once (``icespool.spool.*``, Kafka offsets)
+    never depends on what expiry keeps. An unknown outcome is resolved by looking:
+    the snapshots are gone (it landed) or the error is raised (nothing changed).
+    """
+
+    def attempt() -> ExpiredSnapshots | None:
+        table.refresh()
+        before = table.metadata
+        ids = set(choose(before))
+        if not ids:
+            return None
+        expired = tuple(s for s in before.snapshots if s.snapshot_id in ids)
+        transaction = table.transaction()
+        ExpireSnapshots(transaction).by_ids(sorted(ids)).commit()
+        try:
+            _commit_once(transaction, [*requirements, *_unreferenced(table, before, ids)])
+        except (CommitFailedException, CommitError, *_PERMANENT_ERRORS):
+            raise
+        except Exception:
+            if _refresh(table) is not None or any(
+                table.metadata.snapshot_by_id(i) is not None for i in ids
+            ):
+                raise
+            _log.info("table %s: expiry outcome was unknown; it landed", _name(table))
+        return ExpiredSnapshots(expired)
+
+    return retry_conflicts(attempt, what=f"table {_name(table)}: snapshot expiry", backoff=retry)
 
 
 def delete_rows(

@@ -1,0 +1,59 @@
+"""Table maintenance: the daemon keeps the tables it writes fast for its whole life.
+
+    _settings   one table's settings: [maintenance], its [[tables]] override, its properties
+    _lease      one maintainer per table across replicas: a lease in a table property (CAS)
+    _expire     snapshot expiry by retention; the files only expired snapshots reached
+    _compact    bin-packing the daemon's small files (i13-compact)
+    _orphans    data files written but never committed (i13-compact)
+    _tasks      the tasks of a run, in order (DEFAULT_TASKS), and the table defaults
+    _scheduler  one background task: a heap by due time, bounded concurrency, timeouts,
+                per-table backoff; commit steps in the table's lane, I/O in its threads
+
+Maintenance never stops ingest: a failing run is logged, counted, shown in /v1/status
+and retried with backoff while the table goes on acking and committing.
+"""
+
+from daemon.maintenance._expire import choose_expired, delete_files, find_garbage
+from daemon.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
+from daemon.maintenance._scheduler import (
+    MaintenanceScheduler,
+    RunContext,
+    TableState,
+    Task,
+    TaskResult,
+    table_shape,
+)
+from daemon.maintenance._settings import MaintenanceSettings, resolve
+from daemon.maintenance._tasks import (
+    COMPACT,
+    DEFAULT_TASKS,
+    DEFAULTS,
+    EXPIRE,
+    ORPHANS,
+    apply_table_defaults,
+)
+
+__all__ = [
+    "COMPACT",
+    "DEFAULTS",
+    "DEFAULT_TASKS",
+    "EXPIRE",
+    "LEASE_PROPERTY",
+    "ORPHANS",
+    "Lease",
+    "LeaseHeld",
+    "MaintenanceScheduler",
+    "MaintenanceSettings",
+    "RunContext",
+    "TableState",
+    "Task",
+    "TaskResult",
+    "acquire",
+    "apply_table_defaults",
+    "choose_expired",
+    "delete_files",
+    "find_garbage",
+    "release",
+    "resolve",
+    "table_shape",
+]

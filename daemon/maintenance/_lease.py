@@ -1,0 +1,125 @@
+"""One maintainer per table across replicas: a lease kept in the table's metadata.
+
+The lease is the table property ``icespool.maintenance.lease`` =
+``"<owner-id> <expires-epoch-ms>"`` (empty or absent: free). The owner id is the
+replica's spool id, unique per replica and stable across its restarts, so a replica
+that restarts within its own lease simply keeps it.
+
+Taking or renewing it is a metadata commit carrying `AssertProperty` (the property
+still has the value this attempt read). A SQL catalog validates that against the
+metadata it then swaps by compare-and-swap on metadata_location, so of two replicas
+that read the same expired lease exactly one commit lands; the other re-reads and
+sees the winner. Every maintenance commit carries the same requirement with the
+lease's current value, so a replica whose lease was taken over (it stalled past the
+expiry) cannot commit anything more, and its runs stop at the lease's expiry too.
+
+Expiry is judged on the wall clock of the replica that wants the lease: clocks must
+agree within ``_CLOCK_MARGIN`` (NTP does far better), which the holder keeps free at
+the end of its lease.
+
+Catalogs that send requirements to a server (REST) cannot check this one; the
+scheduler then does not maintain unless ``[maintenance] lease = "none"`` says an
+operator runs maintenance on one replica only (see the README).
+
+Everything here blocks (catalog commits); the scheduler runs it in the table's lane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from pyiceberg.table import Table
+
+from daemon.iceberg import AssertProperty, commit_properties
+from daemon.retry import Backoff
+
+__all__ = ["LEASE_PROPERTY", "Lease", "LeaseHeld", "acquire", "parse_lease", "release"]
+
+LEASE_PROPERTY: Final = "icespool.maintenance.lease"
+# Wall clocks of replicas may differ by this much; a holder stops this long before
+# its lease ends, so a successor's clock may run ahead by as much.
+_CLOCK_MARGIN: Final = 2.0
+# A lease commit meets the table's ingest commits (a catalog swap race): retry a few
+# times, then give up until the next run.
+_LEASE_CONFLICTS: Final = Backoff(attempts=4, base=0.05, cap=0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this replica holds."""
+
+    owner: str
+    expires_ms: int
+
+    @property
+    def value(self) -> str:
+        return f"{self.owner} {self.expires_ms}"
+
+    def requirement(self) -> AssertProperty:
+        """What every commit made under this lease requires: the lease is still it."""
+        return AssertProperty(key=LEASE_PROPERTY, value=self.value)
+
+    def remaining(self, now: float | None = None) -> float:
+        """Seconds this replica may still act on the lease (its end less the clock margin)."""
+        now = time.time() if now is None else now
+        return self.expires_ms / 1000 - _CLOCK_MARGIN - now
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHeld:
+    """Another replica holds the lease until ``expires_ms``."""
+
+    holder: str
+    expires_ms: int
+
+
+def parse_lease(value: str | None) -> tuple[str, int] | None:
+    """``(owner, expires_ms)`` of a lease property value; None when free. A value
+    that is not a lease (edited by hand) counts as free: taking it is still a
+    compare-and-swap, so at most one replica does."""
+    if not value:
+        return None
+    owner, _, expires = value.rpartition(" ")
+    if not owner or not expires.isdigit():
+        return None
+    return owner, int(expires)
+
+
+def acquire(table: Table, owner: str, ttl: float) -> Lease | LeaseHeld:
+    """Take the lease of ``table`` for ``owner``, or renew it when less than half of
+    ``ttl`` is left; or report who holds it. Raises CommitFailedException when the
+    swap kept failing (the next run tries again)."""
+
+    def decide(properties: Mapping[str, str]) -> dict[str, str]:
+        now_ms = int(time.time() * 1000)
+        held = parse_lease(properties.get(LEASE_PROPERTY))
+        if held is not None:
+            holder, expires_ms = held
+            if holder != owner and expires_ms > now_ms:
+                return {}
+            if holder == owner and expires_ms - now_ms - _CLOCK_MARGIN * 1000 > ttl * 500:
+                return {}  # more than half of it is left (as `Lease.remaining` counts)
+        return {LEASE_PROPERTY: f"{owner} {now_ms + int(ttl * 1000)}"}
+
+    commit_properties(table, decide, guard=(LEASE_PROPERTY,), retry=_LEASE_CONFLICTS)
+    held = parse_lease(table.metadata.properties.get(LEASE_PROPERTY))
+    if held is None:  # pragma: no cover - decide() always leaves a lease behind
+        raise AssertionError("no lease after acquiring one")
+    holder, expires_ms = held
+    if holder == owner:
+        return Lease(owner, expires_ms)
+    return LeaseHeld(holder, expires_ms)
+
+
+def release(table: Table, lease: Lease) -> bool:
+    """Give the lease up (clean shutdown), if it is still this one. Returns whether
+    anything was committed."""
+    return commit_properties(
+        table,
+        lambda current: {LEASE_PROPERTY: ""} if current.get(LEASE_PROPERTY) == lease.value else {},
+        guard=(LEASE_PROPERTY,),
+        retry=_LEASE_CONFLICTS,
+    )

@@ -1,0 +1,171 @@
+"""The maintenance tasks a run does, in order, and the daemon's table defaults.
+
+``DEFAULT_TASKS`` is the list the daemon runs. Each task is a `Task`: a name (the
+``task`` label of the metrics) and an async ``run(ctx)`` that puts its commit steps
+in the table's lane (``ctx.in_lane``, with ``ctx.requirements`` on every commit) and
+its reading, writing and deleting in maintenance threads (``ctx.off_lane``).
+
+``COMPACT`` and ``ORPHANS`` adapt i13-compact's ``_compact`` / ``_orphans`` (the
+design file's interfaces) to that shape; wiring them is adding them to the list.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping
+from typing import Final
+
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import ValidatableTableRequirement
+
+from daemon.iceberg import commit_expiry, commit_properties
+from daemon.maintenance import _compact, _orphans
+from daemon.maintenance._expire import choose_expired, delete_files, find_garbage
+from daemon.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
+
+__all__ = ["COMPACT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS", "apply_table_defaults"]
+
+# Metadata cleanup the daemon sets on the tables it creates (pyiceberg deletes the
+# metadata.json files beyond the newest 20 at each commit).
+_METADATA_DEFAULTS: Final = {
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "20",
+}
+
+
+async def _expire(ctx: RunContext) -> TaskResult:
+    """Expire snapshots by the table's retention, then delete the files only they
+    reached (and the deletions an earlier run left to retry)."""
+    settings = ctx.settings
+    table = ctx.table
+
+    def choose(metadata: TableMetadata) -> set[int]:
+        return choose_expired(
+            metadata,
+            max_age_ms=int(settings.max_snapshot_age * 1000),
+            min_snapshots=settings.min_snapshots,
+            max_snapshots=settings.max_snapshots,
+            now_ms=int(time.time() * 1000),
+        )
+
+    expired = await ctx.in_lane(lambda: commit_expiry(table, choose, requirements=ctx.requirements))
+    state = ctx.state
+    if expired is not None:
+        state.unswept.extend(expired.snapshots)
+        del state.unswept[:-_PENDING_MAX]
+    detail = f"expired {len(expired.snapshots) if expired else 0} snapshots"
+    if state.unswept:
+        # Against the metadata as it is after the commit (table was updated in place).
+        garbage = await ctx.off_lane(
+            find_garbage,
+            table.io,
+            list(state.unswept),
+            table.metadata,
+            deadline=ctx.deadline,
+            clock=ctx.clock,
+        )
+        state.unswept.clear()
+        state.pending_files.extend(garbage.files)
+        del state.pending_files[:-_PENDING_MAX]
+        detail += (
+            f", read {garbage.lists_read} manifest lists and {garbage.manifests_read} manifests"
+        )
+    if not state.pending_files:
+        return TaskResult(detail=detail)
+    outcome = await ctx.off_lane(
+        delete_files,
+        table.io,
+        list(state.pending_files),
+        limit=settings.max_deletes_per_run,
+        deadline=ctx.deadline,
+        clock=ctx.clock,
+    )
+    state.pending_files = [*((k, p) for k, p, _ in outcome.failed), *outcome.left]
+    error = None
+    if outcome.failed:
+        kind, path, why = outcome.failed[0]
+        error = (
+            f"{len(outcome.failed)} files not deleted (retried next run), e.g. {kind} {path}: {why}"
+        )
+    return TaskResult(removed=outcome.removed, detail=detail, error=error)
+
+
+EXPIRE: Final = Task("expire", _expire)
+
+
+def _daemon_file(path: str) -> bool:
+    """Whether ``path`` is a data file the daemon wrote (``{segment}-{p:05d}-{f:05d}.parquet``)."""
+    name = path.rsplit("/", 1)[-1]
+    parts = name.removesuffix(".parquet").rsplit("-", 2)
+    return (
+        name.endswith(".parquet")
+        and len(parts) == 3
+        and all(len(p) == 5 and p.isdigit() for p in parts[1:])
+    )
+
+
+async def _compact_task(ctx: RunContext) -> TaskResult:
+    settings, table = ctx.settings, ctx.table
+    plans = await ctx.off_lane(
+        _compact.plan_compaction,
+        table,
+        target_file_size=settings.target_file_size,
+        min_input_files=settings.compaction_min_files,
+        max_bytes=settings.compaction_max_bytes_per_run,
+        own_file=_daemon_file,
+    )
+    done = 0
+    for plan in plans:
+        if ctx.clock() > ctx.deadline:
+            break
+        new_files = await ctx.off_lane(_compact.rewrite, table, plan, budget=ctx.budget)
+        await ctx.in_lane(functools.partial(_compact.commit_rewrite, table, plan, new_files))
+        done += 1
+    return TaskResult(detail=f"{done} of {len(plans)} bins compacted")
+
+
+async def _orphans_task(ctx: RunContext) -> TaskResult:
+    result = await ctx.off_lane(
+        _orphans.remove_orphans,
+        ctx.table,
+        older_than_s=ctx.settings.orphan_older_than,
+        is_spooled=ctx.is_spooled,
+    )
+    return TaskResult(removed={"orphan_data_file": result.removed})
+
+
+async def _defaults(ctx: RunContext) -> TaskResult:
+    """``apply_to_existing``: the daemon's table defaults, once per table and process."""
+    if ctx.state.defaults_applied:
+        return TaskResult()
+    retention = ctx.config.maintenance_for(ctx.name).retention_properties()
+    table = ctx.table
+    changed = await ctx.in_lane(lambda: apply_table_defaults(table, retention, ctx.requirements))
+    ctx.state.defaults_applied = True
+    return TaskResult(detail="defaults set" if changed else "defaults already set")
+
+
+DEFAULTS: Final = Task("defaults", _defaults, wanted=lambda s: s.apply_to_existing)
+COMPACT: Final = Task("compact", _compact_task, wanted=lambda s: s.compaction)
+ORPHANS: Final = Task("orphans", _orphans_task)
+
+#: What every run does, in order. Compaction and orphan removal join with i13-compact.
+DEFAULT_TASKS: Final = (DEFAULTS, EXPIRE)
+
+
+def apply_table_defaults(
+    table: Table,
+    retention: Mapping[str, str],
+    requirements: tuple[ValidatableTableRequirement, ...] = (),
+) -> bool:
+    """Set the daemon's table defaults (``retention`` and metadata cleanup) that the
+    table does not set itself, in one commit (blocking; run it in the lane). Stand-in
+    for i13-commit's ``iceberg/_defaults.apply_defaults``. Returns whether it changed."""
+    wanted = {**_METADATA_DEFAULTS, **retention}
+    return commit_properties(
+        table,
+        lambda current: {k: v for k, v in wanted.items() if k not in current},
+        requirements=requirements,
+    )
