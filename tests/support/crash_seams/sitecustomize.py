@@ -9,6 +9,9 @@ cleanup, no flush) the first time it gets there:
                                  letters not yet removed
     before-replay-commit         dead-letter replay: rows spooled for a target, the
                                  target's commit not started
+    after-expiry-commit          maintenance: an expiry commit landed, none of the files
+                                 only its snapshots reached is deleted yet
+    during-expiry-delete         maintenance: one file of an expiry deleted, the rest not
 """
 
 from __future__ import annotations
@@ -46,6 +49,33 @@ elif _POINT == "before-replay-commit":
         return await _flush(self, reason)
 
     TableWriter.flush = _flush_or_die  # type: ignore[method-assign]
+
+elif _POINT == "after-expiry-commit":
+    from daemon.maintenance import _tasks
+
+    _commit_expiry = _tasks.commit_expiry
+
+    def _commit_then_die(*args: Any, **kwargs: Any) -> Any:
+        expired = _commit_expiry(*args, **kwargs)
+        if expired is not None:
+            _die(_POINT)
+        return expired
+
+    _tasks.commit_expiry = _commit_then_die  # type: ignore[assignment]
+
+elif _POINT == "during-expiry-delete":
+    from daemon.maintenance import _tasks
+
+    _delete_files = _tasks.delete_files
+
+    def _delete_one_then_die(io: Any, files: Any, **kwargs: Any) -> Any:
+        if len(files) < 2:
+            return _delete_files(io, files, **kwargs)
+        _delete_files(io, files[:1], **kwargs)
+        _die(_POINT)
+        raise AssertionError("unreachable")
+
+    _tasks.delete_files = _delete_one_then_die  # type: ignore[assignment]
 
 elif _POINT:
     raise SystemExit(f"unknown TEST_CRASH_AT {_POINT!r}")
