@@ -444,7 +444,7 @@ def test_rendered_rules_pass_the_promtool_unit_tests(full_render: Render, tmp_pa
         check=False,
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 13 rules found" in check.stdout
+    assert "SUCCESS: 17 rules found" in check.stdout
     tested = subprocess.run(
         [promtool, "test", "rules", "rules.test.yml"],
         cwd=tmp_path,
