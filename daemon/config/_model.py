@@ -823,7 +823,7 @@ class Config(_Section):
                     functools.partial(
                         _check_maintenance,
                         f"tables[{i}].maintenance",
-                        self.maintenance_for(table.name),
+                        self.maintenance.model_copy(update=table.maintenance.overrides()),
                     )
                 )
         for i, kafka in enumerate(self.kafka):

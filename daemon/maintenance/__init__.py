@@ -23,7 +23,7 @@ from daemon.maintenance._scheduler import (
     TaskResult,
     table_shape,
 )
-from daemon.maintenance._settings import MaintenanceSettings, resolve
+from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
 from daemon.maintenance._tasks import (
     COMPACT,
     DEFAULT_TASKS,
@@ -52,6 +52,7 @@ __all__ = [
     "apply_table_defaults",
     "choose_expired",
     "delete_files",
+    "effective",
     "find_garbage",
     "release",
     "resolve",

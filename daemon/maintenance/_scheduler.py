@@ -47,7 +47,7 @@ from daemon.config import Config
 from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
 from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release
-from daemon.maintenance._settings import MaintenanceSettings, resolve
+from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
 
@@ -120,6 +120,8 @@ class TableState:
     # Wall-clock span of the last run's work under its lease (from taking it to the
     # end of the last task): what "one maintainer at a time" is about.
     held: tuple[float, float] | None = None
+    # What each task of the last run said it did ("expired 3 snapshots, ...").
+    details: dict[str, str] = field(default_factory=dict)
     # Deletions to retry, and expired snapshots whose garbage is still to be found.
     pending_files: list[tuple[str, str]] = field(default_factory=list)
     unswept: list[Snapshot] = field(default_factory=list)
@@ -207,6 +209,8 @@ class MaintenanceScheduler:
         self._metrics = metrics
         self._is_spooled = is_spooled
         self._states: dict[str, TableState] = {}
+        # [[tables]] entries by name: settings are resolved per run without a scan.
+        self._declared = {t.name: t for t in config.tables}
         self._heap: list[tuple[float, int, str]] = []
         self._order = itertools.count()
         self._wake = asyncio.Event()
@@ -224,7 +228,7 @@ class MaintenanceScheduler:
         (so tables loaded together spread out, and a short-lived process never runs)."""
         if name in self._states:
             return
-        interval = self.config.maintenance_for(name).interval
+        interval = effective(self.config, self._declared.get(name)).interval
         due = time.monotonic() + interval * random.uniform(0.5, 1.0)
         self._states[name] = TableState(name, due=due, interval=interval)
         self._push(name, due)
@@ -364,15 +368,16 @@ class MaintenanceScheduler:
         started, wall = time.monotonic(), time.time()
         state.running = True
         state.held = None
+        state.details = {}
         outcome, error = "ok", None
         tasks: dict[str, str] = {}
         removed: dict[str, int] = {}
-        effective = self.config.maintenance_for(state.name)
+        run_timeout = effective(self.config, self._declared.get(state.name)).run_timeout
         try:
-            async with asyncio.timeout(effective.run_timeout + _ABANDON_AFTER):
+            async with asyncio.timeout(run_timeout + _ABANDON_AFTER):
                 outcome, error = await self._maintain(state, started, tasks, removed)
         except TimeoutError:
-            outcome, error = "timeout", f"abandoned after {effective.run_timeout:g}s"
+            outcome, error = "timeout", f"abandoned after {run_timeout:g}s"
         except asyncio.CancelledError:
             outcome, error = "cancelled", "the daemon is stopping"
             raise
@@ -411,6 +416,7 @@ class MaintenanceScheduler:
             "outcome": outcome,
             "duration_ms": round((now - started) * 1000, 1),
             "tasks": dict(tasks),
+            "details": dict(state.details),
             "removed": dict(removed),
             "error": error,
         }
@@ -421,7 +427,7 @@ class MaintenanceScheduler:
                 table=state.name, task="lease", outcome="skipped"
             ).inc()
         log(
-            "maintenance of %s by %s: %s in %.0f ms (started_at=%.3f ended_at=%.3f%s)%s%s",
+            "maintenance of %s by %s: %s in %.0f ms (started_at=%.3f ended_at=%.3f%s)%s%s%s",
             state.name,
             self._owner,
             outcome,
@@ -430,6 +436,7 @@ class MaintenanceScheduler:
             ended,
             "" if state.held is None else f" held={state.held[0]:.3f}..{state.held[1]:.3f}",
             "".join(f" {k}={v}" for k, v in removed.items() if v),
+            "".join(f"; {k}: {v}" for k, v in state.details.items()),
             f": {error}" if error else "",
             extra={
                 "table": state.name,
@@ -452,7 +459,7 @@ class MaintenanceScheduler:
         assert self._catalog is not None
         catalog, name = self._catalog, state.name
         table = await self.off_lane(catalog.load_table, name)
-        settings = resolve(self.config, name, table.metadata.properties)
+        settings = resolve(self.config, self._declared.get(name), table.metadata.properties)
         state.interval = settings.interval
         lease: Lease | None = None
         outcome = "ok"
@@ -517,6 +524,8 @@ class MaintenanceScheduler:
                 _log.debug("%s: maintenance task %s failed", ctx.name, task.name, exc_info=True)
             outcome = "failed" if result.error else "ok"
             tasks[task.name] = outcome
+            if result.detail:
+                ctx.state.details[task.name] = result.detail
             self._metrics.maintenance_runs.labels(
                 table=ctx.name, task=task.name, outcome=outcome
             ).inc()

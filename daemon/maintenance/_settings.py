@@ -13,9 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.config import Config
+from daemon.config import Config, MaintenanceConfig, TableConfig
 
-__all__ = ["MAX_SNAPSHOT_AGE_PROPERTY", "MIN_SNAPSHOTS_PROPERTY", "MaintenanceSettings", "resolve"]
+__all__ = [
+    "MAX_SNAPSHOT_AGE_PROPERTY",
+    "MIN_SNAPSHOTS_PROPERTY",
+    "MaintenanceSettings",
+    "effective",
+    "resolve",
+]
 
 MAX_SNAPSHOT_AGE_PROPERTY: Final = "history.expire.max-snapshot-age-ms"
 MIN_SNAPSHOTS_PROPERTY: Final = "history.expire.min-snapshots-to-keep"
@@ -51,38 +57,43 @@ def _positive_int(properties: Mapping[str, str], key: str) -> int | None:
     return value if value > 0 else None
 
 
-def resolve(config: Config, name: str, properties: Mapping[str, str]) -> MaintenanceSettings:
-    """The settings of table ``name`` whose current properties are ``properties``."""
-    effective = config.maintenance_for(name)  # the section with the table's override
-    override = next(
-        (t.maintenance for t in config.tables if t.name == name and t.maintenance is not None),
-        None,
-    )
-    explicit = set(override.overrides()) if override is not None else set()
-    max_age = effective.max_snapshot_age
+def effective(config: Config, table: TableConfig | None) -> MaintenanceConfig:
+    """``[maintenance]`` overlaid by the table's ``maintenance = {...}`` (if any)."""
+    if table is None or table.maintenance is None:
+        return config.maintenance
+    return config.maintenance.model_copy(update=table.maintenance.overrides())
+
+
+def resolve(
+    config: Config, table: TableConfig | None, properties: Mapping[str, str]
+) -> MaintenanceSettings:
+    """The settings of a table (``table``: its ``[[tables]]`` entry, None for tables
+    not declared: dead-letter and auto-created ones) whose properties are ``properties``."""
+    merged = effective(config, table)
+    explicit = set(table.maintenance.overrides()) if table and table.maintenance else set()
+    max_age = merged.max_snapshot_age
     if "max_snapshot_age" not in explicit:
         age_ms = _positive_int(properties, MAX_SNAPSHOT_AGE_PROPERTY)
         if age_ms is not None:
             max_age = age_ms / 1000
-    min_snapshots = effective.min_snapshots
+    min_snapshots = merged.min_snapshots
     if "min_snapshots" not in explicit:
         min_snapshots = _positive_int(properties, MIN_SNAPSHOTS_PROPERTY) or min_snapshots
-    declared = any(t.name == name for t in config.tables)
-    writer = config.table_settings(name) if declared else config.defaults
+    writer = config.defaults.model_copy(update=table.overrides()) if table else config.defaults
     return MaintenanceSettings(
-        enabled=effective.enabled,
-        interval=effective.interval,
-        run_timeout=effective.run_timeout,
+        enabled=merged.enabled,
+        interval=merged.interval,
+        run_timeout=merged.run_timeout,
         max_snapshot_age=max_age,
         min_snapshots=min_snapshots,
         # The cap never drops below the minimum, whichever of them a property set.
-        max_snapshots=max(effective.max_snapshots, min_snapshots),
-        max_deletes_per_run=effective.max_deletes_per_run,
-        compaction=effective.compaction,
-        compaction_min_files=effective.compaction_min_files,
-        compaction_max_bytes_per_run=effective.compaction_max_bytes_per_run,
+        max_snapshots=max(merged.max_snapshots, min_snapshots),
+        max_deletes_per_run=merged.max_deletes_per_run,
+        compaction=merged.compaction,
+        compaction_min_files=merged.compaction_min_files,
+        compaction_max_bytes_per_run=merged.compaction_max_bytes_per_run,
         target_file_size=writer.target_file_size,
-        orphan_older_than=effective.orphan_older_than,
-        apply_to_existing=effective.apply_to_existing,
-        lease_ttl=effective.resolved_lease_ttl,
+        orphan_older_than=merged.orphan_older_than,
+        apply_to_existing=merged.apply_to_existing,
+        lease_ttl=merged.resolved_lease_ttl,
     )

@@ -22,10 +22,19 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from daemon.iceberg import commit_expiry, commit_properties
 from daemon.maintenance import _compact, _orphans
-from daemon.maintenance._expire import choose_expired, delete_files, find_garbage
+from daemon.maintenance._expire import (
+    ExpiryDeadlineError,
+    choose_expired,
+    delete_files,
+    find_garbage,
+)
 from daemon.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
 
 __all__ = ["COMPACT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS", "apply_table_defaults"]
+
+# Expired snapshots whose garbage one search looks for (it reads their manifest lists,
+# and the retained ones until every candidate is decided).
+_SWEEP_CHUNK: Final = 256
 
 # Metadata cleanup the daemon sets on the tables it creates (pyiceberg deletes the
 # metadata.json files beyond the newest 20 at each commit).
@@ -56,22 +65,30 @@ async def _expire(ctx: RunContext) -> TaskResult:
         state.unswept.extend(expired.snapshots)
         del state.unswept[:-_PENDING_MAX]
     detail = f"expired {len(expired.snapshots) if expired else 0} snapshots"
-    if state.unswept:
-        # Against the metadata as it is after the commit (table was updated in place).
-        garbage = await ctx.off_lane(
-            find_garbage,
-            table.io,
-            list(state.unswept),
-            table.metadata,
-            deadline=ctx.deadline,
-            clock=ctx.clock,
-        )
-        state.unswept.clear()
+    lists = manifests = 0
+    # Oldest expired snapshots first, a chunk at a time: what a chunk finds is garbage
+    # whatever the other expired snapshots hold (only retained ones matter), so a run
+    # cut short by its deadline keeps its progress and the next run goes on.
+    while state.unswept and ctx.clock() < ctx.deadline:
+        chunk = state.unswept[:_SWEEP_CHUNK]
+        try:
+            # Against the metadata after the commit (the table was updated in place).
+            garbage = await ctx.off_lane(
+                find_garbage,
+                table.io,
+                chunk,
+                table.metadata,
+                deadline=ctx.deadline,
+                clock=ctx.clock,
+            )
+        except ExpiryDeadlineError:
+            break
+        del state.unswept[: len(chunk)]
         state.pending_files.extend(garbage.files)
-        del state.pending_files[:-_PENDING_MAX]
-        detail += (
-            f", read {garbage.lists_read} manifest lists and {garbage.manifests_read} manifests"
-        )
+        lists += garbage.lists_read
+        manifests += garbage.manifests_read
+    del state.pending_files[:-_PENDING_MAX]
+    detail += f", read {lists} manifest lists and {manifests} manifests"
     if not state.pending_files:
         return TaskResult(detail=detail)
     outcome = await ctx.off_lane(
@@ -140,7 +157,12 @@ async def _defaults(ctx: RunContext) -> TaskResult:
     """``apply_to_existing``: the daemon's table defaults, once per table and process."""
     if ctx.state.defaults_applied:
         return TaskResult()
-    retention = ctx.config.maintenance_for(ctx.name).retention_properties()
+    retention = ctx.config.maintenance.model_copy(
+        update={
+            "max_snapshot_age": ctx.settings.max_snapshot_age,
+            "min_snapshots": ctx.settings.min_snapshots,
+        }
+    ).retention_properties()
     table = ctx.table
     changed = await ctx.in_lane(lambda: apply_table_defaults(table, retention, ctx.requirements))
     ctx.state.defaults_applied = True
