@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,23 @@ from pyiceberg.types import LongType, NestedField
 from support.failing_io import RefusingDeletes
 from support.fixture_types import MakeConfig
 
-from daemon.config import Config
+from daemon.config import Config, embedded_default, validate_config
+from daemon.errors import ConfigError
 from daemon.iceberg import commit_properties
-from daemon.maintenance import LEASE_PROPERTY, Lease, LeaseHeld, acquire, choose_expired, release
+from daemon.maintenance import (
+    LEASE_PROPERTY,
+    MAX_SNAPSHOT_AGE_PROPERTY,
+    MIN_SNAPSHOTS_PROPERTY,
+    Lease,
+    LeaseHeld,
+    RunContext,
+    Task,
+    TaskResult,
+    acquire,
+    choose_expired,
+    release,
+    resolve,
+)
 from daemon.retry import Backoff
 from daemon.service import Icespool
 
@@ -407,3 +422,98 @@ def test_the_lease_is_won_by_exactly_one_of_two_racing_replicas(
     assert isinstance(acquire(tables[1 - i], f"replica-{1 - i}", ttl=60), Lease)
     # A release of a lease no longer held changes nothing.
     assert not release(tables[i], holder)
+
+
+# ------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    ("maintenance", "override", "key"),
+    [
+        ({"min_snapshots": 20, "max_snapshots": 10}, None, "maintenance.min_snapshots"),
+        ({"interval": "1m", "lease_ttl": "90s"}, None, "maintenance.lease_ttl"),
+        ({}, {"max_snapshots": 5}, "tables[0].maintenance.max_snapshots"),
+        ({"lease_ttl": "10m"}, {"interval": "6m"}, "tables[0].maintenance.interval"),
+    ],
+)
+def test_check_config_names_the_maintenance_key_at_fault(
+    maintenance: dict[str, Any], override: dict[str, Any] | None, key: str, tmp_path: Path
+) -> None:
+    raw = embedded_default(tmp_path)
+    raw["maintenance"] = maintenance
+    if override is not None:
+        raw["tables"][0]["maintenance"] = override
+    with pytest.raises(ConfigError) as caught:
+        validate_config(raw)
+    assert [p.key for p in caught.value.problems] == [key]
+
+
+def test_a_tables_settings_come_from_its_override_then_its_properties_then_the_section(
+    tmp_path: Path,
+) -> None:
+    raw = embedded_default(tmp_path)
+    raw["maintenance"] = {"max_snapshot_age": "6h", "min_snapshots": 10, "interval": "2m"}
+    raw["tables"][0]["maintenance"] = {"max_snapshot_age": "3d", "enabled": False}
+    config = validate_config(raw)
+    declared = config.tables[0]
+    properties = {MAX_SNAPSHOT_AGE_PROPERTY: "60000", MIN_SNAPSHOTS_PROPERTY: "3"}
+    settings = resolve(config, declared, properties)
+    assert (settings.max_snapshot_age, settings.min_snapshots) == (3 * 86400, 3)
+    assert (settings.enabled, settings.interval, settings.lease_ttl) == (False, 120, 360)
+    undeclared = resolve(config, None, properties)
+    assert (undeclared.max_snapshot_age, undeclared.min_snapshots) == (60, 3)
+    assert undeclared.enabled and undeclared.max_snapshots == 2000
+    assert resolve(config, None, {MIN_SNAPSHOTS_PROPERTY: "junk"}).min_snapshots == 10
+    assert resolve(config, None, {MIN_SNAPSHOTS_PROPERTY: "5000"}).max_snapshots == 5000
+
+
+# ------------------------------------------------------------------ the scheduler
+
+
+async def test_runs_are_bounded_in_number_and_time_and_a_hung_one_backs_off(
+    make_config: MakeConfig,
+) -> None:
+    """Five tables, concurrency 2: never more than two runs at once (and two do run
+    together). One table's task hangs: its run is abandoned after run_timeout, counted
+    as a timeout and backed off, while the other tables are maintained and the hung
+    table goes on committing."""
+    names = [f"m.t{i}" for i in range(5)]
+    config = make_config(
+        tables=[{"name": n, "create": True, "schema": SCHEMA} for n in names],
+        maintenance={"interval": "1s", "run_timeout": "1s", "concurrency": 2},
+    )
+    active: set[str] = set()
+    most = 0
+    runs: Counter[str] = Counter()
+
+    async def probe(ctx: RunContext) -> TaskResult:
+        nonlocal most
+        active.add(ctx.name)
+        most = max(most, len(active))
+        runs[ctx.name] += 1
+        try:
+            await asyncio.sleep(60 if ctx.name == "m.t0" else 0.3)
+        finally:
+            active.discard(ctx.name)
+        return TaskResult(detail="probed")
+
+    async with Icespool(config) as service:
+        service.maintenance.tasks = (Task("probe", probe),)
+        deadline = time.monotonic() + 20
+        while (
+            min(runs[n] for n in names[1:]) < 3
+            or not service.status()["tables"]["m.t0"]["maintenance"]["consecutive_failures"]
+        ):
+            assert time.monotonic() < deadline, (runs, service.status()["tables"]["m.t0"])
+            await service.writer("m.t0").append(pa.record_batch({"id": pa.array([len(runs)])}))
+            assert (await service.flush("m.t0")).records == 1
+            await asyncio.sleep(0.2)
+        hung = service.status()["tables"]["m.t0"]["maintenance"]
+        assert hung["last_run"]["outcome"] == "timeout", hung
+        assert hung["last_run"]["error"] == "abandoned after 1s"
+        assert hung["next_due_in_seconds"] <= 8  # backed off: at most 8 x interval
+        others = [service.status()["tables"][n]["maintenance"] for n in names[1:]]
+        assert all(o["last_run"]["outcome"] == "ok" for o in others), others
+        assert all(o["last_run"]["details"] == {"probe": "probed"} for o in others), others
+        assert most == 2
+        assert service.degraded() == {}

@@ -824,6 +824,7 @@ class Config(_Section):
                         _check_maintenance,
                         f"tables[{i}].maintenance",
                         self.maintenance.model_copy(update=table.maintenance.overrides()),
+                        frozenset(table.maintenance.overrides()),
                     )
                 )
         for i, kafka in enumerate(self.kafka):
@@ -991,18 +992,29 @@ def _check_avro(i: int, kafka: KafkaConfig) -> None:
             raise ConfigError(f"kafka[{i}].avro_schema_file", str(exc)) from None
 
 
-def _check_maintenance(where: str, m: MaintenanceConfig) -> None:
-    """Relations between [maintenance] values (``where``: the section, or a table's
-    override, which is checked merged with the section)."""
-    if m.min_snapshots > m.max_snapshots:
+def _check_maintenance(
+    where: str, m: MaintenanceConfig, keys: frozenset[str] | None = None
+) -> None:
+    """Relations between [maintenance] values. ``where``: the section, or a table's
+    override, checked merged with the section for the ``keys`` it sets (a problem of
+    the section alone is reported once, at the section)."""
+
+    def blame(*names: str) -> str | None:
+        if keys is None:
+            return names[0]
+        return next((name for name in names if name in keys), None)
+
+    if m.min_snapshots > m.max_snapshots and (key := blame("min_snapshots", "max_snapshots")):
         raise ConfigError(
-            f"{where}.min_snapshots",
+            f"{where}.{key}",
             f"{m.min_snapshots} is more than max_snapshots ({m.max_snapshots}); the cap "
             "cannot keep fewer snapshots than the minimum",
         )
-    if m.lease_ttl is not None and m.lease_ttl < 2 * m.interval:
+    too_short = m.lease_ttl is not None and m.lease_ttl < 2 * m.interval
+    if too_short and (key := blame("lease_ttl", "interval")):
+        assert m.lease_ttl is not None
         raise ConfigError(
-            f"{where}.lease_ttl",
+            f"{where}.{key}",
             f"{format_duration(m.lease_ttl)} is shorter than 2 x interval "
             f"({format_duration(m.interval)}): the maintainer renews its lease once per run, "
             "so a shorter lease lapses between runs; raise it or leave it unset (3 x interval)",

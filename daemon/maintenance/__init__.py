@@ -23,7 +23,13 @@ from daemon.maintenance._scheduler import (
     TaskResult,
     table_shape,
 )
-from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
+from daemon.maintenance._settings import (
+    MAX_SNAPSHOT_AGE_PROPERTY,
+    MIN_SNAPSHOTS_PROPERTY,
+    MaintenanceSettings,
+    effective,
+    resolve,
+)
 from daemon.maintenance._tasks import (
     COMPACT,
     DEFAULT_TASKS,
@@ -39,6 +45,8 @@ __all__ = [
     "DEFAULT_TASKS",
     "EXPIRE",
     "LEASE_PROPERTY",
+    "MAX_SNAPSHOT_AGE_PROPERTY",
+    "MIN_SNAPSHOTS_PROPERTY",
     "ORPHANS",
     "Lease",
     "LeaseHeld",

@@ -64,8 +64,9 @@ __all__ = [
 _log = logging.getLogger("icespool.maintenance")
 _T = TypeVar("_T")
 
-# A run is abandoned this long after its deadline: its blocking steps check the
-# deadline between files, so only one stuck call (bounded by [timeouts]) is left.
+# A run is abandoned this long after its deadline (at most; run_timeout when shorter):
+# its blocking steps check the deadline between files, so only one stuck call (bounded
+# by [timeouts]) is left.
 _ABANDON_AFTER: Final = 30.0
 # Failed runs of a table are retried after ~interval, then up to 8 x interval apart.
 _BACKOFF_FACTOR: Final = 8
@@ -374,7 +375,7 @@ class MaintenanceScheduler:
         removed: dict[str, int] = {}
         run_timeout = effective(self.config, self._declared.get(state.name)).run_timeout
         try:
-            async with asyncio.timeout(run_timeout + _ABANDON_AFTER):
+            async with asyncio.timeout(run_timeout + min(_ABANDON_AFTER, run_timeout)):
                 outcome, error = await self._maintain(state, started, tasks, removed)
         except TimeoutError:
             outcome, error = "timeout", f"abandoned after {run_timeout:g}s"
