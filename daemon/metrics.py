@@ -287,6 +287,12 @@ class Metrics:
             buckets=(*_DURATION_BUCKETS, 300, 600),
             registry=r,
         )
+        self.maintenance_delete_errors = Counter(
+            "icespool_maintenance_delete_errors_total",
+            "Files maintenance failed to delete (kept and retried by the next run)",
+            ["table"],
+            registry=r,
+        )
         self.maintenance_files_removed = Counter(
             "icespool_maintenance_files_removed_total",
             "Files maintenance deleted, by kind (data_file, manifest, manifest_list, ...)",

@@ -312,6 +312,10 @@ async def test_a_table_whose_maintenance_keeps_failing_keeps_ingesting(
                 {"table": TABLE, "task": "expire", "outcome": "failed"},
             )
             assert failed is not None and failed >= 1
+            errors = service.metrics.registry.get_sample_value(
+                "icespool_maintenance_delete_errors_total", {"table": TABLE}
+            )
+            assert errors is not None and errors >= state["pending_deletes"]
             assert any(
                 "maintenance of m.events" in r.getMessage() and "failed" in r.getMessage()
                 for r in caplog.records

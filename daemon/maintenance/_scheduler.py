@@ -89,6 +89,7 @@ class TaskResult:
     removed: dict[str, int] = field(default_factory=dict)
     detail: str = ""
     error: str | None = None
+    delete_errors: int = 0
 
 
 def _always(settings: MaintenanceSettings) -> bool:
@@ -539,6 +540,10 @@ class MaintenanceScheduler:
                     self._metrics.maintenance_files_removed.labels(table=ctx.name, kind=kind).inc(
                         count
                     )
+            if result.delete_errors:
+                self._metrics.maintenance_delete_errors.labels(table=ctx.name).inc(
+                    result.delete_errors
+                )
             if result.error:
                 errors.append(f"{task.name}: {result.error}")
 

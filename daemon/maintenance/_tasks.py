@@ -106,7 +106,9 @@ async def _expire(ctx: RunContext) -> TaskResult:
         error = (
             f"{len(outcome.failed)} files not deleted (retried next run), e.g. {kind} {path}: {why}"
         )
-    return TaskResult(removed=outcome.removed, detail=detail, error=error)
+    return TaskResult(
+        removed=outcome.removed, detail=detail, error=error, delete_errors=len(outcome.failed)
+    )
 
 
 EXPIRE: Final = Task("expire", _expire)
