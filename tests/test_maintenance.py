@@ -521,3 +521,21 @@ async def test_runs_are_bounded_in_number_and_time_and_a_hung_one_backs_off(
         assert all(o["last_run"]["details"] == {"probe": "probed"} for o in others), others
         assert most == 2
         assert service.degraded() == {}
+
+
+async def test_apply_to_existing_sets_only_the_defaults_a_table_lacks(
+    make_config: MakeConfig,
+) -> None:
+    off = _config(make_config, enabled=False)
+    async with Icespool(off) as service:
+        table = await asyncio.to_thread(_table, service)
+        await asyncio.to_thread(commit_properties, table, lambda _: {MIN_SNAPSHOTS_PROPERTY: "42"})
+    on = _config(make_config, interval="1s", apply_to_existing=True, max_snapshot_age="2h")
+    async with Icespool(on) as service:
+        state = await _wait_for_run(service, outcome="ok")
+        assert state["last_run"]["tasks"] == {"defaults": "ok", "expire": "ok"}
+        properties = (await asyncio.to_thread(_table, service)).metadata.properties
+    assert properties[MIN_SNAPSHOTS_PROPERTY] == "42"  # the table's own value stays
+    assert properties[MAX_SNAPSHOT_AGE_PROPERTY] == str(2 * HOUR_MS)
+    assert properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert properties["write.metadata.previous-versions-max"] == "20"
