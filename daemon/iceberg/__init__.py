@@ -6,7 +6,8 @@
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
-    _commit     ONE snapshot per flush, idempotent per spool segment; property commits
+    _commit     ONE snapshot per flush, idempotent per spool segment; property commits;
+                replace snapshots for maintenance rewrites
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
@@ -15,12 +16,15 @@ from daemon.iceberg._catalog import check_compatible, ensure_table, load_catalog
 from daemon.iceberg._check import catalog_tables, check_catalog
 from daemon.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
+    CommitOutcomeUnknownError,
     CommitRejectedError,
     CommitResult,
     PropertyUpdate,
+    ReplaceConflictError,
     StaleEncodingError,
     commit_files,
     commit_properties,
+    commit_replace,
     delete_rows,
     find_committed_segments,
     last_segments_key,
@@ -46,9 +50,11 @@ __all__ = [
     "COMPRESSION_CODECS",
     "SEGMENTS_SUMMARY_KEY",
     "CatalogHealth",
+    "CommitOutcomeUnknownError",
     "CommitRejectedError",
     "CommitResult",
     "PropertyUpdate",
+    "ReplaceConflictError",
     "StaleEncodingError",
     "bound_catalog",
     "catalog_properties",
@@ -57,6 +63,7 @@ __all__ = [
     "check_compatible",
     "commit_files",
     "commit_properties",
+    "commit_replace",
     "create_inferred",
     "create_with",
     "delete_rows",
