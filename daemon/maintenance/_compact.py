@@ -101,6 +101,9 @@ _log = logging.getLogger("icespool.maintenance.compact")
 COMPACTION_SUMMARY_KEY: Final = "icespool.compaction"
 #: Files under this fraction of the target size are small (Iceberg's and Spark's default).
 DEFAULT_SMALL_FILE_FRACTION: Final = 0.75
+#: Input files per run: bounds the plan's memory and the replace commit's manifests.
+DEFAULT_MAX_FILES: Final = 10_000
+_ROW_LINEAGE_FORMAT: Final = 3
 _SORT_ORDER_ID_POSITION: Final = 15  # DataFile.sort_order_id reads _data[15]
 
 
@@ -246,6 +249,7 @@ def plan_compaction(
     target_file_size: int,
     min_input_files: int = 5,
     max_bytes: int,
+    max_files: int = DEFAULT_MAX_FILES,
     own_file: Callable[[str], bool] = is_daemon_file,
     small_file_fraction: float = DEFAULT_SMALL_FILE_FRACTION,
 ) -> list[CompactionPlan]:
@@ -257,9 +261,15 @@ def plan_compaction(
     and nothing is planned while a global (unpartitioned-spec) delete file is live.
     A bin holds at most the target size of compressed column data (``payload_bytes``)
     and so makes one output file; ``max_bytes`` bounds the input files' sizes (the
-    I/O). Bins follow commit order (sequence number, then path), so a bin holds rows that
-    arrived together: tight column bounds for readers' pruning. Partitions with the
-    most small files come first when ``max_bytes`` cannot take them all.
+    I/O) and ``max_files`` the input files (the plan's memory and the size of the
+    commit, whose manifests list every replaced file). Bins follow commit order
+    (sequence number, then path), so a bin holds rows that arrived together: tight
+    column bounds for readers' pruning. Partitions with the most small files come
+    first when ``max_bytes`` cannot take them all.
+
+    Format v3 tables are left alone: their rows carry lineage ids (``_row_id``) that a
+    rewrite must keep, which this rewrite cannot (pyiceberg 0.12 cannot write v3 at all
+    yet; the guard keeps a later pyiceberg from turning this on silently).
     """
     if target_file_size <= 0:
         raise ValueError(f"target_file_size must be positive, got {target_file_size}")
@@ -267,11 +277,13 @@ def plan_compaction(
         raise ValueError(f"min_input_files must be at least 2, got {min_input_files}")
     if max_bytes <= 0:
         raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+    if max_files < 2:
+        raise ValueError(f"max_files must be at least 2, got {max_files}")
     if not 0 < small_file_fraction <= 1:
         raise ValueError(f"small_file_fraction must be in (0, 1], got {small_file_fraction}")
     metadata = table.metadata
     snapshot = metadata.snapshot_by_name(MAIN_BRANCH)
-    if snapshot is None:
+    if snapshot is None or metadata.format_version >= _ROW_LINEAGE_FORMAT:
         return []
     target = _int_property(
         dict(metadata.properties), TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, target_file_size
@@ -312,12 +324,13 @@ def plan_compaction(
     eligible.sort(key=lambda group: (-len(group[1]), group[1][0][0], group[1][0][1]))
     bins: list[CompactionBin] = []
     room = max_bytes
+    files_left = max_files
     for (partition, _), items in eligible:
         chunks: list[list[DataFile]] = [[]]
         size = 0
         for _, _, data_file in items:
             length = data_file.file_size_in_bytes
-            if length > room:
+            if length > room or files_left == 0:
                 break
             payload = payload_bytes(data_file)
             if chunks[-1] and size + payload > target:
@@ -326,12 +339,14 @@ def plan_compaction(
             chunks[-1].append(data_file)
             size += payload
             room -= length
+            files_left -= 1
         for chunk in chunks:
             if len(chunk) >= 2:  # a bin of one file would only copy it
                 bins.append(CompactionBin(new_file_id(), partition, tuple(chunk)))
             else:
                 room += sum(f.file_size_in_bytes for f in chunk)
-        if room <= 0:
+                files_left += len(chunk)
+        if room <= 0 or files_left <= 0:
             break
     if not bins:
         return []

@@ -357,7 +357,9 @@ def test_an_input_gone_from_storage_is_a_conflict_and_leaves_nothing(
     assert not list(data.glob("c-*"))
 
 
-def test_max_bytes_bounds_a_run_and_min_input_files_a_partition(catalog: RacingCatalog) -> None:
+def test_max_bytes_and_max_files_bound_a_run_and_min_input_files_a_partition(
+    catalog: RacingCatalog,
+) -> None:
     table = _table(catalog)
     files = append_daemon_files(table, _chunks(10, 10))
     table.refresh()
@@ -366,6 +368,8 @@ def test_max_bytes_bounds_a_run_and_min_input_files_a_partition(catalog: RacingC
         table, target_file_size=TARGET, max_bytes=sum(sizes[:4]) + sizes[4] // 2
     )
     assert [f.file_path for f in plan.files] == [f.file_path for f in files[:4]]
+    (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30, max_files=3)
+    assert [f.file_path for f in plan.files] == [f.file_path for f in files[:3]]
     assert (
         plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30, min_input_files=11) == []
     )
