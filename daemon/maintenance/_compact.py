@@ -227,6 +227,12 @@ class CompactionPlan:
     def partitions(self) -> int:
         return len({b.partition for b in self.bins})
 
+    @property
+    def file_ids(self) -> frozenset[str]:
+        """The ids in the output names: while the plan runs, the orphan sweep's
+        ``is_spooled`` should answer true for them."""
+        return frozenset(b.file_id for b in self.bins)
+
 
 def payload_bytes(data_file: DataFile) -> int:
     """The compressed column bytes of a data file (its manifest's ``column_sizes``).

@@ -27,6 +27,7 @@ from pyiceberg.table.sorting import NullOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, StringType
 from support.json_values import storage_type
 from support.maintenance_helpers import (
     ENCODE,
@@ -288,6 +289,37 @@ def test_every_type_survives_compaction_value_for_value(catalog: RacingCatalog) 
 
     assert result.outcome == "committed" and plan.partitions == 3 and len(new) == 3
     assert _raw_rows(table) == before
+
+
+def test_files_of_older_schemas_are_read_by_field_id(catalog: RacingCatalog) -> None:
+    schema = parse_schema([*COLUMNS, {"name": "n", "type": "int"}])
+    table = ensure_table(catalog, "m.evolved", schema, parse_partition_spec(schema, []), {}, True)
+    append_daemon_files(table, [rows(range(i * 5, i * 5 + 5), n=[i] * 5) for i in range(3)])
+    with table.update_schema() as update:
+        update.rename_column("payload", "body")
+        update.update_column("n", LongType())
+        update.add_column("extra", StringType())
+    fresh = [
+        pa.table(
+            {
+                "id": list(range(i * 5, i * 5 + 5)),
+                "body": ["b"] * 5,
+                "n": [2**40] * 5,
+                "extra": ["e"] * 5,
+            }
+        )
+        for i in range(3, 6)
+    ]
+    append_daemon_files(table, fresh)
+    expected = table.scan().to_arrow().sort_by("id").to_pylist()
+    assert (
+        expected[0]["body"] == rows(range(1))["payload"][0].as_py() and expected[0]["extra"] is None
+    )
+
+    _, new, result = _compact(table)
+
+    assert result.outcome == "committed" and len(new) == 1
+    assert table.scan().to_arrow().sort_by("id").to_pylist() == expected
 
 
 # ------------------------------------------------------------------ other writers
