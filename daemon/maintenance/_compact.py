@@ -127,6 +127,9 @@ class IoBudget:
     passes and the long-run rate never exceeds ``bytes_per_second`` (plus one
     ``burst_seconds`` of credit at the start). Thread-safe: concurrent callers queue
     behind each other's debt. ``None`` means unlimited (still counts bytes).
+    ``close()`` (at shutdown) wakes every waiter: waiting and later calls raise
+    ``CompactionError``, so a rewrite in a thread stops (and cleans up) at once
+    instead of holding the process's exit for the rest of its budget.
     """
 
     def __init__(self, bytes_per_second: float | None, *, burst_seconds: float = 1.0) -> None:
@@ -140,6 +143,7 @@ class IoBudget:
         self._stamp = time.monotonic()
         self._used = 0
         self._lock = threading.Lock()
+        self._closed = threading.Event()
 
     @property
     def bytes_per_second(self) -> float | None:
@@ -150,10 +154,16 @@ class IoBudget:
         """Bytes acquired so far (for metrics and tests)."""
         return self._used
 
+    def close(self) -> None:
+        """Refuse every request from now on and wake the waiting ones (shutdown)."""
+        self._closed.set()
+
     def acquire(self, nbytes: int, *, deadline: float | None = None) -> float:
         """Take ``nbytes``; return the seconds slept. With ``deadline`` (a
         ``time.monotonic()`` value) a wait that would end past it takes nothing and
         raises TimeoutError instead."""
+        if self._closed.is_set():
+            raise CompactionError("the I/O budget is closed (maintenance is stopping)")
         if nbytes <= 0:
             return 0.0
         with self._lock:
@@ -171,8 +181,8 @@ class IoBudget:
                 )
             self._tokens -= nbytes
             self._used += nbytes
-        if wait:
-            time.sleep(wait)
+        if wait and self._closed.wait(wait):
+            raise CompactionError("the I/O budget was closed (maintenance is stopping)")
         return wait
 
 

@@ -47,6 +47,7 @@ from daemon.iceberg._commit import commit_files
 from daemon.maintenance import (
     COMPACTION_SUMMARY_KEY,
     CompactionConflictError,
+    CompactionError,
     CompactionPlan,
     IoBudget,
     commit_rewrite,
@@ -493,6 +494,33 @@ def test_the_budget_is_shared_fairly_by_threads_and_honours_deadlines() -> None:
         budget.acquire(10_000_000, deadline=time.monotonic() + 0.5)
     assert budget.used == 1_600_000  # a refused request takes nothing
     assert IoBudget(None).acquire(1 << 40) == 0.0
+
+
+def test_closing_the_budget_stops_a_waiting_rewrite_at_once(catalog: RacingCatalog) -> None:
+    table = _table(catalog)
+    files = append_daemon_files(table, _chunks(12, 40))
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=8 * 1024, max_bytes=1 << 30)
+    budget = IoBudget(1_000.0, burst_seconds=0.001)  # the first file alone waits seconds
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rewrite(table, plan, budget=budget, **WRITER)
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    budget.close()
+    worker.join(timeout=5)
+    assert not worker.is_alive() and time.monotonic() - started < 1
+    assert isinstance(failure[0], CompactionError) and "closed" in str(failure[0])
+    assert not list(local_path(files[0].file_path).parent.glob("c-*"))
+    with pytest.raises(CompactionError):
+        budget.acquire(1)
 
 
 def test_a_rewrite_past_its_deadline_stops_and_leaves_nothing(catalog: RacingCatalog) -> None:

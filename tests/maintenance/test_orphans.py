@@ -136,13 +136,19 @@ def test_ten_thousand_candidates_are_swept_in_bounded_time(tmp_path: Path) -> No
     data = live.parent.parent
     spooled: set[str] = set()
     doomed: list[Path] = []
+    directories = [data / f"kind=p{n}" for n in range(100)]
+    for directory in directories:
+        directory.mkdir()
+    then = time.time() - 2 * HOUR
     for n in range(10_000):
         file_id = uuid7_at(old)
-        directory = data / f"kind=p{n % 100}"
-        directory.mkdir(exist_ok=True)
-        path = directory / f"{file_id}-00000-00000.parquet"
-        path.write_bytes(b"x" * 16)
-        _age(path, 2 * HOUR)
+        path = directories[n % 100] / f"{file_id}-00000-00000.parquet"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, b"x" * 16)
+            os.utime(descriptor, (then, then))
+        finally:
+            os.close(descriptor)
         if n % 2:
             spooled.add(file_id)
         else:
