@@ -70,7 +70,7 @@ from pyiceberg.table.snapshots import (
     Snapshot,
     Summary,
 )
-from pyiceberg.table.update import AssertTableUUID
+from pyiceberg.table.update import AssertTableUUID, TableRequirement
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
@@ -345,7 +345,7 @@ def _stage(
     return transaction, snapshot_id
 
 
-def _commit_once(transaction: Transaction) -> None:
+def _commit_once(transaction: Transaction, requirements: Sequence[TableRequirement] = ()) -> None:
     """Send the staged commit once; a conflict raises CommitFailedException.
 
     pyiceberg's ``commit_transaction`` retries a conflict by re-applying our updates
@@ -353,14 +353,18 @@ def _commit_once(transaction: Transaction) -> None:
     offset ranges) against what the other writer just committed, so conflicts come
     back to ``commit_files``' loop, which refreshes and checks again. Uses pyiceberg
     internals (pinned <0.13); tests/test_committer.py covers conflicts.
+
+    ``requirements``: more conditions the catalog checks at the swap (the
+    maintenance lease).
     """
     table = transaction._table
-    requirements = (
+    checks = (
         *transaction._requirements,
         AssertTableUUID(uuid=transaction.table_metadata.table_uuid),
+        *requirements,
     )
     try:
-        table._do_commit(updates=transaction._updates, requirements=requirements)
+        table._do_commit(updates=transaction._updates, requirements=checks)
     except CommitFailedException:
         # Certainly not landed: the manifests written for this attempt are garbage.
         for producer in transaction._snapshot_producers:
@@ -661,6 +665,7 @@ def commit_replace(
     added: Sequence[DataFile],
     summary: Mapping[str, str],
     retry: Backoff = CONFLICTS,
+    requirements: Sequence[TableRequirement] = (),
 ) -> CommitResult:
     """Replace ``deleted`` by ``added`` in ``main`` as ONE snapshot with operation ``replace``.
 
@@ -672,6 +677,8 @@ def commit_replace(
     commit (CommitFailedException) is retried on the refreshed table, so a plain
     append by another writer lets the replace through with the append's files kept;
     a rewrite or delete of the same files by another writer fails validation.
+    ``requirements`` go with every attempt (maintenance's lease): one that fails is
+    a conflict like another writer's commit, retried, then ``CommitError``.
 
     Raises ``ReplaceConflictError`` (nothing committed; ``added`` may be deleted),
     ``CommitOutcomeUnknownError`` (may have landed; keep ``added``), ``CommitError``
@@ -713,7 +720,7 @@ def commit_replace(
             raise ReplaceConflictError(f"table {name}: {exc}") from exc
         attempted.add(snapshot_id)
         try:
-            _commit_once(transaction)
+            _commit_once(transaction, requirements)
         except CommitFailedException:
             raise
         except _PERMANENT_ERRORS as exc:

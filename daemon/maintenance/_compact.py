@@ -58,6 +58,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
+from pyiceberg.table.update import TableRequirement
 from pyiceberg.typedef import Record
 
 from daemon.errors import CommitError, IcespoolError
@@ -558,14 +559,17 @@ def commit_rewrite(
     new_files: Sequence[DataFile],
     *,
     retry: Backoff = CONFLICTS,
+    requirements: Sequence[TableRequirement] = (),
 ) -> CompactionResult:
     """Commit ``new_files`` in place of the plan's inputs as one ``replace`` snapshot.
 
-    Run it in the table's lane. Every attempt refreshes the table and validates it
-    (every input still live in main, no delete file applying to them, the same
-    partition spec); a concurrent append is retried through, a rewrite or delete of
-    the inputs by another writer gives up: ``conflict``, new files deleted. Other
-    failures raise after deleting the new files, except an unknown outcome
+    Run it in the table's lane, with the maintenance lease in ``requirements`` (a
+    replica that lost the lease commits nothing: ``CommitError``, new files
+    deleted). Every attempt refreshes the table and validates it (every input still
+    live in main, no delete file applying to them, the same partition spec); a
+    concurrent append is retried through, a rewrite or delete of the inputs by
+    another writer gives up: ``conflict``, new files deleted. Other failures raise
+    after deleting the new files, except an unknown outcome
     (``CommitOutcomeUnknownError``): the snapshot may reference them, so they stay
     for the orphan sweep, which removes them only if nothing references them.
     """
@@ -585,6 +589,7 @@ def commit_rewrite(
             added=new_files,
             summary={COMPACTION_SUMMARY_KEY: plan.plan_id},
             retry=retry,
+            requirements=requirements,
         )
     except ReplaceConflictError as exc:
         _remove_quietly(table.io, paths)

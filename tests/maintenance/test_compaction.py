@@ -24,7 +24,7 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.sorting import NullOrder
-from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.table.update import AssertCurrentSchemaId, TableRequirement, TableUpdate
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, StringType
@@ -41,6 +41,7 @@ from support.maintenance_helpers import (
 )
 from support.matrix_values import arrow_value, column_values, columns, every_type
 
+from daemon.errors import CommitError
 from daemon.iceberg import CommitOutcomeUnknownError
 from daemon.iceberg._catalog import ensure_table
 from daemon.iceberg._commit import commit_files
@@ -412,6 +413,24 @@ def test_a_lost_answer_is_resolved_by_looking_and_an_unseen_outcome_keeps_the_fi
     assert _replace_snapshots(table) == [result.snapshot_id]
     assert set(live_files(table)) == {f.file_path for f in new}
     assert table_ids(table) == list(range(120))
+
+
+def test_a_failing_requirement_such_as_a_lost_lease_commits_nothing(
+    catalog: RacingCatalog,
+) -> None:
+    table = _table(catalog)
+    append_daemon_files(table, _chunks(6, 10))
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
+    new = rewrite(table, plan, budget=UNLIMITED, **WRITER)
+    lost = AssertCurrentSchemaId(current_schema_id=table.schema().schema_id + 1)
+
+    with pytest.raises(CommitError, match="not committed after 4 attempts"):
+        commit_rewrite(table, plan, new, retry=FAST, requirements=[lost])
+
+    assert not any(local_path(f.file_path).exists() for f in new)
+    assert _replace_snapshots(table) == []
+    assert table_ids(table) == list(range(60))
 
 
 def test_an_input_gone_from_storage_is_a_conflict_and_leaves_nothing(
