@@ -162,7 +162,9 @@ def test_ten_thousand_candidates_are_swept_in_bounded_time(tmp_path: Path) -> No
     assert result.spooled == 5_000 and result.referenced == 1 and result.listed == 10_001
     assert not any(path.exists() for path in doomed)
     assert live.exists() and table_ids(table) == list(range(10))
-    assert elapsed < 10, f"sweeping 10,000 candidates took {elapsed:.1f} s"
+    # 0.9 s on an idle 2-core machine; the bound is for a hang or a quadratic pass
+    # (10,000 x 10,000 comparisons), with room for a machine shared with other work.
+    assert elapsed < 30, f"sweeping 10,000 candidates took {elapsed:.1f} s"
 
 
 def test_a_data_location_outside_the_table_is_never_swept(tmp_path: Path) -> None:
