@@ -545,7 +545,7 @@ def test_closing_the_budget_stops_a_waiting_rewrite_at_once(catalog: RacingCatal
     started = time.monotonic()
     budget.close()
     worker.join(timeout=5)
-    assert not worker.is_alive() and time.monotonic() - started < 1
+    assert not worker.is_alive() and time.monotonic() - started < 3  # not the ~20 s the budget asks
     assert isinstance(failure[0], CompactionError) and "closed" in str(failure[0])
     assert not list(local_path(files[0].file_path).parent.glob("c-*"))
     with pytest.raises(CompactionError):
