@@ -22,7 +22,9 @@ Three steps, so the scheduler can run each where it belongs:
 Why the inputs are read with pyarrow and not pyiceberg's scan: pyiceberg 0.12 reads a
 null list or map of structs back as an empty one; compaction must keep every value.
 The daemon's own files carry Parquet field ids, so ``conform`` (the spool replay's
-rules) matches columns renamed, added or dropped since by id.
+rules) matches top-level columns renamed, added or dropped since by id; a field renamed
+inside a struct fails the bin with the column named (as a spool replay would), and the
+run commits nothing.
 
 Two tiers, to bound write amplification: flush files are merged with flush files and
 compaction outputs with compaction outputs (each tier needs ``min_input_files`` small
@@ -33,10 +35,15 @@ rewritten about log_{min_input_files}(target / flush size) times.
 Interface changes against the design file: ``plan_compaction`` returns at most ONE
 plan (all partitions' bins; one snapshot per run, not one per partition: each
 replace rewrites the manifests holding its inputs, so per-partition commits would
-multiply that work and the snapshot count); it also takes ``small_file_fraction``.
-``rewrite`` takes the writer settings (``row_group_records``, ``compression``) and a
-``deadline``, and raises ``CompactionConflictError`` when inputs vanished. Everything
-here blocks. Use a Table instance of maintenance's own: commits refresh it in place.
+multiply that work and the snapshot count); it also takes ``max_files`` and
+``small_file_fraction``, and ``own_file`` defaults to ``is_daemon_file``. The plan's
+``file_ids`` are what the orphan sweep's ``is_spooled`` should hold while it runs.
+``rewrite`` takes the writer settings (``row_group_records``, ``compression``, both
+required) and a ``deadline``, and raises ``CompactionConflictError`` when inputs
+vanished. ``commit_rewrite`` takes ``retry`` and ``requirements`` (the lease).
+``IoBudget(bytes_per_second | None, burst_seconds=1.0)`` has ``close()`` for shutdown.
+Everything here blocks. Use a Table instance of maintenance's own: commits refresh it
+in place.
 """
 
 from __future__ import annotations
