@@ -259,7 +259,7 @@ async def test_expiry_deletes_exactly_the_files_no_retained_snapshot_reaches(
             properties
         )
         assert table.metadata.properties[LEASE_PROPERTY].startswith(service._spool.id + " ")
-        assert state["last_run"]["tasks"] == {"expire": "ok"}
+        assert state["last_run"]["tasks"] == {"compact": "ok", "expire": "ok", "orphans": "ok"}
         assert state["lease"]["holder"] == "this replica" and state["pending_deletes"] == 0
         # The shape gauges, set by the run.
         current = table.metadata.current_snapshot()
@@ -533,7 +533,12 @@ async def test_apply_to_existing_sets_only_the_defaults_a_table_lacks(
     on = _config(make_config, interval="1s", apply_to_existing=True, max_snapshot_age="2h")
     async with Icespool(on) as service:
         state = await _wait_for_run(service, outcome="ok")
-        assert state["last_run"]["tasks"] == {"defaults": "ok", "expire": "ok"}
+        assert state["last_run"]["tasks"] == {
+            "defaults": "ok",
+            "compact": "ok",
+            "expire": "ok",
+            "orphans": "ok",
+        }
         properties = (await asyncio.to_thread(_table, service)).metadata.properties
     assert properties[MIN_SNAPSHOTS_PROPERTY] == "42"  # the table's own value stays
     assert properties[MAX_SNAPSHOT_AGE_PROPERTY] == str(2 * HOUR_MS)

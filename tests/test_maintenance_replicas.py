@@ -258,7 +258,10 @@ async def test_kill_9_during_expiry_loses_and_duplicates_nothing(tmp_path: Path)
             for seam in ("after-expiry-commit", "during-expiry-delete"):
                 env = {
                     "TEST_CRASH_AT": seam,
-                    "PYTHONPATH": os.pathsep.join([str(SEAMS), os.environ.get("PYTHONPATH", "")]),
+                    # No empty entry: it would put the daemon's cwd (holding spool/) on the path.
+                    "PYTHONPATH": os.pathsep.join(
+                        p for p in (str(SEAMS), os.environ.get("PYTHONPATH")) if p
+                    ),
                 }
                 daemon.start(env=env)
                 await daemon.wait_ready()

@@ -8,6 +8,7 @@
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
     _commit     ONE snapshot per flush, idempotent per spool segment; property commits;
                 snapshot expiry; the compare-and-swap requirements of maintenance
+                replace snapshots for maintenance rewrites
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
@@ -18,14 +19,17 @@ from daemon.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
     AssertProperty,
     AssertUnreferenced,
+    CommitOutcomeUnknownError,
     CommitRejectedError,
     CommitResult,
     ExpiredSnapshots,
     PropertyUpdate,
+    ReplaceConflictError,
     StaleEncodingError,
     commit_expiry,
     commit_files,
     commit_properties,
+    commit_replace,
     delete_rows,
     find_committed_segments,
     last_segments_key,
@@ -54,10 +58,12 @@ __all__ = [
     "AssertProperty",
     "AssertUnreferenced",
     "CatalogHealth",
+    "CommitOutcomeUnknownError",
     "CommitRejectedError",
     "CommitResult",
     "ExpiredSnapshots",
     "PropertyUpdate",
+    "ReplaceConflictError",
     "StaleEncodingError",
     "bound_catalog",
     "catalog_properties",
@@ -67,6 +73,7 @@ __all__ = [
     "commit_expiry",
     "commit_files",
     "commit_properties",
+    "commit_replace",
     "create_inferred",
     "create_with",
     "delete_rows",

@@ -31,6 +31,9 @@ If the earlier attempt lands late, the retry's swap fails, and the next check fi
 the segments; if the retry lands, the earlier attempt's swap fails. Either way one
 snapshot holds the segments.
 
+``commit_replace`` commits maintenance rewrites (compaction) as ONE ``replace``
+snapshot, validated on every attempt against the refreshed table; see its doc.
+
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``. A Table
 instance must not be shared between threads while a commit runs (it is refreshed in
 place).
@@ -55,9 +58,10 @@ from pyiceberg.exceptions import (
     ValidationException,
 )
 from pyiceberg.expressions import BooleanExpression
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     ADDED_DATA_FILES,
     ADDED_FILE_SIZE,
@@ -66,7 +70,9 @@ from pyiceberg.table.snapshots import (
     CHANGED_PARTITION_PREFIX,
     OPERATION,
     PARTITION_SUMMARY_PROP,
+    Operation,
     Snapshot,
+    Summary,
 )
 from pyiceberg.table.update import (
     AssertRefSnapshotId,
@@ -75,6 +81,8 @@ from pyiceberg.table.update import (
     TableRequirement,
     ValidatableTableRequirement,
 )
+from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.typedef import EMPTY_DICT
 
 from daemon.errors import CommitError
 from daemon.retry import CONFLICTS, Backoff, retry_conflicts
@@ -83,14 +91,17 @@ __all__ = [
     "SEGMENTS_SUMMARY_KEY",
     "AssertProperty",
     "AssertUnreferenced",
+    "CommitOutcomeUnknownError",
     "CommitRejectedError",
     "CommitResult",
     "ExpiredSnapshots",
     "PropertyUpdate",
+    "ReplaceConflictError",
     "StaleEncodingError",
     "commit_expiry",
     "commit_files",
     "commit_properties",
+    "commit_replace",
     "delete_rows",
     "find_committed_segments",
     "last_segments_key",
@@ -176,6 +187,24 @@ class StaleEncodingError(CommitError):
     committing them would record wrong partition values. Re-encode the segments (the
     spool still holds them) and commit again.
     """
+
+
+class ReplaceConflictError(CommitError):
+    """The files a replace was to remove are no longer all live in ``main``, or delete
+    files now apply to them, or the partition spec changed: another writer (Spark's
+    ``rewrite_data_files`` or a delete, a row delete, a spec change) got there first.
+
+    Nothing was committed, and no earlier attempt of the same call can still land: each
+    attempt first looks for its own snapshots in the refreshed table, and a table that
+    fails validation has moved past every earlier attempt's compare-and-swap base.
+    The files written for the replace are garbage and may be deleted.
+    """
+
+
+class CommitOutcomeUnknownError(CommitError):
+    """The last attempt's outcome could not be seen (catalog unreachable, lost
+    response): the commit may have landed. Files it adds must not be deleted by the
+    caller; an orphan sweep removes them later if no snapshot references them."""
 
 
 @dataclass(frozen=True)
@@ -688,3 +717,210 @@ def commit_files(
         "the spool still holds the records; a later attempt first checks the table for "
         "them, so nothing is committed twice"
     ) from last_error
+
+
+# ---------------------------------------------------------------- replace (compaction)
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """pyiceberg's overwrite producer, committing a snapshot with operation ``replace``.
+
+    A rewrite that keeps every row must be a ``replace``: Spark Structured Streaming
+    skips ``replace`` snapshots but fails on ``overwrite`` ones. pyiceberg 0.12's
+    ``update_snapshot_summaries`` refuses REPLACE, so the summary (totals, partition
+    summaries) is computed as for an overwrite, then relabelled. Everything else is
+    ``_OverwriteFiles``: manifests holding removed files are rewritten without them,
+    and "Missing required files to delete" is raised when one is not live in the
+    parent snapshot (pinned <0.13; tests/maintenance cover it).
+    """
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        overwrite = super()._summary(snapshot_properties).model_dump()
+        overwrite.pop(OPERATION)
+        return Summary(Operation.REPLACE, **overwrite)
+
+
+def _check_replace(table: Table, deleted: Sequence[DataFile], added: Sequence[DataFile]) -> None:
+    """Raise ReplaceConflictError unless ``deleted`` can be replaced on the table as loaded.
+
+    Every removed file must be live in ``main``'s current snapshot, and no delete file
+    may apply to it: the added files were written from the removed files' rows as they
+    are on disk, so a delete that now applies to those rows would be undone. The rule
+    is Iceberg's scoping of deletes: a delete file applies to data files of its own
+    spec and partition, or to every file when its spec is unpartitioned (global
+    equality deletes). Any such delete file fails the check, whenever it was added:
+    the planner never selects files that deletes already apply to, so any found here
+    was added since.
+    """
+    name = _name(table)
+    metadata = table.metadata
+    current_spec = metadata.default_spec_id
+    for data_file in added:
+        if data_file.spec_id != current_spec:
+            raise ReplaceConflictError(
+                f"table {name}: the partition spec changed to {current_spec} since "
+                f"{data_file.file_path} was written for spec {data_file.spec_id}"
+            )
+    snapshot = metadata.snapshot_by_name(MAIN_BRANCH)
+    if snapshot is None:
+        raise ReplaceConflictError(f"table {name}: main has no snapshot any more")
+    missing = {data_file.file_path for data_file in deleted}
+    touched = {(data_file.spec_id, data_file.partition) for data_file in deleted}
+    touched_specs = {spec_id for spec_id, _ in touched}
+    specs = metadata.specs()
+    for manifest in snapshot.manifests(table.io):
+        spec_id = manifest.partition_spec_id
+        if manifest.content == ManifestContent.DATA:
+            if missing and spec_id in touched_specs:
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                    missing.discard(entry.data_file.file_path)
+            continue
+        global_deletes = specs[spec_id].is_unpartitioned()
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if global_deletes or (spec_id, entry.data_file.partition) in touched:
+                raise ReplaceConflictError(
+                    f"table {name}: delete file {entry.data_file.file_path} (snapshot "
+                    f"{entry.snapshot_id}) applies to files being replaced"
+                )
+    if missing:
+        shown = ", ".join(sorted(missing)[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ReplaceConflictError(
+            f"table {name}: {len(missing)} file(s) to replace are no longer live in main "
+            f"(removed by another writer's rewrite or delete): {shown}"
+        )
+
+
+def _stage_replace(
+    table: Table,
+    deleted: Sequence[DataFile],
+    added: Sequence[DataFile],
+    summary: Mapping[str, str],
+) -> tuple[Transaction, int]:
+    transaction = table.transaction()
+    producer = _ReplaceFiles(
+        operation=Operation.OVERWRITE,  # relabelled in _summary, see _ReplaceFiles
+        transaction=transaction,
+        io=table.io,
+        snapshot_properties=dict(summary),
+        branch=MAIN_BRANCH,
+    )
+    for data_file in deleted:
+        producer.delete_data_file(data_file)
+    for data_file in added:
+        producer.append_data_file(data_file)
+    producer.commit()
+    return transaction, producer.snapshot_id
+
+
+class _OutcomeUnknown(Exception):
+    """An attempt that could not commit or whose outcome nobody saw (catalog
+    unreachable): the next attempt refreshes and looks for its snapshots first."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def commit_replace(
+    table: Table,
+    *,
+    deleted: Sequence[DataFile],
+    added: Sequence[DataFile],
+    summary: Mapping[str, str],
+    retry: Backoff = CONFLICTS,
+    requirements: Sequence[ValidatableTableRequirement] = (),
+) -> CommitResult:
+    """Replace ``deleted`` by ``added`` in ``main`` as ONE snapshot with operation ``replace``.
+
+    For rewrites that keep every row (compaction): the caller guarantees ``added``
+    holds exactly the rows of ``deleted``. Every attempt refreshes the table, looks for
+    a snapshot of an earlier attempt (an unknown outcome that landed), then validates
+    (``_check_replace``: every removed file still live in main, no delete file applying
+    to them, same partition spec) and commits through ``_commit_once``. A concurrent
+    commit (CommitFailedException) is retried on the refreshed table, so a plain
+    append by another writer lets the replace through with the append's files kept;
+    a rewrite or delete of the same files by another writer fails validation.
+    ``requirements`` go with every attempt (maintenance's lease): one that fails is
+    a conflict like another writer's commit, retried, then ``CommitError``.
+
+    Raises ``ReplaceConflictError`` (nothing committed; ``added`` may be deleted),
+    ``CommitOutcomeUnknownError`` (may have landed; keep ``added``), ``CommitError``
+    after ``retry.attempts`` conflicts or for a table that cannot be loaded (nothing
+    committed), ``CommitRejectedError`` when Iceberg refuses the commit itself.
+    """
+    if not deleted:
+        raise ValueError("commit_replace needs at least one file to remove")
+    paths = [data_file.file_path for data_file in deleted]
+    if len(set(paths)) != len(paths):
+        raise ValueError("commit_replace: the files to remove contain duplicates")
+    for key, value in summary.items():
+        if key in _RESERVED_SUMMARY_KEYS or key.startswith(CHANGED_PARTITION_PREFIX):
+            raise ValueError(f"summary key {key!r} is reserved by Iceberg or icespool")
+        if not isinstance(value, str):
+            raise ValueError(f"summary value for {key!r} must be a string")
+    name = _name(table)
+    attempted: set[int] = set()
+    unknown: list[BaseException] = []
+    count = 0
+
+    def landed() -> int | None:
+        for snapshot in table.metadata.snapshots:
+            if snapshot.snapshot_id in attempted:
+                return snapshot.snapshot_id
+        return None
+
+    def attempt() -> CommitResult:
+        nonlocal count
+        count += 1
+        if (refresh_error := _refresh(table)) is not None:
+            raise _OutcomeUnknown(refresh_error)
+        if (mine := landed()) is not None:
+            return _result_from_snapshot(table, mine, attempts=count, ours=True)
+        _check_replace(table, deleted, added)
+        try:
+            transaction, snapshot_id = _stage_replace(table, deleted, added, summary)
+        except ValidationException as exc:  # "Missing required files to delete"
+            raise ReplaceConflictError(f"table {name}: {exc}") from exc
+        attempted.add(snapshot_id)
+        try:
+            _commit_once(transaction, requirements)
+        except CommitFailedException:
+            raise
+        except _PERMANENT_ERRORS as exc:
+            error = CommitError if isinstance(exc, _TABLE_GONE) else CommitRejectedError
+            raise error(f"table {name}: replace rejected ({type(exc).__name__}: {exc})") from exc
+        except Exception as exc:
+            unknown.append(exc)
+            _log.warning(
+                "table %s: replace outcome unknown (attempt %d/%d): %s: %s",
+                name,
+                count,
+                retry.attempts,
+                type(exc).__name__,
+                exc,
+            )
+            raise _OutcomeUnknown(exc) from exc
+        return _result_from_snapshot(table, snapshot_id, attempts=count, ours=True)
+
+    try:
+        return retry_conflicts(
+            attempt,
+            what=f"table {name}: replace commit",
+            backoff=retry,
+            conflict=(CommitFailedException, _OutcomeUnknown),
+        )
+    except (CommitFailedException, _OutcomeUnknown) as exc:
+        last = exc.error if isinstance(exc, _OutcomeUnknown) else exc
+        if unknown:
+            # A last look: an attempt whose answer was lost may have landed.
+            if _refresh(table) is None and (mine := landed()) is not None:
+                return _result_from_snapshot(table, mine, attempts=count, ours=True)
+            raise CommitOutcomeUnknownError(
+                f"table {name}: replace not confirmed after {count} attempts "
+                f"({type(last).__name__}: {last}); it may have landed, so its files are kept "
+                "(an orphan sweep removes them if no snapshot references them)"
+            ) from last
+        raise CommitError(
+            f"table {name}: replace not committed after {count} attempts "
+            f"({type(last).__name__}: {last})"
+        ) from last

@@ -3,8 +3,8 @@
     _settings   one table's settings: [maintenance], its [[tables]] override, its properties
     _lease      one maintainer per table across replicas: a lease in a table property (CAS)
     _expire     snapshot expiry by retention; the files only expired snapshots reached
-    _compact    bin-packing the daemon's small files (i13-compact)
-    _orphans    data files written but never committed (i13-compact)
+    _compact    bin-packing the daemon's small files into one replace snapshot per run
+    _orphans    data files the daemon wrote but never committed
     _tasks      the tasks of a run, in order (DEFAULT_TASKS), and the table defaults
     _scheduler  one background task: a heap by due time, bounded concurrency, timeouts,
                 per-table backoff; commit steps in the table's lane, I/O in its threads
@@ -13,8 +13,28 @@ Maintenance never stops ingest: a failing run is logged, counted, shown in /v1/s
 and retried with backoff while the table goes on acking and committing.
 """
 
+from daemon.maintenance._compact import (
+    COMPACTION_SUMMARY_KEY,
+    CompactionBin,
+    CompactionConflictError,
+    CompactionError,
+    CompactionPlan,
+    CompactionResult,
+    IoBudget,
+    commit_rewrite,
+    plan_compaction,
+    rewrite,
+)
 from daemon.maintenance._expire import choose_expired, delete_files, find_garbage
 from daemon.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
+from daemon.maintenance._orphans import (
+    DEFAULT_ORPHAN_AGE_S,
+    OrphanResult,
+    daemon_file_id,
+    daemon_file_time,
+    is_daemon_file,
+    remove_orphans,
+)
 from daemon.maintenance._scheduler import (
     MaintenanceScheduler,
     RunContext,
@@ -41,17 +61,26 @@ from daemon.maintenance._tasks import (
 
 __all__ = [
     "COMPACT",
+    "COMPACTION_SUMMARY_KEY",
     "DEFAULTS",
+    "DEFAULT_ORPHAN_AGE_S",
     "DEFAULT_TASKS",
     "EXPIRE",
     "LEASE_PROPERTY",
     "MAX_SNAPSHOT_AGE_PROPERTY",
     "MIN_SNAPSHOTS_PROPERTY",
     "ORPHANS",
+    "CompactionBin",
+    "CompactionConflictError",
+    "CompactionError",
+    "CompactionPlan",
+    "CompactionResult",
+    "IoBudget",
     "Lease",
     "LeaseHeld",
     "MaintenanceScheduler",
     "MaintenanceSettings",
+    "OrphanResult",
     "RunContext",
     "TableState",
     "Task",
@@ -59,10 +88,17 @@ __all__ = [
     "acquire",
     "apply_table_defaults",
     "choose_expired",
+    "commit_rewrite",
+    "daemon_file_id",
+    "daemon_file_time",
     "delete_files",
     "effective",
     "find_garbage",
+    "is_daemon_file",
+    "plan_compaction",
     "release",
+    "remove_orphans",
     "resolve",
+    "rewrite",
     "table_shape",
 ]

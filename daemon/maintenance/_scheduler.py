@@ -46,6 +46,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 from daemon.config import Config
 from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
+from daemon.maintenance._compact import IoBudget
 from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release
 from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
 from daemon.metrics import Metrics
@@ -127,6 +128,10 @@ class TableState:
     # Deletions to retry, and expired snapshots whose garbage is still to be found.
     pending_files: list[tuple[str, str]] = field(default_factory=list)
     unswept: list[Snapshot] = field(default_factory=list)
+    # The running compaction's file ids (its outputs are not committed yet), and when
+    # the orphan sweep last ran (monotonic).
+    compacting: frozenset[str] = frozenset()
+    orphans_swept: float | None = None
 
 
 class RunContext:
@@ -165,7 +170,7 @@ class RunContext:
         return self._scheduler.config
 
     @property
-    def budget(self) -> Any:
+    def budget(self) -> IoBudget:
         """The I/O budget heavy tasks share (compaction)."""
         return self._scheduler.budget
 
@@ -201,11 +206,12 @@ class MaintenanceScheduler:
         metrics: Metrics,
         tasks: Sequence[Task],
         is_spooled: Callable[[str, str], bool] = lambda table, segment: False,
-        budget: Any = None,
     ) -> None:
         self.config = config
         self.tasks = tuple(tasks)
-        self.budget = budget
+        # One I/O budget for every heavy step of every table (compaction's reads and
+        # writes), so maintenance leaves ingest its disk and network bandwidth.
+        self.budget = IoBudget(config.maintenance.io_bytes_per_second)
         self.stopping = False
         self._pool = pool
         self._metrics = metrics
@@ -259,6 +265,7 @@ class MaintenanceScheduler:
         if self.stopping:
             return
         self.stopping = True
+        self.budget.close()  # wakes a rewrite waiting for budget
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)

@@ -5,8 +5,7 @@
 in the table's lane (``ctx.in_lane``, with ``ctx.requirements`` on every commit) and
 its reading, writing and deleting in maintenance threads (``ctx.off_lane``).
 
-``COMPACT`` and ``ORPHANS`` adapt i13-compact's ``_compact`` / ``_orphans`` (the
-design file's interfaces) to that shape; wiring them is adding them to the list.
+``COMPACT`` and ``ORPHANS`` adapt ``_compact`` / ``_orphans`` to that shape.
 """
 
 from __future__ import annotations
@@ -114,45 +113,77 @@ async def _expire(ctx: RunContext) -> TaskResult:
 EXPIRE: Final = Task("expire", _expire)
 
 
-def _daemon_file(path: str) -> bool:
-    """Whether ``path`` is a data file the daemon wrote (``{segment}-{p:05d}-{f:05d}.parquet``)."""
-    name = path.rsplit("/", 1)[-1]
-    parts = name.removesuffix(".parquet").rsplit("-", 2)
-    return (
-        name.endswith(".parquet")
-        and len(parts) == 3
-        and all(len(p) == 5 and p.isdigit() for p in parts[1:])
-    )
-
-
 async def _compact_task(ctx: RunContext) -> TaskResult:
+    """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
+    shared I/O budget), commit the one ``replace`` snapshot in the lane."""
     settings, table = ctx.settings, ctx.table
+    writer = ctx.config.table_settings(ctx.name)
     plans = await ctx.off_lane(
         _compact.plan_compaction,
         table,
         target_file_size=settings.target_file_size,
         min_input_files=settings.compaction_min_files,
         max_bytes=settings.compaction_max_bytes_per_run,
-        own_file=_daemon_file,
     )
-    done = 0
-    for plan in plans:
-        if ctx.clock() > ctx.deadline:
-            break
-        new_files = await ctx.off_lane(_compact.rewrite, table, plan, budget=ctx.budget)
-        await ctx.in_lane(functools.partial(_compact.commit_rewrite, table, plan, new_files))
-        done += 1
-    return TaskResult(detail=f"{done} of {len(plans)} bins compacted")
+    if not plans:
+        return TaskResult(detail="nothing to compact")
+    plan = plans[0]  # plan_compaction returns at most one (one snapshot per run)
+    ctx.state.compacting = plan.file_ids
+    try:
+        new_files = await ctx.off_lane(
+            _compact.rewrite,
+            table,
+            plan,
+            budget=ctx.budget,
+            row_group_records=writer.row_group_records,
+            compression=writer.compression,
+            deadline=ctx.deadline,
+        )
+        result = await ctx.in_lane(
+            functools.partial(
+                _compact.commit_rewrite, table, plan, new_files, requirements=ctx.requirements
+            )
+        )
+    except _compact.CompactionConflictError as exc:
+        # Another writer rewrote or deleted inputs first: nothing committed, retried next run.
+        return TaskResult(detail=f"conflict: {exc}")
+    finally:
+        ctx.state.compacting = frozenset()
+    if result.outcome == "conflict":
+        return TaskResult(detail=f"conflict: {result.detail}")
+    return TaskResult(
+        detail=(
+            f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "
+            f"{result.files_added} ({result.bytes_added} B), {result.records} rows"
+        )
+    )
 
 
 async def _orphans_task(ctx: RunContext) -> TaskResult:
+    """Remove never-committed daemon files; at most once per ``orphan_older_than`` (the
+    sweep lists the whole data location, and nothing younger can be removed anyway)."""
+    state = ctx.state
+    now = ctx.clock()
+    recent = ctx.settings.orphan_older_than
+    if state.orphans_swept is not None and now - state.orphans_swept < recent:
+        return TaskResult(detail="swept recently")
     result = await ctx.off_lane(
         _orphans.remove_orphans,
         ctx.table,
         older_than_s=ctx.settings.orphan_older_than,
-        is_spooled=ctx.is_spooled,
+        is_spooled=lambda file_id: file_id in state.compacting or ctx.is_spooled(file_id),
     )
-    return TaskResult(removed={"orphan_data_file": result.removed})
+    state.orphans_swept = now
+    if result.skipped:
+        return TaskResult(detail=f"not swept: {result.skipped}")
+    detail = f"listed {result.listed}, removed {result.removed}"
+    error = f"{result.failed} orphans not deleted (next sweep retries)" if result.failed else None
+    return TaskResult(
+        removed={"orphan_data_file": result.removed},
+        detail=detail,
+        error=error,
+        delete_errors=result.failed,
+    )
 
 
 async def _defaults(ctx: RunContext) -> TaskResult:
@@ -175,8 +206,9 @@ DEFAULTS: Final = Task("defaults", _defaults, wanted=lambda s: s.apply_to_existi
 COMPACT: Final = Task("compact", _compact_task, wanted=lambda s: s.compaction)
 ORPHANS: Final = Task("orphans", _orphans_task)
 
-#: What every run does, in order. Compaction and orphan removal join with i13-compact.
-DEFAULT_TASKS: Final = (DEFAULTS, EXPIRE)
+#: What every run does, in order: compaction first, so the expiry of the same run can
+#: already count the replaced files' snapshots; the orphan sweep last.
+DEFAULT_TASKS: Final = (DEFAULTS, COMPACT, EXPIRE, ORPHANS)
 
 
 def apply_table_defaults(
