@@ -556,6 +556,9 @@ class TimeoutsConfig(_Section):
     catalog_request: Seconds = 30.0  # one catalog statement or request
     storage_connect: Seconds = 10.0  # object store (FileIO) connect
     storage_request: Seconds = 60.0  # one object store request
+    # Tries of one object-store call (the AWS SDK's jittered exponential backoff between
+    # them) before it counts as failed; the flush is then retried with the writer's backoff.
+    storage_attempts: Annotated[int, Ge(1), Le(20)] = 3
     # SIGTERM: tables commit within this; the process ends at most 5 s later.
     shutdown_grace: Seconds = 30.0
 

@@ -170,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, and "100 Continue" for Expect
     _upstream: http.client.HTTPConnection | None = None
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: object) -> None:
         pass  # the test reads proxy.seen(); stderr noise helps nobody
 
     def do_GET(self) -> None:
@@ -197,9 +197,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reset()
             return
         body = self._read_chunked_raw() if chunked else self.rfile.read(length)
-        probe = Seen(
-            self.command, parts.path, probe.query, headers, len(body), None, fault
-        )
+        probe = Seen(self.command, parts.path, probe.query, headers, len(body), None, fault)
         if owner.mode == "stall":
             while owner.mode == "stall":
                 time.sleep(0.05)
@@ -284,9 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise OSError("upstream failed") from None
         raise AssertionError("unreachable")
 
-    def _answer(
-        self, status: int, body: bytes, headers: object, reason: str | None = None
-    ) -> None:
+    def _answer(self, status: int, body: bytes, headers: object, reason: str | None = None) -> None:
         self.send_response(status, reason)
         sent_length = False
         for name, value in headers if isinstance(headers, list) else []:
@@ -305,16 +301,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _record(self, probe: Seen, status: int | None, fault: str | None) -> None:
         self.owner._record(
-            Seen(probe.method, probe.path, probe.query, probe.headers, probe.body_bytes,
-                 status, fault)
+            Seen(
+                probe.method,
+                probe.path,
+                probe.query,
+                probe.headers,
+                probe.body_bytes,
+                status,
+                fault,
+            )
         )
 
     def _reset(self) -> None:
         """Close with RST: the client sees 'connection reset by peer'."""
         self.close_connection = True
         with contextlib.suppress(OSError):
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         with contextlib.suppress(OSError):
             self.connection.close()
