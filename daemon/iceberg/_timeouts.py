@@ -98,18 +98,26 @@ def bound_catalog(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
 def unavailable(exc: BaseException) -> str | None:
     """ "the catalog" or "the object store" when ``exc`` or its cause says that dependency
     could not be reached or answered too late; None for any other error."""
-    seen: set[int] = set()
+    chain: list[BaseException] = []
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    # The object store's own errors first: a data file write that failed is wrapped in a
+    # CatalogError ("cannot write data files"), which alone would read as the catalog's.
+    if any(_storage_error(e) for e in chain):
+        return "the object store"
+    for current in chain:
         if isinstance(current, _CATALOG_OUTAGES):
             return "the catalog"
-        if isinstance(current, ConnectionError | TimeoutError) or (
-            isinstance(current, OSError) and "AWS Error" in str(current)
-        ):
+        if isinstance(current, ConnectionError | TimeoutError):
             return "the object store"
-        current = current.__cause__ or current.__context__
     return None
+
+
+def _storage_error(exc: BaseException) -> bool:
+    """An error of pyarrow's S3 client (the AWS SDK names every failure so)."""
+    return isinstance(exc, OSError) and "AWS Error" in str(exc)
 
 
 def short_error(exc: BaseException) -> str:

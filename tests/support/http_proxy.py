@@ -173,6 +173,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass  # the test reads proxy.seen(); stderr noise helps nobody
 
+    def finish(self) -> None:
+        if self._upstream is not None:
+            self._upstream.close()
+        with contextlib.suppress(OSError):
+            super().finish()
+
     def do_GET(self) -> None:
         self._proxy()
 
