@@ -6,10 +6,10 @@ Runs the same catalog loading the daemon runs at start (so a passing check means
 start will get past the catalog), then lists namespaces, looks up every configured
 table, and writes, lists and deletes a probe object where data files go: an existing
 table's location through that table's FileIO (so vended credentials are what is tested),
-else the warehouse through the catalog's. Each step that fails is named. Every call is
-bounded by ``[timeouts]``; a catalog client those cannot reach (a REST endpoint that
-never answers its first request) is given up on after ``timeout`` seconds (default: what
-start-up would wait).
+else (not for REST catalogs, which decide locations) the warehouse through the
+catalog's. Each step that fails is named. Every call is bounded by ``[timeouts]``; a
+catalog client those cannot reach (a REST endpoint that never answers its first
+request) is given up on after ``timeout`` seconds (default: what start-up would wait).
 """
 
 from __future__ import annotations
@@ -141,7 +141,11 @@ def _probe(config: Config) -> list[str]:
                 f"{', '.join(missing)} not found in catalog {config.catalog.name!r} and "
                 "create = false; create the table, or set create = true with a schema"
             )
-        lines.append(_probe_storage(catalog, existing, config.catalog.warehouse))
+        rest = config.catalog.type.lower() == "rest"
+        # A REST catalog decides where tables go and may grant access to table locations
+        # only (S3 Tables, vended credentials): its warehouse root proves nothing.
+        warehouse = None if rest else config.catalog.warehouse
+        lines.append(_probe_storage(catalog, existing, warehouse))
         return lines
     finally:
         _dispose(catalog)
@@ -155,10 +159,10 @@ def _probe_storage(catalog: Catalog, table: Table | None, warehouse: str | None)
         io, location, where = load_file_io(catalog.properties, warehouse), warehouse, "warehouse"
     else:
         return (
-            "storage: not probed (no configured table exists yet and catalog.warehouse is "
-            "not a location URI); the first table's creation will show whether it works"
+            "storage: not probed (no configured table exists yet, and the catalog decides "
+            "where its data files go); run --connect again once a table exists"
         )
-    path = f"{location.rstrip('/')}/.icespool-probe-{new_uuid7()}"
+    path = f"{location.rstrip('/')}/icespool-probe-{new_uuid7()}"
     _step(f"write the probe object {path}", lambda: _write(io, path))
     _step(f"list {location}", lambda: _listed(io, location, path))
     _step(f"delete the probe object {path}", lambda: io.delete(path))

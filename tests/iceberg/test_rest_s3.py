@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
+import tomllib
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from pyiceberg.catalog import load_catalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 from support.fixture_types import MakeConfig, RunDaemon
 from support.http_proxy import HttpProxy, Seen
 from support.object_store import SeaweedFS
 
+from daemon.config import load_config
+from daemon.errors import CatalogError
+from daemon.iceberg import check_catalog
 from daemon.iceberg._rest import is_commit_request
 
 TABLE = "t.events"
@@ -104,7 +114,7 @@ async def test_ingest_commits_to_the_rest_catalog_on_s3_with_idempotency_keys(
         props = object_store.catalog_properties(warehouse, rest_uri=rest.url, s3_endpoint=s3.url)
         config = make_config(catalog={"name": "lake", **props}, tables=TABLES)
         async with run_daemon(config) as (_, base), aiohttp.ClientSession() as http:
-            for batch in (range(0, 500), range(500, 1200)):
+            for batch in (range(500), range(500, 1200)):
                 await _post(http, base, batch)
                 status, result = await _flush(http, base)
                 assert (status, result["records"]) == (200, len(batch)), result
@@ -196,7 +206,7 @@ async def test_object_store_outage_stall_and_reset_lose_and_duplicate_nothing(
             timeouts={"storage_connect": "1s", "storage_request": "1s", "storage_attempts": 2},
         )
         async with run_daemon(config) as (_, base), aiohttp.ClientSession() as http:
-            await _post(http, base, range(0, 100))  # the table exists, its first commit done
+            await _post(http, base, range(100))  # the table exists, its first commit done
             assert (await _flush(http, base))[0] == 200
             next_id = 100
             outcomes: list[str] = []
@@ -238,3 +248,68 @@ async def test_object_store_outage_stall_and_reset_lose_and_duplicate_nothing(
     rows, _ = _read(direct)
     _exactly_once(rows, set(range(next_id)))
     print("\n".join(outcomes))
+
+
+# ---------------------------------------------------------------------- check-config --connect
+
+
+def test_check_config_connect_proves_catalog_and_storage_access(
+    object_store: SeaweedFS, tmp_path: Path
+) -> None:
+    """Secrets from a file and from an ICESPOOL__ variable, never printed; the probe object
+    goes through the table's FileIO; a wrong key names the step that failed."""
+    warehouse = object_store.warehouse()
+    props = object_store.catalog_properties(warehouse)
+    credential = props.pop("credential")
+    secret = props.pop("s3.secret-access-key")
+    (tmp_path / "credential").write_text(credential + "\n")
+    catalog = "\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in props.items())
+    path = tmp_path / "icespool.toml"
+    path.write_text(
+        f'[catalog]\nname = "lake"\n{catalog}\n'
+        f"credential-file = {json.dumps(str(tmp_path / 'credential'))}\n"
+        f"[spool]\ndir = {json.dumps(str(tmp_path / 'spool'))}\n"
+        '[[tables]]\nname = "t.events"\ncreate = true\n'
+        'schema = [{ name = "id", type = "long", required = true }]\n'
+    )
+    env = {"ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY": secret}
+
+    assert check_catalog(load_config(path, env=env))[1:] == [
+        "table t.events: missing, created at start (create = true)",
+        "storage: not probed (no configured table exists yet, and the catalog decides where "
+        "its data files go); run --connect again once a table exists",
+    ]
+
+    # Once the table exists, the probe goes where its data files go, through its FileIO.
+    setup = load_catalog("setup", **object_store.catalog_properties(warehouse))
+    setup.create_namespace("t")
+    created = setup.create_table("t.events", Schema(NestedField(1, "id", LongType(), True)))
+    setup._session.close()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ICESPOOL", "AWS_"))}
+    cli = subprocess.run(
+        [sys.executable, "-m", "daemon", "check-config", "--connect", "--config", str(path)],
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stderr.splitlines()[-1] == (
+        f"storage (table events): wrote, listed and deleted a probe object under "
+        f"{created.location()}/data"
+    )
+    shown = tomllib.loads(cli.stdout)["catalog"]
+    assert shown["credential-file"] == str(tmp_path / "credential")
+    assert shown["s3.secret-access-key"] == "***"
+
+    wrong = load_config(path, env={"ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY": "not-the-key"})
+    with pytest.raises(CatalogError) as failed:
+        check_catalog(wrong)
+    assert str(failed.value).startswith(
+        f"cannot write the probe object {created.location()}/data/icespool-probe-"
+    ), failed.value
+    assert "AWS Error" in str(failed.value), str(failed.value)
+    for text in (cli.stdout + cli.stderr, str(failed.value)):
+        for value in (secret, credential, credential.split(":")[1], "not-the-key"):
+            assert value not in text
