@@ -11,6 +11,7 @@ import pytest
 from daemon.config import (
     apply_env_overrides,
     embedded_default,
+    hide_secrets,
     load_config,
     redacted,
     render_toml,
@@ -131,3 +132,20 @@ def test_a_secret_given_twice_is_refused(tmp_path: Path) -> None:
     # Only secret keys have a file form.
     [plain] = _problems({**REST, "s3.endpoint-file": str(tmp_path / "credential")}, tmp_path)
     assert plain.startswith("config key 'catalog.s3.endpoint-file': unknown key")
+
+
+def test_errors_that_echo_a_secret_are_scrubbed() -> None:
+    props = {
+        "uri": "postgresql+psycopg2://icespool:p%40ss-word@db/lake",
+        "credential": "client:client-secret",
+        "s3.secret-access-key": "s3-secret",
+        "s3.endpoint": "http://s3:9000",
+    }
+    echoed = (
+        "POST https://c/v1/oauth/tokens client:client-secret refused; "
+        "connect icespool:p@ss-word@db; key s3-secret; http://s3:9000"
+    )
+    assert hide_secrets(echoed, props) == (
+        "POST https://c/v1/oauth/tokens *** refused; connect icespool:***@db; key ***; "
+        "http://s3:9000"
+    )

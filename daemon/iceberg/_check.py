@@ -17,14 +17,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
 
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table import Table
 
-from daemon.config import REDACTED, Config, is_secret_key
+from daemon.config import Config, hide_secrets
 from daemon.errors import CatalogError
 from daemon.iceberg._catalog import load_catalog
 from daemon.iceberg._tables import table_names
@@ -218,16 +217,4 @@ def _gone(io: FileIO, path: str) -> None:
 
 def _hide_secrets(message: str, config: Config) -> str:
     """Drivers may echo a connection string; cut every secret we know of out of it."""
-    secrets: set[str] = set()
-    for key, value in config.catalog.properties().items():
-        if value and is_secret_key(key):
-            secrets.add(value)
-    uri = config.catalog.uri or ""
-    if "://" in uri:
-        password = urlsplit(uri).password
-        if password:
-            secrets.update({password, unquote(password)})
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= 3:  # shorter values would blank out ordinary words
-            message = message.replace(secret, REDACTED)
-    return message
+    return hide_secrets(message, config.catalog.properties())
