@@ -309,6 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _record(self, probe: Seen, status: int | None, fault: str | None) -> None:
+        took = time.perf_counter() - self._began
         self.owner._record(
             Seen(
                 probe.method,
@@ -318,6 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
                 probe.body_bytes,
                 status,
                 fault,
+                took,
             )
         )
 
