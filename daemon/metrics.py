@@ -86,6 +86,20 @@ class Metrics:
             ["table"],
             registry=r,
         )
+        self.flush_errors = Counter(
+            "icespool_flush_errors_total",
+            "Failed flushes by cause: catalog or object_store (unreachable, timed out, "
+            "5xx), or other; the spool keeps the records and the flush is retried",
+            ["table", "cause"],
+            registry=r,
+        )
+        self.commit_unknown_outcomes = Counter(
+            "icespool_commit_unknown_outcomes_total",
+            "Commit requests whose answer was lost (5xx, reset, timeout); each was resolved "
+            "by reading the table back, never by committing blindly",
+            ["table"],
+            registry=r,
+        )
         self.commit_duration = Histogram(
             "icespool_commit_duration_seconds",
             "Time from flush start to committed snapshot (read, encode, commit)",

@@ -44,6 +44,7 @@ from daemon.iceberg import (
     delete_rows,
     encode_data_files,
     find_committed_segments,
+    unavailable,
 )
 from daemon.lanes import Lane
 from daemon.metrics import Metrics
@@ -64,6 +65,8 @@ _log = logging.getLogger("icespool.writer")
 # A failed flush is retried from about a second up to a minute apart (the spool keeps
 # every record meanwhile).
 _FLUSH_RETRY = Backoff(attempts=1, base=1.0, cap=60.0)
+# unavailable()'s answer -> the cause label of icespool_flush_errors_total.
+_FLUSH_CAUSES = {"the catalog": "catalog", "the object store": "object_store"}
 # Re-filtering after another replica committed overlapping source positions converges
 # quickly (each round sees more of its commits); more rounds mean a livelock bug.
 _REFILTER_ATTEMPTS = 5
@@ -428,6 +431,8 @@ class TableWriter:
             delay = _FLUSH_RETRY.delay(self._failures)
             self._retry_at = time.monotonic() + delay
             self._metrics.commit_failures.labels(table=self.name).inc()
+            cause = _FLUSH_CAUSES.get(unavailable(exc) or "", "other")
+            self._metrics.flush_errors.labels(table=self.name, cause=cause).inc()
             _log.error(
                 "%s: flush (%s) failed, retrying in %.1fs; the spool keeps every record: %s",
                 self.name,
@@ -566,6 +571,10 @@ class TableWriter:
                 self._settled(info)
             return FlushResult(self.name, reason, None, 0)
         commit, files, records = outcome
+        if commit.unknown_outcomes:
+            self._metrics.commit_unknown_outcomes.labels(table=self.name).inc(
+                commit.unknown_outcomes
+            )
         for info in readable:
             await self._spool.delete(info.id)
             self._settled(info)

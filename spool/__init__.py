@@ -13,7 +13,8 @@ from ._errors import (
     UnknownSegmentError,
 )
 from ._fs import FileSystem
-from ._names import new_segment_id, segment_file_name
+from ._names import new_segment_id as new_uuid7
+from ._names import segment_file_name
 from ._recovery import QuarantinedSegment, RecoveryReport, SegmentInfo
 from ._spool import AppendAck, Durability, SegmentData, Spool, SpoolStats, TableUsage
 
@@ -35,6 +36,6 @@ __all__ = [
     "SpoolStats",
     "TableUsage",
     "UnknownSegmentError",
-    "new_segment_id",
+    "new_uuid7",
     "segment_file_name",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import Broker
+from support.object_store import SeaweedFS
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http import start_http
@@ -91,3 +92,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """SeaweedFS (S3 API + Iceberg REST catalog) on loopback, once per session; each test
+    takes its own warehouse with ``object_store.warehouse()``."""
+    store = SeaweedFS.start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield store
+    finally:
+        store.stop()

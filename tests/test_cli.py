@@ -34,7 +34,7 @@ name = "lake"
 type = "sql"
 uri = "postgresql+psycopg2://icespool:s3cr3t@db.internal:5432/lake"
 warehouse = "file:///var/lib/icespool/warehouse"
-token = "abc123"
+"s3.session-token" = "abc123"
 
 [spool]
 dir = "/var/lib/icespool/spool"
@@ -111,7 +111,7 @@ def test_check_config_prints_the_effective_config_redacted(
         "type": "sql",
         "uri": "postgresql+psycopg2://icespool:***@db.internal:5432/lake",
         "warehouse": "file:///var/lib/icespool/warehouse",
-        "token": "***",
+        "s3.session-token": "***",
     }
     assert data["spool"] == {
         "dir": "/var/lib/icespool/spool",
@@ -141,7 +141,7 @@ def test_check_config_json_output(tmp_path: Path) -> None:
     assert (proc.returncode, proc.stderr) == (0, "")
     data = json.loads(proc.stdout)
     assert data["catalog"]["uri"] == "postgresql+psycopg2://icespool:***@db.internal:5432/lake"
-    assert data["catalog"]["token"] == "***"
+    assert data["catalog"]["s3.session-token"] == "***"
     assert data["http"] == {
         "listen": "127.0.0.1:8080",
         "tokens": [],
@@ -290,6 +290,8 @@ def test_spark_conf_prints_the_jdbc_catalog_and_leaves_the_password_out(tmp_path
     assert (proc.returncode, proc.stderr) == (
         0,
         "note: secret spark.sql.catalog.lake.jdbc.password left out; add it at submit time, "
+        "or rerun with --include-secrets and keep the output private\n"
+        "note: secret spark.sql.catalog.lake.s3.session-token left out; add it at submit time, "
         "or rerun with --include-secrets and keep the output private\n",
     )
     assert proc.stdout == (

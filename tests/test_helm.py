@@ -52,11 +52,14 @@ KAFKA = {
     "sasl_mechanism": "SCRAM-SHA-512",
     "sasl_plain_username": "icespool",
 }
+# The catalog's own secret: a REST catalog's OAuth2 credential, the PostgreSQL URI with
+# its password (a sql catalog takes no `credential` key: it would be an unknown key).
+CATALOG_SECRET_ENV = {
+    "rest": ("ICESPOOL__CATALOG__CREDENTIAL", "credential"),
+    "postgresql": ("ICESPOOL__CATALOG__URI", "uri"),
+}
 SECRETS = {
-    "catalog": {
-        "existingSecret": "icespool-catalog",
-        "env": {"ICESPOOL__CATALOG__CREDENTIAL": "credential"},
-    },
+    "catalog": {"existingSecret": "icespool-catalog", "env": {}},
     "objectStore": {
         "existingSecret": "icespool-s3",
         "env": {
@@ -95,7 +98,13 @@ def full_values(catalog: str) -> dict[str, Any]:
         "replicaCount": 3,
         "image": {"repository": "registry.example.com/data/icespool", "tag": "0.1.0"},
         "config": {"catalog": CATALOGS[catalog], "kafka": [KAFKA]},
-        "secrets": SECRETS,
+        "secrets": {
+            **SECRETS,
+            "catalog": {
+                "existingSecret": "icespool-catalog",
+                "env": dict([CATALOG_SECRET_ENV[catalog]]),
+            },
+        },
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
@@ -179,8 +188,9 @@ def test_full_values_render_every_part(full_render: Render) -> None:
         name: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
         for name, e in env.items()
     }
+    catalog_env = next(n for n in from_secrets if n in {v[0] for v in CATALOG_SECRET_ENV.values()})
     assert from_secrets == {
-        "ICESPOOL__CATALOG__CREDENTIAL": ("icespool-catalog", "credential"),
+        catalog_env: ("icespool-catalog", catalog_env.rsplit("__", 1)[1].lower()),
         "ICESPOOL__CATALOG__S3__ACCESS-KEY-ID": ("icespool-s3", "access-key-id"),
         "ICESPOOL__CATALOG__S3__SECRET-ACCESS-KEY": ("icespool-s3", "secret-access-key"),
         "ICESPOOL__KAFKA__0__SASL_PLAIN_PASSWORD": ("icespool-kafka", "sasl-password"),
@@ -263,9 +273,13 @@ def test_rendered_config_passes_check_config(any_render: Render, tmp_path: Path)
     assert catalog["warehouse"] == "s3://lake/warehouse"
     assert catalog["s3.endpoint"] == "http://minio.lake.svc:9000"
     # The secret-backed keys reached the config (and are redacted in the output).
-    assert catalog["credential"] == "***"
+    if catalog["type"] == "rest":
+        assert catalog["credential"] == "***"
+    else:
+        assert catalog["uri"] == "from-secret-uri"
+    [overrides] = [line for line in result.stdout.splitlines() if "environment overrides" in line]
+    assert CATALOG_SECRET_ENV["rest" if catalog["type"] == "rest" else "postgresql"][0] in overrides
     assert catalog["s3.secret-access-key"] == "***"
-    assert "environment overrides: ICESPOOL__CATALOG__CREDENTIAL" in result.stdout
     [kafka] = effective["kafka"]
     assert kafka["bootstrap_servers"] == ["kafka-0.kafka:9092", "kafka-1.kafka:9092"]
     assert kafka["topics"] == ["events"] and kafka["table"] == "demo.events"

@@ -70,7 +70,11 @@ def test_check_config_connect_reports_a_reachable_catalog(tmp_path: Path) -> Non
     assert result.stderr.splitlines() == [
         "catalog 'lake' (sql) is reachable: 0 namespaces",
         "table a.b: missing, created at start (create = true)",
+        # No table yet: the warehouse itself is probed (write, list, delete).
+        "storage (warehouse): wrote, listed and deleted a probe object under "
+        f"{(tmp_path / 'warehouse').as_uri()}",
     ]
+    assert list((tmp_path / "warehouse").iterdir()) == []
     assert result.stdout.startswith("# icespool effective config from the config file")
 
 

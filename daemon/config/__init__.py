@@ -45,7 +45,14 @@ from daemon.config._model import (
     WriterSettings,
     embedded_catalog,
 )
-from daemon.config._redact import REDACTED, is_secret_key, redact_uri, redact_value, redacted
+from daemon.config._redact import (
+    REDACTED,
+    hide_secrets,
+    is_secret_key,
+    redact_uri,
+    redact_value,
+    redacted,
+)
 from daemon.config._render import render_toml
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 
@@ -81,6 +88,7 @@ __all__ = [
     "format_bytes",
     "format_duration",
     "format_key",
+    "hide_secrets",
     "is_secret_key",
     "load_config",
     "parse_bytes",

@@ -28,6 +28,11 @@ from pydantic import (
     model_validator,
 )
 
+from daemon.config._catalog_keys import (
+    SECRET_FILE_SUFFIX,
+    canonical_catalog_keys,
+    is_secret_file_key,
+)
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 from daemon.errors import ConfigError, UnknownTableError
 from daemon.schema import (
@@ -280,8 +285,10 @@ def _flatten_extras(data: dict[str, Any], fields: frozenset[str]) -> dict[str, A
 class CatalogConfig(BaseModel):
     """``[catalog]``: passed to pyiceberg ``load_catalog(name, **properties())``.
 
-    The one section that allows unknown keys: pyiceberg catalogs take arbitrary string
-    properties (``s3.endpoint``, ``credential``, ``py-io-impl``, ...).
+    Besides the fields, the keys the catalog type takes (``daemon.config._catalog_keys``:
+    ``s3.endpoint``, ``credential``, ...), as strings in their canonical spelling; any other
+    key is an error naming it. A secret key ``K`` may be given as ``K-file`` (a path);
+    ``properties()`` reads the file.
     """
 
     model_config = ConfigDict(extra="allow", frozen=True, strict=True)
@@ -295,13 +302,41 @@ class CatalogConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flatten(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return _flatten_extras(data, frozenset(cls.model_fields))
-        return data
+        if not isinstance(data, dict):
+            return data
+        flat = _flatten_extras(data, frozenset(cls.model_fields))
+        kind = flat.get("type", "sql")
+        if not isinstance(kind, str):
+            return flat  # the field's own check names the type error
+        extras = [k for k in flat if k not in cls.model_fields]
+        mapping, problems = canonical_catalog_keys(kind, extras)
+        errors = [ConfigError(f"catalog.{p.key}", p.problem) for p in problems]
+        for key, canonical in mapping.items():
+            if canonical.endswith(SECRET_FILE_SUFFIX):
+                try:
+                    _read_secret_file(flat[key])
+                except ValueError as exc:
+                    errors.append(ConfigError(f"catalog.{key}", str(exc)))
+        if errors:
+            raise ConfigError.of(errors)
+        return {mapping.get(k, k): v for k, v in flat.items()}
+
+    @property
+    def configured_extras(self) -> dict[str, str]:
+        """The extra keys as configured (secret files as paths)."""
+        return dict(self.__pydantic_extra__ or {})
 
     @property
     def extra_properties(self) -> dict[str, str]:
-        return dict(self.__pydantic_extra__ or {})
+        """The extra keys as pyiceberg takes them: ``K-file`` replaced by ``K`` = the
+        file's content (read now, so a rotated secret file is picked up on a reload)."""
+        props: dict[str, str] = {}
+        for key, value in self.configured_extras.items():
+            if key.endswith(SECRET_FILE_SUFFIX) and is_secret_file_key(key):
+                props[key.removesuffix(SECRET_FILE_SUFFIX)] = _read_secret_file(value)
+            else:
+                props[key] = value
+        return props
 
     def properties(self) -> dict[str, str]:
         """Everything but ``name``, as pyiceberg's ``load_catalog`` takes it."""
@@ -312,6 +347,22 @@ class CatalogConfig(BaseModel):
             props["warehouse"] = self.warehouse
         props.update(self.extra_properties)
         return props
+
+
+def _read_secret_file(path: object) -> str:
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError("must be the path of a file holding the secret")
+    try:
+        text = Path(os.path.expanduser(path)).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read {path!r} ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path!r} is not UTF-8 text") from None
+    # A trailing newline is how editors and `kubectl create secret --from-file` end it.
+    value = text.rstrip("\r\n")
+    if not value:
+        raise ValueError(f"{path!r} is empty; it must hold the secret")
+    return value
 
 
 def default_data_dir() -> Path:
@@ -507,6 +558,9 @@ class TimeoutsConfig(_Section):
     catalog_request: Seconds = 30.0  # one catalog statement or request
     storage_connect: Seconds = 10.0  # object store (FileIO) connect
     storage_request: Seconds = 60.0  # one object store request
+    # Tries of one object-store call (the AWS SDK's jittered exponential backoff between
+    # them) before it counts as failed; the flush is then retried with the writer's backoff.
+    storage_attempts: Annotated[int, Ge(1), Le(20)] = 3
     # SIGTERM: tables commit within this; the process ends at most 5 s later.
     shutdown_grace: Seconds = 30.0
 

@@ -13,10 +13,11 @@ import itertools
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from daemon.config._model import Config
 
-__all__ = ["REDACTED", "is_secret_key", "redact_uri", "redact_value", "redacted"]
+__all__ = ["REDACTED", "hide_secrets", "is_secret_key", "redact_uri", "redact_value", "redacted"]
 
 REDACTED = "***"
 
@@ -128,3 +129,24 @@ def redacted(config: Config) -> dict[str, Any]:
     data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
     result: dict[str, Any] = redact_value(data)
     return result
+
+
+def hide_secrets(message: str, properties: Mapping[str, str]) -> str:
+    """``message`` (a driver's or a client's error) with every secret value of
+    ``properties`` (the catalog's, secret files read) and a URI password cut out: drivers
+    may echo a connection string or a request."""
+    secrets: set[str] = set()
+    for key, value in properties.items():
+        if value and is_secret_key(key):
+            secrets.add(value)
+        if value and "://" in value:
+            try:
+                password = urlsplit(value).password
+            except ValueError:
+                password = None
+            if password:
+                secrets.update({password, unquote(password)})
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 3:  # shorter values would blank out ordinary words
+            message = message.replace(secret, REDACTED)
+    return message

@@ -24,7 +24,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
-from daemon.config import TimeoutsConfig
+from daemon.config import TimeoutsConfig, hide_secrets
 from daemon.errors import CatalogError, SchemaError
 from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
 from daemon.schema import SchemaDifference, schema_diff
@@ -63,14 +63,18 @@ def load_catalog(
             if attempt < 2 and racing and "already exists" in str(exc):
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise _catalog_error(name, exc) from exc
+            raise _catalog_error(name, exc, properties) from exc
     raise AssertionError("unreachable")
 
 
-def _catalog_error(name: str, exc: Exception) -> CatalogError:
+def _catalog_error(name: str, exc: Exception, properties: Mapping[str, str]) -> CatalogError:
+    # Logged and shown in /readyz: a client that echoes a request or a URI keeps no secret.
     return CatalogError(
-        f"cannot load catalog {name!r} ({short_error(exc)}); "
-        "check the [catalog] settings and that the catalog service is reachable"
+        hide_secrets(
+            f"cannot load catalog {name!r} ({short_error(exc)}); "
+            "check the [catalog] settings and that the catalog service is reachable",
+            properties,
+        )
     )
 
 

@@ -1,11 +1,15 @@
-"""``icespool check-config --connect`` (is the catalog reachable, are the tables there?)
-and ``icespool tables --offline`` (which tables do the config and its namespaces hold?).
+"""``icespool check-config --connect`` (is the catalog reachable, are the tables there,
+can the daemon write where its data files go?) and ``icespool tables --offline`` (which
+tables do the config and its namespaces hold?).
 
 Runs the same catalog loading the daemon runs at start (so a passing check means the
-start will get past the catalog), then lists namespaces and looks up every configured
-table. Every call is bounded by ``[timeouts]``; a catalog client those cannot reach
-(a REST endpoint that never answers its first request) is given up on after
-``timeout`` seconds (default: what start-up would wait).
+start will get past the catalog), then lists namespaces, looks up every configured
+table, and writes, lists and deletes a probe object where data files go: an existing
+table's location through that table's FileIO (so vended credentials are what is tested),
+else (not for REST catalogs, which decide locations) the warehouse through the
+catalog's. Each step that fails is named. Every call is bounded by ``[timeouts]``; a
+catalog client those cannot reach (a REST endpoint that never answers its first
+request) is given up on after ``timeout`` seconds (default: what start-up would wait).
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
 
-from daemon.config import REDACTED, Config, is_secret_key
+from pyarrow.fs import FileSelector, FileType
+from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.table import Table
+
+from daemon.config import Config, hide_secrets
 from daemon.errors import CatalogError
 from daemon.iceberg._catalog import load_catalog
 from daemon.iceberg._tables import table_names
-from daemon.iceberg._timeouts import startup_timeout
+from daemon.iceberg._timeouts import short_error, startup_timeout
+from spool import new_uuid7
 
 __all__ = ["catalog_tables", "check_catalog"]
 
@@ -117,9 +126,11 @@ def _probe(config: Config) -> list[str]:
             f"{len(namespaces)} namespaces"
         ]
         missing: list[str] = []
+        existing: Table | None = None
         for i, table in enumerate(config.tables):
             if catalog.table_exists(table.identifier):
                 lines.append(f"table {table.name}: exists")
+                existing = existing or catalog.load_table(table.identifier)
             elif table.create:
                 lines.append(f"table {table.name}: missing, created at start (create = true)")
             else:
@@ -129,23 +140,81 @@ def _probe(config: Config) -> list[str]:
                 f"{', '.join(missing)} not found in catalog {config.catalog.name!r} and "
                 "create = false; create the table, or set create = true with a schema"
             )
+        rest = config.catalog.type.lower() == "rest"
+        # A REST catalog decides where tables go and may grant access to table locations
+        # only (S3 Tables, vended credentials): its warehouse root proves nothing.
+        warehouse = None if rest else config.catalog.warehouse
+        lines.append(_probe_storage(catalog, existing, warehouse))
         return lines
     finally:
         _dispose(catalog)
 
 
+def _probe_storage(catalog: Catalog, table: Table | None, warehouse: str | None) -> str:
+    """Write, list and delete a probe object where data files go; the line to print."""
+    if table is not None:
+        io, location, where = table.io, f"{table.location()}/data", f"table {table.name()[-1]}"
+    elif warehouse and "://" in warehouse:
+        io, location, where = load_file_io(catalog.properties, warehouse), warehouse, "warehouse"
+    else:
+        return (
+            "storage: not probed (no configured table exists yet, and the catalog decides "
+            "where its data files go); run --connect again once a table exists"
+        )
+    path = f"{location.rstrip('/')}/icespool-probe-{new_uuid7()}"
+    _step(f"write the probe object {path}", lambda: _write(io, path))
+    _step(f"list {location}", lambda: _listed(io, location, path))
+    _step(f"delete the probe object {path}", lambda: io.delete(path))
+    _step(f"check that {path} is gone", lambda: _gone(io, path))
+    return f"storage ({where}): wrote, listed and deleted a probe object under {location}"
+
+
+def _step(what: str, run: Callable[[], None]) -> None:
+    try:
+        run()
+    except CatalogError:
+        raise
+    except Exception as exc:
+        raise CatalogError(
+            f"cannot {what} ({short_error(exc)}); check the storage settings (s3.endpoint, "
+            "s3.region, credentials, or the catalog's vended credentials) and the "
+            "permissions on that location"
+        ) from exc
+
+
+def _write(io: FileIO, path: str) -> None:
+    with io.new_output(path).create(overwrite=True) as out:
+        out.write(b"icespool check-config --connect probe; safe to delete\n")
+
+
+def _listed(io: FileIO, location: str, path: str) -> None:
+    """The probe shows up in a listing of its directory (PyArrowFileIO only: the FileIO
+    interface has no listing; another FileIO reads the object back instead)."""
+    fs_by_scheme = getattr(io, "fs_by_scheme", None)
+    parse = getattr(io, "parse_location", None)
+    if fs_by_scheme is None or parse is None:
+        if not io.new_input(path).exists():
+            raise CatalogError(f"the probe object {path} was written but cannot be found")
+        return
+    scheme, netloc, directory = parse(location)
+    fs = fs_by_scheme(scheme, netloc)
+    _, _, wanted = parse(path)
+    names = {
+        info.path
+        for info in fs.get_file_info(FileSelector(directory.rstrip("/"), allow_not_found=True))
+        if info.type == FileType.File
+    }
+    if wanted not in names:
+        raise CatalogError(
+            f"the probe object {path} was written but a listing of {location} does not show it"
+        )
+
+
+def _gone(io: FileIO, path: str) -> None:
+    if io.new_input(path).exists():
+        raise CatalogError(f"the probe object {path} is still there after its delete")
+
+
 def _hide_secrets(message: str, config: Config) -> str:
     """Drivers may echo a connection string; cut every secret we know of out of it."""
-    secrets: set[str] = set()
-    for key, value in config.catalog.properties().items():
-        if value and is_secret_key(key):
-            secrets.add(value)
-    uri = config.catalog.uri or ""
-    if "://" in uri:
-        password = urlsplit(uri).password
-        if password:
-            secrets.update({password, unquote(password)})
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= 3:  # shorter values would blank out ordinary words
-            message = message.replace(secret, REDACTED)
-    return message
+    return hide_secrets(message, config.catalog.properties())

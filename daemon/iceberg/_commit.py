@@ -222,6 +222,9 @@ class CommitResult:
     bytes: int
     already_committed: bool
     attempts: int = 1
+    # Attempts whose outcome was unknown (lost answer, 5xx, reset) and were resolved by
+    # looking for the segments in the refreshed table.
+    unknown_outcomes: int = 0
 
 
 def _segments_of(snapshot: Snapshot) -> list[str]:
@@ -285,7 +288,7 @@ def _summary_int(snapshot: Snapshot, key: str) -> int:
 
 
 def _result_from_snapshot(
-    table: Table, snapshot_id: int, *, attempts: int, ours: bool
+    table: Table, snapshot_id: int, *, attempts: int, ours: bool, unknown: int = 0
 ) -> CommitResult:
     snapshot = table.metadata.snapshot_by_id(snapshot_id)
     if snapshot is None:  # pragma: no cover - the id was read from the same metadata
@@ -297,6 +300,7 @@ def _result_from_snapshot(
         bytes=_summary_int(snapshot, ADDED_FILE_SIZE),
         already_committed=not ours,
         attempts=attempts,
+        unknown_outcomes=unknown,
     )
 
 
@@ -458,6 +462,16 @@ def _commit_once(
         for producer in transaction._snapshot_producers:
             producer._clean_all_uncommitted()
         raise
+
+
+def _rejected(table: Table, exc: BaseException) -> CommitError:
+    """The error for a permanent failure: the data's fault, or the table's when the table
+    or namespace is gone."""
+    error = CommitError if isinstance(exc, _TABLE_GONE) else CommitRejectedError
+    return error(
+        f"table {_name(table)}: commit rejected ({type(exc).__name__}: {exc}); "
+        "the spool still holds the records"
+    )
 
 
 def _refresh(table: Table) -> BaseException | None:
@@ -645,6 +659,7 @@ def commit_files(
     # Snapshot ids of our attempts: a snapshot found later with our segments is ours
     # (not "already committed") when its id is one of these.
     attempted: set[int] = set()
+    unknown = 0
     for attempt in range(1, policy.attempts + 1):
         if attempt > 1:
             time.sleep(policy.delay(attempt - 1))
@@ -655,8 +670,16 @@ def commit_files(
             continue
         existing = _check_segments(table, segments)
         if existing is not None:
+            if existing in attempted:
+                _log.info(
+                    "table %s: an earlier attempt whose outcome was unknown did land "
+                    "(snapshot %d holds segments %s); not committing again",
+                    _name(table),
+                    existing,
+                    ",".join(segments),
+                )
             return _result_from_snapshot(
-                table, existing, attempts=attempt, ours=existing in attempted
+                table, existing, attempts=attempt, ours=existing in attempted, unknown=unknown
             )
         _check_spec(table, data_files)
         # Raises (nothing committed) when the refreshed table contradicts the caller.
@@ -665,9 +688,25 @@ def commit_files(
         )
         if spool_id is not None:
             table_properties[last_segments_key(spool_id)] = ",".join(segments)
-        started = time.monotonic()
         try:
             transaction, snapshot_id = _stage(table, data_files, properties, table_properties)
+        except _PERMANENT_ERRORS as exc:
+            raise _rejected(table, exc) from exc
+        except Exception as exc:
+            # Writing the manifests failed (object store): nothing was sent to the catalog.
+            last_error = exc
+            _log.warning(
+                "table %s: writing the commit's manifests failed (attempt %d/%d), nothing "
+                "was committed: %s: %s",
+                _name(table),
+                attempt,
+                policy.attempts,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        started = time.monotonic()
+        try:
             attempted.add(snapshot_id)
             _commit_once(transaction)
         except CommitFailedException as exc:
@@ -682,16 +721,12 @@ def commit_files(
             )
             continue
         except _PERMANENT_ERRORS as exc:
-            # A table or namespace gone is the table's trouble, not the data's.
-            error = CommitError if isinstance(exc, _TABLE_GONE) else CommitRejectedError
-            raise error(
-                f"table {_name(table)}: commit rejected ({type(exc).__name__}: {exc}); "
-                "the spool still holds the records"
-            ) from exc
+            raise _rejected(table, exc) from exc
         except Exception as exc:
-            # Unknown outcome (lost response, connection reset, storage hiccup): the next
-            # loop iteration refreshes the table and looks for our segments first.
+            # Unknown outcome (lost response, 5xx, connection reset): the next loop
+            # iteration refreshes the table and looks for our segments first.
             last_error = exc
+            unknown += 1
             _log.warning(
                 "table %s: commit outcome unknown after %.0f ms (attempt %d/%d): %s: %s",
                 _name(table),
@@ -702,14 +737,20 @@ def commit_files(
                 exc,
             )
             continue
-        return _result_from_snapshot(table, snapshot_id, attempts=attempt, ours=True)
+        return _result_from_snapshot(
+            table, snapshot_id, attempts=attempt, ours=True, unknown=unknown
+        )
 
     # A last look: the final attempt may have landed despite its error.
     if _refresh(table) is None:
         existing = _check_segments(table, segments)
         if existing is not None:
             return _result_from_snapshot(
-                table, existing, attempts=policy.attempts, ours=existing in attempted
+                table,
+                existing,
+                attempts=policy.attempts,
+                ours=existing in attempted,
+                unknown=unknown,
             )
     raise CommitError(
         f"table {_name(table)}: commit of segments {segments} failed after "

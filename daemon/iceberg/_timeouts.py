@@ -10,7 +10,11 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
 - SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock, at
   most 5 s).
 - REST catalog: (connect, read) timeouts on every request of its requests session.
-- FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3).
+- FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3), and
+  ``s3.retry-strategy-impl`` = ``StorageRetries``: the AWS SDK's standard retries
+  (jittered exponential backoff) with ``timeouts.storage_attempts`` attempts per call.
+  A call that still fails fails its flush, which the writer retries with its own backoff
+  while the spool keeps the records.
 
 A setting the user wrote in ``[catalog]`` (a URI parameter or a property) wins. Calls
 nothing here can bound (another catalog type's client, REST's first config request)
@@ -27,14 +31,17 @@ from typing import Any
 
 import requests
 import sqlalchemy.exc
+from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import ServerError, ServiceUnavailableError
 from sqlalchemy.engine import make_url
 
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError
+from daemon.iceberg._rest import bind_rest_session
 
 __all__ = [
+    "StorageRetries",
     "bound_catalog",
     "catalog_properties",
     "short_error",
@@ -44,6 +51,7 @@ __all__ = [
 
 _S3_CONNECT = "s3.connect-timeout"
 _S3_REQUEST = "s3.request-timeout"
+_S3_RETRY = "s3.retry-strategy-impl"
 _SQLITE_BUSY = 5.0
 # (connect, every later wait) of the psycopg2 wait callback, set by catalog_properties.
 _pg_deadlines = (10.0, 30.0)
@@ -60,45 +68,56 @@ def catalog_properties(props: Mapping[str, str], timeouts: TimeoutsConfig) -> di
     properties = dict(props)
     properties.setdefault(_S3_CONNECT, _seconds(timeouts.storage_connect))
     properties.setdefault(_S3_REQUEST, _seconds(timeouts.storage_request))
+    StorageRetries.attempts = timeouts.storage_attempts
+    properties.setdefault(_S3_RETRY, f"{__name__}.{StorageRetries.__name__}")
     uri = properties.get("uri", "")
     if properties.get("type", "").lower() == "sql" and uri:
         properties["uri"] = _sql_uri(uri, timeouts)
     return properties
 
 
+class StorageRetries(AwsStandardS3RetryStrategy):  # type: ignore[misc]
+    """pyarrow's standard AWS retry strategy with ``timeouts.storage_attempts`` attempts.
+
+    pyiceberg builds ``s3.retry-strategy-impl`` without arguments, so the number is a class
+    attribute that ``catalog_properties`` sets (process-wide: a daemon has one catalog).
+    """
+
+    attempts = 3  # pyarrow's default
+
+    def __init__(self) -> None:
+        super().__init__(max_attempts=type(self).attempts)
+
+
 def bound_catalog(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
-    """Give a loaded REST catalog's HTTP session (connect, read) timeouts."""
-    # pyiceberg's RestCatalog keeps its requests session in ``_session`` (pinned <0.13)
-    # and passes no timeout; every call goes through ``Session.request``.
-    session = getattr(catalog, "_session", None)
-    if not isinstance(session, requests.Session):
-        return
-    send = session.request
-    limits = (timeouts.catalog_connect, timeouts.catalog_request)
-
-    def request(method: str, url: str, **kwargs: Any) -> requests.Response:
-        if kwargs.get("timeout") is None:
-            kwargs["timeout"] = limits
-        return send(method, url, **kwargs)
-
-    setattr(session, "request", request)  # noqa: B010 - an instance override
+    """Give a loaded REST catalog's HTTP session (connect, read) timeouts (and its commits
+    an Idempotency-Key: ``_rest``)."""
+    bind_rest_session(catalog, timeouts)
 
 
 def unavailable(exc: BaseException) -> str | None:
     """ "the catalog" or "the object store" when ``exc`` or its cause says that dependency
     could not be reached or answered too late; None for any other error."""
-    seen: set[int] = set()
+    chain: list[BaseException] = []
     current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    # The object store's own errors first: a data file write that failed is wrapped in a
+    # CatalogError ("cannot write data files"), which alone would read as the catalog's.
+    if any(_storage_error(e) for e in chain):
+        return "the object store"
+    for current in chain:
         if isinstance(current, _CATALOG_OUTAGES):
             return "the catalog"
-        if isinstance(current, ConnectionError | TimeoutError) or (
-            isinstance(current, OSError) and "AWS Error" in str(current)
-        ):
+        if isinstance(current, ConnectionError | TimeoutError):
             return "the object store"
-        current = current.__cause__ or current.__context__
     return None
+
+
+def _storage_error(exc: BaseException) -> bool:
+    """An error of pyarrow's S3 client (the AWS SDK names every failure so)."""
+    return isinstance(exc, OSError) and "AWS Error" in str(exc)
 
 
 def short_error(exc: BaseException) -> str:

@@ -60,7 +60,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from spool import new_segment_id
+from spool import new_uuid7
 
 __all__ = [
     "COMPACTION_PREFIX",
@@ -109,7 +109,7 @@ def daemon_file_time(path: str) -> float | None:
 
 def new_file_id() -> str:
     """A fresh uuid7 for a compaction's output names (the spool's generator)."""
-    return new_segment_id()
+    return new_uuid7()
 
 
 def compaction_file_prefix(file_id: str) -> str:

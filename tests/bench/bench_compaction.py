@@ -33,7 +33,7 @@ from daemon.iceberg._commit import commit_files
 from daemon.iceberg._parquet import encode_data_files
 from daemon.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
 from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
-from spool import new_segment_id
+from spool import new_uuid7
 
 MB = 1_000_000
 TARGET = 128 * 2**20
@@ -47,7 +47,7 @@ def _setup(directory: Path, files: int, rows: int) -> tuple[object, int]:
     segments, written = [], []
     for n in range(files):
         batch = conform(decode_body(ndjson_body(rows, n)), arrow)
-        segment = new_segment_id()
+        segment = new_uuid7()
         written += encode_data_files(
             table,
             [batch],

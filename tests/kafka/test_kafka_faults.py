@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -72,14 +73,40 @@ async def _produce_slowly(broker: Broker, topic: str, n: int, chunk: int, pause:
         await asyncio.sleep(pause)
 
 
+@dataclass(frozen=True)
+class Backend:
+    """Where the replicas commit: ``sql`` (SQLite / a shared PostgreSQL, local warehouse)
+    or ``rest-s3`` (SeaweedFS's REST catalog and S3, shared by every replica). The REST
+    runs are smaller: the suite's time budget, and REST + S3 faults have their own tests."""
+
+    name: str
+    records: int
+    kills: int
+    catalog: dict[str, str] | None = None
+
+
+def _backend(name: str, request: pytest.FixtureRequest, records: int, kills: int) -> Backend:
+    if name == "sql":
+        return Backend(name, records, kills)
+    store = request.getfixturevalue("object_store")
+    rounds = int(os.environ.get("ICESPOOL_REST_KILL_ROUNDS", "2"))
+    catalog = store.catalog_properties(store.warehouse())
+    return Backend(name, 30_000, min(kills, rounds), catalog)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("backend_name", ["sql", "rest-s3"])
 async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
-    broker: Broker, tmp_path: Path
+    backend_name: str, broker: Broker, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    n = 200_000
-    topic = "kills"
+    # ICESPOOL_KILL_ROUNDS (default 6, the CI budget) kills while the producer runs.
+    backend = _backend(
+        backend_name, request, 200_000, int(os.environ.get("ICESPOOL_KILL_ROUNDS", "6"))
+    )
+    n = backend.records
+    topic = f"kills-{backend.name}"
     await create_topic(broker.bootstrap, topic, PARTITIONS)
-    home = DaemonDir(tmp_path / "d")
+    home = DaemonDir(tmp_path / "d", catalog=backend.catalog)
     home.write_config(
         batch_timeout="1s",
         max_batch_records=30_000,
@@ -87,10 +114,10 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     )
     daemon = Daemon(home)
     rng = random.Random(4)
-    producer = asyncio.create_task(_produce_slowly(broker, topic, n, 10_000, 0.6))
+    chunk = min(10_000, n // 10)
+    producer = asyncio.create_task(_produce_slowly(broker, topic, n, chunk, 0.6))
     try:
-        # ICESPOOL_KILL_ROUNDS (default 6, the CI budget) kills while the producer runs.
-        for _ in range(int(os.environ.get("ICESPOOL_KILL_ROUNDS", "6"))):
+        for _ in range(backend.kills):
             daemon.start()
             await daemon.wait_ready()
             await asyncio.sleep(rng.uniform(0.5, 4.0))
@@ -122,18 +149,27 @@ def postgres_uri() -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend_name", ["sql", "rest-s3"])
 async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
-    broker: Broker, tmp_path: Path, postgres_uri: str
+    backend_name: str, broker: Broker, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    n = 200_000
-    topic = "replicas"
+    """Three replicas in one group on one shared catalog; one is killed, one stopped for
+    good, so the group rebalances twice while records keep coming."""
+    backend = _backend(backend_name, request, 200_000, 1)
+    n = backend.records
+    chunk = min(10_000, n // 10)
+    topic = f"replicas-{backend.name}"
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
-    homes = [
-        DaemonDir(tmp_path / f"r{i}", catalog_uri=postgres_uri, shared_warehouse=warehouse)
-        for i in range(3)
-    ]
+    if backend.catalog is None:
+        postgres_uri = request.getfixturevalue("postgres_uri")
+        homes = [
+            DaemonDir(tmp_path / f"r{i}", catalog_uri=postgres_uri, shared_warehouse=warehouse)
+            for i in range(3)
+        ]
+    else:
+        homes = [DaemonDir(tmp_path / f"r{i}", catalog=backend.catalog) for i in range(3)]
     for home in homes:
         home.write_config(
             batch_timeout="1s",
@@ -141,15 +177,18 @@ async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
             extra=_kafka_section(broker, topic, "g-replicas"),
         )
     daemons = [Daemon(h) for h in homes]
-    producer = asyncio.create_task(_produce_slowly(broker, topic, n, 10_000, 0.5))
+    producer = asyncio.create_task(_produce_slowly(broker, topic, n, chunk, 0.5))
+    # The REST runs produce fewer records in the same number of chunks: the kill and
+    # the stop land while records still arrive.
+    pause = 4 if backend.catalog is None else 2
     try:
         for d in daemons:
             d.start()
         for d in daemons:
             await d.wait_ready()
-        await asyncio.sleep(4)
+        await asyncio.sleep(pause)
         assert daemons[0].kill() == -9  # killed mid-run, restarted below
-        await asyncio.sleep(3)
+        await asyncio.sleep(pause * 3 / 4)
         daemons[1].signal(15)  # stopped for good: drains its spool, leaves the group
         assert await daemons[1].wait_exit(60) == 0
         daemons[0].start()
@@ -160,11 +199,11 @@ async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
         _assert_exactly(homes[0], n)
         assert not homes[1].spool_files(), "the stopped replica left records in its spool"
         # Every partition is drained: the offsets the table holds cover the topic.
-        table, _ = homes[0].load_table()
+        _, table = homes[0].read_rows()
         props = table.metadata.properties
         covered = [props.get(f"icespool.kafka.g-replicas/{topic}/{p}") for p in range(PARTITIONS)]
-        # produce() spreads each chunk of 10,000 round-robin from partition 0.
-        sizes = Counter(i % PARTITIONS for s in range(0, n, 10_000) for i in range(10_000))
+        # produce() spreads each chunk round-robin from partition 0.
+        sizes = Counter(i % PARTITIONS for s in range(0, n, chunk) for i in range(chunk))
         for p, ranges in enumerate(covered):
             expected_last = sizes[p] - 1
             assert ranges is not None and ranges.endswith(f"-{expected_last}"), (p, ranges)

@@ -70,6 +70,8 @@ class DaemonDir:
     # Several daemons can share one catalog (e.g. PostgreSQL) and warehouse.
     catalog_uri: str | None = None
     shared_warehouse: Path | None = None
+    # Any other catalog (a REST catalog on S3: support/object_store.py), as [catalog] keys.
+    catalog: Mapping[str, str] | None = None
 
     @property
     def config_path(self) -> Path:
@@ -93,6 +95,8 @@ class DaemonDir:
 
     @property
     def catalog_properties(self) -> dict[str, str]:
+        if self.catalog is not None:
+            return dict(self.catalog)
         return {
             "type": "sql",
             "uri": self.catalog_uri or f"sqlite:///{self.catalog_db}",
@@ -112,12 +116,13 @@ class DaemonDir:
         """Write the daemon's TOML: table ``t.events`` (id long required, v string)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.warehouse.mkdir(parents=True, exist_ok=True)
+        catalog = "\n".join(
+            f"{json.dumps(k)} = {json.dumps(v)}" for k, v in self.catalog_properties.items()
+        )
         text = f"""\
 [catalog]
 name = "{CATALOG_NAME}"
-type = "sql"
-uri = {json.dumps(self.catalog_properties["uri"])}
-warehouse = {json.dumps(self.warehouse.as_uri())}
+{catalog}
 
 [spool]
 dir = {json.dumps(str(self.spool_dir))}
@@ -176,9 +181,12 @@ schema = [
 
 
 def _dispose(catalog: Any) -> None:
-    engine = getattr(catalog, "engine", None)
+    engine = getattr(catalog, "engine", None)  # SqlCatalog: close its connection pool
     if engine is not None:
         engine.dispose()
+    session = getattr(catalog, "_session", None)  # RestCatalog: close its HTTP session
+    if session is not None:
+        session.close()
 
 
 class Daemon:

@@ -21,7 +21,7 @@ from daemon.iceberg._catalog import load_catalog
 from daemon.iceberg._commit import commit_files
 from daemon.iceberg._parquet import encode_data_files
 from daemon.schema import arrow_schema_for, conform
-from spool import new_segment_id
+from spool import new_uuid7
 
 __all__ = [
     "ENCODE",
@@ -71,7 +71,7 @@ def encode_daemon_files(
     table: Table, data: pa.Table, prefix: str | None = None
 ) -> tuple[str, list[DataFile]]:
     """Encode ``data`` as a flush of one spool segment would; returns (segment id, files)."""
-    segment = prefix or new_segment_id()
+    segment = prefix or new_uuid7()
     files = encode_data_files(
         table, [conform(data, arrow_schema_for(table))], file_prefix=segment, **ENCODE
     )

@@ -1,0 +1,67 @@
+"""The REST catalog's HTTP session: a timeout on every request, an Idempotency-Key on commits.
+
+pyiceberg's RestCatalog (pinned <0.13) keeps one ``requests`` session in ``_session``, sends
+every call through ``Session.request`` and offers no per-request hook: its ``header.*``
+properties are the same on every request, and it passes no timeout. This module is the
+one seam: an instance override of that session's ``request`` that
+
+- bounds every request by ``(timeouts.catalog_connect, timeouts.catalog_request)`` unless
+  the caller passed a timeout, and
+- gives every table commit (``POST .../namespaces/{ns}/tables/{table}`` and
+  ``POST .../transactions/commit``) a fresh UUIDv7 ``Idempotency-Key`` header (Iceberg
+  REST spec, 1.10+): a catalog that honours it answers a replay of the same request
+  with the first outcome instead of applying it again. pyiceberg's own retry of a commit
+  (after refreshing an expired token) is a new request and gets a new key; the server
+  refused the first one (401), so nothing is applied twice.
+
+The committer does not rely on the key: after an unknown outcome it refreshes the table
+and looks for its segments (``_commit``), which works on every catalog. Servers announce
+support with ``idempotency-key-lifetime`` in ``/v1/config``; those that do not (SeaweedFS,
+the one this project tests against) ignore the header.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from pyiceberg.catalog import Catalog
+
+from daemon.config import TimeoutsConfig
+from spool import new_uuid7
+
+__all__ = ["IDEMPOTENCY_HEADER", "bind_rest_session", "is_commit_request"]
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# /v1/{prefix}/namespaces/{namespace}/tables/{table} and /v1/{prefix}/transactions/commit;
+# the prefix is optional and may hold '/', a namespace is one URL-encoded segment.
+_COMMIT_PATH = re.compile(r"/v1/(?:.+/)?(?:namespaces/[^/]+/tables/[^/]+|transactions/commit)$")
+
+
+def is_commit_request(method: str, url: str) -> bool:
+    """Whether a REST request commits table changes (gets an Idempotency-Key)."""
+    path = urlsplit(url).path
+    return method.upper() == "POST" and _COMMIT_PATH.search(path) is not None
+
+
+def bind_rest_session(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
+    """Install the seam on a loaded RestCatalog (no-op for other catalogs)."""
+    session = getattr(catalog, "_session", None)
+    if not isinstance(session, requests.Session):
+        return
+    send = session.request
+    limits = (timeouts.catalog_connect, timeouts.catalog_request)
+
+    def request(method: str, url: str, **kwargs: Any) -> requests.Response:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = limits
+        if is_commit_request(method, url):
+            # commit_table passes the session's own header dict: never mutate it.
+            headers = dict(kwargs.get("headers") or {})
+            headers[IDEMPOTENCY_HEADER] = new_uuid7()
+            kwargs["headers"] = headers
+        return send(method, url, **kwargs)
+
+    setattr(session, "request", request)  # noqa: B010 - an instance override

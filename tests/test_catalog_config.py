@@ -1,0 +1,151 @@
+"""``[catalog]`` keys are checked per catalog type (daemon/config/_catalog_keys.py), and
+secret keys may come from files or ICESPOOL__ variables without ever being shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.config import (
+    apply_env_overrides,
+    embedded_default,
+    hide_secrets,
+    load_config,
+    redacted,
+    render_toml,
+    validate_config,
+)
+from daemon.errors import ConfigError
+
+REST = {
+    "name": "lake",
+    "type": "rest",
+    "uri": "https://catalog.example/api",
+    "warehouse": "s3://lake",
+}
+
+
+def _config(catalog: dict[str, Any], tmp_path: Path) -> Any:
+    raw = embedded_default(tmp_path)
+    raw["catalog"] = catalog
+    return validate_config(raw)
+
+
+def _problems(catalog: dict[str, Any], tmp_path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as failed:
+        _config(catalog, tmp_path)
+    return [p.line() for p in failed.value.problems]
+
+
+def test_a_misspelt_key_is_named_with_the_key_it_resembles(tmp_path: Path) -> None:
+    problems = _problems(
+        {**REST, "wharehouse": "s3://x", "s3": {"endpiont": "http://s3"}, "token": "t"},
+        tmp_path,
+    )
+    assert [p.split(";")[0] for p in problems] == [
+        "config key 'catalog.wharehouse': unknown key for a rest catalog",
+        "config key 'catalog.s3.endpiont': unknown key for a rest catalog",
+    ]
+    assert "did you mean 'warehouse'?" in problems[0]
+    assert "did you mean 's3.endpoint'?" in problems[1]
+
+
+def test_keys_are_checked_per_catalog_type(tmp_path: Path) -> None:
+    sql = {"name": "lake", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db"}
+    [problem] = _problems({**sql, "credential": "id:secret"}, tmp_path)
+    assert problem.startswith("config key 'catalog.credential': unknown key for a sql catalog")
+    [unsupported] = _problems({**REST, "type": "nessie"}, tmp_path)
+    assert unsupported == (
+        "config key 'catalog.type': 'nessie' is not a catalog type icespool supports; "
+        "use one of hive, rest, sql"
+    )
+    # The FileIO keys and REST headers are the rest catalog's; '_' and '-' are alike.
+    config = _config(
+        {
+            **REST,
+            "s3": {"endpoint": "http://s3", "force_virtual_addressing": False},
+            "header": {"X-Iceberg-Access-Delegation": "vended-credentials"},
+            "oauth2_server_uri": "https://idp/token",
+        },
+        tmp_path,
+    )
+    assert config.catalog.extra_properties == {
+        "s3.endpoint": "http://s3",
+        "s3.force-virtual-addressing": "false",
+        "header.X-Iceberg-Access-Delegation": "vended-credentials",
+        "oauth2-server-uri": "https://idp/token",
+    }
+
+
+def test_secrets_from_files_and_variables_reach_pyiceberg_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "credential").write_text("client-id:client-secret-value\n")
+    path = tmp_path / "icespool.toml"
+    path.write_text(
+        '[catalog]\nname = "lake"\ntype = "rest"\nuri = "https://c"\n'
+        f'credential-file = "{tmp_path / "credential"}"\n'
+    )
+    env = {"ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY": "s3-secret-value"}
+    config = load_config(path, env=env)
+    assert config.catalog.properties() == {
+        "type": "rest",
+        "uri": "https://c",
+        "credential": "client-id:client-secret-value",
+        "s3.secret-access-key": "s3-secret-value",
+    }
+    shown = render_toml(redacted(config))
+    assert "secret-value" not in shown
+    assert f'credential-file = "{tmp_path / "credential"}"' in shown
+    # What check-config prints reads back as the same config (the file, not its content).
+    merged, _ = apply_env_overrides({"catalog": {**REST}}, env)
+    assert merged["catalog"]["s3"] == {"secret_access_key": "s3-secret-value"}
+
+
+@pytest.mark.parametrize(
+    ("write", "problem"),
+    [
+        (None, "cannot read"),
+        ("", "is empty; it must hold the secret"),
+        ("\n", "is empty; it must hold the secret"),
+    ],
+)
+def test_a_secret_file_that_cannot_be_used_is_named(
+    write: str | None, problem: str, tmp_path: Path
+) -> None:
+    secret = tmp_path / "token"
+    if write is not None:
+        secret.write_text(write)
+    [line] = _problems({**REST, "token-file": str(secret)}, tmp_path)
+    assert line.startswith("config key 'catalog.token-file': ")
+    assert problem in line
+
+
+def test_a_secret_given_twice_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "credential").write_text("a:b")
+    [line] = _problems(
+        {**REST, "credential": "a:b", "credential_file": str(tmp_path / "credential")}, tmp_path
+    )
+    assert "'credential' is already set by" in line
+    # Only secret keys have a file form.
+    [plain] = _problems({**REST, "s3.endpoint-file": str(tmp_path / "credential")}, tmp_path)
+    assert plain.startswith("config key 'catalog.s3.endpoint-file': unknown key")
+
+
+def test_errors_that_echo_a_secret_are_scrubbed() -> None:
+    props = {
+        "uri": "postgresql+psycopg2://icespool:p%40ss-word@db/lake",
+        "credential": "client:client-secret",
+        "s3.secret-access-key": "s3-secret",
+        "s3.endpoint": "http://s3:9000",
+    }
+    echoed = (
+        "POST https://c/v1/oauth/tokens client:client-secret refused; "
+        "connect icespool:p@ss-word@db; key s3-secret; http://s3:9000"
+    )
+    assert hide_secrets(echoed, props) == (
+        "POST https://c/v1/oauth/tokens *** refused; connect icespool:***@db; key ***; "
+        "http://s3:9000"
+    )
