@@ -9,6 +9,13 @@ at fault (``tables[0].schema[1].type``) and whose message says how to fix it.
 
 from __future__ import annotations
 
+from daemon.config._catalog_keys import (
+    CATALOG_TYPE_KEYS,
+    STORAGE_KEYS,
+    KeySet,
+    catalog_key_allowed,
+    pyiceberg_value,
+)
 from daemon.config._load import (
     CONFIG_ENV,
     ENV_PREFIX,
@@ -48,11 +55,13 @@ from daemon.config._render import render_toml
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 
 __all__ = [
+    "CATALOG_TYPE_KEYS",
     "COLUMN_TYPES",
     "CONFIG_ENV",
     "DEFAULT_DATA_DIR",
     "ENV_PREFIX",
     "REDACTED",
+    "STORAGE_KEYS",
     "CatalogConfig",
     "ColumnConfig",
     "Compression",
@@ -62,6 +71,7 @@ __all__ = [
     "EncodeConfig",
     "HttpConfig",
     "KafkaConfig",
+    "KeySet",
     "LogConfig",
     "LogFormat",
     "LogLevel",
@@ -71,6 +81,7 @@ __all__ = [
     "TokenConfig",
     "WriterSettings",
     "apply_env_overrides",
+    "catalog_key_allowed",
     "embedded_catalog",
     "embedded_default",
     "env_overrides",
@@ -81,6 +92,7 @@ __all__ = [
     "load_config",
     "parse_bytes",
     "parse_duration",
+    "pyiceberg_value",
     "read_config_file",
     "redact_uri",
     "redact_value",

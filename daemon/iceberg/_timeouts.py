@@ -10,7 +10,12 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
 - SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock, at
   most 5 s).
 - REST catalog: (connect, read) timeouts on every request of its requests session.
+- Glue catalog (boto3): connect and read timeouts as the default client config of the
+  botocore session pyiceberg builds its Glue client on (``botocore_session``); botocore's
+  own retries (``glue.max-retries``, ``glue.retry-mode``) still apply on top.
 - FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3).
+  Azure (adlfs, or pyarrow's AzureFileSystem) takes no timeout from pyiceberg's
+  properties: the Azure SDK's own apply (20 s to connect, 60 s per read, 3 retries).
 
 A setting the user wrote in ``[catalog]`` (a URI parameter or a property) wins. Calls
 nothing here can bound (another catalog type's client, REST's first config request)
@@ -44,6 +49,8 @@ __all__ = [
 
 _S3_CONNECT = "s3.connect-timeout"
 _S3_REQUEST = "s3.request-timeout"
+# pyiceberg's GlueCatalog builds its boto3 session on this botocore session when given one.
+_BOTOCORE_SESSION = "botocore_session"
 _SQLITE_BUSY = 5.0
 # (connect, every later wait) of the psycopg2 wait callback, set by catalog_properties.
 _pg_deadlines = (10.0, 30.0)
@@ -55,15 +62,39 @@ def startup_timeout(timeouts: TimeoutsConfig) -> float:
     return timeouts.catalog_connect + timeouts.catalog_request
 
 
-def catalog_properties(props: Mapping[str, str], timeouts: TimeoutsConfig) -> dict[str, str]:
+def catalog_properties(props: Mapping[str, Any], timeouts: TimeoutsConfig) -> dict[str, Any]:
     """``props`` (the ``[catalog]`` properties) with the timeouts of ``timeouts`` added."""
     properties = dict(props)
     properties.setdefault(_S3_CONNECT, _seconds(timeouts.storage_connect))
     properties.setdefault(_S3_REQUEST, _seconds(timeouts.storage_request))
-    uri = properties.get("uri", "")
-    if properties.get("type", "").lower() == "sql" and uri:
+    uri = str(properties.get("uri", ""))
+    kind = str(properties.get("type", "")).lower()
+    if kind == "sql" and uri:
         properties["uri"] = _sql_uri(uri, timeouts)
+    elif kind == "glue" and _BOTOCORE_SESSION not in properties:
+        session = _glue_session(timeouts)
+        if session is not None:
+            properties[_BOTOCORE_SESSION] = session
     return properties
+
+
+def _glue_session(timeouts: TimeoutsConfig) -> Any:
+    """A botocore session whose clients connect within catalog_connect and read within
+    catalog_request (botocore's defaults are 60 s each); None without boto3, where
+    pyiceberg's own error says which extra to install."""
+    try:
+        import botocore.config
+        import botocore.session
+    except ImportError:
+        return None
+
+    session = botocore.session.Session()
+    session.set_default_client_config(
+        botocore.config.Config(
+            connect_timeout=timeouts.catalog_connect, read_timeout=timeouts.catalog_request
+        )
+    )
+    return session
 
 
 def bound_catalog(catalog: Catalog, timeouts: TimeoutsConfig) -> None:

@@ -1,0 +1,194 @@
+"""Azure Blob storage for real: the daemon writes, commits and reads back a table kept in
+Azurite (the Azure Blob emulator, npm ``azurite``, started on 127.0.0.1 by the fixture).
+
+Two ways pyiceberg 0.12 reaches Azure, both through the table's own FileIO:
+
+- adlfs (``icespool[azure]``, pyiceberg's default for ``abfs``/``wasb`` when installed): the
+  canonical ``abfs[s]://container@account.dfs.core.windows.net/path`` locations, the form
+  Spark and Iceberg Java write. A real ``icespool run`` child reads the account's
+  connection string from ``ICESPOOL__CATALOG__ADLS__CONNECTION-STRING``, as a Kubernetes
+  Secret supplies it.
+- pyarrow's AzureFileSystem (``py-io-impl``): only the container form
+  ``abfs://container/path``; ``adls.blob-storage-authority`` points it at the emulator.
+
+The catalog is SQLite (metadata); every data, manifest and metadata file is in Azurite.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from pyiceberg.catalog import load_catalog
+from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir, daemon_command
+from support.emulators import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
+from support.fixture_types import MakeConfig, RunDaemon
+from support.store_config import write_store_config
+
+from daemon.errors import CatalogError
+from daemon.iceberg import load_catalog as icespool_load_catalog
+
+_TIMEOUT = aiohttp.ClientTimeout(total=60)
+_SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "v", "type": "string"}]
+
+
+@pytest.fixture(scope="module")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    server = Azurite.start(tmp_path_factory.mktemp("azurite"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _records(ids: range) -> list[dict[str, Any]]:
+    return [{"id": i, "v": f"azure-{i}"} for i in ids]
+
+
+def _assert_every_id_once(rows: list[dict[str, Any]], expected: range) -> None:
+    counts = Counter(row["id"] for row in rows)
+    assert sorted(counts) == list(expected), "ids missing or unexpected"
+    assert [i for i, n in counts.items() if n > 1] == [], "ids committed twice"
+    assert all(row["v"] == f"azure-{row['id']}" for row in rows)
+
+
+def _read_back(properties: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows of the table and the paths of its data files, read through pyiceberg alone."""
+    catalog = load_catalog(CATALOG_NAME, **properties)
+    try:
+        table = catalog.load_table(TABLE)
+        rows = table.scan().to_arrow().to_pylist()
+        files = [task.file.file_path for task in table.scan().plan_files()]
+    finally:
+        engine = getattr(catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+    return rows, files
+
+
+async def test_daemon_commits_to_canonical_abfs_locations_through_adlfs(
+    azurite: Azurite, tmp_path: Path
+) -> None:
+    container = "lake-adlfs"
+    azurite.create_container(container)
+    warehouse = f"abfs://{container}@{AZURITE_ACCOUNT}.dfs.core.windows.net/warehouse"
+    home = DaemonDir(tmp_path)
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": warehouse,
+        "adls.account-name": AZURITE_ACCOUNT,
+    }
+    write_store_config(home, catalog)
+    env = {"ICESPOOL__CATALOG__ADLS__CONNECTION-STRING": azurite.connection_string}
+
+    check = subprocess.run(
+        [*daemon_command(), "check-config", "--connect", "--config", str(home.config_path)],
+        env={**_base_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "catalog 'lake' (sql) is reachable" in check.stdout + check.stderr
+    # The account key is part of the connection string: never printed.
+    assert AZURITE_KEY not in check.stdout + check.stderr
+
+    daemon = Daemon(home)
+    daemon.start(env=env)
+    try:
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            for start in range(0, 1500, 500):
+                await daemon.ingest(session, _records(range(start, start + 500)))
+                await daemon.flush(session)
+        daemon.signal(signal.SIGTERM)
+        assert await daemon.wait_exit(30) == 0, daemon.tail()
+    finally:
+        daemon.cleanup()
+    assert AZURITE_KEY not in daemon.all_logs()
+
+    rows, files = _read_back({**catalog, "adls.connection-string": azurite.connection_string})
+    _assert_every_id_once(rows, range(1500))
+    assert len(files) == 3
+    assert all(path.startswith(f"{warehouse}/t/events/data/") for path in files), files
+    blobs = azurite.blob_names(container)
+    for path in files:
+        assert path.removeprefix(f"abfs://{container}@{AZURITE_ACCOUNT}.dfs.core.windows.net/") in (
+            blobs
+        )
+    assert sum(name.endswith(".metadata.json") for name in blobs) >= 4  # create + 3 commits
+
+
+async def test_daemon_commits_to_container_locations_through_pyarrow(
+    azurite: Azurite, make_config: MakeConfig, run_daemon: RunDaemon, tmp_path: Path
+) -> None:
+    container = "lake-pyarrow"
+    azurite.create_container(container)
+    catalog = {
+        "name": CATALOG_NAME,
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": f"abfs://{container}/warehouse",
+        "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
+        "adls.account-name": AZURITE_ACCOUNT,
+        "adls.account-key": AZURITE_KEY,
+        "adls.blob-storage-authority": f"127.0.0.1:{azurite.port}",
+        "adls.blob-storage-scheme": "http",
+        "adls.dfs-storage-authority": f"127.0.0.1:{azurite.port}",
+        "adls.dfs-storage-scheme": "http",
+    }
+    config = make_config(
+        catalog=catalog, tables=[{"name": TABLE, "create": True, "schema": _SCHEMA}]
+    )
+    async with (
+        run_daemon(config) as (_, base_url),
+        aiohttp.ClientSession(timeout=_TIMEOUT) as session,
+    ):
+        for start in (0, 700):
+            async with session.post(
+                f"{base_url}/v1/tables/{TABLE}/records",
+                json=_records(range(start, start + 700)),
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+            async with session.post(f"{base_url}/v1/tables/{TABLE}/flush") as resp:
+                assert resp.status == 200, await resp.text()
+
+    properties = {k: v for k, v in catalog.items() if k != "name"}
+    rows, files = _read_back(properties)
+    _assert_every_id_once(rows, range(1400))
+    assert len(files) == 2
+    blobs = azurite.blob_names(container)
+    assert all(path.removeprefix(f"abfs://{container}/") in blobs for path in files), files
+
+
+def test_canonical_abfs_warehouse_without_adlfs_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A None entry makes the import system report adlfs as not installed.
+    monkeypatch.setitem(sys.modules, "adlfs", None)
+    props = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": "abfss://lake@account.dfs.core.windows.net/warehouse",
+    }
+    with pytest.raises(CatalogError) as refused:
+        icespool_load_catalog("lake", props)
+    message = str(refused.value)
+    assert "abfss://lake@account.dfs.core.windows.net/warehouse" in message
+    assert "pip install 'icespool[azure]'" in message
+    assert "abfs://container/path" in message
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
