@@ -125,8 +125,14 @@ spark-deps:
 # Idempotent: with unchanged inputs it only re-checks the files (about a second).
 SPARK_RUNTIME := .spark-runtime
 
+# Reading s3:// tables from Spark needs Iceberg's AWS bundle, which no registry here carries:
+# `make spark-runtime ICEBERG_AWS_BUNDLE=/path/iceberg-aws-bundle-1.10.2.jar` (Maven Central)
+# adds it once; later builds keep it.
+ICEBERG_AWS_BUNDLE ?=
+
 spark-runtime: $(STAMP_DEMO) spark-deps
-	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME)
+	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME) \
+	  $(if $(ICEBERG_AWS_BUNDLE),--aws-bundle $(ICEBERG_AWS_BUNDLE))
 
 # ------------------------------------------------------------------ entry points
 
