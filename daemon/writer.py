@@ -44,6 +44,7 @@ from daemon.iceberg import (
     delete_rows,
     encode_data_files,
     find_committed_segments,
+    unavailable,
 )
 from daemon.lanes import Lane
 from daemon.metrics import Metrics
@@ -616,6 +617,10 @@ class TableWriter:
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
+            if unavailable(exc) is not None:
+                # The store, in an error type of its own SDK (Azure's, or adlfs's
+                # RuntimeError around one): retried with backoff, never quarantined.
+                raise
             raise UncommittableSegmentError(
                 f"{_segments_text(seg_ids)} of {self.name} cannot be encoded for the table's "
                 f"current schema: {type(exc).__name__}: {exc}",

@@ -30,10 +30,12 @@ from pyiceberg.catalog import load_catalog
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir, daemon_command
 from support.emulators import AZURITE_ACCOUNT, AZURITE_KEY, Azurite
 from support.fixture_types import MakeConfig, RunDaemon
+from support.service_helpers import metric
 from support.store_config import write_store_config
 
 from daemon.errors import CatalogError
 from daemon.iceberg import load_catalog as icespool_load_catalog
+from daemon.writer import SEGMENT_ATTEMPTS
 
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
 _SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "v", "type": "string"}]
@@ -192,3 +194,57 @@ def _base_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
+
+
+async def test_a_failing_azure_store_keeps_the_records_and_commits_them_once_it_recovers(
+    azurite: Azurite, make_config: MakeConfig, run_daemon: RunDaemon, tmp_path: Path
+) -> None:
+    """Data files go to a container that does not exist yet (``write.data.path``): every
+    upload fails with Azure's 404 (adlfs wraps it in a RuntimeError). That is the store's
+    fault, not the rows': more failed flushes than a segment's own faults are allowed
+    quarantine nothing, and once the container exists the next flush commits every id once.
+    """
+    metadata, data = "lake-meta", "lake-data"
+    azurite.create_container(metadata)
+    account = f"{AZURITE_ACCOUNT}.dfs.core.windows.net"
+    catalog = {
+        "name": CATALOG_NAME,
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": f"abfs://{metadata}@{account}/warehouse",
+        "adls.account-name": AZURITE_ACCOUNT,
+        "adls.connection-string": azurite.connection_string,
+    }
+    table = {
+        "name": TABLE,
+        "create": True,
+        "schema": _SCHEMA,
+        "properties": {"write.data.path": f"abfs://{data}@{account}/data"},
+    }
+    config = make_config(catalog=catalog, tables=[table])
+    async with (
+        run_daemon(config) as (service, base_url),
+        aiohttp.ClientSession(timeout=_TIMEOUT) as session,
+    ):
+        async with session.post(
+            f"{base_url}/v1/tables/{TABLE}/records", json=_records(range(600))
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+        for _ in range(SEGMENT_ATTEMPTS + 1):
+            async with session.post(f"{base_url}/v1/tables/{TABLE}/flush") as resp:
+                text = await resp.text()
+                assert resp.status == 503, text
+                assert "the spool keeps every record" in text
+                assert "the object store is unavailable" in text, text
+                assert "The specified container does not exist" in text
+        assert metric(service, "icespool_quarantined_segments_total") == 0
+        assert list(config.spool.dir.glob("quarantine/*")) == []
+
+        azurite.create_container(data)
+        async with session.post(f"{base_url}/v1/tables/{TABLE}/flush") as resp:
+            assert resp.status == 200, await resp.text()
+
+    properties = {k: v for k, v in catalog.items() if k != "name"}
+    rows, files = _read_back(properties)
+    _assert_every_id_once(rows, range(600))
+    assert all(path.startswith(f"abfs://{data}@{account}/data/") for path in files), files

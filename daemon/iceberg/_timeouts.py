@@ -24,6 +24,7 @@ are bounded by the caller waiting at most ``startup_timeout``.
 
 from __future__ import annotations
 
+import functools
 import math
 import select
 import time
@@ -124,12 +125,24 @@ def unavailable(exc: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, _CATALOG_OUTAGES):
             return "the catalog"
-        if isinstance(current, ConnectionError | TimeoutError) or (
+        if isinstance(current, (ConnectionError, TimeoutError, *_azure_errors())) or (
             isinstance(current, OSError) and "AWS Error" in str(current)
         ):
             return "the object store"
         current = current.__cause__ or current.__context__
     return None
+
+
+@functools.cache
+def _azure_errors() -> tuple[type[BaseException], ...]:
+    """The Azure SDK's errors (adlfs raises them, or a RuntimeError from them): every one is
+    the store's (unreachable, refused, a missing container, no permission), never the
+    rows'. Empty without the SDK (the azure extra)."""
+    try:
+        from azure.core.exceptions import AzureError
+    except ImportError:
+        return ()
+    return (AzureError,)
 
 
 def short_error(exc: BaseException) -> str:
