@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from support.store_config import write_store_config
 
 from daemon.config import TimeoutsConfig, load_config, validate_config
 from daemon.errors import ConfigError
-from daemon.iceberg import check_catalog
+from daemon.iceberg import check_catalog, unavailable
 from daemon.iceberg import load_catalog as icespool_load_catalog
 
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
@@ -172,3 +173,24 @@ def test_bad_glue_values_are_config_errors_naming_the_key(
         validate_config({"catalog": {"type": "glue", key: value}})
     assert refused.value.key == f"catalog.{key}"
     assert expected in str(refused.value)
+
+
+def test_an_unreachable_glue_endpoint_is_a_catalog_outage() -> None:
+    """What /readyz and the HTTP 503s call it: the catalog, not a bug (botocore's own
+    exception types are not the builtin ConnectionError)."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    props = {
+        "type": "glue",
+        "glue.region": "us-east-1",
+        "glue.endpoint": f"http://127.0.0.1:{port}",
+        "glue.max-retries": "0",
+        "glue.access-key-id": "k",
+        "glue.secret-access-key": "s",
+    }
+    catalog = icespool_load_catalog("lake", props)
+    with pytest.raises(Exception) as failed:  # noqa: PT011 - botocore's type, checked below
+        catalog.list_namespaces()
+    assert type(failed.value).__name__ == "EndpointConnectionError"
+    assert unavailable(failed.value) == "the catalog"

@@ -123,7 +123,7 @@ def unavailable(exc: BaseException) -> str | None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, _CATALOG_OUTAGES):
+        if isinstance(current, (*_CATALOG_OUTAGES, *_botocore_errors())):
             return "the catalog"
         if isinstance(current, (ConnectionError, TimeoutError, *_azure_errors())) or (
             isinstance(current, OSError) and "AWS Error" in str(current)
@@ -131,6 +131,19 @@ def unavailable(exc: BaseException) -> str | None:
             return "the object store"
         current = current.__cause__ or current.__context__
     return None
+
+
+@functools.cache
+def _botocore_errors() -> tuple[type[BaseException], ...]:
+    """botocore's network errors (no answer, a dropped connection, a timeout). Only the Glue
+    catalog talks through botocore here (S3 goes through pyarrow), so they are the catalog's.
+    Empty without boto3 (the glue extra)."""
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:
+        return ()
+    return (BotoConnectionError, HTTPClientError)
 
 
 @functools.cache
