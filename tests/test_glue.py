@@ -8,10 +8,8 @@ run against the same server.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 from pyiceberg.catalog import load_catalog
-from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir, daemon_command
+from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.emulators import MotoServer
 from support.store_config import write_store_config
 
+from daemon.cli import main
 from daemon.config import TimeoutsConfig, load_config, validate_config
 from daemon.errors import ConfigError
 from daemon.iceberg import check_catalog, unavailable
@@ -65,28 +64,22 @@ def _secrets(moto: MotoServer) -> dict[str, str]:
     }
 
 
-def _check_config(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
-    return subprocess.run(
-        [*daemon_command(), "check-config", "--connect", "--config", str(config)],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_daemon_commits_through_glue_to_s3_and_reads_back(
-    moto: MotoServer, tmp_path: Path
+    moto: MotoServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     home = DaemonDir(tmp_path)
     catalog = _catalog(moto)
     write_store_config(home, catalog)
 
-    before = _check_config(home.config_path, _secrets(moto))
-    assert before.returncode == 0, before.stdout + before.stderr
-    output = before.stdout + before.stderr
+    # check-config --connect (in this process; the secrets from the environment).
+    for name, value in _secrets(moto).items():
+        monkeypatch.setenv(name, value)
+    assert main(["check-config", "--connect", "--config", str(home.config_path)]) == 0
+    printed = capsys.readouterr()
+    output = printed.out + printed.err
     assert "catalog 'lake' (glue) is reachable" in output
     assert "table t.events: missing, created at start (create = true)" in output
     assert moto.secret_key not in output

@@ -9,14 +9,12 @@ out unless asked for, and the missing bundle is named for Spark to fetch.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
-from support.daemon_harness import daemon_command
 
+from daemon.cli import main
 from daemon.config import validate_config
 from daemon.errors import SparkConfError
 from daemon.spark_conf import EXTENSIONS, MAVEN_AWS_BUNDLE, MAVEN_ICEBERG_RUNTIME, spark_settings
@@ -170,26 +168,18 @@ def test_runtime_build_adds_the_aws_bundle_once_and_keeps_it(tmp_path: Path) -> 
 
 
 def test_spark_conf_cli_prints_rest_on_s3_and_names_the_secrets_left_out(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = "\n".join(f'"{k}" = "{v}"' for k, v in REST_S3.items())
     path = tmp_path / "icespool.toml"
     path.write_text(f"[catalog]\n{lines}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
 
-    proc = subprocess.run(
-        [*daemon_command(), "spark-conf", "--config", str(path), "--format", "properties"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    assert main(["spark-conf", "--config", str(path), "--format", "properties"]) == 0
 
-    assert proc.returncode == 0, proc.stderr
+    printed = capsys.readouterr()
     expected = {"spark.jars.packages": f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_AWS_BUNDLE}"}
     expected.update(REST_S3_CATALOG)
-    assert proc.stdout == "".join(f"{k} {v}\n" for k, v in expected.items())
+    assert printed.out == "".join(f"{k} {v}\n" for k, v in expected.items())
     for key in SECRETS:
-        assert f"secret {key} left out" in proc.stderr
-    assert "wJalrXUtnFEMI" not in proc.stdout + proc.stderr
+        assert f"secret {key} left out" in printed.err
+    assert "wJalrXUtnFEMI" not in printed.out + printed.err
