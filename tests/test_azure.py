@@ -19,7 +19,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,15 +130,8 @@ async def test_daemon_commits_to_canonical_abfs_locations_through_adlfs(
     assert sum(name.endswith(".metadata.json") for name in blobs) >= 4  # create + 3 commits
 
 
-async def test_daemon_commits_to_container_locations_through_pyarrow(
-    azurite: Azurite, make_config: MakeConfig, run_daemon: RunDaemon, tmp_path: Path
-) -> None:
-    container = "lake-pyarrow"
-    azurite.create_container(container)
-    catalog = {
-        "name": CATALOG_NAME,
-        "type": "sql",
-        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+def _pyarrow_catalog(azurite: Azurite, container: str) -> dict[str, str]:
+    return {
         "warehouse": f"abfs://{container}/warehouse",
         "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO",
         "adls.account-name": AZURITE_ACCOUNT,
@@ -147,6 +140,39 @@ async def test_daemon_commits_to_container_locations_through_pyarrow(
         "adls.blob-storage-scheme": "http",
         "adls.dfs-storage-authority": f"127.0.0.1:{azurite.port}",
         "adls.dfs-storage-scheme": "http",
+    }
+
+
+def _pyarrow_wasbs_catalog(azurite: Azurite, container: str) -> dict[str, str]:
+    return {
+        **_pyarrow_catalog(azurite, container),
+        "warehouse": f"wasbs://{container}/warehouse",
+    }
+
+
+@pytest.mark.parametrize(
+    ("container", "store", "prefix"),
+    [
+        ("lake-pyarrow", _pyarrow_catalog, "abfs://lake-pyarrow/"),
+        ("lake-wasbs", _pyarrow_wasbs_catalog, "wasbs://lake-wasbs/"),
+    ],
+    ids=["pyarrow-abfs", "pyarrow-wasbs"],
+)
+async def test_daemon_commits_to_container_locations_through_pyarrow(
+    azurite: Azurite,
+    make_config: MakeConfig,
+    run_daemon: RunDaemon,
+    tmp_path: Path,
+    container: str,
+    store: Callable[[Azurite, str], dict[str, str]],
+    prefix: str,
+) -> None:
+    azurite.create_container(container)
+    catalog = {
+        "name": CATALOG_NAME,
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        **store(azurite, container),
     }
     config = make_config(
         catalog=catalog, tables=[{"name": TABLE, "create": True, "schema": _SCHEMA}]
@@ -168,8 +194,9 @@ async def test_daemon_commits_to_container_locations_through_pyarrow(
     rows, files = _read_back(properties)
     _assert_every_id_once(rows, range(1400))
     assert len(files) == 2
+    assert all(path.startswith(f"{prefix}warehouse/t/events/data/") for path in files), files
     blobs = azurite.blob_names(container)
-    assert all(path.removeprefix(f"abfs://{container}/") in blobs for path in files), files
+    assert all(path.removeprefix(prefix) in blobs for path in files), files
 
 
 def test_canonical_abfs_warehouse_without_adlfs_says_what_to_install(
@@ -242,3 +269,19 @@ async def test_a_failing_azure_store_keeps_the_records_and_commits_them_once_it_
     rows, files = _read_back(properties)
     _assert_every_id_once(rows, range(600))
     assert all(path.startswith(f"abfs://{data}@{account}/data/") for path in files), files
+
+
+def test_canonical_wasbs_warehouse_is_refused_with_the_abfss_spelling(tmp_path: Path) -> None:
+    props = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": "wasbs://lake@account.blob.core.windows.net/warehouse",
+    }
+    with pytest.raises(CatalogError) as refused:
+        icespool_load_catalog("lake", props)
+    assert str(refused.value) == (
+        "catalog.warehouse 'wasbs://lake@account.blob.core.windows.net/warehouse': pyiceberg "
+        "0.12 writes no wasbs://container@account location; use "
+        "'abfss://lake@account.dfs.core.windows.net/warehouse' (the same storage account, "
+        "through adlfs)"
+    )

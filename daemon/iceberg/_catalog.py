@@ -91,6 +91,17 @@ def _check_azure_file_io(properties: Mapping[str, str]) -> None:
     parsed = urlparse(properties.get("warehouse", ""))
     if parsed.scheme not in _AZURE_SCHEMES or "@" not in parsed.netloc:
         return
+    if parsed.scheme.startswith("wasb"):
+        # pyiceberg 0.12's FsspecFileIO registers abfs(s) only, and pyarrow's cannot take
+        # the account form: no FileIO writes there. The same account is reachable as abfss.
+        container, _, host = parsed.netloc.partition("@")
+        account = host.split(".", 1)[0]
+        raise CatalogError(
+            f"catalog.warehouse {properties['warehouse']!r}: pyiceberg 0.12 writes no "
+            f"{parsed.scheme}://container@account location; use "
+            f"'abfss://{container}@{account}.dfs.core.windows.net{parsed.path}' (the same "
+            "storage account, through adlfs)"
+        )
     if "py-io-impl" in properties or importlib.util.find_spec("adlfs") is not None:
         return
     raise CatalogError(
