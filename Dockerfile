@@ -16,11 +16,14 @@ COPY pyproject.toml README.md ./
 COPY spool/ spool/
 COPY daemon/ daemon/
 # Every dependency ships manylinux wheels, so no compiler is needed even here; the venv
-# is self-contained and copied whole into the final stage.
+# is self-contained and copied whole into the final stage. The extras: a Glue catalog
+# (boto3) and Azure storage (adlfs); REST, SQL and S3 need none.
+ARG ICESPOOL_EXTRAS=glue,azure
 RUN python -m venv /opt/icespool \
     && /opt/icespool/bin/pip install --upgrade pip==25.3 \
     && /opt/icespool/bin/pip wheel --no-deps --wheel-dir /wheels . \
-    && /opt/icespool/bin/pip install /wheels/icespool-*.whl
+    && set -- /wheels/icespool-*.whl \
+    && /opt/icespool/bin/pip install "$1[${ICESPOOL_EXTRAS}]"
 
 # ---------------------------------------------------------------- final: runtime only
 FROM python:3.11-slim

@@ -95,7 +95,24 @@ define install_debs
 	fi
 endef
 
-test-deps:
+# Azurite (npm), the Azure Blob emulator tests/test_azure.py starts: the versions pinned by
+# tests/support/azurite/package-lock.json, installed with `npm ci` into the ignored
+# .test-tools/azurite/ (reinstalled only when the lock file changes).
+AZURITE_DIR := .test-tools/azurite
+AZURITE_STAMP := $(AZURITE_DIR)/.installed
+
+$(AZURITE_STAMP): tests/support/azurite/package.json tests/support/azurite/package-lock.json
+	@if ! command -v npm >/dev/null; then \
+	  $(SUDO) apt-get update; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends nodejs npm; \
+	fi
+	rm -rf $(AZURITE_DIR)
+	mkdir -p $(AZURITE_DIR)
+	cp tests/support/azurite/package.json tests/support/azurite/package-lock.json $(AZURITE_DIR)/
+	npm ci --prefix $(AZURITE_DIR) --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+test-deps: $(AZURITE_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 
 spark-deps:
@@ -108,8 +125,14 @@ spark-deps:
 # Idempotent: with unchanged inputs it only re-checks the files (about a second).
 SPARK_RUNTIME := .spark-runtime
 
+# Reading s3:// tables from Spark needs Iceberg's AWS bundle, which no registry here carries:
+# `make spark-runtime ICEBERG_AWS_BUNDLE=/path/iceberg-aws-bundle-1.10.2.jar` (Maven Central)
+# adds it once; later builds keep it.
+ICEBERG_AWS_BUNDLE ?=
+
 spark-runtime: $(STAMP_DEMO) spark-deps
-	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME)
+	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME) \
+	  $(if $(ICEBERG_AWS_BUNDLE),--aws-bundle $(ICEBERG_AWS_BUNDLE))
 
 # ------------------------------------------------------------------ entry points
 
@@ -147,4 +170,4 @@ clean:
 	rm -f $(STAMP_RUN) $(STAMP_TEST)
 
 distclean: clean
-	rm -rf $(VENV) $(SPARK_RUNTIME)
+	rm -rf $(VENV) $(SPARK_RUNTIME) .test-tools

@@ -12,14 +12,27 @@ Pure mapping from the ``[catalog]`` section to Iceberg Spark runtime properties:
 - ``rest`` -> ``RESTCatalog`` (same URI, credential/token, warehouse), ``glue`` ->
   ``GlueCatalog``, ``hive`` -> ``HiveCatalog``.
 
-Jars: with a local runtime directory (``python -m daemon.spark_runtime`` builds one from
-the package registries) every jar in it goes into ``spark.jars``; without one
-``spark.jars.packages`` names the Maven coordinates, which Spark resolves itself (needs
-network access to Maven Central).
+Object stores: an ``s3://`` warehouse (or a Glue catalog) adds Iceberg's ``S3FileIO``, which
+needs the AWS SDK v2 of ``org.apache.iceberg:iceberg-aws-bundle``. pyiceberg's S3 keys are
+mostly Iceberg Java's too; the two that differ are translated: ``s3.region`` is
+``client.region``, and ``s3.force-virtual-addressing`` is the inverse of
+``s3.path-style-access``. pyiceberg addresses buckets path-style unless told otherwise, the
+form S3-compatible stores on a custom ``s3.endpoint`` (MinIO, SeaweedFS, Ceph) need, while
+Iceberg Java defaults to virtual-hosted style: with an ``s3.endpoint`` Spark is told
+``s3.path-style-access=true`` too, so both address the same bucket the same way. Keys
+only pyiceberg reads (its S3 timeouts, region resolution) are left out.
 
-Secrets (a password in the SQLAlchemy URI, a REST ``credential`` or ``token``) are left
-out unless asked for (``include_secrets``), and the keys left out are reported, so that
-printing the settings never leaks them by accident. Ways to supply them: pass
+Jars: with a local runtime directory (``python -m daemon.spark_runtime`` builds one from
+the package registries) every jar in it goes into ``spark.jars``, and a package the
+catalog needs that the directory does not hold (the AWS bundle: no registry here carries
+it) is named in ``spark.jars.packages`` beside it; without a directory
+``spark.jars.packages`` names all the Maven coordinates, which Spark resolves itself
+(needs network access to Maven Central).
+
+Secrets (a password in the SQLAlchemy URI, a REST ``credential`` or ``token``, object-store
+keys: whatever ``check-config`` redacts) are left out unless asked for
+(``include_secrets``), and the keys left out are reported, so that printing the settings
+never leaks them by accident. Ways to supply them: pass
 ``--include-secrets`` and keep the output private, set the key at submit time
 (``--conf spark.sql.catalog.<name>.jdbc.password=...``), or for PostgreSQL let the JDBC
 driver read ``~/.pgpass`` / ``$PGPASSFILE``.
@@ -36,13 +49,14 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlencode
 
-from daemon.config import CatalogConfig, Config
+from daemon.config import CatalogConfig, Config, is_secret_key
 from daemon.errors import SparkConfError
 
 __all__ = [
     "EXTENSIONS",
     "FORMATS",
     "ICEBERG_VERSION",
+    "MAVEN_AWS_BUNDLE",
     "MAVEN_ICEBERG_RUNTIME",
     "RUNTIME_DIR_ENV",
     "JdbcConnection",
@@ -60,9 +74,16 @@ ICEBERG_VERSION: Final = "1.10.2"
 MAVEN_ICEBERG_RUNTIME: Final = (
     f"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:{ICEBERG_VERSION}"
 )
-_MAVEN_AWS_BUNDLE: Final = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
+MAVEN_AWS_BUNDLE: Final = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
 _MAVEN_SQLITE: Final = "org.xerial:sqlite-jdbc:3.46.1.0"
 _MAVEN_POSTGRESQL: Final = "org.postgresql:postgresql:42.7.4"
+# The jar of a runtime directory that stands for a Maven package (build_runtime's names and
+# Debian's: xerial-sqlite-jdbc.jar, postgresql.jar).
+_PACKAGE_JARS: Final = {
+    MAVEN_AWS_BUNDLE: "iceberg-aws-bundle-*.jar",
+    _MAVEN_SQLITE: "*sqlite-jdbc*.jar",
+    _MAVEN_POSTGRESQL: "postgresql*.jar",
+}
 EXTENSIONS: Final = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 #: Environment variable naming a local runtime directory when --runtime-dir is not given.
 RUNTIME_DIR_ENV: Final = "ICESPOOL_SPARK_RUNTIME"
@@ -79,9 +100,17 @@ _REST_PREFIXES: Final = ("header.", "rest.")
 _SHARED_PREFIXES: Final = ("s3.", "client.", "gcs.", "adls.")
 # Keys only pyiceberg understands (its FileIO choice, its own knobs): never passed on.
 _PYICEBERG_ONLY_PREFIXES: Final = ("py-", "downcast-", "pool", "echo", "init_catalog_tables")
-_SECRET_KEYS: Final = frozenset(
-    {"credential", "token", "jdbc.password", "s3.secret-access-key", "s3.session-token"}
+_PYICEBERG_ONLY_KEYS: Final = frozenset(
+    {
+        "s3.connect-timeout",
+        "s3.request-timeout",
+        "s3.resolve-region",
+        # Translated by _s3_java_options.
+        "s3.region",
+        "s3.force-virtual-addressing",
+    }
 )
+_SECRET_KEYS: Final = frozenset({"credential", "token", "jdbc.password"})
 
 
 @dataclass(frozen=True)
@@ -155,7 +184,7 @@ def _as_list(values: str | Sequence[str]) -> list[str]:
 
 
 def _passed_on(kind: str, key: str) -> bool:
-    if key.startswith(_PYICEBERG_ONLY_PREFIXES):
+    if key.startswith(_PYICEBERG_ONLY_PREFIXES) or key in _PYICEBERG_ONLY_KEYS:
         return False
     if kind == "rest" and (key in _REST_KEYS or key.startswith(_REST_PREFIXES)):
         return True
@@ -205,7 +234,7 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
         region = extra.get("glue.region") or extra.get("client.region")
         if region:
             options["client.region"] = region
-        packages.append(_MAVEN_AWS_BUNDLE)
+        packages.append(MAVEN_AWS_BUNDLE)
     else:
         raise SparkConfError(
             f"catalog.type {catalog.type!r} has no Spark mapping; "
@@ -223,11 +252,27 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
     if (
         kind != "glue"
         and (catalog.warehouse or "").startswith(("s3://", "s3a://"))
-        and _MAVEN_AWS_BUNDLE not in packages
+        and MAVEN_AWS_BUNDLE not in packages
     ):
         options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
-        packages.append(_MAVEN_AWS_BUNDLE)
+        packages.append(MAVEN_AWS_BUNDLE)
+    options.update(_s3_java_options(extra))
     return options, packages
+
+
+def _s3_java_options(extra: Mapping[str, str]) -> dict[str, str]:
+    """The Iceberg Java spelling of pyiceberg's S3 keys that Java names differently."""
+    options: dict[str, str] = {}
+    region = extra.get("s3.region")
+    if region and "client.region" not in extra:
+        options["client.region"] = region
+    if "s3.path-style-access" not in extra:
+        virtual = extra.get("s3.force-virtual-addressing", "").strip().lower()
+        if virtual in ("true", "false"):
+            options["s3.path-style-access"] = "false" if virtual == "true" else "true"
+        elif extra.get("s3.endpoint"):
+            options["s3.path-style-access"] = "true"
+    return options
 
 
 def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
@@ -281,7 +326,11 @@ def spark_settings(
     options, packages = catalog_options(catalog)
     conf: dict[str, str] = {}
     if runtime_dir is not None:
-        conf["spark.jars"] = ",".join(str(jar) for jar in runtime_jars(runtime_dir))
+        jars = runtime_jars(runtime_dir)
+        conf["spark.jars"] = ",".join(str(jar) for jar in jars)
+        missing = [package for package in packages if not _held(package, jars)]
+        if missing:
+            conf["spark.jars.packages"] = ",".join(missing)
     else:
         conf["spark.jars.packages"] = ",".join([MAVEN_ICEBERG_RUNTIME, *packages])
     conf["spark.sql.extensions"] = EXTENSIONS
@@ -289,11 +338,17 @@ def spark_settings(
     conf[prefix] = "org.apache.iceberg.spark.SparkCatalog"
     omitted: list[str] = []
     for key, value in options.items():
-        if key in _SECRET_KEYS and not include_secrets:
+        if (key in _SECRET_KEYS or is_secret_key(key)) and not include_secrets:
             omitted.append(f"{prefix}.{key}")
             continue
         conf[f"{prefix}.{key}"] = value
     return SparkSettings(conf=conf, catalog_name=name, omitted_secrets=tuple(omitted))
+
+
+def _held(package: str, jars: Sequence[Path]) -> bool:
+    """Whether a runtime directory's ``jars`` hold the Maven ``package``."""
+    pattern = _PACKAGE_JARS.get(package)
+    return pattern is not None and any(jar.match(pattern) for jar in jars)
 
 
 def render(conf: Mapping[str, str], fmt: Format) -> str:

@@ -12,7 +12,13 @@ The directory ends up with (every jar of it goes into ``spark.jars``):
   jackson-core/databind/annotations jars are relocated into that package with jarjar
   (Debian ``libjarjar-java``). Skipped when the runtime jar has them (Maven Central's does);
 - the SQLite and PostgreSQL JDBC drivers (Debian ``libxerial-sqlite-jdbc-java``,
-  ``libpostgresql-jdbc-java``, or ``--jdbc-jar``).
+  ``libpostgresql-jdbc-java``, or ``--jdbc-jar``);
+- optionally ``iceberg-aws-bundle-<v>.jar`` (``--aws-bundle``), the AWS SDK v2 that Iceberg's
+  ``S3FileIO`` needs to read ``s3://`` tables (REST or Glue catalogs on S3). No registry
+  reachable here carries it (not PyPI's ``snowpark-connect-deps-*``, not Debian, not npm):
+  download ``org.apache.iceberg:iceberg-aws-bundle:<v>`` from Maven Central and pass it
+  once; later builds keep it. Without it ``icespool spark-conf`` names it in
+  ``spark.jars.packages`` for Spark to fetch.
 
 Then a real local SparkSession reads a table that pyiceberg's SqlCatalog wrote. Any
 missing piece fails with a message naming it and how to get it. A second run with the same
@@ -42,6 +48,7 @@ from daemon.errors import SparkConfError
 from daemon.spark_conf import ICEBERG_VERSION
 
 __all__ = [
+    "AWS_BUNDLE_JAR",
     "DEFAULT_RUNTIME_DIR",
     "ICEBERG_WHEEL",
     "build_runtime",
@@ -94,6 +101,8 @@ _PIECES: Final = (
         "apt-get install libpostgresql-jdbc-java, or pass --jdbc-jar",
     ),
 )
+AWS_BUNDLE_JAR: Final = f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar"
+_AWS_BUNDLE_MARKER: Final = "software/amazon/awssdk/services/s3/S3Client.class"
 _DEBIAN_DRIVERS: Final = (
     ("/usr/share/java/sqlite-jdbc.jar", "libxerial-sqlite-jdbc-java"),
     ("/usr/share/java/postgresql.jar", "libpostgresql-jdbc-java"),
@@ -277,15 +286,36 @@ def _copy_drivers(directory: Path, jdbc_jars: Sequence[Path]) -> list[Path]:
     return outputs
 
 
+def _add_aws_bundle(directory: Path, aws_bundle: Path | None) -> list[Path]:
+    """The AWS bundle jar: ``aws_bundle`` copied in, else the one an earlier build added."""
+    target = directory / AWS_BUNDLE_JAR
+    if aws_bundle is None:
+        return [target] if target.exists() else []
+    try:
+        names = _jar_names(aws_bundle)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise SparkConfError(f"--aws-bundle {aws_bundle}: not a readable jar ({exc})") from None
+    if _AWS_BUNDLE_MARKER not in names:
+        raise SparkConfError(
+            f"--aws-bundle {aws_bundle} has no {_AWS_BUNDLE_MARKER}; pass "
+            f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION} from Maven Central"
+        )
+    _say(f"adding the AWS bundle {aws_bundle.name} as {AWS_BUNDLE_JAR}")
+    _atomic_copy(aws_bundle, target)
+    return [target]
+
+
 def build_runtime(
     directory: Path,
     *,
     wheel: Path | None = None,
     iceberg_jar: Path | None = None,
     jdbc_jars: Sequence[Path] = (),
+    aws_bundle: Path | None = None,
 ) -> list[Path]:
     """Put every jar of the runtime into ``directory`` (kept ones are not rebuilt); returns
-    them. Jars of an earlier build that are no longer part of it are removed."""
+    them. Jars of an earlier build that are no longer part of it are removed (an AWS bundle
+    added earlier stays: no registry here can bring it back)."""
     pyspark_jars, _ = _pyspark_jars()
     directory.mkdir(parents=True, exist_ok=True)
     runtime = _fetch_runtime_jar(directory, wheel, iceberg_jar)
@@ -293,6 +323,7 @@ def build_runtime(
     if f"{_SHADED}/databind/ObjectMapper.class" not in _jar_names(runtime):
         jars += _relocate_jackson(directory, pyspark_jars)
     jars += _copy_drivers(directory, jdbc_jars)
+    jars += _add_aws_bundle(directory, aws_bundle)
     for stale in sorted(set(directory.glob("*.jar")) - set(jars)):
         _say(f"removing {stale.name} (not part of this build)")
         stale.unlink()
@@ -439,6 +470,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="a JDBC driver jar (repeatable; default: Debian's SQLite and PostgreSQL drivers)",
     )
+    parser.add_argument(
+        "--aws-bundle",
+        type=Path,
+        help=f"{AWS_BUNDLE_JAR} (Maven Central) for reading s3:// tables; kept by later builds",
+    )
     parser.add_argument("--check-only", action="store_true", help="check, do not build")
     parser.add_argument("--force", action="store_true", help="re-run the Spark check")
     args = parser.parse_args(argv)
@@ -446,7 +482,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not args.check_only:
             build_runtime(
-                directory, wheel=args.wheel, iceberg_jar=args.iceberg_jar, jdbc_jars=args.jdbc_jar
+                directory,
+                wheel=args.wheel,
+                iceberg_jar=args.iceberg_jar,
+                jdbc_jars=args.jdbc_jar,
+                aws_bundle=args.aws_bundle,
             )
         verify_runtime(directory, force=args.force)
     except SparkConfError as exc:

@@ -625,6 +625,10 @@ class TableWriter:
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
+            if unavailable(exc) is not None:
+                # The store, in an error type of its own SDK (Azure's, or adlfs's
+                # RuntimeError around one): retried with backoff, never quarantined.
+                raise
             raise UncommittableSegmentError(
                 f"{_segments_text(seg_ids)} of {self.name} cannot be encoded for the table's "
                 f"current schema: {type(exc).__name__}: {exc}",

@@ -59,7 +59,7 @@ def test_keys_are_checked_per_catalog_type(tmp_path: Path) -> None:
     [unsupported] = _problems({**REST, "type": "nessie"}, tmp_path)
     assert unsupported == (
         "config key 'catalog.type': 'nessie' is not a catalog type icespool supports; "
-        "use one of hive, rest, sql"
+        "use one of glue, hive, rest, sql"
     )
     # The FileIO keys and REST headers are the rest catalog's; '_' and '-' are alike.
     config = _config(

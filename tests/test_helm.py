@@ -480,3 +480,70 @@ def test_rendered_rules_pass_the_promtool_unit_tests(full_render: Render, tmp_pa
         check=False,
     )
     assert old.returncode == 1 and "FAILED" in old.stdout + old.stderr
+
+
+# ------------------------------------------------------------------ README: REST + S3 example
+
+_README = ROOT / "README.md"
+_EXAMPLE_MARK = "<!-- helm example: rest-s3 -->"
+
+
+def _readme_example() -> dict[str, Any]:
+    """The values of the README's REST + S3 example (the yaml block after its marker)."""
+    text = _README.read_text()
+    assert _EXAMPLE_MARK in text, "the README lost its REST + S3 Helm example"
+    block = text.split(_EXAMPLE_MARK, 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    values: dict[str, Any] = yaml.safe_load(block)
+    return values
+
+
+def test_readme_rest_s3_example_renders_with_keys_from_existing_secrets() -> None:
+    values = _readme_example()
+    render = render_chart(CHART, "prod", values)
+
+    assert render.one("StatefulSet")["spec"]["replicas"] == 3
+    env = {e["name"]: e.get("valueFrom") for e in _container(render)["env"]}
+    assert env["ICESPOOL__CATALOG__CREDENTIAL"] == {
+        "secretKeyRef": {"name": "icespool-catalog", "key": "credential"}
+    }
+    assert env["ICESPOOL__CATALOG__S3__ACCESS-KEY-ID"] == {
+        "secretKeyRef": {"name": "icespool-s3", "key": "access-key-id"}
+    }
+    assert env["ICESPOOL__CATALOG__S3__SECRET-ACCESS-KEY"] == {
+        "secretKeyRef": {"name": "icespool-s3", "key": "secret-access-key"}
+    }
+    # Exactly these: no credential or key in the ConfigMap, only in the Secrets.
+    catalog = tomllib.loads(render.one("ConfigMap")["data"]["icespool.toml"])["catalog"]
+    assert catalog == {
+        "name": "lake",
+        "type": "rest",
+        "uri": "https://iceberg-rest.lake.svc:8181",
+        "warehouse": "s3://lake/warehouse",
+        "s3.endpoint": "https://minio.lake.svc:9000",
+        "s3.region": "eu-west-1",
+    }
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"config": {"catalog": {"type": "SQL", "uri": "SQLITE:////var/lib/icespool/c.db"}}},
+        # Not an ICESPOOL__ variable: the daemon never reads it, so the SQLite URI stays.
+        {
+            "secrets": {
+                "catalog": {
+                    "existingSecret": "icespool-catalog",
+                    "env": {"icespool__catalog__uri": "uri"},
+                }
+            }
+        },
+    ],
+    ids=["upper-case-sqlite", "lower-case-variable"],
+)
+def test_replicas_refuse_sqlite_in_any_spelling(values: dict[str, Any]) -> None:
+    catalog = {"warehouse": "s3://lake/warehouse", **values.get("config", {}).get("catalog", {})}
+    full = {**values, "replicaCount": 2, "config": {"catalog": catalog}}
+    with pytest.raises(HelmRenderError) as refused:
+        render_chart(CHART, "prod", full)
+    assert "replicaCount=2 needs a catalog that all replicas share" in str(refused.value)
+    assert "is SQLite" in str(refused.value)

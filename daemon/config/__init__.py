@@ -9,6 +9,12 @@ at fault (``tables[0].schema[1].type``) and whose message says how to fix it.
 
 from __future__ import annotations
 
+from daemon.config._catalog_keys import (
+    CATALOG_TYPES,
+    STORAGE_KEYS,
+    canonical_catalog_keys,
+    pyiceberg_value,
+)
 from daemon.config._load import (
     CONFIG_ENV,
     ENV_PREFIX,
@@ -57,11 +63,13 @@ from daemon.config._render import render_toml
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 
 __all__ = [
+    "CATALOG_TYPES",
     "COLUMN_TYPES",
     "CONFIG_ENV",
     "DEFAULT_DATA_DIR",
     "ENV_PREFIX",
     "REDACTED",
+    "STORAGE_KEYS",
     "CatalogConfig",
     "ColumnConfig",
     "Compression",
@@ -82,6 +90,7 @@ __all__ = [
     "TokenConfig",
     "WriterSettings",
     "apply_env_overrides",
+    "canonical_catalog_keys",
     "embedded_catalog",
     "embedded_default",
     "env_overrides",
@@ -93,6 +102,7 @@ __all__ = [
     "load_config",
     "parse_bytes",
     "parse_duration",
+    "pyiceberg_value",
     "read_config_file",
     "redact_uri",
     "redact_value",

@@ -28,6 +28,7 @@ __all__ = [
     "KeyProblem",
     "canonical_catalog_keys",
     "is_secret_file_key",
+    "pyiceberg_value",
 ]
 
 #: ``credential-file = "/run/secrets/catalog"`` gives ``credential`` from a file.
@@ -70,6 +71,9 @@ _S3 = frozenset(
         "s3.signer.endpoint",
         "s3.server-side-encryption",
         "s3.sse-kms-key-id",
+        # Iceberg Java's (Spark's) addressing switch: pyiceberg ignores it, `icespool
+        # spark-conf` passes it on as written (else derives it from the one above).
+        "s3.path-style-access",
     }
 )
 # pyiceberg.io: AWS client settings shared by S3 and Glue.
@@ -84,7 +88,8 @@ _AWS_CLIENT = frozenset(
         "client.role-session-name",
     }
 )
-# pyiceberg.io: Azure Data Lake Storage / Blob (pyarrow AzureFileSystem, adlfs).
+# pyiceberg.io: Azure Data Lake Storage / Blob (pyarrow AzureFileSystem, adlfs);
+# ``adls.sas-token.<account>.<host>`` is the per-account SAS token a REST catalog vends.
 _ADLS = frozenset(
     {
         "adls.account-name",
@@ -128,6 +133,7 @@ STORAGE_KEYS: Mapping[str, frozenset[str]] = {
     "gcs": _GCS,
 }
 _STORAGE = frozenset(k for keys in STORAGE_KEYS.values() for k in keys)
+_STORAGE_PREFIXES = ("adls.sas-token.",)
 
 # pyiceberg.catalog.sql.SqlCatalog.
 _SQL = frozenset({"echo", "pool_pre_ping", "init_catalog_tables"})
@@ -169,14 +175,49 @@ _HIVE = frozenset(
     }
 )
 
+# pyiceberg.catalog.glue: GLUE_* (the glue.* keys win over the client.* ones).
+_GLUE = frozenset(
+    {
+        "glue.id",
+        "glue.skip-archive",
+        "glue.endpoint",
+        "glue.profile-name",
+        "glue.region",
+        "glue.access-key-id",
+        "glue.secret-access-key",
+        "glue.session-token",
+        "glue.max-retries",
+        "glue.retry-mode",
+    }
+)
+
 #: The catalog types icespool supports and the keys each takes.
 CATALOG_TYPES: Mapping[str, CatalogKeys] = {
-    "sql": CatalogKeys(_COMMON | _STORAGE | _SQL),
+    "sql": CatalogKeys(_COMMON | _STORAGE | _SQL, _STORAGE_PREFIXES),
     # header.X-Iceberg-Access-Delegation = "vended-credentials" (pyiceberg's default) asks
     # the catalog for table-scoped storage credentials where it offers them.
-    "rest": CatalogKeys(_COMMON | _STORAGE | _REST, prefixes=("header.",)),
-    "hive": CatalogKeys(_COMMON | _STORAGE | _HIVE),
+    "rest": CatalogKeys(_COMMON | _STORAGE | _REST, ("header.", *_STORAGE_PREFIXES)),
+    "hive": CatalogKeys(_COMMON | _STORAGE | _HIVE, _STORAGE_PREFIXES),
+    "glue": CatalogKeys(_COMMON | _STORAGE | _GLUE, _STORAGE_PREFIXES),
 }
+
+# Values pyiceberg hands on as text where its client needs another type
+# (``glue.max-retries`` goes to botocore as is, and botocore compares it with an int).
+_INTEGER_KEYS = frozenset({"glue.max-retries"})
+_CHOICES = {"glue.retry-mode": ("legacy", "standard", "adaptive")}
+
+
+def pyiceberg_value(key: str, value: str) -> str | int:
+    """``value`` as pyiceberg needs it; ValueError saying what is expected if it is not one."""
+    if key in _INTEGER_KEYS:
+        text = value.strip()
+        if not text.isdigit():
+            raise ValueError(f"{key} must be a whole number >= 0, got {value!r}")
+        return int(text)
+    choices = _CHOICES.get(key)
+    if choices is not None and value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from daemon.config._catalog_keys import (
     SECRET_FILE_SUFFIX,
     canonical_catalog_keys,
     is_secret_file_key,
+    pyiceberg_value,
 )
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 from daemon.errors import ConfigError, UnknownTableError
@@ -888,12 +889,24 @@ class Config(_Section):
         return self
 
     def _check_catalog(self) -> None:
+        problems: list[ConfigError] = []
         if self.catalog.type == "sql" and self.catalog.uri is None:
-            raise ConfigError(
-                "catalog.uri",
-                "a sql catalog needs a database URI, e.g. 'sqlite:////var/lib/icespool/"
-                "catalog.db' or 'postgresql+psycopg2://user@host/db'",
+            problems.append(
+                ConfigError(
+                    "catalog.uri",
+                    "a sql catalog needs a database URI, e.g. 'sqlite:////var/lib/icespool/"
+                    "catalog.db' or 'postgresql+psycopg2://user@host/db'",
+                )
             )
+        # Values pyiceberg hands on unconverted (glue.max-retries reaches botocore as text
+        # and fails there with a TypeError at the first catalog call, not at start).
+        for key, value in self.catalog.extra_properties.items():
+            try:
+                pyiceberg_value(key, value)
+            except ValueError as exc:
+                problems.append(ConfigError(f"catalog.{key}", str(exc)))
+        if problems:
+            raise ConfigError.of(problems)
 
     def _check_spool(self) -> None:
         if self.spool.segment_max_bytes > self.spool.max_bytes:

@@ -6,6 +6,7 @@ through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
-from daemon.config import TimeoutsConfig, hide_secrets
+from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
 from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
 from daemon.schema import SchemaDifference, schema_diff
@@ -43,13 +44,18 @@ def load_catalog(
     ``timeouts`` (default: the ``[timeouts]`` defaults).
     """
     timeouts = timeouts or TimeoutsConfig()
-    properties = {key: str(value) for key, value in props.items() if key != "name"}
-    if properties.get("type", "").lower() == "sql":
-        uri = properties.get("uri", "")
+    texts = {key: str(value) for key, value in props.items() if key != "name"}
+    if texts.get("type", "").lower() == "sql":
+        uri = texts.get("uri", "")
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
-    _ensure_local_warehouse(properties.get("warehouse", ""))
-    properties = catalog_properties(properties, timeouts)
+    _ensure_local_warehouse(texts.get("warehouse", ""))
+    _check_azure_file_io(texts)
+    try:
+        typed = {key: pyiceberg_value(key, value) for key, value in texts.items()}
+    except ValueError as exc:
+        raise CatalogError(f"catalog {name!r}: {exc}") from None
+    properties = catalog_properties(typed, timeouts)
     for attempt in range(3):
         try:
             catalog = _pyiceberg_load_catalog(name, **properties)
@@ -75,6 +81,37 @@ def _catalog_error(name: str, exc: Exception, properties: Mapping[str, str]) -> 
             "check the [catalog] settings and that the catalog service is reachable",
             properties,
         )
+    )
+
+
+_AZURE_SCHEMES = ("abfs", "abfss", "wasb", "wasbs")
+
+
+def _check_azure_file_io(properties: Mapping[str, str]) -> None:
+    """An Azure warehouse in the canonical ``abfss://container@account.dfs.core.windows.net/``
+    form needs adlfs: without it pyiceberg 0.12 falls back to PyArrowFileIO, which reads the
+    ``container@account...`` part as the container name and fails on the first write with
+    an error that does not say why (apache/iceberg-python#2698)."""
+    parsed = urlparse(properties.get("warehouse", ""))
+    if parsed.scheme not in _AZURE_SCHEMES or "@" not in parsed.netloc:
+        return
+    if parsed.scheme.startswith("wasb"):
+        # pyiceberg 0.12's FsspecFileIO registers abfs(s) only, and pyarrow's cannot take
+        # the account form: no FileIO writes there. The same account is reachable as abfss.
+        container, _, host = parsed.netloc.partition("@")
+        account = host.split(".", 1)[0]
+        raise CatalogError(
+            f"catalog.warehouse {properties['warehouse']!r}: pyiceberg 0.12 writes no "
+            f"{parsed.scheme}://container@account location; use "
+            f"'abfss://{container}@{account}.dfs.core.windows.net{parsed.path}' (the same "
+            "storage account, through adlfs)"
+        )
+    if "py-io-impl" in properties or importlib.util.find_spec("adlfs") is not None:
+        return
+    raise CatalogError(
+        f"catalog.warehouse {properties['warehouse']!r} is an Azure location with an "
+        "account in it, which needs adlfs (pip install 'icespool[azure]'); pyiceberg's "
+        "pyarrow FileIO only takes the container form 'abfs://container/path'"
     )
 
 

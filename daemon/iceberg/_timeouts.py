@@ -15,6 +15,11 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
   (jittered exponential backoff) with ``timeouts.storage_attempts`` attempts per call.
   A call that still fails fails its flush, which the writer retries with its own backoff
   while the spool keeps the records.
+- Glue catalog (boto3): connect and read timeouts as the default client config of the
+  botocore session pyiceberg builds its Glue client on (``botocore_session``); botocore's
+  own retries (``glue.max-retries``, ``glue.retry-mode``) still apply on top.
+  Azure (adlfs, or pyarrow's AzureFileSystem) takes no timeout from pyiceberg's
+  properties: the Azure SDK's own apply (20 s to connect, 60 s per read, 3 retries).
 
 A setting the user wrote in ``[catalog]`` (a URI parameter or a property) wins. Calls
 nothing here can bound (another catalog type's client, REST's first config request)
@@ -23,6 +28,7 @@ are bounded by the caller waiting at most ``startup_timeout``.
 
 from __future__ import annotations
 
+import functools
 import math
 import select
 import time
@@ -52,6 +58,8 @@ __all__ = [
 _S3_CONNECT = "s3.connect-timeout"
 _S3_REQUEST = "s3.request-timeout"
 _S3_RETRY = "s3.retry-strategy-impl"
+# pyiceberg's GlueCatalog builds its boto3 session on this botocore session when given one.
+_BOTOCORE_SESSION = "botocore_session"
 _SQLITE_BUSY = 5.0
 # (connect, every later wait) of the psycopg2 wait callback, set by catalog_properties.
 _pg_deadlines = (10.0, 30.0)
@@ -63,16 +71,21 @@ def startup_timeout(timeouts: TimeoutsConfig) -> float:
     return timeouts.catalog_connect + timeouts.catalog_request
 
 
-def catalog_properties(props: Mapping[str, str], timeouts: TimeoutsConfig) -> dict[str, str]:
+def catalog_properties(props: Mapping[str, Any], timeouts: TimeoutsConfig) -> dict[str, Any]:
     """``props`` (the ``[catalog]`` properties) with the timeouts of ``timeouts`` added."""
     properties = dict(props)
     properties.setdefault(_S3_CONNECT, _seconds(timeouts.storage_connect))
     properties.setdefault(_S3_REQUEST, _seconds(timeouts.storage_request))
     StorageRetries.attempts = timeouts.storage_attempts
     properties.setdefault(_S3_RETRY, f"{__name__}.{StorageRetries.__name__}")
-    uri = properties.get("uri", "")
-    if properties.get("type", "").lower() == "sql" and uri:
+    uri = str(properties.get("uri", ""))
+    kind = str(properties.get("type", "")).lower()
+    if kind == "sql" and uri:
         properties["uri"] = _sql_uri(uri, timeouts)
+    elif kind == "glue" and _BOTOCORE_SESSION not in properties:
+        session = _glue_session(timeouts)
+        if session is not None:
+            properties[_BOTOCORE_SESSION] = session
     return properties
 
 
@@ -87,6 +100,25 @@ class StorageRetries(AwsStandardS3RetryStrategy):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__(max_attempts=type(self).attempts)
+
+
+def _glue_session(timeouts: TimeoutsConfig) -> Any:
+    """A botocore session whose clients connect within catalog_connect and read within
+    catalog_request (botocore's defaults are 60 s each); None without boto3, where
+    pyiceberg's own error says which extra to install."""
+    try:
+        import botocore.config
+        import botocore.session
+    except ImportError:
+        return None
+
+    session = botocore.session.Session()
+    session.set_default_client_config(
+        botocore.config.Config(
+            connect_timeout=timeouts.catalog_connect, read_timeout=timeouts.catalog_request
+        )
+    )
+    return session
 
 
 def bound_catalog(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
@@ -108,7 +140,7 @@ def unavailable(exc: BaseException) -> str | None:
     if any(_storage_error(e) for e in chain):
         return "the object store"
     for current in chain:
-        if isinstance(current, _CATALOG_OUTAGES):
+        if isinstance(current, (*_CATALOG_OUTAGES, *_botocore_errors())):
             return "the catalog"
         if isinstance(current, ConnectionError | TimeoutError):
             return "the object store"
@@ -116,8 +148,36 @@ def unavailable(exc: BaseException) -> str | None:
 
 
 def _storage_error(exc: BaseException) -> bool:
-    """An error of pyarrow's S3 client (the AWS SDK names every failure so)."""
-    return isinstance(exc, OSError) and "AWS Error" in str(exc)
+    """An error of an object store's client: pyarrow's S3 client (the AWS SDK names
+    every failure so) or the Azure SDK."""
+    return (isinstance(exc, OSError) and "AWS Error" in str(exc)) or isinstance(
+        exc, _azure_errors()
+    )
+
+
+@functools.cache
+def _botocore_errors() -> tuple[type[BaseException], ...]:
+    """botocore's network errors (no answer, a dropped connection, a timeout). Only the Glue
+    catalog talks through botocore here (S3 goes through pyarrow), so they are the catalog's.
+    Empty without boto3 (the glue extra)."""
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:
+        return ()
+    return (BotoConnectionError, HTTPClientError)
+
+
+@functools.cache
+def _azure_errors() -> tuple[type[BaseException], ...]:
+    """The Azure SDK's errors (adlfs raises them, or a RuntimeError from them): every one is
+    the store's (unreachable, refused, a missing container, no permission), never the
+    rows'. Empty without the SDK (the azure extra)."""
+    try:
+        from azure.core.exceptions import AzureError
+    except ImportError:
+        return ()
+    return (AzureError,)
 
 
 def short_error(exc: BaseException) -> str:

@@ -50,18 +50,22 @@ A catalog URI or warehouse set from a Secret (ICESPOOL__CATALOG__URI / __WAREHOU
 {{- $secret := index $.Values.secrets $part }}
 {{- if $secret.existingSecret }}
 {{- range $name, $key := $secret.env }}
-{{- $_ := set $fromSecret $name true }}
+{{- /* The daemon reads only ICESPOOL__ variables and lowercases the parts after it. */}}
+{{- if hasPrefix "ICESPOOL__" $name }}
+{{- $_ := set $fromSecret (upper $name) true }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
 {{- $catalog := .Values.config.catalog | default dict }}
-{{- $type := toString ($catalog.type | default "sql") }}
+{{- /* pyiceberg takes the catalog type in any case, SQLAlchemy the URI scheme too. */}}
+{{- $type := lower (toString ($catalog.type | default "sql")) }}
 {{- $uri := toString ($catalog.uri | default "") }}
 {{- $warehouse := toString ($catalog.warehouse | default "") }}
-{{- if and (eq $type "sql") (hasPrefix "sqlite" $uri) (not (hasKey $fromSecret "ICESPOOL__CATALOG__URI")) }}
+{{- if and (eq $type "sql") (hasPrefix "sqlite" (lower $uri)) (not (hasKey $fromSecret "ICESPOOL__CATALOG__URI")) }}
 {{- fail (printf "replicaCount=%d needs a catalog that all replicas share, but config.catalog.uri is SQLite (%s) on each replica's own volume: every pod would keep its own tables. Set config.catalog.type=rest with the REST catalog's uri, or config.catalog.uri to a postgresql+psycopg2:// URI (or ICESPOOL__CATALOG__URI from secrets.catalog), or set replicaCount=1." (int .Values.replicaCount) $uri) }}
 {{- end }}
-{{- if and (or (hasPrefix "file:" $warehouse) (hasPrefix "/" $warehouse)) (not (hasKey $fromSecret "ICESPOOL__CATALOG__WAREHOUSE")) }}
+{{- if and (or (hasPrefix "file:" (lower $warehouse)) (hasPrefix "/" $warehouse)) (not (hasKey $fromSecret "ICESPOOL__CATALOG__WAREHOUSE")) }}
 {{- fail (printf "replicaCount=%d needs a warehouse that all replicas share, but config.catalog.warehouse is %s, a path on each replica's own volume. Set config.catalog.warehouse to object storage (s3://bucket/path, gs://..., abfss://...) or set replicaCount=1." (int .Values.replicaCount) $warehouse) }}
 {{- end }}
 {{- end }}

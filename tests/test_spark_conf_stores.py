@@ -1,0 +1,185 @@
+"""``icespool spark-conf`` for a REST catalog on S3 (and Glue): the exact Spark settings.
+
+Spark cannot read an S3 table here: Iceberg's S3FileIO needs the AWS SDK v2 of
+``org.apache.iceberg:iceberg-aws-bundle``, and no package registry reachable from this
+machine carries it (README, "Spark on S3"). So these tests pin the settings' shape
+exactly: the pyiceberg keys Iceberg Java spells differently are translated, secrets stay
+out unless asked for, and the missing bundle is named for Spark to fetch.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import main
+from daemon.config import validate_config
+from daemon.errors import SparkConfError
+from daemon.spark_conf import EXTENSIONS, MAVEN_AWS_BUNDLE, MAVEN_ICEBERG_RUNTIME, spark_settings
+from daemon.spark_runtime import AWS_BUNDLE_JAR, build_runtime
+
+REST_S3 = {
+    "name": "lake",
+    "type": "rest",
+    "uri": "http://127.0.0.1:8181",
+    "warehouse": "s3://warehouse",
+    "credential": "client-id:client-secret",
+    "header.X-Iceberg-Access-Delegation": "vended-credentials",
+    "s3.endpoint": "http://127.0.0.1:8333",
+    "s3.region": "us-east-1",
+    "s3.access-key-id": "AKIDEXAMPLE",
+    "s3.secret-access-key": "wJalrXUtnFEMI",
+    "s3.request-timeout": "30",
+}
+P = "spark.sql.catalog.lake"
+# Everything but the jars: the same with Maven packages or a runtime directory.
+REST_S3_CATALOG = {
+    "spark.sql.extensions": EXTENSIONS,
+    P: "org.apache.iceberg.spark.SparkCatalog",
+    f"{P}.type": "rest",
+    f"{P}.uri": "http://127.0.0.1:8181",
+    f"{P}.warehouse": "s3://warehouse",
+    f"{P}.cache-enabled": "false",
+    f"{P}.header.X-Iceberg-Access-Delegation": "vended-credentials",
+    f"{P}.s3.endpoint": "http://127.0.0.1:8333",
+    f"{P}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+    # pyiceberg's s3.region is Iceberg Java's client.region.
+    f"{P}.client.region": "us-east-1",
+    # pyiceberg addresses buckets path-style; Java would use virtual hosts on the endpoint.
+    f"{P}.s3.path-style-access": "true",
+}
+SECRETS = (f"{P}.credential", f"{P}.s3.access-key-id", f"{P}.s3.secret-access-key")
+
+
+def test_rest_on_s3_settings_are_exactly_these() -> None:
+    settings = spark_settings(validate_config({"catalog": REST_S3}))
+
+    assert settings.conf == {
+        "spark.jars.packages": f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_AWS_BUNDLE}",
+        **REST_S3_CATALOG,
+    }
+    assert list(settings.conf) == ["spark.jars.packages", *REST_S3_CATALOG]
+    assert settings.omitted_secrets == SECRETS
+
+
+def test_rest_on_s3_with_secrets_adds_exactly_the_secrets() -> None:
+    settings = spark_settings(validate_config({"catalog": REST_S3}), include_secrets=True)
+
+    added = {k: v for k, v in settings.conf.items() if k not in REST_S3_CATALOG}
+    assert added == {
+        "spark.jars.packages": f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_AWS_BUNDLE}",
+        f"{P}.credential": "client-id:client-secret",
+        f"{P}.s3.access-key-id": "AKIDEXAMPLE",
+        f"{P}.s3.secret-access-key": "wJalrXUtnFEMI",
+    }
+    assert settings.omitted_secrets == ()
+
+
+@pytest.mark.parametrize(
+    ("extra", "path_style"),
+    [
+        ({"s3.force-virtual-addressing": "true"}, "false"),
+        ({"s3.force-virtual-addressing": "false"}, "true"),
+        ({"s3.path-style-access": "false"}, "false"),  # Java's own key wins as written
+    ],
+)
+def test_addressing_style_follows_pyicebergs(extra: dict[str, str], path_style: str) -> None:
+    settings = spark_settings(validate_config({"catalog": {**REST_S3, **extra}}))
+    assert settings.conf[f"{P}.s3.path-style-access"] == path_style
+    assert f"{P}.s3.force-virtual-addressing" not in settings.conf
+
+
+def test_aws_without_a_custom_endpoint_keeps_virtual_hosted_buckets() -> None:
+    catalog = {k: v for k, v in REST_S3.items() if k != "s3.endpoint"}
+    settings = spark_settings(validate_config({"catalog": catalog}))
+    assert f"{P}.s3.path-style-access" not in settings.conf
+    assert settings.conf[f"{P}.client.region"] == "us-east-1"
+
+
+def test_glue_settings_name_the_aws_bundle_and_omit_the_glue_secret() -> None:
+    catalog = {
+        "name": "lake",
+        "type": "glue",
+        "warehouse": "s3://lake/warehouse",
+        "glue.region": "eu-west-1",
+        "glue.secret-access-key": "wJalrXUtnFEMI",
+        "glue.endpoint": "http://127.0.0.1:5000",
+    }
+    settings = spark_settings(validate_config({"catalog": catalog}))
+    assert settings.conf["spark.jars.packages"] == f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_AWS_BUNDLE}"
+    assert settings.conf[f"{P}.catalog-impl"] == "org.apache.iceberg.aws.glue.GlueCatalog"
+    assert settings.conf[f"{P}.client.region"] == "eu-west-1"
+    assert settings.conf[f"{P}.glue.endpoint"] == "http://127.0.0.1:5000"
+    assert settings.omitted_secrets == (f"{P}.glue.secret-access-key",)
+
+
+def _jar(path: Path, *members: str) -> Path:
+    with zipfile.ZipFile(path, "w") as jar:
+        for member in members or ("META-INF/MANIFEST.MF",):
+            jar.writestr(member, b"")
+    return path
+
+
+def test_runtime_directory_without_the_bundle_asks_spark_to_fetch_only_it(
+    tmp_path: Path,
+) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    names = ["iceberg-spark-runtime-3.5_2.12-1.10.2.jar", "xerial-sqlite-jdbc.jar"]
+    for name in names:
+        _jar(runtime / name)
+    config = validate_config({"catalog": REST_S3})
+
+    settings = spark_settings(config, runtime_dir=runtime)
+    assert settings.conf["spark.jars"] == ",".join(str(runtime / n) for n in names)
+    assert settings.conf["spark.jars.packages"] == MAVEN_AWS_BUNDLE
+
+    _jar(runtime / AWS_BUNDLE_JAR)
+    settings = spark_settings(config, runtime_dir=runtime)
+    assert settings.conf["spark.jars"] == ",".join(
+        str(runtime / n) for n in [names[0], AWS_BUNDLE_JAR, names[1]]
+    )
+    assert "spark.jars.packages" not in settings.conf
+    assert {k: v for k, v in settings.conf.items() if k != "spark.jars"} == REST_S3_CATALOG
+
+
+def test_runtime_build_adds_the_aws_bundle_once_and_keeps_it(tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    # A runtime jar that has Iceberg's relocated Jackson (as Maven Central's has) needs no
+    # relocation; the bundle must hold the AWS SDK's S3 client.
+    iceberg = _jar(
+        tmp_path / "iceberg.jar",
+        "org/apache/iceberg/shaded/com/fasterxml/jackson/databind/ObjectMapper.class",
+    )
+    driver = _jar(tmp_path / "sqlite-jdbc.jar")
+    not_a_bundle = _jar(tmp_path / "aws.jar")
+    with pytest.raises(SparkConfError, match="has no software/amazon/awssdk/services/s3/"):
+        build_runtime(runtime, iceberg_jar=iceberg, jdbc_jars=[driver], aws_bundle=not_a_bundle)
+    bundle = _jar(tmp_path / "bundle.jar", "software/amazon/awssdk/services/s3/S3Client.class")
+
+    first = build_runtime(runtime, iceberg_jar=iceberg, jdbc_jars=[driver], aws_bundle=bundle)
+    again = build_runtime(runtime, iceberg_jar=iceberg, jdbc_jars=[driver])
+
+    assert runtime / AWS_BUNDLE_JAR in first
+    assert first == again
+    assert sorted(p.name for p in runtime.glob("*.jar")) == sorted(p.name for p in first)
+
+
+def test_spark_conf_cli_prints_rest_on_s3_and_names_the_secrets_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = "\n".join(f'"{k}" = "{v}"' for k, v in REST_S3.items())
+    path = tmp_path / "icespool.toml"
+    path.write_text(f"[catalog]\n{lines}\n")
+
+    assert main(["spark-conf", "--config", str(path), "--format", "properties"]) == 0
+
+    printed = capsys.readouterr()
+    expected = {"spark.jars.packages": f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_AWS_BUNDLE}"}
+    expected.update(REST_S3_CATALOG)
+    assert printed.out == "".join(f"{k} {v}\n" for k, v in expected.items())
+    for key in SECRETS:
+        assert f"secret {key} left out" in printed.err
+    assert "wJalrXUtnFEMI" not in printed.out + printed.err
