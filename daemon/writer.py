@@ -44,6 +44,7 @@ from daemon.iceberg import (
     delete_rows,
     encode_data_files,
     find_committed_segments,
+    refresh_table,
 )
 from daemon.lanes import Lane
 from daemon.metrics import Metrics
@@ -335,7 +336,7 @@ class TableWriter:
         pyiceberg: the fix of a dead letter's cause) applies to the next decode
         instead of after the next commit. Runs on the table's lane."""
         future: asyncio.Future[Table] = self._lane.submit(
-            lambda: asyncio.to_thread(self._table.refresh)
+            lambda: asyncio.to_thread(refresh_table, self._table)
         )
         await future
         self._sync_schema()
@@ -559,7 +560,7 @@ class TableWriter:
                 if attempt == _REFILTER_ATTEMPTS:
                     raise
                 _log.warning("%s: %s; filtering again", self.name, exc)
-                await asyncio.to_thread(self._table.refresh)
+                await asyncio.to_thread(refresh_table, self._table)
         if outcome is None:  # every row was already in the table
             for info in readable:
                 await self._spool.delete(info.id)
@@ -646,7 +647,7 @@ class TableWriter:
         return commit, files, sum(b.num_rows for b in rows)
 
     def _find_committed(self, ids: list[str]) -> dict[str, int]:
-        self._table.refresh()
+        refresh_table(self._table)
         return find_committed_segments(self._table, ids, self._spool.id)
 
     def _settled(self, info: SegmentInfo) -> None:
