@@ -360,6 +360,43 @@ def _abandon(transaction: Transaction) -> None:
         producer._clean_all_uncommitted()
 
 
+def _tidy(table: Table, transaction: Transaction) -> None:
+    """After ``transaction`` landed: delete the manifests it wrote that its snapshot
+    does not list. A merge writes the commit's new manifest, then merges it into
+    another; pyiceberg leaves the first one behind (one orphan per merge)."""
+    for producer in transaction._snapshot_producers:
+        snapshot = table.metadata.snapshot_by_id(producer.snapshot_id)
+        if snapshot is None:  # pragma: no cover - called for landed commits only
+            continue
+        listed = {manifest.manifest_path for manifest in snapshot.manifests(table.io)}
+        for path in producer._written_manifests:
+            if path not in listed:
+                table.io.delete(path)
+
+
+def _settle(table: Table, attempts: Mapping[int, Transaction], landed: int) -> None:
+    """Clean up after this call's attempts once the one that holds ``landed`` is known.
+
+    The others certainly never land: each attempt was built after seeing the ones
+    before it absent, and the catalog's compare-and-swap fails an attempt whose base
+    is no longer current, so at most one of them can ever land. Cleanup is best effort:
+    a file left behind is an orphan, never a failure of the commit.
+    """
+    for snapshot_id, transaction in attempts.items():
+        try:
+            if snapshot_id == landed:
+                _tidy(table, transaction)
+            else:
+                _abandon(transaction)
+        except Exception as exc:
+            _log.warning(
+                "table %s: could not delete files of an earlier commit attempt: %s: %s",
+                _name(table),
+                type(exc).__name__,
+                exc,
+            )
+
+
 def _stage(
     table: Table,
     data_files: Sequence[DataFile],
@@ -517,7 +554,7 @@ def commit_files(
     last_error: BaseException | None = None
     # Snapshot ids of our attempts: a snapshot found later with our segments is ours
     # (not "already committed") when its id is one of these.
-    attempted: set[int] = set()
+    attempted: dict[int, Transaction] = {}
     for attempt in range(1, policy.attempts + 1):
         if attempt > 1:
             time.sleep(policy.delay(attempt - 1))
@@ -528,6 +565,7 @@ def commit_files(
             continue
         existing = _check_segments(table, segments)
         if existing is not None:
+            _settle(table, attempted, existing)
             return _result_from_snapshot(
                 table, existing, attempts=attempt, ours=existing in attempted
             )
@@ -541,7 +579,7 @@ def commit_files(
         started = time.monotonic()
         try:
             transaction, snapshot_id = _stage(table, data_files, properties, table_properties)
-            attempted.add(snapshot_id)
+            attempted[snapshot_id] = transaction
             _commit_once(transaction)
         except CommitFailedException as exc:
             # The catalog refused the swap: nothing of ours landed. Retry on a fresh table.
@@ -575,12 +613,15 @@ def commit_files(
                 exc,
             )
             continue
+        _settle(table, attempted, snapshot_id)
         return _result_from_snapshot(table, snapshot_id, attempts=attempt, ours=True)
 
-    # A last look: the final attempt may have landed despite its error.
+    # A last look: the final attempt may have landed despite its error. (If it did
+    # not, its files stay: it may still be on its way to the catalog.)
     if _refresh(table) is None:
         existing = _check_segments(table, segments)
         if existing is not None:
+            _settle(table, attempted, existing)
             return _result_from_snapshot(
                 table, existing, attempts=policy.attempts, ours=existing in attempted
             )
