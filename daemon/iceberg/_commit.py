@@ -93,6 +93,7 @@ __all__ = [
     "delete_rows",
     "find_committed_segments",
     "last_segments_key",
+    "new_transaction",
 ]
 
 _log = logging.getLogger("icespool.commit")
@@ -351,6 +352,14 @@ class _Staging(Transaction):
             self._derived = apply_updates(base, updates)
             self._derived_from = (base, updates)
         return self._derived
+
+
+def new_transaction(table: Table) -> Transaction:
+    """A transaction on ``table`` for pyiceberg's update APIs (``ExpireSnapshots(...)``,
+    ``update_snapshot()``...) that does not deep-copy the table's metadata on every
+    read. Send it with ``_commit_once`` (one attempt; conflicts come back to the
+    caller), never with ``commit_transaction``."""
+    return _Staging(table)
 
 
 def _abandon(transaction: Transaction) -> None:

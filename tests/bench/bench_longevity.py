@@ -52,6 +52,7 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -61,6 +62,7 @@ from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from daemon.config import validate_config
 from daemon.config._model import embedded_catalog
 from daemon.iceberg import load_catalog
+from daemon.iceberg._commit import _commit_once, new_transaction
 from daemon.service import Icespool
 
 ROWS = 10
@@ -131,8 +133,11 @@ class Expirer:
         ordered = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)
         old = [s.snapshot_id for s in ordered[: -self.keep] if s is not current]
         if old:
-            table.maintenance.expire_snapshots().by_ids(old).commit()
-            table.refresh()
+            # pyiceberg's ExpireSnapshots on the daemon's transaction (its own deep-copies
+            # the metadata once per id), sent as the daemon sends every commit.
+            transaction = new_transaction(table)
+            ExpireSnapshots(transaction).by_ids(old).commit()
+            _commit_once(transaction)
         reachable: set[str] = set()
         for snapshot in table.metadata.snapshots:
             listed = self._lists.get(snapshot.manifest_list)
