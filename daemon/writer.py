@@ -5,7 +5,7 @@ Data path of a table::
     append/queue -> conform to the table's Arrow schema -> spool append (= ack)
     trigger (records | bytes | age | manual | shutdown | close | recovery)
       -> job on the table's encode-pool lane: seal, read segments back, encode
-         Parquet, ONE fast-append snapshot naming the segments, delete them.
+         Parquet, ONE append snapshot naming the segments, delete them.
 
 The lane runs one job of this table at a time (FIFO), so commits of a table never
 race each other, while other tables' jobs run on other workers.
