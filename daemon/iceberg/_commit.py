@@ -374,6 +374,8 @@ def _tidy(table: Table, transaction: Transaction) -> None:
     does not list. A merge writes the commit's new manifest, then merges it into
     another; pyiceberg leaves the first one behind (one orphan per merge)."""
     for producer in transaction._snapshot_producers:
+        if len(producer._written_manifests) < 2:
+            continue  # no merge: the one manifest written is listed
         snapshot = table.metadata.snapshot_by_id(producer.snapshot_id)
         if snapshot is None:  # pragma: no cover - called for landed commits only
             continue

@@ -232,6 +232,31 @@ def test_a_conflict_during_a_merge_leaves_no_stray_files_and_commits_once(
     assert on_disk == logged | {table.metadata_location}
 
 
+def test_an_attempt_lost_before_the_catalog_is_cleaned_up_once_the_retry_lands(
+    tmp_path: Path, catalog: Catalog
+) -> None:
+    """The first attempt dies on its way to the catalog (outcome unknown: its files
+    are kept while it might still land); once the retry has landed it cannot, and
+    what it wrote is deleted."""
+    setup = _create(catalog, {MIN_COUNT: "2"})
+    _commit(setup, 0)
+    props = _props(tmp_path)
+    del props["type"]
+    raced = _RacedCatalog("lake", **props)
+    ours = raced.load_table(NAME)
+
+    def lost() -> None:
+        raise ConnectionResetError("connection reset by peer (injected)")
+
+    raced.races = [lost]
+    result = commit_files(ours, _files(ours, 1), segment_ids=["seg-0001"], summary={}, retry=FAST)
+    assert (result.attempts, result.already_committed) == (2, False)
+    table = catalog.load_table(NAME)
+    assert len(table.snapshots()) == 2
+    assert _ids(table) == list(range(6))
+    assert _avro_files(table) == _reachable(table)
+
+
 def test_a_rejected_commit_deletes_what_it_staged(catalog: Catalog) -> None:
     """A commit refused while it is built (here: a property update the caller's hook
     rejects only after staging) leaves no manifest behind."""
