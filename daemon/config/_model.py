@@ -615,7 +615,7 @@ class MaintenanceConfig(_Section):
     max_snapshot_age: Seconds = 6 * 3600.0
     min_snapshots: MinSnapshots = 10
     # A cap whatever the age: the newest max_snapshots stay (min_snapshots always does).
-    max_snapshots: PositiveInt = 2000
+    max_snapshots: PositiveInt = 500
     # Files one run deletes at most; the rest wait for the next run.
     max_deletes_per_run: PositiveInt = 10_000
     compaction: bool = True
@@ -638,13 +638,6 @@ class MaintenanceConfig(_Section):
     def resolved_lease_ttl(self) -> float:
         """``lease_ttl``, or 3 x ``interval`` when unset."""
         return self.lease_ttl if self.lease_ttl is not None else 3 * self.interval
-
-    def retention_properties(self) -> dict[str, str]:
-        """The standard retention properties of tables the daemon creates."""
-        return {
-            "history.expire.max-snapshot-age-ms": str(int(self.max_snapshot_age * 1000)),
-            "history.expire.min-snapshots-to-keep": str(self.min_snapshots),
-        }
 
 
 class ColumnConfig(_Section):

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog import load_catalog as _pyiceberg_load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     NoSuchNamespaceError,
@@ -27,6 +28,8 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
+from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
+from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
 from daemon.schema import SchemaDifference, schema_diff
 
@@ -41,7 +44,9 @@ def load_catalog(
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
     directory likewise. Every call the catalog and its FileIO make later is bounded by
-    ``timeouts`` (default: the ``[timeouts]`` defaults).
+    ``timeouts`` (default: the ``[timeouts]`` defaults). A SQL catalog is pyiceberg's
+    with the daemon's commit (`IcespoolSqlCatalog`: commits cost the same whatever
+    the table's history).
     """
     timeouts = timeouts or TimeoutsConfig()
     texts = {key: str(value) for key, value in props.items() if key != "name"}
@@ -58,7 +63,7 @@ def load_catalog(
     properties = catalog_properties(typed, timeouts)
     for attempt in range(3):
         try:
-            catalog = _pyiceberg_load_catalog(name, **properties)
+            catalog = _own_sql(_pyiceberg_load_catalog(name, **properties))
             bound_catalog(catalog, timeouts)
             return catalog
         except Exception as exc:
@@ -71,6 +76,16 @@ def load_catalog(
                 continue
             raise _catalog_error(name, exc, properties) from exc
     raise AssertionError("unreachable")
+
+
+def _own_sql(catalog: Catalog) -> Catalog:
+    """pyiceberg's SqlCatalog as an IcespoolSqlCatalog with the same properties (the
+    ones pyiceberg merged from its own configuration too)."""
+    if type(catalog) is not SqlCatalog:
+        return catalog
+    own = IcespoolSqlCatalog(catalog.name, **catalog.properties)
+    catalog.engine.dispose()
+    return own
 
 
 def _catalog_error(name: str, exc: Exception, properties: Mapping[str, str]) -> CatalogError:
@@ -159,14 +174,18 @@ def ensure_table(
     properties: Mapping[str, str],
     create: bool,
     sort_order: SortOrder = UNSORTED_SORT_ORDER,
+    *,
+    defaults: Mapping[str, str] = TABLE_DEFAULTS,
 ) -> Table:
     """Load the table, creating namespace and table when ``create`` and it is missing.
 
-    A new table gets ``spec``, ``sort_order`` and ``properties``. An existing table is
-    checked against the declared ``schema`` (``check_compatible``): a difference that
-    records of the declared shape cannot be written through raises ``SchemaError``
-    listing every such difference. The existing table's partition spec, sort order and
-    properties are used as they are (the table, not the declaration, decides layout).
+    A new table gets ``spec``, ``sort_order`` and ``properties`` over ``defaults``
+    (the daemon's defaults for the tables it creates: declared properties win). An
+    existing table is checked against the declared ``schema`` (``check_compatible``):
+    a difference that records of the declared shape cannot be written through raises
+    ``SchemaError`` listing every such difference. The existing table's partition
+    spec, sort order and properties are used as they are (the table, not the
+    declaration, decides layout; ``apply_defaults`` adds missing defaults on opt-in).
     """
     namespace, name = split_identifier(identifier)
     full = (*namespace, name)
@@ -176,7 +195,9 @@ def ensure_table(
             raise CatalogError(
                 f"table {'.'.join(full)!r} does not exist; create it or set create = true"
             )
-        table = _create(catalog, namespace, full, schema, spec, properties, sort_order)
+        table = _create(
+            catalog, namespace, full, schema, spec, with_defaults(properties, defaults), sort_order
+        )
         if table is None:
             # Another replica created it between our load and create: use theirs.
             table = _load_existing(catalog, full)

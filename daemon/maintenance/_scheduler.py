@@ -43,7 +43,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import ValidatableTableRequirement
 
-from daemon.config import Config
+from daemon.config import Config, TableConfig
 from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
 from daemon.maintenance._compact import IoBudget
@@ -174,6 +174,11 @@ class RunContext:
         """The I/O budget heavy tasks share (compaction)."""
         return self._scheduler.budget
 
+    @property
+    def declared(self) -> TableConfig | None:
+        """The table's ``[[tables]]`` entry (None: a dead-letter or auto-created table)."""
+        return self._scheduler.declared(self.name)
+
     def is_spooled(self, segment_id: str) -> bool:
         """Whether this replica's spool still holds ``segment_id`` of this table."""
         return self._scheduler.is_spooled(self.name, segment_id)
@@ -228,6 +233,9 @@ class MaintenanceScheduler:
         self._owner = ""
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._slots = asyncio.Semaphore(config.maintenance.concurrency)
+
+    def declared(self, name: str) -> TableConfig | None:
+        return self._declared.get(name)
 
     # ------------------------------------------------------------------ lifecycle
 
