@@ -45,7 +45,6 @@ from daemon.iceberg._tables import (
     table_names,
 )
 from daemon.iceberg._timeouts import (
-    bound_catalog,
     catalog_properties,
     short_error,
     startup_timeout,
@@ -65,7 +64,6 @@ __all__ = [
     "PropertyUpdate",
     "ReplaceConflictError",
     "StaleEncodingError",
-    "bound_catalog",
     "catalog_properties",
     "catalog_tables",
     "check_catalog",

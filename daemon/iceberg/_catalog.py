@@ -27,7 +27,8 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
-from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
+from daemon.iceberg._rest import BoundedRestCatalog
+from daemon.iceberg._timeouts import catalog_properties, short_error
 from daemon.schema import SchemaDifference, schema_diff
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
@@ -58,9 +59,11 @@ def load_catalog(
     properties = catalog_properties(typed, timeouts)
     for attempt in range(3):
         try:
-            catalog = _pyiceberg_load_catalog(name, **properties)
-            bound_catalog(catalog, timeouts)
-            return catalog
+            if str(properties.get("type", "")).lower() == "rest":
+                # Not through pyiceberg's load_catalog: the constructor already sends
+                # requests, which only a subclass can bound (_rest).
+                return BoundedRestCatalog(name, timeouts, **properties)
+            return _pyiceberg_load_catalog(name, **properties)
         except Exception as exc:
             # SqlCatalog creates its tables on first use; replicas starting together on
             # a new database race on that CREATE TABLE, and the loser sees an integrity
