@@ -3,6 +3,9 @@ secret keys may come from files or ICESPOOL__ variables without ever being shown
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +124,64 @@ def test_a_secret_file_that_cannot_be_used_is_named(
     [line] = _problems({**REST, "token-file": str(secret)}, tmp_path)
     assert line.startswith("config key 'catalog.token-file': ")
     assert problem in line
+
+
+def _problems_in_time(catalog: dict[str, Any], tmp_path: Path) -> list[str]:
+    """``_problems``, failing instead of hanging when the config load blocks."""
+    found: list[list[str]] = []
+    loader = threading.Thread(target=lambda: found.append(_problems(catalog, tmp_path)))
+    loader.daemon = True  # a load stuck on a FIFO must not keep the test run alive
+    loader.start()
+    loader.join(5)
+    assert found, "loading the config did not finish within 5 s"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda path: os.mkfifo(path), "is not a regular file"),
+        (lambda path: os.symlink("/dev/null", path), "is not a regular file"),
+        (lambda path: path.write_text("x" * 70_000), "is larger than 64 KiB"),
+        (lambda path: path.write_text("id:Zq-first\nZq-second\n"), "control characters"),
+        (lambda path: path.write_text("\tZq-value\n"), "control characters"),
+    ],
+    ids=["fifo", "device", "huge", "two lines", "tab"],
+)
+def test_a_secret_file_that_is_no_secret_is_refused_at_once(
+    make: Any, problem: str, tmp_path: Path
+) -> None:
+    """A FIFO or a device would block the load forever (or fill the memory); a huge file
+    is not a secret; a line break inside a secret reaches an HTTP header, where requests
+    refuses it with an error that quotes the whole value."""
+    secret = tmp_path / "credential"
+    make(secret)
+    try:
+        [line] = _problems_in_time({**REST, "credential-file": str(secret)}, tmp_path)
+    finally:
+        if secret.is_fifo():  # a reader still blocked on it gets its end of file
+            with contextlib.suppress(OSError):
+                os.close(os.open(secret, os.O_WRONLY | os.O_NONBLOCK))
+    assert line.startswith("config key 'catalog.credential-file': ")
+    assert problem in line
+    assert "Zq" not in line  # the content is never echoed
+
+
+def test_empty_and_control_character_values_are_refused_like_an_empty_secret_file(
+    tmp_path: Path,
+) -> None:
+    """``ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY=`` (a Secret with an empty key) used to
+    reach pyiceberg as an empty secret, and the catalog failed far from the cause."""
+    problems = _problems(
+        {**REST, "token": "", "s3": {"secret-access-key": "abc\ndef", "region": " "}},
+        tmp_path,
+    )
+    assert sorted(problems) == [
+        "config key 'catalog.s3.region': must not be empty",
+        "config key 'catalog.s3.secret-access-key': must not contain control characters",
+        "config key 'catalog.token': must not be empty",
+    ]
+    assert not [p for p in problems if "abc" in p or "def" in p]
 
 
 def test_a_secret_given_twice_is_refused(tmp_path: Path) -> None:
