@@ -77,6 +77,22 @@ def test_rest_on_s3_with_secrets_adds_exactly_the_secrets() -> None:
     assert settings.omitted_secrets == ()
 
 
+def test_uris_with_a_password_are_secrets_too() -> None:
+    """check-config redacts a password in any URI; spark-conf printed it (the REST uri,
+    an S3 proxy) in the clear."""
+    catalog = {
+        **REST_S3,
+        "uri": "http://bob:pw-Zq1@127.0.0.1:8181",
+        "s3.proxy-uri": "http://proxy:pw-Zq2@127.0.0.1:3128",
+    }
+    settings = spark_settings(validate_config({"catalog": catalog}))
+    assert not [v for v in settings.conf.values() if "Zq" in v]
+    assert settings.omitted_secrets == (f"{P}.uri", *SECRETS[:2], f"{P}.s3.proxy-uri", *SECRETS[2:])
+    shown = spark_settings(validate_config({"catalog": catalog}), include_secrets=True)
+    assert shown.conf[f"{P}.uri"] == catalog["uri"]
+    assert shown.conf[f"{P}.s3.proxy-uri"] == catalog["s3.proxy-uri"]
+
+
 @pytest.mark.parametrize(
     ("extra", "path_style"),
     [
