@@ -33,6 +33,8 @@ _SECRET_WORDS = frozenset(
         "credentials",
         "apikey",
         "authorization",
+        # A custom auth header of a REST catalog (header.X-Custom-Auth, X-Auth-Key).
+        "auth",
         "cookie",
         # Kafka's sasl.jaas.config embeds the password in the module options.
         "jaas",
