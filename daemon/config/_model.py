@@ -335,7 +335,7 @@ class CatalogConfig(BaseModel):
     @property
     def extra_properties(self) -> dict[str, str]:
         """The extra keys as pyiceberg takes them: ``K-file`` replaced by ``K`` = the
-        file's content (read now, so a rotated secret file is picked up on a reload)."""
+        file's content (read at each call; the daemon loads its catalog once, at start)."""
         props: dict[str, str] = {}
         for key, value in self.configured_extras.items():
             if key.endswith(SECRET_FILE_SUFFIX) and is_secret_file_key(key):
