@@ -17,6 +17,10 @@ its ``request`` that
   (after refreshing an expired token) is a new request and gets a new key; the server
   refused the first one (401), so nothing is applied twice.
 
+A commit answered with a body that is no commit response (an HTML page of a gateway in
+front of the catalog, a body cut short) is an unknown outcome too: pyiceberg's parse
+error is a ValueError, which the committer would take for the table rejecting the data.
+
 The committer does not rely on the key: after an unknown outcome it refreshes the table
 and looks for its segments (``_commit``), which works on every catalog. Servers announce
 support with ``idempotency-key-lifetime`` in ``/v1/config``; those that do not (SeaweedFS,
@@ -29,8 +33,12 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+import pydantic
 import requests
 from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import CommitStateUnknownException
+from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from daemon.config import TimeoutsConfig
 from spool import new_uuid7
@@ -58,6 +66,27 @@ class BoundedRestCatalog(RestCatalog):
         # Set before RestCatalog.__init__, which creates sessions and sends requests.
         self._icespool_limits = (timeouts.catalog_connect, timeouts.catalog_request)
         super().__init__(name, **properties)
+
+    def commit_table(
+        self,
+        table: Table,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> CommitTableResponse:
+        try:
+            response: CommitTableResponse = super().commit_table(table, requirements, updates)
+        except pydantic.ValidationError as exc:
+            if exc.title != CommitTableResponse.__name__:
+                raise
+            # The answer to the commit is no commit response (a gateway's HTML page, a
+            # body cut short): the catalog may have applied it. pyiceberg raises the
+            # parse error, a ValueError, which reads as "the table rejected the data";
+            # this is the REST client's own word for a lost answer (as for a 502).
+            raise CommitStateUnknownException(
+                f"the catalog answered the commit with something that is not a commit "
+                f"response ({exc.error_count()} validation errors); it may have applied it"
+            ) from exc
+        return response
 
     def _config_headers(self, session: requests.Session) -> None:
         # Called first thing for each new session (_create_session), before its auth
