@@ -184,12 +184,47 @@ def test_empty_and_control_character_values_are_refused_like_an_empty_secret_fil
     assert not [p for p in problems if "abc" in p or "def" in p]
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        '"s3.secret-access-key" = "file-value"\n"oauth2-server-uri" = "https://file"\n',
+        'oauth2-server-uri = "https://file"\n[catalog.s3]\nsecret-access-key = "file-value"\n',
+    ],
+    ids=["dotted keys", "nested table"],
+)
+def test_a_variable_overrides_a_catalog_key_the_file_spells_with_dashes(
+    written: str, tmp_path: Path
+) -> None:
+    """A variable cannot spell '-': ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY is the file's
+    s3.secret-access-key, and overrides it like any other key (it used to be refused as
+    the same key "set twice", with a hint to use a secret file even for a URI)."""
+    path = tmp_path / "icespool.toml"
+    path.write_text(f'[catalog]\nname = "lake"\ntype = "rest"\nuri = "https://c"\n{written}')
+    env = {
+        "ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY": "env-value",
+        "ICESPOOL__CATALOG__OAUTH2_SERVER_URI": "https://env",
+    }
+    config = load_config(path, env=env)
+    assert config.catalog.properties() == {
+        "type": "rest",
+        "uri": "https://c",
+        "s3.secret-access-key": "env-value",
+        "oauth2-server-uri": "https://env",
+    }
+
+
 def test_a_secret_given_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "credential").write_text("a:b")
     [line] = _problems(
         {**REST, "credential": "a:b", "credential_file": str(tmp_path / "credential")}, tmp_path
     )
     assert "'credential' is already set by" in line
+    # A plain key written twice (two spellings in one file) has no file form to suggest.
+    [twice] = _problems({**REST, "oauth2-server-uri": "a", "oauth2_server_uri": "b"}, tmp_path)
+    assert twice == (
+        "config key 'catalog.oauth2_server_uri': 'oauth2-server-uri' is already set by "
+        "'oauth2-server-uri' ('_' and '-' are alike); set it once"
+    )
     # Only secret keys have a file form.
     [plain] = _problems({**REST, "s3.endpoint-file": str(tmp_path / "credential")}, tmp_path)
     assert plain.startswith("config key 'catalog.s3.endpoint-file': unknown key")
