@@ -202,7 +202,8 @@ def test_a_variable_overrides_a_catalog_key_the_file_spells_with_dashes(
     path.write_text(f'[catalog]\nname = "lake"\ntype = "rest"\nuri = "https://c"\n{written}')
     env = {
         "ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY": "env-value",
-        "ICESPOOL__CATALOG__OAUTH2_SERVER_URI": "https://env",
+        # Kubernetes takes '-' in a variable name (the Helm chart's secrets do so).
+        "ICESPOOL__CATALOG__OAUTH2-SERVER-URI": "https://env",
     }
     config = load_config(path, env=env)
     assert config.catalog.properties() == {

@@ -210,7 +210,8 @@ def apply_env_overrides(
 def _spelt_in(node: Mapping[str, Any], name: str) -> str | None:
     """The one key of ``node`` that ``name`` (a variable's lowercased parts joined by '_')
     spells, with '-', '.' and '_' alike; None when there is none or more than one."""
-    found = [k for k in node if re.sub(r"[-.]", "_", str(k).lower()) == name]
+    wanted = re.sub(r"[-.]", "_", name)  # Kubernetes allows '-' in variable names
+    found = [k for k in node if re.sub(r"[-.]", "_", str(k).lower()) == wanted]
     return found[0] if len(found) == 1 else None
 
 
