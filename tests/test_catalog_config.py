@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from daemon.config import (
     render_toml,
     validate_config,
 )
-from daemon.errors import ConfigError
+from daemon.errors import CatalogError, ConfigError
+from daemon.iceberg import load_catalog
 
 REST = {
     "name": "lake",
@@ -247,3 +249,20 @@ def test_errors_that_echo_a_secret_are_scrubbed() -> None:
         "POST https://c/v1/oauth/tokens *** refused; connect icespool:***@db; key ***; "
         "http://s3:9000"
     )
+
+
+@pytest.mark.parametrize("warehouse", ["lake-warehouse", "s3://lake"])
+def test_a_rest_warehouse_is_never_made_a_local_directory(
+    warehouse: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A REST catalog's warehouse is the catalog's to interpret (a warehouse name for
+    Polaris or Lakekeeper): the daemon made a directory of that name in its working
+    directory, and failed to start where that is read-only (a container's '/')."""
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as closed:  # a port nothing listens on: the load fails fast
+        closed.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with pytest.raises(CatalogError) as failed:
+        load_catalog("lake", {"type": "rest", "uri": uri, "warehouse": warehouse})
+    assert "ConnectionError" in str(failed.value), failed.value
+    assert list(tmp_path.iterdir()) == []

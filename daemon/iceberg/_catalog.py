@@ -41,8 +41,8 @@ def load_catalog(
 
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
-    directory likewise. Every call the catalog and its FileIO make later is bounded by
-    ``timeouts`` (default: the ``[timeouts]`` defaults).
+    directory likewise (not for REST catalogs). Every call the catalog and its FileIO
+    make later is bounded by ``timeouts`` (default: the ``[timeouts]`` defaults).
     """
     timeouts = timeouts or TimeoutsConfig()
     texts = {key: str(value) for key, value in props.items() if key != "name"}
@@ -50,7 +50,10 @@ def load_catalog(
         uri = texts.get("uri", "")
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
-    _ensure_local_warehouse(texts.get("warehouse", ""))
+    if texts.get("type", "").lower() != "rest":
+        # A REST catalog's warehouse is the catalog's to interpret (often a name, as for
+        # Polaris or Lakekeeper), never a directory of this machine.
+        _ensure_local_warehouse(texts.get("warehouse", ""))
     _check_azure_file_io(texts)
     try:
         typed = {key: pyiceberg_value(key, value) for key, value in texts.items()}
