@@ -249,11 +249,13 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
         if not _passed_on(kind, key):
             continue
         options.setdefault(key, value)
-    if (
-        kind != "glue"
-        and (catalog.warehouse or "").startswith(("s3://", "s3a://"))
-        and MAVEN_AWS_BUNDLE not in packages
-    ):
+    # The tables are on S3 when the warehouse says so, or when it names no location (a
+    # REST catalog's warehouse is often a name: Polaris, Lakekeeper) and S3 is configured.
+    warehouse = catalog.warehouse or ""
+    on_s3 = warehouse.startswith(("s3://", "s3a://")) or (
+        "://" not in warehouse and any(key.startswith("s3.") for key in extra)
+    )
+    if kind != "glue" and on_s3 and MAVEN_AWS_BUNDLE not in packages:
         options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
         packages.append(MAVEN_AWS_BUNDLE)
     options.update(_s3_java_options(extra))
