@@ -184,6 +184,12 @@ def test_empty_and_control_character_values_are_refused_like_an_empty_secret_fil
         "config key 'catalog.token': must not be empty",
     ]
     assert not [p for p in problems if "abc" in p or "def" in p]
+    # A trailing newline (a variable from a Secret made with --from-file) is dropped, as
+    # from a secret file.
+    path = tmp_path / "icespool.toml"
+    path.write_text('[catalog]\nname = "lake"\ntype = "rest"\nuri = "https://c"\n')
+    config = load_config(path, env={"ICESPOOL__CATALOG__CREDENTIAL": "id:secret\n"})
+    assert config.catalog.properties()["credential"] == "id:secret"
 
 
 @pytest.mark.parametrize(

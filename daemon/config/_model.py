@@ -318,6 +318,9 @@ class CatalogConfig(BaseModel):
                 if canonical.endswith(SECRET_FILE_SUFFIX):
                     _read_secret_file(flat[key])
                 elif isinstance(flat[key], str):
+                    # A trailing newline is dropped as from a secret file: a variable from
+                    # a Kubernetes Secret made with --from-file ends in one.
+                    flat[key] = flat[key].rstrip("\r\n")
                     # An empty value (a variable set to "") would reach pyiceberg as
                     # "unset" or as an empty secret, and fail far from its cause.
                     _non_empty(flat[key])
