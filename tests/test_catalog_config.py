@@ -272,3 +272,19 @@ def test_a_rest_warehouse_is_never_made_a_local_directory(
         load_catalog("lake", {"type": "rest", "uri": uri, "warehouse": warehouse})
     assert "ConnectionError" in str(failed.value), failed.value
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_glue_catalog_that_cannot_load_names_the_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Glue properties carry the botocore session the timeouts are set on; scrubbing
+    secrets out of the load error tripped over it (TypeError: argument of type 'Session'
+    is not iterable), which hid the cause and escaped the start's catalog retry."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    props = {"type": "glue", "glue.access-key-id": "AKID", "glue.secret-access-key": "Zq-secret"}
+    with pytest.raises(CatalogError) as failed:
+        load_catalog("lake", props)
+    assert "NoRegionError" in str(failed.value), failed.value
+    assert "Zq-secret" not in str(failed.value)
