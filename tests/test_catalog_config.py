@@ -190,6 +190,10 @@ def test_empty_and_control_character_values_are_refused_like_an_empty_secret_fil
     path.write_text('[catalog]\nname = "lake"\ntype = "rest"\nuri = "https://c"\n')
     config = load_config(path, env={"ICESPOOL__CATALOG__CREDENTIAL": "id:secret\n"})
     assert config.catalog.properties()["credential"] == "id:secret"
+    # A byte order mark (an editor's UTF-8 with BOM) is no part of a secret file's value.
+    (tmp_path / "token").write_text("\ufefftoken-value\r\n", encoding="utf-8")
+    env = {"ICESPOOL__CATALOG__TOKEN_FILE": str(tmp_path / "token")}
+    assert load_config(path, env=env).catalog.properties()["token"] == "token-value"
 
 
 @pytest.mark.parametrize(

@@ -382,8 +382,9 @@ def _read_secret_file(path: object) -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path!r} is not UTF-8 text") from None
-    # A trailing newline is how editors and `kubectl create secret --from-file` end it.
-    value = text.rstrip("\r\n")
+    # A trailing newline is how editors and `kubectl create secret --from-file` end it;
+    # a byte order mark is how some editors begin UTF-8.
+    value = text.removeprefix("\ufeff").rstrip("\r\n")
     if not value:
         raise ValueError(f"{path!r} is empty; it must hold the secret")
     if _has_control_chars(value):
