@@ -58,7 +58,6 @@ from daemon.iceberg._tables import (
     table_names,
 )
 from daemon.iceberg._timeouts import (
-    bound_catalog,
     catalog_properties,
     short_error,
     startup_timeout,
@@ -83,7 +82,6 @@ __all__ = [
     "ReplaceConflictError",
     "StaleEncodingError",
     "apply_defaults",
-    "bound_catalog",
     "catalog_properties",
     "catalog_tables",
     "check_catalog",

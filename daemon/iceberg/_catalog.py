@@ -29,8 +29,9 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
 from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
+from daemon.iceberg._rest import BoundedRestCatalog
 from daemon.iceberg._sql import IcespoolSqlCatalog
-from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
+from daemon.iceberg._timeouts import catalog_properties, short_error
 from daemon.schema import SchemaDifference, schema_diff
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
@@ -43,10 +44,10 @@ def load_catalog(
 
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
-    directory likewise. Every call the catalog and its FileIO make later is bounded by
-    ``timeouts`` (default: the ``[timeouts]`` defaults). A SQL catalog is pyiceberg's
-    with the daemon's commit (`IcespoolSqlCatalog`: commits cost the same whatever
-    the table's history).
+    directory likewise (not for REST catalogs). Every call the catalog and its FileIO
+    make later is bounded by ``timeouts`` (default: the ``[timeouts]`` defaults). A SQL
+    catalog is pyiceberg's with the daemon's commit (`IcespoolSqlCatalog`: commits cost
+    the same whatever the table's history).
     """
     timeouts = timeouts or TimeoutsConfig()
     texts = {key: str(value) for key, value in props.items() if key != "name"}
@@ -54,7 +55,10 @@ def load_catalog(
         uri = texts.get("uri", "")
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
-    _ensure_local_warehouse(texts.get("warehouse", ""))
+    if texts.get("type", "").lower() != "rest":
+        # A REST catalog's warehouse is the catalog's to interpret (often a name, as for
+        # Polaris or Lakekeeper), never a directory of this machine.
+        _ensure_local_warehouse(texts.get("warehouse", ""))
     _check_azure_file_io(texts)
     try:
         typed = {key: pyiceberg_value(key, value) for key, value in texts.items()}
@@ -63,9 +67,11 @@ def load_catalog(
     properties = catalog_properties(typed, timeouts)
     for attempt in range(3):
         try:
-            catalog = _own_sql(_pyiceberg_load_catalog(name, **properties))
-            bound_catalog(catalog, timeouts)
-            return catalog
+            if str(properties.get("type", "")).lower() == "rest":
+                # Not through pyiceberg's load_catalog: the constructor already sends
+                # requests, which only a subclass can bound (_rest).
+                return BoundedRestCatalog(name, timeouts, **properties)
+            return _own_sql(_pyiceberg_load_catalog(name, **properties))
         except Exception as exc:
             # SqlCatalog creates its tables on first use; replicas starting together on
             # a new database race on that CREATE TABLE, and the loser sees an integrity

@@ -538,9 +538,17 @@ def validates_locally(catalog: Catalog) -> bool:
 
     pyiceberg's SqlCatalog does (``_update_and_stage_table`` validates every requirement
     on the metadata it loaded, and the UPDATE swaps metadata_location only if it is still
-    that one). REST sends requirements to the server, which knows only Iceberg's own.
+    that one; `IcespoolSqlCatalog` validates on the base it swaps from), and so does its
+    GlueCatalog (the same validation, then UpdateTable conditional on the table's
+    VersionId). REST sends requirements to the server, which knows only Iceberg's own.
     """
-    return isinstance(catalog, SqlCatalog)
+    if isinstance(catalog, SqlCatalog):
+        return True
+    try:
+        from pyiceberg.catalog.glue import GlueCatalog  # the glue extra (boto3)
+    except ImportError:
+        return False
+    return isinstance(catalog, GlueCatalog)
 
 
 def _commit_once(

@@ -259,11 +259,13 @@ class MaintenanceScheduler:
             max_workers=self.config.maintenance.concurrency, thread_name_prefix="maintenance"
         )
         if self.config.maintenance.lease == "catalog" and not validates_locally(catalog):
-            _log.error(
-                "maintenance is off: catalog type %s cannot hold the maintenance lease "
+            # A capability off by configuration, not a fault: a warning, and /v1/status
+            # says why per table.
+            _log.warning(
+                "maintenance is off: a %s catalog cannot hold the maintenance lease "
                 "(it does not check commit requirements itself); set [maintenance] lease = "
                 '"none" on exactly ONE replica to maintain from it',
-                type(catalog).__name__,
+                self.config.catalog.type,
             )
         self._loop_task = asyncio.create_task(self._loop(), name="maintenance")
 
