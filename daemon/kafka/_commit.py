@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.kafka._client import PROBE_TIMEOUT
 from daemon.kafka._offsets import (
     OffsetBook,
@@ -66,23 +67,37 @@ class OffsetCommitter:
 
         Raises what the catalog raised (the caller logs it; the next tick retries).
         """
+        consumed = [(part.tp, part.consumed()) for part in parts]
+        consumed = [(tp, ranges) for tp, ranges in consumed if ranges]
+        if not consumed:
+            return
+        behind: list[tuple[TableWriter, OffsetBook, dict[str, Ranges]]] = []
         for table in self._tables():
             writer = self._writer_for(table)
             if writer.pending_records:
                 continue
             claims: dict[str, Ranges] = {}
-            for part in parts:
-                consumed = part.consumed()
-                if not consumed:
-                    continue
-                tp = part.tp
+            for tp, ranges in consumed:
                 known = ranges_from_properties(
                     writer.table_properties, self._group, tp.topic, tp.partition
                 )
-                if known.union(consumed) != known:
-                    claims[offsets_key(self._group, tp.topic, tp.partition)] = consumed
+                if known.union(ranges) != known:
+                    claims[offsets_key(self._group, tp.topic, tp.partition)] = ranges
             if claims:
-                await writer.update_properties(self._book_for(table).consumed(claims))
+                behind.append((writer, self._book_for(table), claims))
+
+        async def record(item: tuple[TableWriter, OffsetBook, dict[str, Ranges]]) -> bool:
+            writer, book, claims = item
+            return await writer.update_properties(book.consumed(claims))
+
+        # Each commit runs in its table's lane; side by side (bounded), a source with
+        # many quiet routes does not spend a tick per table one after the other.
+        results = await fan_out(
+            "recording consumed offsets", behind, record, limit=CATALOG_CONCURRENCY
+        )
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
 
     async def commit_group(self, consumer: AIOKafkaConsumer, parts: Sequence[Partition]) -> None:
         """Commit to Kafka, per partition, the lowest position any table needs; set lag."""

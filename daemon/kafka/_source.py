@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CorruptRecordException, KafkaError
 
 from daemon.config import KafkaConfig
+from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import Ingest
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
@@ -347,8 +348,21 @@ class KafkaSource:
             return
         tables = self.tables
         try:
+            # One catalog read per table, side by side (bounded): thousands of routed
+            # tables one after the other kept the partitions paused for minutes.
+            loaded = await fan_out(
+                "reading the tables' offsets",
+                tables,
+                lambda table: asyncio.to_thread(self._load_properties, table),
+                limit=CATALOG_CONCURRENCY,
+            )
+            for outcome in loaded:
+                if isinstance(outcome, Exception):
+                    raise outcome
             props = {
-                table: await asyncio.to_thread(self._load_properties, table) for table in tables
+                table: outcome
+                for table, outcome in zip(tables, loaded, strict=True)
+                if not isinstance(outcome, Exception)
             }
         except Exception as exc:  # catalog down or slow: retry, never guess
             self._init_retry_at = time.monotonic() + _INIT_RETRY
@@ -477,7 +491,8 @@ class KafkaSource:
             [r.headers for r in records],
         )
         self._metrics.kafka_records.labels(topic=tp.topic).inc(len(records))
-        part.begin(int(fetch.offsets[0]), self.tables)
+        if part.start is None:  # once per assignment: `tables` lists every table
+            part.begin(int(fetch.offsets[0]), self.tables)
         if await self._handover.hand(part, fetch, unparseable):
             part.position = int(fetch.offsets[-1]) + 1
         else:
