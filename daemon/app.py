@@ -54,6 +54,8 @@ AFTER_GRACE_SECONDS = 5.0
 #: A blocking call was still stuck when the shutdown deadline passed (EX_TEMPFAIL).
 EXIT_STUCK = 75
 _EXIT_FAILED = 1
+# The ready line names this many tables, then counts the rest.
+_READY_LISTS = 20
 _EXIT_FORCED = 130
 
 
@@ -148,14 +150,18 @@ async def _serve(
     # moving it out of the collector's view keeps full collections short (they
     # otherwise paused ingest for 30-45 ms every ~10 s).
     gc.freeze()
+    names = service.table_names
+    listed = ", ".join(names[:_READY_LISTS]) or "(none)"
+    if len(names) > _READY_LISTS:  # one line, not 10,000 names (GET /v1/status lists all)
+        listed += f" and {len(names) - _READY_LISTS} more ({len(names)} tables)"
     _log.info(
         "icespool ready: %s://%s:%d, tables %s, spool %s",
         "https" if http.tls else "http",
         config.http.host,
         http.port,
-        ", ".join(service.table_names) or "(none)",
+        listed,
         config.spool.dir,
-        extra={"port": http.port, "tables": service.table_names},
+        extra={"port": http.port, "tables": names[:_READY_LISTS], "table_count": len(names)},
     )
     # After the ready line: recovery is done and the socket accepts, as READY=1 promises.
     systemd.ready()
