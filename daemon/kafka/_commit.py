@@ -5,7 +5,9 @@ from them here, both on the source's tick, on revoke and on close:
 
 - a table with nothing pending from a partition the source consumed (a rarely used
   route, the dead-letter table) records the consumed range in a property-only
-  commit, so it does not hold the resume position back forever (`advance_idle`);
+  commit, so it does not hold the resume position back forever (`advance_idle`;
+  at most `IDLE_TABLES_PER_ROUND` tables a round, the furthest behind first, so a
+  source with thousands of quiet routes does not spend minutes per tick);
 - the consumer group's offsets are committed to Kafka from the tables' ranges,
   never ahead of them, only for lag tooling (`commit_group`), and the lag gauge
   follows the same position.
@@ -33,9 +35,11 @@ from daemon.kafka._partitions import Partition
 from daemon.metrics import Metrics
 from daemon.writer import TableWriter
 
-__all__ = ["OffsetCommitter"]
+__all__ = ["IDLE_TABLES_PER_ROUND", "OffsetCommitter"]
 
 _log = logging.getLogger("icespool.kafka")
+#: Property-only commits of idle tables per `OffsetCommitter.advance_idle` round.
+IDLE_TABLES_PER_ROUND = 64
 
 
 class OffsetCommitter:
@@ -71,23 +75,35 @@ class OffsetCommitter:
         consumed = [(tp, ranges) for tp, ranges in consumed if ranges]
         if not consumed:
             return
-        behind: list[tuple[TableWriter, OffsetBook, dict[str, Ranges]]] = []
+        # (how far the table covers, the table's writer, book and claims)
+        behind: list[tuple[int, TableWriter, OffsetBook, dict[str, Ranges]]] = []
         for table in self._tables():
             writer = self._writer_for(table)
             if writer.pending_records:
                 continue
             claims: dict[str, Ranges] = {}
+            covered = None
             for tp, ranges in consumed:
                 known = ranges_from_properties(
                     writer.table_properties, self._group, tp.topic, tp.partition
                 )
                 if known.union(ranges) != known:
                     claims[offsets_key(self._group, tp.topic, tp.partition)] = ranges
-            if claims:
-                behind.append((writer, self._book_for(table), claims))
+                    last = known.spans[-1][1] if known.spans else -1
+                    covered = last if covered is None else min(covered, last)
+            if claims and covered is not None:
+                behind.append((covered, writer, self._book_for(table), claims))
+        if len(behind) > IDLE_TABLES_PER_ROUND:
+            # A round is one commit per table: with thousands of quiet routes it would
+            # take minutes at every tick and on shutdown. The tables furthest behind
+            # (holding the resume position back most) go first; the rest follow in
+            # later rounds. Until then a restart re-reads a little more and drops what
+            # the tables hold: their ranges stay exact either way.
+            behind.sort(key=lambda item: item[0])
+            behind = behind[:IDLE_TABLES_PER_ROUND]
 
-        async def record(item: tuple[TableWriter, OffsetBook, dict[str, Ranges]]) -> bool:
-            writer, book, claims = item
+        async def record(item: tuple[int, TableWriter, OffsetBook, dict[str, Ranges]]) -> bool:
+            _, writer, book, claims = item
             return await writer.update_properties(book.consumed(claims))
 
         # Each commit runs in its table's lane; side by side (bounded), a source with
