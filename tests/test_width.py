@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import signal
 import socket
@@ -65,7 +66,7 @@ def _count_calls(target: Any, method: str) -> list[None]:
     return calls
 
 
-async def _costs(service: Icespool, runs: int = 15) -> dict[str, float]:
+async def _costs(service: Icespool, runs: int = 10) -> dict[str, float]:
     """The fastest of ``runs`` calls (robust to other work on the machine), in s."""
     calls: dict[str, Callable[[], object]] = {
         "status_line": lambda: status_line(service),
@@ -98,21 +99,25 @@ async def test_status_metrics_and_the_status_line_cost_o1_per_table(
         service = Icespool(config)
         await service.start()
         try:
-            # Acked, not committed: every table has its queue series and spool segment.
-            await fan_out("acking", names, functools.partial(_ack, service, batch), limit=32)
+            # Every tenth table holds acked records (the others their series at zero):
+            # acking into all would mostly time the open segments' seal at stop.
+            acking = names[::10]
+            await fan_out("acking", acking, functools.partial(_ack, service, batch), limit=32)
             registry = service.metrics.registry
             collections = _count_calls(registry, "collect")
             line = status_line(service)
-            assert line.startswith(f"serving {count} tables: {2 * count} records acked, 0 ")
+            assert line.startswith(f"serving {count} tables: {2 * len(acking)} records acked, 0 ")
             assert collections == [], "the STATUS line must not collect the metric registry"
             service.status()
             assert collections == []
             service.refresh_gauges()
             text = service.metrics.exposition().decode()
             assert len(collections) == 1, "one scrape collects the registry once"
-            assert f'icespool_queue_records{{table="{names[-1]}"}} 2.0' in text
+            assert f'icespool_queue_records{{table="{names[-10]}"}} 2.0' in text
+            assert f'icespool_queue_records{{table="{names[-1]}"}} 0.0' in text
             service.draining = True
-            assert status_line(service) == f"draining: committing {2 * count} pending records"
+            pending = 2 * len(acking)
+            assert status_line(service) == f"draining: committing {pending} pending records"
             service.draining = False
             assert len(collections) == 1
             costs[count] = await _costs(service)
@@ -235,7 +240,7 @@ async def test_sigterm_with_300_tables_commits_every_acked_id_once_within_the_gr
         assert stopping[0][0] - sent < 2.0, "STOPPING=1 must come at once"
         pings = [t for t, lines in messages if lines == ["WATCHDOG=1"]]
         if took > 3:  # the loop stayed responsive through the drain
-            gaps = [b - a for a, b in zip([sent, *pings], pings, strict=True)]
+            gaps = [b - a for a, b in itertools.pairwise([sent, *pings])]
             assert max(gaps) < 3.0, gaps
         found = await asyncio.to_thread(_ids, home, names)
         wrong = {n: sorted(ids) for n, ids in found.items() if sorted(ids) != acked[n]}
@@ -276,10 +281,10 @@ async def test_auto_create_stops_at_max_tables_and_dead_letters_the_rest(
         b = await wait_rows(service, "capped.b", 2)
         dead = await wait_rows(service, dead_table, 3)
         await asyncio.sleep(1.5)  # nothing more arrives late
-        a, b, dead = (
+        a, b, dead = [
             await asyncio.to_thread(table_rows, service, t)
             for t in ("capped.a", "capped.b", dead_table)
-        )
+        ]
         assert sorted(r["id"] for r in a) == [0, 3]
         assert sorted(r["id"] for r in b) == [1, 5]
         got = sorted((d["offset"], d["target_table"], d["reason"]) for d in dead)

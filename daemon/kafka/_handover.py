@@ -226,12 +226,12 @@ class Handover:
         self._refused_logged_at = now
         _log.warning(
             "%s: records for %d more tables (e.g. %s) are dead letters (reason "
-            "table_limit): the source already writes %d tables, its [[kafka]] max_tables; "
-            "raise max_tables or fix the route values",
+            "table_limit): the source already writes max_tables = %d tables; raise "
+            "[[kafka]] max_tables or fix the route values",
             self.name,
             len(refused),
             min(str(t) for t in refused),
-            len(self._router.targets),
+            self.config.max_tables,
             extra={"source": self.name, "refused": len(refused)},
         )
 

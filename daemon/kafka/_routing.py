@@ -88,7 +88,12 @@ class DynamicRouter:
     def room(self) -> int:
         if not self._config.auto_create:
             return 0
-        return max(0, self._config.max_tables - len(self._targets))
+        return max(0, self._config.max_tables - self._routed())
+
+    def _routed(self) -> int:
+        # The dead-letter table "<ns>.kafka_dead_letter" matches "<ns>.{value}"
+        # templates; it is not one of the tables max_tables counts.
+        return len(self._targets) - (self._config.dead_letter_table in self._known)
 
     def route(self, fetch: Fetch) -> Routed:
         c, depth = self._config, self._max_depth
@@ -111,7 +116,7 @@ class DynamicRouter:
                 dead.append((DeadRecord(i, "invalid", problem), None))
             elif c.auto_create and self.room == 0:
                 problem = (
-                    f"route {route!r} -> {table!r} would be table {len(self._targets) + 1} "
+                    f"route {route!r} -> {table!r} would be table {self._routed() + 1} "
                     f"of this source, past its max_tables = {c.max_tables}; raise "
                     "[[kafka]] max_tables, or fix the route values"
                 )

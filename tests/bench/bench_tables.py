@@ -228,17 +228,26 @@ async def idle_figures(run: Run, daemon: Daemon, label: str) -> None:
 
 async def sigterm(run: Run, daemon: Daemon, dog: Watchdog, label: str, grace: float) -> None:
     mark = dog.mark()
+    assert daemon.pid is not None
+    pid, cpu_before = daemon.pid, cpu_seconds(daemon.pid)
+    cpu_last = cpu_before
     started = time.perf_counter()
     daemon.signal(signal.SIGTERM)
-    code = await daemon.wait_exit(grace + 60)
+    exiting = asyncio.ensure_future(daemon.wait_exit(grace + 60))
+    while not exiting.done():  # the daemon's CPU until it is gone: is the drain CPU-bound?
+        with contextlib.suppress(OSError, IndexError):
+            cpu_last = cpu_seconds(pid)
+        await asyncio.wait({exiting}, timeout=0.1)
+    code = exiting.result()
     seconds = time.perf_counter() - started
+    cores = (cpu_last - cpu_before) / seconds if seconds else 0.0
     log = daemon.log()
     clean = "stopped cleanly" in log
     run.put(
         f"{label}_s",
         seconds,
         f"{seconds:.1f} s, exit {code}, {'stopped cleanly' if clean else 'NOT clean'}, "
-        f"longest watchdog gap {dog.longest_gap(mark):.1f} s",
+        f"{cores:.2f} cores busy, longest watchdog gap {dog.longest_gap(mark):.1f} s",
     )
     if code != 0 or not clean:
         run.notes.append(f"{label}: exit {code}, clean={clean}")
