@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -90,6 +91,7 @@ async def _serve(
     hangup = asyncio.Event()
     _install_signal_handlers(stop, hangup)
     _prepare_local_dirs(config)
+    _raise_open_files_limit()
     try:
         # Read before recovery: a missing token file or a bad certificate fails at once.
         tokens = load_tokens(config.http)
@@ -327,6 +329,22 @@ def _install_signal_handlers(stop: asyncio.Event, hangup: asyncio.Event | None =
         loop.add_signal_handler(signum, on_signal, signum)
     if hangup is not None:
         loop.add_signal_handler(signal.SIGHUP, hangup.set)
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard one.
+
+    Every table holding acked records keeps its open spool segment's file open, so
+    thousands of busy tables need thousands of descriptors; a soft limit of 1,024 (a
+    common default, below the hard limit) would refuse appends with EMFILE.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:
+        _log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
 
 
 def _prepare_local_dirs(config: Config) -> None:
