@@ -47,6 +47,7 @@ class OffsetCommitter:
 
     ``tables()`` are the source's tables at the moment of the call (routes created
     by ``auto_create`` join), ``writer_for`` and ``book_for`` look them up.
+    ``round_seconds`` bounds one `advance_idle` round.
     """
 
     def __init__(
@@ -58,8 +59,10 @@ class OffsetCommitter:
         writer_for: Callable[[str], TableWriter],
         book_for: Callable[[str], OffsetBook],
         metrics: Metrics,
+        round_seconds: float = 10.0,
     ) -> None:
         self._source = source
+        self._round_seconds = round_seconds
         self._group = group_id
         self._tables = tables
         self._writer_for = writer_for
@@ -107,10 +110,29 @@ class OffsetCommitter:
             return await writer.update_properties(book.consumed(claims))
 
         # Each commit runs in its table's lane; side by side (bounded), a source with
-        # many quiet routes does not spend a tick per table one after the other.
-        results = await fan_out(
-            "recording consumed offsets", behind, record, limit=CATALOG_CONCURRENCY
-        )
+        # many quiet routes does not spend a tick per table one after the other. The
+        # round is also bounded in time: the lanes may hold thousands of flushes ahead
+        # of these commits, and the source holds its lock meanwhile (no fetch, no
+        # rebalance callback: past max_poll_interval the group throws it out). What
+        # has not started by then is dropped and retried in a later round; a commit
+        # already running lands by itself, which is safe: it only claims offsets this
+        # table had nothing pending from, and nothing below the partitions' positions
+        # is handed to it again.
+        try:
+            async with asyncio.timeout(self._round_seconds):
+                results = await fan_out(
+                    "recording consumed offsets", behind, record, limit=CATALOG_CONCURRENCY
+                )
+        except TimeoutError:
+            _log.info(
+                "%s: recording consumed offsets of %d idle tables did not finish within "
+                "%.0fs (encode lanes busy); the rest follow in later rounds",
+                self._source,
+                len(behind),
+                self._round_seconds,
+                extra={"source": self._source, "tables": len(behind)},
+            )
+            return
         for result in results:
             if isinstance(result, Exception):
                 raise result

@@ -122,6 +122,9 @@ class KafkaSource:
             writer_for=writer_for,
             book_for=book_for,
             metrics=metrics,
+            # A round of idle-table commits holds the source's lock: at most about
+            # one offset tick, however busy the encode lanes are.
+            round_seconds=max(1.0, config.offset_commit_interval),
         )
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
