@@ -776,6 +776,11 @@ class KafkaConfig(_Section):
     # Create a table (schema inferred from its first records) for a route that has
     # none, instead of dead-lettering its records.
     auto_create: bool = False
+    # With auto_create: the most tables this source routes to (declared ones matching
+    # the template and those it created); it creates none beyond, and records for
+    # further routes are dead letters (reason "table_limit"). A route field holding a
+    # user id by mistake must not create a table per user.
+    max_tables: PositiveInt = 1000
     format: Literal["json", "raw", "avro"] = "json"
     # format "avro": exactly one of a Confluent-compatible schema registry (values in the
     # Confluent wire format: magic byte 0, 4-byte schema id, Avro binary) or one fixed
@@ -1027,11 +1032,24 @@ class Config(_Section):
     def table_names(self) -> list[str]:
         return [t.name for t in self.tables]
 
+    @functools.cached_property
+    def _tables_by_name(self) -> tuple[list[TableConfig], dict[str, TableConfig]]:
+        # With the list it indexes: `model_copy(update={"tables": ...})` (a reload)
+        # copies this cache along, and must not find the old list's entries.
+        return self.tables, {t.name: t for t in self.tables}
+
     def table(self, name: str) -> TableConfig:
-        """The ``[[tables]]`` entry called ``name``; UnknownTableError if there is none."""
-        for table in self.tables:
-            if table.name == name:
-                return table
+        """The ``[[tables]]`` entry called ``name``; UnknownTableError if there is none.
+
+        O(1): looked up once per table at start-up and per table on reload, which was
+        O(tables^2) as a scan."""
+        indexed, by_name = self._tables_by_name
+        if indexed is not self.tables:
+            del self.__dict__["_tables_by_name"]
+            indexed, by_name = self._tables_by_name
+        table = by_name.get(name)
+        if table is not None:
+            return table
         raise UnknownTableError(
             f"table {name!r} is not configured; add a [[tables]] entry with name = {name!r}"
         )
