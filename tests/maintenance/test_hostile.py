@@ -11,10 +11,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from pyiceberg.table import Table
 from support.maintenance_helpers import append_daemon_files, rows, sql_catalog, table_ids
 
-from daemon.iceberg import commit_expiry
+from daemon.iceberg import commit_expiry, commit_properties
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import delete_files, find_garbage
 from daemon.schema import parse_partition_spec, parse_schema
@@ -78,3 +79,34 @@ def test_a_sweep_cut_in_two_finds_the_rest_after_the_first_half_was_deleted(
 
     assert _files_on_disk(table) == _reachable(table)
     assert table_ids(table) == list(range(12))
+
+
+def _manifest_count(table: Table) -> int:
+    table.refresh()
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    return len(snapshot.manifests(table.io))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("commit.manifest.min-count-to-merge", "abc"),
+        ("commit.manifest.target-size-bytes", "8MB"),
+        ("commit.manifest-merge.enabled", "maybe"),
+    ],
+)
+def test_a_garbage_merge_property_does_not_stop_the_tables_commits(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """Any engine may set any string as a table property (Iceberg checks them only when
+    it commits). A value pyiceberg cannot parse made every daemon commit a
+    CommitRejectedError, the data's fault: each segment of the table was struck and
+    quarantined. The merge properties only tune manifest merging: a value that is no
+    value means the property's default."""
+    table = _table(tmp_path, {"commit.manifest.min-count-to-merge": "3"})
+    commit_properties(table, lambda _: {key: value})
+    for n in range(6):
+        append_daemon_files(table, [rows(range(n * 2, n * 2 + 2))])
+    assert table_ids(table) == list(range(12))
+    assert table.metadata.properties[key] == value  # the table's own value is left alone
