@@ -458,8 +458,9 @@ def _settle(table: Table, attempts: Mapping[int, Transaction], landed: int) -> N
             )
 
 
-# The defaults of the merge properties (pyiceberg's).
-_MERGE_ENABLED_DEFAULT: Final = TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT
+# Iceberg's defaults for the merge properties (Java's TableProperties: what Spark's
+# commits to the same table apply). pyiceberg 0.12 leaves merging off by default.
+_MERGE_ENABLED_DEFAULT: Final = True
 _MIN_MERGE_COUNT_DEFAULT: Final = TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
 _MERGE_TARGET_DEFAULT: Final = TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
 # (table uuid, property, value) already warned about; bounded, then forgotten.
@@ -494,12 +495,15 @@ def _merge_int(metadata: TableMetadata, key: str, default: int) -> int:
 
 
 class _MergeAppend(_MergeAppendFiles):
-    """pyiceberg's merge append, reading the merge properties leniently.
+    """pyiceberg's merge append, with the merge properties read as Iceberg reads them.
 
-    A value that is no value (``min-count-to-merge = "abc"``; any engine may set any
-    string, Iceberg parses them only when it commits) means the default: these
-    properties only tune merging, and pyiceberg's ValueError would reject every commit
-    of the table as the data's fault (its segments struck and quarantined).
+    Unset ``commit.manifest-merge.enabled`` means merging, as in Java and Spark
+    (pyiceberg 0.12's default is off: a table another engine created, which lacks the
+    key, would get one more manifest per daemon commit for ever). A value that is no
+    value (``min-count-to-merge = "abc"``; any engine may set any string, Iceberg
+    parses them only when it commits) means the default: these properties only tune
+    merging, and pyiceberg's ValueError would reject every commit of the table as the
+    data's fault (its segments struck and quarantined).
     """
 
     def __init__(
@@ -539,7 +543,7 @@ def _stage(
     """Build the append (writes manifests) and return it with its snapshot id.
 
     A merge append (``_MergeAppend``): with ``commit.manifest-merge.enabled`` (the
-    table's choice) the new manifest is merged with the
+    table's choice; unset: true, Iceberg's default) the new manifest is merged with the
     existing small ones once ``commit.manifest.min-count-to-merge`` of them are due,
     bin-packed to ``commit.manifest.target-size-bytes``; disabled, it adds one manifest
     like a fast append. Nothing is committed here; a failure deletes what was written.

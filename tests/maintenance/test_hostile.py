@@ -110,3 +110,20 @@ def test_a_garbage_merge_property_does_not_stop_the_tables_commits(
         append_daemon_files(table, [rows(range(n * 2, n * 2 + 2))])
     assert table_ids(table) == list(range(12))
     assert table.metadata.properties[key] == value  # the table's own value is left alone
+
+
+def test_a_table_another_engine_created_merges_its_manifests_as_iceberg_does(
+    tmp_path: Path,
+) -> None:
+    """A table the daemon did not create lacks commit.manifest-merge.enabled. Iceberg's
+    default is true (Java, Spark); pyiceberg's is false, so every daemon commit added a
+    manifest for ever: the manifest list and every commit's cost grew with the table's
+    age, the very thing merge appends are for."""
+    table = _table(tmp_path, {"commit.manifest.min-count-to-merge": "4"})
+    with table.transaction() as strip:  # as another engine creates it: no merge key
+        strip.remove_properties("commit.manifest-merge.enabled")
+    assert "commit.manifest-merge.enabled" not in table.metadata.properties
+    for n in range(12):
+        append_daemon_files(table, [rows(range(n * 2, n * 2 + 2))])
+        assert _manifest_count(table) < 4
+    assert table_ids(table) == list(range(24))
