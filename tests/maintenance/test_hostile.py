@@ -7,18 +7,39 @@ test_compaction.py and test_orphans.py).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import Table
-from support.maintenance_helpers import append_daemon_files, rows, sql_catalog, table_ids
+from pyiceberg.types import DoubleType, LongType, StringType
+from support.fixture_types import MakeConfig
+from support.maintenance_helpers import (
+    ENCODE,
+    append_daemon_files,
+    live_files,
+    rows,
+    sql_catalog,
+    table_ids,
+)
 
 from daemon.iceberg import commit_expiry, commit_properties
 from daemon.iceberg._catalog import ensure_table
-from daemon.maintenance import delete_files, find_garbage
-from daemon.schema import parse_partition_spec, parse_schema
+from daemon.maintenance import (
+    IoBudget,
+    commit_rewrite,
+    delete_files,
+    find_garbage,
+    plan_compaction,
+    rewrite,
+)
+from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from daemon.service import Icespool
 
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},
@@ -127,3 +148,175 @@ def test_a_table_another_engine_created_merges_its_manifests_as_iceberg_does(
         append_daemon_files(table, [rows(range(n * 2, n * 2 + 2))])
         assert _manifest_count(table) < 4
     assert table_ids(table) == list(range(24))
+
+
+NESTED: list[dict[str, object]] = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "s", "type": "struct<a: int, b: string, c: struct<x: int, y: string>>"},
+    {"name": "l", "type": "list<struct<p: int, q: string>>"},
+    {"name": "m", "type": "map<string, struct<u: float, v: string>>"},
+]
+
+
+def _nested_rows(ids: range, arrow: pa.Schema) -> pa.Table:
+    """Rows with every nesting, null structs, lists and maps among them."""
+    data: dict[str, list[Any]] = {"id": [], "s": [], "l": [], "m": []}
+    for i in ids:
+        data["id"].append(i)
+        data["s"].append(
+            None if i % 7 == 3 else {"a": i, "b": f"b{i}", "c": {"x": -i, "y": f"y{i}"}}
+        )
+        data["l"].append(None if i % 5 == 1 else [{"p": i, "q": f"q{i}"}, None])
+        data["m"].append(None if i % 6 == 2 else [(f"k{i}", {"u": i / 2, "v": f"v{i}"})])
+    return pa.table(
+        {name: pa.array(values, arrow.field(name).type) for name, values in data.items()},
+        schema=arrow,
+    )
+
+
+def _evolve_nested(table: Table) -> None:
+    """What Spark's ALTER TABLE ... RENAME COLUMN / DROP COLUMN / ALTER COLUMN TYPE do
+    to nested fields."""
+    with table.update_schema() as update:
+        update.rename_column("s.a", "a2")
+        update.delete_column("s.b")
+        update.rename_column("s.c.x", "x2")
+        update.update_column("s.c.x", LongType())
+        update.delete_column("l.element.q")
+        update.rename_column("l.element.p", "p2")
+        update.rename_column("m.value.v", "v2")
+        update.update_column("m.value.u", DoubleType())
+        update.add_column(("s", "new"), StringType())
+
+
+def _raw(table: Table) -> list[dict[str, Any]]:
+    """Every row of main, read by pyiceberg's scan (its own projection of each file by
+    field id: a reader independent of the daemon's), sorted by id."""
+    table.refresh()
+    found = table.scan().to_arrow().to_pylist()
+    return sorted(found, key=lambda row: row["id"])
+
+
+def _file_rows(table: Table) -> list[dict[str, Any]]:
+    """Every row of the live files as pyarrow reads them (pyiceberg's scan reads a null
+    list of structs back as an empty one), sorted by id."""
+    found: list[dict[str, Any]] = []
+    for path in live_files(table):
+        with table.io.new_input(path).open() as stream:
+            found += pq.read_table(stream).to_pylist()
+    return sorted(found, key=lambda row: row["id"])
+
+
+def test_compaction_across_nested_renames_drops_and_widenings_keeps_every_value(
+    tmp_path: Path,
+) -> None:
+    """Spark renames, drops and widens fields inside structs, lists and maps between
+    the daemon's commits. Compaction matched nested fields by name: a renamed or
+    dropped one failed the bin, so every run failed on the same oldest files and the
+    table was never compacted again. Matched by field id, every value survives."""
+    schema = parse_schema(NESTED)
+    table = ensure_table(
+        sql_catalog(tmp_path), "m.nested", schema, parse_partition_spec(schema, []), {}, True
+    )
+    arrow = arrow_schema_for(table)
+    append_daemon_files(table, [_nested_rows(range(n * 6, n * 6 + 6), arrow) for n in range(3)])
+    _evolve_nested(table)
+    arrow = arrow_schema_for(table)
+    append_daemon_files(
+        table, [_nested_rows_evolved(range(n * 6, n * 6 + 6), arrow) for n in range(3, 6)]
+    )
+    before = _raw(table)
+    assert [row["id"] for row in before] == list(range(36))
+    assert before[0]["s"] == {"a2": 0, "c": {"x2": 0, "y": "y0"}, "new": None}
+
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=1 << 20, max_bytes=1 << 30)
+    assert len(plan.files) == 6
+    new = rewrite(table, plan, budget=IoBudget(None), **_WRITER)
+    result = commit_rewrite(table, plan, new)
+
+    assert result.outcome == "committed" and len(new) == 1
+    assert set(live_files(table)) == {new[0].file_path}
+    assert _raw(table) == before
+    # The new file is written in the current schema: no old names left in it.
+    with table.io.new_input(new[0].file_path).open() as stream:
+        written = pq.read_schema(stream)
+    assert written.field("s").type.names == ["a2", "c", "new"]
+    assert written.field("l").type.value_type.names == ["p2"]
+    nulls = [(row["s"] is None, row["l"] is None, row["m"] is None) for row in _file_rows(table)]
+    assert nulls[:18] == [(i % 7 == 3, i % 5 == 1, i % 6 == 2) for i in range(18)]
+
+
+_WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
+
+
+def _nested_rows_evolved(ids: range, arrow: pa.Schema) -> pa.Table:
+    data: dict[str, list[Any]] = {"id": [], "s": [], "l": [], "m": []}
+    for i in ids:
+        data["id"].append(i)
+        data["s"].append({"a2": i, "c": {"x2": 2**40 + i, "y": f"y{i}"}, "new": f"n{i}"})
+        data["l"].append([{"p2": i}])
+        data["m"].append([(f"k{i}", {"u": i / 4, "v2": f"v{i}"})])
+    return pa.table(
+        {name: pa.array(values, arrow.field(name).type) for name, values in data.items()},
+        schema=arrow,
+    )
+
+
+async def test_a_spooled_record_survives_nested_renames_and_drops_made_elsewhere(
+    make_config: MakeConfig,
+) -> None:
+    """Records spooled under the old schema, nested fields renamed and dropped by
+    another engine before the flush: the segment commits (matched by field id), it is
+    not struck and quarantined as if its rows were at fault."""
+    config = make_config(
+        tables=[{"name": "m.nested", "create": True, "schema": NESTED}],
+        maintenance={"enabled": False},
+    )
+    async with Icespool(config) as service:
+        writer = service.writer("m.nested")
+        await writer.append(_nested_rows(range(6), writer.arrow_schema).to_batches()[0])
+        assert service._catalog is not None
+        table = service._catalog.load_table("m.nested")
+        await asyncio.to_thread(_evolve_nested, table)
+        result = await service.flush("m.nested")
+        assert result.records == 6 and result.quarantined == ()
+        got = await asyncio.to_thread(_file_rows, table)
+    assert [row["id"] for row in got] == list(range(6))
+    assert got[0]["s"] == {"a2": 0, "c": {"x2": 0, "y": "y0"}, "new": None}
+    assert got[0]["l"] == [{"p2": 0}, None]
+    assert got[0]["m"] == [("k0", {"u": 0.0, "v2": "v0"})]
+    assert got[3]["s"] is None and got[1]["l"] is None and got[2]["m"] is None
+
+
+def test_nested_fields_match_by_id_in_slices_of_a_batch_too(tmp_path: Path) -> None:
+    schema = parse_schema(NESTED)
+    table = ensure_table(
+        sql_catalog(tmp_path), "m.nested", schema, parse_partition_spec(schema, []), {}, True
+    )
+    batch = _nested_rows(range(20), arrow_schema_for(table)).to_batches()[0]
+    _evolve_nested(table)
+    target = arrow_schema_for(table)
+    for start, length in [(0, 20), (3, 9), (19, 1), (5, 0)]:
+        part = batch.slice(start, length)
+        got = conform(part, target, match_field_ids=True, drop_extra=True).to_pylist()
+        expected = [
+            {
+                "id": row["id"],
+                "s": None
+                if row["s"] is None
+                else {
+                    "a2": row["s"]["a"],
+                    "c": {"x2": row["s"]["c"]["x"], "y": row["s"]["c"]["y"]},
+                    "new": None,
+                },
+                "l": None
+                if row["l"] is None
+                else [None if e is None else {"p2": e["p"]} for e in row["l"]],
+                "m": None
+                if row["m"] is None
+                else [(k, {"u": v["u"], "v2": v["v"]}) for k, v in row["m"]],
+            }
+            for row in part.to_pylist()
+        ]
+        assert got == expected, (start, length)
