@@ -11,6 +11,7 @@ its reading, writing and deleting in maintenance threads (``ctx.off_lane``).
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Final
 
@@ -104,17 +105,39 @@ async def _expire(ctx: RunContext) -> TaskResult:
 EXPIRE: Final = Task("expire", _expire)
 
 
+# Share of a run's time left that its compaction plans I/O for (the rest: planning,
+# the commit, other tables' runs taking more than their share of the budget).
+_BUDGET_SHARE: Final = 0.8
+
+
+def _budgeted_bytes(ctx: RunContext) -> int:
+    """Input bytes the I/O budget can read and write again (about twice the input)
+    before the run's deadline, with its share of the budget: a plan bigger than this
+    would hit the deadline every run and never commit anything."""
+    rate = ctx.budget.bytes_per_second
+    if rate is None:
+        return sys.maxsize
+    left = ctx.deadline - ctx.clock()  # -inf once the scheduler stops
+    if not left > 0:
+        return 0
+    share = rate / ctx.config.maintenance.concurrency
+    return int(share * left * _BUDGET_SHARE / 2)
+
+
 async def _compact_task(ctx: RunContext) -> TaskResult:
     """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
     shared I/O budget), commit the one ``replace`` snapshot in the lane."""
     settings, table = ctx.settings, ctx.table
     writer = ctx.config.table_settings(ctx.name)
+    max_bytes = min(settings.compaction_max_bytes_per_run, _budgeted_bytes(ctx))
+    if max_bytes <= 0:
+        return TaskResult(detail="no time left in the run to compact")
     plans = await ctx.off_lane(
         _compact.plan_compaction,
         table,
         target_file_size=settings.target_file_size,
         min_input_files=settings.compaction_min_files,
-        max_bytes=settings.compaction_max_bytes_per_run,
+        max_bytes=max_bytes,
     )
     if not plans:
         return TaskResult(detail="nothing to compact")

@@ -320,3 +320,49 @@ def test_nested_fields_match_by_id_in_slices_of_a_batch_too(tmp_path: Path) -> N
             for row in part.to_pylist()
         ]
         assert got == expected, (start, length)
+
+
+async def _maintained(service: Icespool, table: str, done: Any, within: float) -> dict[str, Any]:
+    """The table's maintenance status once ``done(last_run)`` holds (polls)."""
+    deadline = time.monotonic() + within
+    state: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        state = service.status()["tables"][table]["maintenance"]
+        last = state["last_run"] if state else None
+        if last and not state["running"] and done(last):
+            return state
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"maintenance of {table} not done within {within}s: {state}")
+
+
+async def test_compaction_bigger_than_its_runs_io_budget_makes_progress_run_by_run(
+    make_config: MakeConfig,
+) -> None:
+    """[maintenance] io_bytes_per_second x run_timeout passes less than the plan's
+    inputs and outputs (compaction_max_bytes_per_run is 2 GiB by default). Every run
+    planned the same bins, hit its deadline waiting for budget and committed nothing:
+    a table never compacted, a failure every run. A run plans what its budget can pass."""
+    config = make_config(
+        tables=[{"name": "m.events", "create": True, "schema": COLUMNS}],
+        maintenance={
+            "interval": "1s",
+            "run_timeout": "2s",
+            "io_bytes_per_second": "24KiB",
+            "lease": "none",
+            "compaction_min_files": 2,
+        },
+    )
+    async with Icespool(config) as service:
+        for n in range(8):  # eight files of ~10 KiB: ~160 KiB to read and write
+            data = rows(range(n * 400, n * 400 + 400))
+            await service.writer("m.events").append(data.to_batches()[0])
+            assert (await service.flush("m.events")).records == 400
+
+        def compacted(last: dict[str, Any]) -> bool:
+            assert last["outcome"] == "ok", last  # no run fails
+            return "replaced" in last["details"].get("compact", "")
+
+        await _maintained(service, "m.events", compacted, within=20)
+        assert service._catalog is not None
+        table = service._catalog.load_table("m.events")
+        assert table_ids(table) == list(range(3_200))
