@@ -33,6 +33,7 @@ from typing import Final
 
 from pyiceberg.table import Table
 
+from daemon.config import LEASE_CLOCK_MARGIN
 from daemon.iceberg import AssertProperty, commit_properties
 from daemon.retry import Backoff
 
@@ -40,8 +41,9 @@ __all__ = ["LEASE_PROPERTY", "Lease", "LeaseHeld", "acquire", "parse_lease", "re
 
 LEASE_PROPERTY: Final = "icespool.maintenance.lease"
 # Wall clocks of replicas may differ by this much; a holder stops this long before
-# its lease ends, so a successor's clock may run ahead by as much.
-_CLOCK_MARGIN: Final = 2.0
+# its lease ends, so a successor's clock may run ahead by as much. (check-config
+# refuses a lease too short to leave its holder time to work after this margin.)
+_CLOCK_MARGIN: Final = LEASE_CLOCK_MARGIN
 # A lease commit meets the table's ingest commits (a catalog swap race): retry a few
 # times, then give up until the next run.
 _LEASE_CONFLICTS: Final = Backoff(attempts=4, base=0.05, cap=0.5)

@@ -28,6 +28,8 @@ from support.maintenance_helpers import (
     table_ids,
 )
 
+from daemon.config import embedded_default, validate_config
+from daemon.errors import ConfigError
 from daemon.iceberg import commit_expiry, commit_properties
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import (
@@ -366,3 +368,36 @@ async def test_compaction_bigger_than_its_runs_io_budget_makes_progress_run_by_r
         assert service._catalog is not None
         table = service._catalog.load_table("m.events")
         assert table_ids(table) == list(range(3_200))
+
+
+@pytest.mark.parametrize(
+    ("maintenance", "override", "key"),
+    [
+        ({"interval": "500ms"}, None, "maintenance.interval"),
+        ({"interval": "1s", "lease_ttl": "2s"}, None, "maintenance.lease_ttl"),
+        ({}, {"interval": "300ms", "lease_ttl": "2500ms"}, "tables[0].maintenance.lease_ttl"),
+        ({"lease_ttl": "2s", "interval": "1s"}, {"enabled": False}, "maintenance.lease_ttl"),
+    ],
+)
+def test_check_config_refuses_a_maintenance_cadence_that_can_never_work(
+    tmp_path: Path, maintenance: dict[str, Any], override: dict[str, Any] | None, key: str
+) -> None:
+    """A lease holder stops 2 s before its lease ends (replicas' clocks may differ that
+    much), so with a lease of at most ~2 s (interval 500ms: 1.5 s) every run took the
+    lease by a commit and then found its deadline already passed: every task of every
+    run failed, while check-config said the file was fine."""
+    raw = embedded_default(tmp_path)
+    raw["maintenance"] = maintenance
+    if override is not None:
+        raw["tables"][0]["maintenance"] = override
+    with pytest.raises(ConfigError) as caught:
+        validate_config(raw)
+    assert [p.key for p in caught.value.problems] == [key]
+
+
+def test_a_one_second_cadence_with_its_default_lease_is_accepted(tmp_path: Path) -> None:
+    raw = embedded_default(tmp_path)
+    raw["maintenance"] = {"interval": "1s"}
+    assert validate_config(raw).maintenance.resolved_lease_ttl == 3
+    raw["maintenance"] = {"interval": "500ms", "lease": "none"}
+    assert validate_config(raw).maintenance.interval == 0.5
