@@ -33,6 +33,7 @@ from daemon.errors import ConfigError
 from daemon.iceberg import commit_expiry, commit_properties
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import (
+    LEASE_PROPERTY,
     IoBudget,
     commit_rewrite,
     delete_files,
@@ -401,3 +402,37 @@ def test_a_one_second_cadence_with_its_default_lease_is_accepted(tmp_path: Path)
     assert validate_config(raw).maintenance.resolved_lease_ttl == 3
     raw["maintenance"] = {"interval": "500ms", "lease": "none"}
     assert validate_config(raw).maintenance.interval == 0.5
+
+
+async def test_a_lease_left_by_a_dead_replica_whose_clock_ran_ahead_is_taken_over(
+    make_config: MakeConfig,
+) -> None:
+    """A replica whose clock was a day ahead took the lease and died: its lease ends a
+    day from now by every other clock, so no replica maintained the table for a day
+    (expiry, compaction, orphans all stopped while ingest went on). A lease value that
+    nobody renewed for its TTL plus the clock margin, measured on this replica's own
+    monotonic clock since it first saw the value, has ended whatever the holder's clock
+    said: a live holder renews well before that."""
+    config = make_config(
+        tables=[{"name": "m.events", "create": True, "schema": COLUMNS}],
+        maintenance={"interval": "1s", "lease_ttl": "3s"},
+    )
+    ahead = f"ghost-replica {int((time.time() + 86_400) * 1000)}"
+    async with Icespool(config) as service:
+        assert service._catalog is not None
+        table = service._catalog.load_table("m.events")
+        await asyncio.to_thread(commit_properties, table, lambda _: {LEASE_PROPERTY: ahead})
+        await service.writer("m.events").append(rows(range(10)).to_batches()[0])
+        assert (await service.flush("m.events")).records == 10
+        started = time.monotonic()
+
+        def maintained(last: dict[str, Any]) -> bool:
+            return last["outcome"] == "ok"
+
+        state = await _maintained(service, "m.events", maintained, within=15)
+        assert state["lease"]["holder"] == "this replica"
+        # Not before the ghost's lease had gone unrenewed for its TTL plus the margin.
+        assert time.monotonic() - started >= 3 + 2
+        table.refresh()
+        assert table.metadata.properties[LEASE_PROPERTY].startswith(service._spool.id + " ")
+        assert table_ids(table) == list(range(10))
