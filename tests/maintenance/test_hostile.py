@@ -436,3 +436,60 @@ async def test_a_lease_left_by_a_dead_replica_whose_clock_ran_ahead_is_taken_ove
         table.refresh()
         assert table.metadata.properties[LEASE_PROPERTY].startswith(service._spool.id + " ")
         assert table_ids(table) == list(range(10))
+
+
+def _compaction_outputs(table: Table) -> set[str]:
+    root = table.metadata.location.removeprefix("file://")
+    return {
+        os.path.join(directory, name)
+        for directory, _, names in os.walk(root)
+        for name in names
+        if name.startswith("c-") and name.endswith(".parquet")
+    }
+
+
+async def test_a_compaction_whose_commit_never_starts_leaves_no_files(
+    make_config: MakeConfig,
+) -> None:
+    """The run's rewrite is done, its commit waits in the table's lane behind a flush
+    stuck on a slow catalog, and the run's deadline (or its timeout, or SIGTERM) comes
+    first: the commit never starts, so nothing will ever reference the files the
+    rewrite wrote. They stayed on disk until an orphan sweep an hour later; the run
+    deletes them itself. A later run compacts as usual."""
+    config = make_config(
+        tables=[{"name": "m.events", "create": True, "schema": COLUMNS}],
+        maintenance={
+            "interval": "2s",
+            "run_timeout": "1s",
+            "lease": "none",
+            "compaction_min_files": 2,
+        },
+    )
+    async with Icespool(config) as service:
+        for n in range(3):
+            await service.writer("m.events").append(
+                rows(range(n * 10, n * 10 + 10)).to_batches()[0]
+            )
+            assert (await service.flush("m.events")).records == 10
+        # A flush stuck in the catalog: the lane is busy past the run's deadline and
+        # timeout (1 s + 1 s); the rewrite (outside the lane) is not held up.
+        stuck = service._pool.lane("m.events").submit(lambda: asyncio.sleep(4))
+
+        def ended(last: dict[str, Any]) -> bool:
+            return last["outcome"] in ("failed", "timeout")
+
+        state = await _maintained(service, "m.events", ended, within=8)
+        await stuck
+        assert service._catalog is not None
+        table = service._catalog.load_table("m.events")
+        await asyncio.sleep(0.5)  # the removal runs in a thread
+        assert _compaction_outputs(table) == set(), state["last_run"]
+
+        def compacted(last: dict[str, Any]) -> bool:
+            return "replaced 3 files" in last["details"].get("compact", "")
+
+        await _maintained(service, "m.events", compacted, within=8)
+        table.refresh()
+        live = {path.removeprefix("file://") for path in live_files(table)}
+        assert _compaction_outputs(table) == live
+        assert table_ids(table) == list(range(30))
