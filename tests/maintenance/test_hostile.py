@@ -22,16 +22,19 @@ from support.fixture_types import MakeConfig
 from support.maintenance_helpers import (
     ENCODE,
     append_daemon_files,
+    encode_daemon_files,
     live_files,
     rows,
     sql_catalog,
     table_ids,
+    uuid7_at,
 )
 
 from daemon.config import embedded_default, validate_config
 from daemon.errors import ConfigError
 from daemon.iceberg import commit_expiry, commit_properties
 from daemon.iceberg._catalog import ensure_table
+from daemon.iceberg._commit import commit_files
 from daemon.maintenance import (
     LEASE_PROPERTY,
     IoBudget,
@@ -39,6 +42,8 @@ from daemon.maintenance import (
     delete_files,
     find_garbage,
     plan_compaction,
+    remove_orphans,
+    resolve,
     rewrite,
 )
 from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
@@ -493,3 +498,34 @@ async def test_a_compaction_whose_commit_never_starts_leaves_no_files(
         live = {path.removeprefix("file://") for path in live_files(table)}
         assert _compaction_outputs(table) == live
         assert table_ids(table) == list(range(30))
+
+
+def test_a_short_orphan_age_never_removes_a_file_another_replica_is_about_to_commit(
+    tmp_path: Path,
+) -> None:
+    """orphan_older_than = "1s" ("clean up faster"). This replica's spool protects its
+    own files, but another replica writing the same table (a Kafka consumer group)
+    writes its files and commits them up to commit_files' retry budget later: its file
+    was swept as an orphan and its commit then referenced a file that is gone (every
+    scan of the table failed). The age a sweep uses is never below that window."""
+    raw = embedded_default(tmp_path / "a")
+    raw["maintenance"] = {"orphan_older_than": "1s"}
+    config = validate_config(raw)
+    settings = resolve(config, None, {})
+    table = _table(tmp_path)
+    # The other replica's flush: a segment opened seconds ago, encoded, commit pending
+    # (its catalog is slow). Neither this replica's spool nor a snapshot knows it.
+    segment = uuid7_at(time.time() - 5)
+    _, files = encode_daemon_files(table, rows(range(10)), prefix=segment)
+    path = files[0].file_path.removeprefix("file://")
+    then = time.time() - 5
+    os.utime(path, (then, then))
+
+    swept = remove_orphans(
+        table, older_than_s=settings.orphan_older_than, is_spooled=lambda _: False
+    )
+
+    assert swept.removed == 0 and os.path.exists(path)
+    commit_files(table, files, segment_ids=[segment], summary={})  # the other replica's commit
+    assert table_ids(table) == list(range(10))
+    assert settings.orphan_older_than >= 600  # the commit window with default [timeouts]
