@@ -605,3 +605,59 @@ def test_expiring_thousands_of_snapshots_in_one_commit_is_linear(tmp_path: Path)
     assert [e.snapshot_id for e in after.snapshot_log] == list(range(9_990, 10_001))
     assert set(after.refs) == {"main"} and after.statistics == []
     assert elapsed < 1.0, f"{elapsed:.2f}s"
+
+
+FIXED = {
+    "write.target-file-size-bytes": "1048576",
+    "write.parquet.compression-codec": "zstd",
+    "write.parquet.row-group-limit": "1000",
+    "write.metadata.metrics.default": "full",
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("write.target-file-size-bytes", "512MB"),
+        ("write.parquet.compression-codec", "zstandard"),
+        ("write.parquet.row-group-limit", "-5"),
+        ("write.metadata.metrics.default", "histogram"),
+    ],
+)
+async def test_a_garbage_write_property_holds_the_table_back_and_quarantines_nothing(
+    make_config: MakeConfig, key: str, value: str
+) -> None:
+    """Another engine sets a table's write property to a value no writer can use
+    (Spark's writes to the table fail on it too). It is the table's fault, not its
+    rows': each flush failed as "cannot be encoded", struck its segments three times
+    and quarantined them, every acked record of the table, to be replayed by hand.
+    The table is held back (degraded, retried) and commits everything once fixed."""
+    config = make_config(
+        tables=[{"name": "m.events", "create": True, "schema": COLUMNS}],
+        maintenance={"enabled": False},
+    )
+    async with Icespool(config) as service:
+        assert service._catalog is not None
+        table = service._catalog.load_table("m.events")
+        await asyncio.to_thread(commit_properties, table, lambda _: {key: value})
+        writer = service.writer("m.events")
+        for n in range(4):
+            await writer.append(rows(range(n * 10, n * 10 + 10)).to_batches()[0])
+            with pytest.raises(Exception, match=key):
+                await service.flush("m.events")
+        assert service._spool.stats().quarantined == 0
+        assert key in service.degraded()["m.events"]
+        await asyncio.to_thread(
+            commit_properties,
+            table,
+            lambda _: {
+                key: "1048576"
+                if "size" in key or "limit" in key
+                else "zstd"
+                if "codec" in key
+                else "full"
+            },
+        )
+        result = await service.flush("m.events")
+        assert result.records == 40 and result.quarantined == ()
+        assert table_ids(table) == list(range(40))
