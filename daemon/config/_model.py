@@ -15,7 +15,7 @@ import types
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
@@ -604,6 +604,11 @@ MinSnapshots = Annotated[int, Ge(1)]
 # Compaction bin-packs at least two files, or it only copies one.
 CompactionMinFiles = Annotated[int, Ge(2)]
 LeaseMode = Literal["catalog", "none"]
+#: Wall clocks of replicas may differ by this much: a maintenance lease holder stops
+#: acting this long before its lease ends (daemon/maintenance/_lease.py).
+LEASE_CLOCK_MARGIN: Final = 2.0
+# The least time a lease must leave its holder to work in (its TTL less the margin).
+_LEASE_WORK_MIN: Final = 1.0
 
 
 class MaintenanceOverride(_Section):
@@ -1119,6 +1124,17 @@ def _check_maintenance(
             f"{m.min_snapshots} is more than max_snapshots ({m.max_snapshots}); the cap "
             "cannot keep fewer snapshots than the minimum",
         )
+    if m.lease == "catalog" and m.resolved_lease_ttl < LEASE_CLOCK_MARGIN + _LEASE_WORK_MIN:
+        key = blame("interval") if m.lease_ttl is None else blame("lease_ttl", "interval")
+        if key is not None:
+            raise ConfigError(
+                f"{where}.{key}",
+                f"the maintenance lease would last {format_duration(m.resolved_lease_ttl)}; "
+                f"its holder stops {format_duration(LEASE_CLOCK_MARGIN)} before the end "
+                "(replicas' clocks may differ that much), so no run would have time to "
+                f"work: make lease_ttl (unset: 3 x interval) at least "
+                f"{format_duration(LEASE_CLOCK_MARGIN + _LEASE_WORK_MIN)}",
+            )
     too_short = m.lease_ttl is not None and m.lease_ttl < 2 * m.interval
     if too_short and (key := blame("lease_ttl", "interval")):
         assert m.lease_ttl is not None

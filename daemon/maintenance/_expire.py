@@ -188,7 +188,15 @@ def find_garbage(
     for path in sorted(unreferenced):
         check()
         garbage.manifests_read += 1
-        for entry in candidates[path].fetch_manifest_entry(io, discard_deleted=False):
+        try:
+            entries = candidates[path].fetch_manifest_entry(io, discard_deleted=False)
+        except FileNotFoundError:
+            # Deleted already, with what it held decided then: by an earlier part of
+            # this sweep (consecutive snapshots list the same unmerged manifest, and a
+            # sweep cut short by its deadline goes on next run), or by another engine's
+            # expiry. Failing here would fail every later run on the same file.
+            continue
+        for entry in entries:
             sequence = entry.sequence_number or 0
             file_path = entry.data_file.file_path
             files[file_path] = max(files.get(file_path, 0), sequence)

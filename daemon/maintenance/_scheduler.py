@@ -47,7 +47,7 @@ from daemon.config import Config, TableConfig
 from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
 from daemon.maintenance._compact import IoBudget
-from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release
+from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release, unrenewed_for
 from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
@@ -118,6 +118,8 @@ class TableState:
     last: dict[str, Any] | None = None
     lease: Lease | None = None
     holder: tuple[str, int] | None = None  # another replica's lease: (owner, expires_ms)
+    # Another replica's lease value as first seen unchanged (value, monotonic time).
+    seen_lease: tuple[str, float] | None = None
     disabled: str | None = None
     defaults_applied: bool = False
     # Wall-clock span of the last run's work under its lease (from taking it to the
@@ -493,12 +495,10 @@ class MaintenanceScheduler:
         else:
             state.disabled = None
         if outcome == "ok" and self.config.maintenance.lease == "catalog":
-            got = await self.in_lane(name, lambda: acquire(table, self._owner, settings.lease_ttl))
+            got = await self._acquire(state, table, settings.lease_ttl)
             if isinstance(got, LeaseHeld):
-                state.lease, state.holder = None, (got.holder, got.expires_ms)
                 outcome = "skipped"
             else:
-                state.lease, state.holder = got, None
                 lease = got
         errors: list[str] = []
         if outcome == "ok":
@@ -571,13 +571,40 @@ class MaintenanceScheduler:
         assert lease is not None
         if lease.remaining() > ctx.settings.lease_ttl / 2:
             return lease
+        got = await self._acquire(ctx.state, ctx.table, ctx.settings.lease_ttl)
+        return None if isinstance(got, LeaseHeld) else got
+
+    async def _acquire(self, state: TableState, table: Table, ttl: float) -> Lease | LeaseHeld:
+        """Take or renew the table's lease (in its lane); remember another replica's
+        lease value, so one left unrenewed for `unrenewed_for` ends (`acquire`)."""
+        seen = state.seen_lease
+        overdue: list[str] = []
+
+        def lapsed(value: str) -> bool:
+            if seen is None or seen[0] != value:
+                return False
+            if time.monotonic() - seen[1] <= unrenewed_for(ttl):
+                return False
+            overdue.append(value)
+            return True
+
         got = await self.in_lane(
-            ctx.name, lambda: acquire(ctx.table, self._owner, ctx.settings.lease_ttl)
+            state.name, lambda: acquire(table, self._owner, ttl, lapsed=lapsed)
         )
         if isinstance(got, LeaseHeld):
-            ctx.state.lease, ctx.state.holder = None, (got.holder, got.expires_ms)
-            return None
-        ctx.state.lease = got
+            state.lease, state.holder = None, (got.holder, got.expires_ms)
+            if seen is None or seen[0] != got.value:
+                state.seen_lease = (got.value, time.monotonic())
+            return got
+        if seen is not None and overdue:
+            _log.warning(
+                "%s: took over the maintenance lease %r, unrenewed for %.0fs although its "
+                "expiry had not come (its holder's clock ran ahead, then it stopped)",
+                state.name,
+                seen[0],
+                time.monotonic() - seen[1],
+            )
+        state.lease, state.holder, state.seen_lease = got, None, None
         return got
 
     async def _observe(self, name: str, table: Table) -> None:

@@ -10,13 +10,19 @@ its reading, writing and deleting in maintenance threads (``ctx.off_lane``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import sys
+import threading
 import time
 from typing import Final
 
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 
 from daemon.iceberg import apply_defaults, commit_expiry
+from daemon.iceberg._parquet import _remove_quietly
 from daemon.maintenance import _compact, _orphans
 from daemon.maintenance._expire import (
     ExpiryDeadlineError,
@@ -104,40 +110,114 @@ async def _expire(ctx: RunContext) -> TaskResult:
 EXPIRE: Final = Task("expire", _expire)
 
 
+# Share of a run's time left that its compaction plans I/O for (the rest: planning,
+# the commit, other tables' runs taking more than their share of the budget).
+_BUDGET_SHARE: Final = 0.8
+
+
+def _budgeted_bytes(ctx: RunContext) -> int:
+    """Input bytes the I/O budget can read and write again (about twice the input)
+    before the run's deadline, with its share of the budget: a plan bigger than this
+    would hit the deadline every run and never commit anything."""
+    rate = ctx.budget.bytes_per_second
+    if rate is None:
+        return sys.maxsize
+    left = ctx.deadline - ctx.clock()  # -inf once the scheduler stops
+    if not left > 0:
+        return 0
+    share = rate / ctx.config.maintenance.concurrency
+    return int(share * left * _BUDGET_SHARE / 2)
+
+
+class _Outputs:
+    """A compaction's new files between its rewrite (a maintenance thread) and its
+    commit (the table's lane): whichever way the run ends they are committed, deleted
+    by the commit that failed, or deleted here, never left for the orphan sweep. The
+    run can be cancelled or miss its deadline while the rewrite's thread goes on, or
+    while the commit waits in the lane."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: list[DataFile] = []
+        self._state = "writing"  # then "written", "committing" or "abandoned"
+
+    def written(self, io: FileIO, files: list[DataFile]) -> list[DataFile]:
+        """In the rewrite's thread, when it is done."""
+        with self._lock:
+            if self._state == "abandoned":
+                _remove_quietly(io, [data_file.file_path for data_file in files])
+                raise _compact.CompactionError("the run ended during the rewrite")
+            self._files, self._state = list(files), "written"
+        return files
+
+    def committing(self) -> None:
+        """In the lane, just before the commit: from now on the commit owns the files."""
+        with self._lock:
+            if self._state == "abandoned":
+                raise _compact.CompactionError("the run ended before the commit")
+            self._state = "committing"
+
+    def abandon(self) -> list[str]:
+        """The run ended: the paths to delete (none once the commit owns them)."""
+        with self._lock:
+            if self._state == "committing":
+                return []
+            self._state = "abandoned"
+            return [data_file.file_path for data_file in self._files]
+
+
 async def _compact_task(ctx: RunContext) -> TaskResult:
     """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
     shared I/O budget), commit the one ``replace`` snapshot in the lane."""
     settings, table = ctx.settings, ctx.table
     writer = ctx.config.table_settings(ctx.name)
+    max_bytes = min(settings.compaction_max_bytes_per_run, _budgeted_bytes(ctx))
+    if max_bytes <= 0:
+        return TaskResult(detail="no time left in the run to compact")
     plans = await ctx.off_lane(
         _compact.plan_compaction,
         table,
         target_file_size=settings.target_file_size,
         min_input_files=settings.compaction_min_files,
-        max_bytes=settings.compaction_max_bytes_per_run,
+        max_bytes=max_bytes,
     )
     if not plans:
         return TaskResult(detail="nothing to compact")
     plan = plans[0]  # plan_compaction returns at most one (one snapshot per run)
     ctx.state.compacting = plan.file_ids
+    outputs = _Outputs()
+
+    def write() -> list[DataFile]:
+        return outputs.written(
+            table.io,
+            _compact.rewrite(
+                table,
+                plan,
+                budget=ctx.budget,
+                row_group_records=writer.row_group_records,
+                compression=writer.compression,
+                deadline=ctx.deadline,
+            ),
+        )
+
+    def commit(new_files: list[DataFile]) -> _compact.CompactionResult:
+        outputs.committing()
+        return _compact.commit_rewrite(table, plan, new_files, requirements=ctx.requirements)
+
     try:
-        new_files = await ctx.off_lane(
-            _compact.rewrite,
-            table,
-            plan,
-            budget=ctx.budget,
-            row_group_records=writer.row_group_records,
-            compression=writer.compression,
-            deadline=ctx.deadline,
-        )
-        result = await ctx.in_lane(
-            functools.partial(
-                _compact.commit_rewrite, table, plan, new_files, requirements=ctx.requirements
-            )
-        )
+        new_files = await ctx.off_lane(write)
+        result = await ctx.in_lane(functools.partial(commit, new_files))
     except _compact.CompactionConflictError as exc:
         # Another writer rewrote or deleted inputs first: nothing committed, retried next run.
         return TaskResult(detail=f"conflict: {exc}")
+    except BaseException:
+        # Cancelled (shutdown, the run's timeout) or past the deadline before the commit
+        # started: nothing will ever reference what the rewrite wrote. (A commit that
+        # started deletes the files itself if it fails; a rewrite still running in its
+        # thread deletes them when it ends.) Not awaited: the run may be cancelled.
+        if paths := outputs.abandon():
+            asyncio.get_running_loop().run_in_executor(None, _remove_quietly, table.io, paths)
+        raise
     finally:
         ctx.state.compacting = frozenset()
     if result.outcome == "conflict":
