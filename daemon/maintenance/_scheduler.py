@@ -85,12 +85,16 @@ class RunDeadlineError(TimeoutError):
 @dataclass
 class TaskResult:
     """What one task of a run did. ``error``: it did part of its work and failed the
-    rest (deletions that failed and are retried next run): the run counts as failed."""
+    rest (deletions that failed and are retried next run): the run counts as failed.
+    ``conflict``: another writer (Spark's rewrite or expiry, another replica) changed
+    what the task planned on first; it committed nothing and is retried next run, like
+    any run, without backoff (the other writer's work is done, not a fault)."""
 
     removed: dict[str, int] = field(default_factory=dict)
     detail: str = ""
     error: str | None = None
     delete_errors: int = 0
+    conflict: bool = False
 
 
 def _always(settings: MaintenanceSettings) -> bool:
@@ -541,7 +545,7 @@ class MaintenanceScheduler:
             except Exception as exc:
                 result = TaskResult(error=short_error(exc))
                 _log.debug("%s: maintenance task %s failed", ctx.name, task.name, exc_info=True)
-            outcome = "failed" if result.error else "ok"
+            outcome = "failed" if result.error else "conflict" if result.conflict else "ok"
             tasks[task.name] = outcome
             if result.detail:
                 ctx.state.details[task.name] = result.detail

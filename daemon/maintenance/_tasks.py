@@ -25,6 +25,7 @@ from daemon.iceberg import apply_defaults, commit_expiry
 from daemon.iceberg._parquet import _remove_quietly
 from daemon.maintenance import _compact, _orphans
 from daemon.maintenance._expire import (
+    ExpiryConflictError,
     ExpiryDeadlineError,
     choose_expired,
     delete_files,
@@ -62,6 +63,7 @@ async def _expire(ctx: RunContext) -> TaskResult:
         del state.unswept[:-_PENDING_MAX]
     detail = f"expired {len(expired.snapshots) if expired else 0} snapshots"
     lists = manifests = 0
+    conflict = None
     # Oldest expired snapshots first, a chunk at a time: what a chunk finds is garbage
     # whatever the other expired snapshots hold (only retained ones matter), so a run
     # cut short by its deadline keeps its progress and the next run goes on.
@@ -79,14 +81,19 @@ async def _expire(ctx: RunContext) -> TaskResult:
             )
         except ExpiryDeadlineError:
             break
+        except ExpiryConflictError as exc:
+            conflict = f"garbage search repeated next run: {exc}"
+            break
         del state.unswept[: len(chunk)]
         state.pending_files.extend(garbage.files)
         lists += garbage.lists_read
         manifests += garbage.manifests_read
     del state.pending_files[:-_PENDING_MAX]
     detail += f", read {lists} manifest lists and {manifests} manifests"
+    if conflict is not None:
+        detail += f"; conflict: {conflict}"
     if not state.pending_files:
-        return TaskResult(detail=detail)
+        return TaskResult(detail=detail, conflict=conflict is not None)
     outcome = await ctx.off_lane(
         delete_files,
         table.io,
@@ -103,7 +110,11 @@ async def _expire(ctx: RunContext) -> TaskResult:
             f"{len(outcome.failed)} files not deleted (retried next run), e.g. {kind} {path}: {why}"
         )
     return TaskResult(
-        removed=outcome.removed, detail=detail, error=error, delete_errors=len(outcome.failed)
+        removed=outcome.removed,
+        detail=detail,
+        error=error,
+        delete_errors=len(outcome.failed),
+        conflict=conflict is not None,
     )
 
 
@@ -209,7 +220,7 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
         result = await ctx.in_lane(functools.partial(commit, new_files))
     except _compact.CompactionConflictError as exc:
         # Another writer rewrote or deleted inputs first: nothing committed, retried next run.
-        return TaskResult(detail=f"conflict: {exc}")
+        return TaskResult(detail=f"conflict: {exc}", conflict=True)
     except BaseException:
         # Cancelled (shutdown, the run's timeout) or past the deadline before the commit
         # started: nothing will ever reference what the rewrite wrote. (A commit that
@@ -221,7 +232,7 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
     finally:
         ctx.state.compacting = frozenset()
     if result.outcome == "conflict":
-        return TaskResult(detail=f"conflict: {result.detail}")
+        return TaskResult(detail=f"conflict: {result.detail}", conflict=True)
     return TaskResult(
         detail=(
             f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "
