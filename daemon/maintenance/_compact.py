@@ -450,6 +450,9 @@ def _rewrite_bin(
 ) -> list[DataFile]:
     batches: list[pa.RecordBatch] = []
     for data_file in piece.files:
+        # Per file: thousands of small files slow to open take time the budget never sees.
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("compaction rewrite passed its deadline")
         budget.acquire(data_file.file_size_in_bytes, deadline=deadline)
         try:
             batches += _read(table.io, data_file)

@@ -138,6 +138,9 @@ class TableState:
     # the orphan sweep last ran (monotonic).
     compacting: frozenset[str] = frozenset()
     orphans_swept: float | None = None
+    # Input files a compaction plans at most, after a run ran out of time (None: the
+    # default); halved on each such run, doubled back on each that fits.
+    compact_max_files: int | None = None
 
 
 class RunContext:

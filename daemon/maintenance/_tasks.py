@@ -121,23 +121,20 @@ async def _expire(ctx: RunContext) -> TaskResult:
 EXPIRE: Final = Task("expire", _expire)
 
 
-# Share of a run's time left that its compaction plans I/O for (the rest: planning,
-# the commit, other tables' runs taking more than their share of the budget).
-_BUDGET_SHARE: Final = 0.8
+# Share of a run's time left that its compaction may use (planning, rewrite, under the
+# I/O budget), so the expiry and the orphan sweep after it always get their turn.
+_TIME_SHARE: Final = 0.5
 
 
-def _budgeted_bytes(ctx: RunContext) -> int:
-    """Input bytes the I/O budget can read and write again (about twice the input)
-    before the run's deadline, with its share of the budget: a plan bigger than this
-    would hit the deadline every run and never commit anything."""
+def _budgeted_bytes(ctx: RunContext, seconds: float) -> int:
+    """Input bytes the I/O budget can read and write again (about twice the input) in
+    ``seconds``, with this run's share of the budget: a plan bigger than this would
+    hit the deadline every run and never commit anything."""
     rate = ctx.budget.bytes_per_second
     if rate is None:
         return sys.maxsize
-    left = ctx.deadline - ctx.clock()  # -inf once the scheduler stops
-    if not left > 0:
-        return 0
     share = rate / ctx.config.maintenance.concurrency
-    return int(share * left * _BUDGET_SHARE / 2)
+    return int(share * seconds / 2)
 
 
 class _Outputs:
@@ -180,22 +177,27 @@ class _Outputs:
 async def _compact_task(ctx: RunContext) -> TaskResult:
     """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
     shared I/O budget), commit the one ``replace`` snapshot in the lane."""
-    settings, table = ctx.settings, ctx.table
+    settings, table, state = ctx.settings, ctx.table, ctx.state
     writer = ctx.config.table_settings(ctx.name)
-    max_bytes = min(settings.compaction_max_bytes_per_run, _budgeted_bytes(ctx))
-    if max_bytes <= 0:
+    now = ctx.clock()
+    left = ctx.deadline - now  # -inf once the scheduler stops
+    if not left > 0:
         return TaskResult(detail="no time left in the run to compact")
+    deadline = now + left * _TIME_SHARE
+    max_bytes = min(settings.compaction_max_bytes_per_run, _budgeted_bytes(ctx, left * _TIME_SHARE))
+    max_files = state.compact_max_files or _compact.DEFAULT_MAX_FILES
     plans = await ctx.off_lane(
         _compact.plan_compaction,
         table,
         target_file_size=settings.target_file_size,
         min_input_files=settings.compaction_min_files,
         max_bytes=max_bytes,
+        max_files=max_files,
     )
     if not plans:
         return TaskResult(detail="nothing to compact")
     plan = plans[0]  # plan_compaction returns at most one (one snapshot per run)
-    ctx.state.compacting = plan.file_ids
+    state.compacting = plan.file_ids
     outputs = _Outputs()
 
     def write() -> list[DataFile]:
@@ -207,7 +209,7 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
                 budget=ctx.budget,
                 row_group_records=writer.row_group_records,
                 compression=writer.compression,
-                deadline=ctx.deadline,
+                deadline=deadline,
             ),
         )
 
@@ -221,16 +223,23 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
     except _compact.CompactionConflictError as exc:
         # Another writer rewrote or deleted inputs first: nothing committed, retried next run.
         return TaskResult(detail=f"conflict: {exc}", conflict=True)
-    except BaseException:
+    except BaseException as exc:
         # Cancelled (shutdown, the run's timeout) or past the deadline before the commit
         # started: nothing will ever reference what the rewrite wrote. (A commit that
         # started deletes the files itself if it fails; a rewrite still running in its
         # thread deletes them when it ends.) Not awaited: the run may be cancelled.
         if paths := outputs.abandon():
             asyncio.get_running_loop().run_in_executor(None, _remove_quietly, table.io, paths)
+        if isinstance(exc, TimeoutError) or ctx.clock() > deadline:
+            # Out of time (many small files slow to read take time, not budget): the
+            # next run plans half as many files, or it would fail on the same ones.
+            state.compact_max_files = max(2, len(plan.files) // 2)
         raise
     finally:
-        ctx.state.compacting = frozenset()
+        state.compacting = frozenset()
+    if state.compact_max_files is not None:  # it fit: let the next plan grow again
+        doubled = 2 * state.compact_max_files
+        state.compact_max_files = None if doubled >= _compact.DEFAULT_MAX_FILES else doubled
     if result.outcome == "conflict":
         return TaskResult(detail=f"conflict: {result.detail}", conflict=True)
     return TaskResult(

@@ -140,6 +140,30 @@ def _align_field_ids(values: pa.Array, source: pa.DataType, target: pa.DataType)
     return values
 
 
+def _renamed_or_dropped(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a nested field of ``source`` has another name or no place in ``target``
+    by field id (types only: decides if ``_align_field_ids`` has anything to do)."""
+    if pa.types.is_struct(target) and pa.types.is_struct(source):
+        wanted = {fid: f for f in target.fields if (fid := _field_id(f)) is not None}
+        for field in source.fields if wanted else ():
+            field_id = _field_id(field)
+            if field_id is None:
+                continue
+            match = wanted.get(field_id)
+            if match is None or match.name != field.name:
+                return True
+            if _renamed_or_dropped(field.type, match.type):
+                return True
+        return False
+    if pa.types.is_map(target) and pa.types.is_map(source):
+        return _renamed_or_dropped(source.key_type, target.key_type) or _renamed_or_dropped(
+            source.item_type, target.item_type
+        )
+    if pa.types.is_list(target) and (pa.types.is_list(source) or pa.types.is_large_list(source)):
+        return _renamed_or_dropped(source.value_type, target.value_type)
+    return False
+
+
 def _list_parts(values: pa.Array) -> tuple[pa.Array, pa.Array]:
     """(offsets from 0, the child values they index) of a list or map array, also of a
     slice (Arrow refuses a validity mask with the offsets of a slice)."""
@@ -481,9 +505,10 @@ def conform(
             continue
         used.add(found)
         column = batch.column(found)
-        if match_field_ids and pa.types.is_nested(target.type):
+        source = batch.schema.field(found).type
+        if match_field_ids and _renamed_or_dropped(source, target.type):
             # Nested fields renamed or dropped since, matched by id like columns.
-            column = _align_field_ids(column, batch.schema.field(found).type, target.type)
+            column = _align_field_ids(column, source, target.type)
         arrays.append(_cast_column(target.name, column, target))
 
     extra = [batch.schema.field(i).name for i in range(batch.num_columns) if i not in used]
