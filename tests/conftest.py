@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import Broker
 from support.object_store import SeaweedFS
@@ -16,6 +17,12 @@ from support.object_store import SeaweedFS
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http import start_http
 from daemon.service import Icespool
+
+# No per-example deadline (hypothesis's default is 200 ms): the suite runs on two xdist
+# workers beside daemons, brokers and JVMs, where an example's wall time says nothing about
+# the code under test. What a property proves does not depend on it.
+settings.register_profile("icespool", deadline=None)
+settings.load_profile("icespool")
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
