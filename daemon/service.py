@@ -53,7 +53,7 @@ from daemon.kafka import (
     dead_letter_schema,
 )
 from daemon.lanes import LanePool
-from daemon.maintenance import DEFAULT_TASKS, MaintenanceScheduler
+from daemon.maintenance import DEFAULT_TASKS, MaintenanceScheduler, created_table_properties
 from daemon.metrics import Metrics
 from daemon.progress import Progress
 from daemon.retry import Backoff
@@ -393,11 +393,19 @@ class Icespool:
             pass
         elif create:  # a dead-letter table: our schema, created when missing
             table = await asyncio.to_thread(
-                create_with, self._require_catalog(), name, dead_letter_schema()
+                create_with,
+                self._require_catalog(),
+                name,
+                dead_letter_schema(),
+                created_table_properties(self.config, None),
             )
         else:
             table = await asyncio.to_thread(
-                load_declared, self._require_catalog(), name, table_config
+                load_declared,
+                self._require_catalog(),
+                name,
+                table_config,
+                created_table_properties(self.config, table_config),
             )
         settings = self.config.table_settings(name) if table_config else self.config.defaults
         writer = TableWriter(
@@ -435,7 +443,12 @@ class Icespool:
                 return self._writers[name]
             table_config = self._awaiting_schema.get(name)
             table = await asyncio.to_thread(
-                create_inferred, self._require_catalog(), name, incoming, table_config
+                create_inferred,
+                self._require_catalog(),
+                name,
+                incoming,
+                table_config,
+                created_table_properties(self.config, table_config),
             )
             writer = await self._add_writer(name, table_config, table=table, evolve=evolve)
             writer.start()

@@ -29,8 +29,8 @@ it) is named in ``spark.jars.packages`` beside it; without a directory
 ``spark.jars.packages`` names all the Maven coordinates, which Spark resolves itself
 (needs network access to Maven Central).
 
-Secrets (a password in the SQLAlchemy URI, a REST ``credential`` or ``token``, object-store
-keys: whatever ``check-config`` redacts) are left out unless asked for
+Secrets (a password in the SQLAlchemy URI or any other URI, a REST ``credential`` or
+``token``, object-store keys: whatever ``check-config`` redacts) are left out unless asked for
 (``include_secrets``), and the keys left out are reported, so that printing the settings
 never leaks them by accident. Ways to supply them: pass
 ``--include-secrets`` and keep the output private, set the key at submit time
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlencode
 
-from daemon.config import CatalogConfig, Config, is_secret_key
+from daemon.config import CatalogConfig, Config, is_secret_key, redact_uri
 from daemon.errors import SparkConfError
 
 __all__ = [
@@ -249,11 +249,13 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
         if not _passed_on(kind, key):
             continue
         options.setdefault(key, value)
-    if (
-        kind != "glue"
-        and (catalog.warehouse or "").startswith(("s3://", "s3a://"))
-        and MAVEN_AWS_BUNDLE not in packages
-    ):
+    # The tables are on S3 when the warehouse says so, or when it names no location (a
+    # REST catalog's warehouse is often a name: Polaris, Lakekeeper) and S3 is configured.
+    warehouse = catalog.warehouse or ""
+    on_s3 = warehouse.startswith(("s3://", "s3a://")) or (
+        "://" not in warehouse and any(key.startswith("s3.") for key in extra)
+    )
+    if kind != "glue" and on_s3 and MAVEN_AWS_BUNDLE not in packages:
         options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
         packages.append(MAVEN_AWS_BUNDLE)
     options.update(_s3_java_options(extra))
@@ -338,7 +340,10 @@ def spark_settings(
     conf[prefix] = "org.apache.iceberg.spark.SparkCatalog"
     omitted: list[str] = []
     for key, value in options.items():
-        if (key in _SECRET_KEYS or is_secret_key(key)) and not include_secrets:
+        # A URI with a password (the REST uri, an S3 proxy) is one too: check-config
+        # redacts it, so printing it here would be the one place it leaks.
+        secret = key in _SECRET_KEYS or is_secret_key(key) or redact_uri(value) != value
+        if secret and not include_secrets:
             omitted.append(f"{prefix}.{key}")
             continue
         conf[f"{prefix}.{key}"] = value

@@ -5,7 +5,7 @@ Data path of a table::
     append/queue -> conform to the table's Arrow schema -> spool append (= ack)
     trigger (records | bytes | age | manual | shutdown | close | recovery)
       -> job on the table's encode-pool lane: seal, read segments back, encode
-         Parquet, ONE fast-append snapshot naming the segments, delete them.
+         Parquet, ONE append snapshot naming the segments, delete them.
 
 The lane runs one job of this table at a time (FIFO), so commits of a table never
 race each other, while other tables' jobs run on other workers.
@@ -44,6 +44,7 @@ from daemon.iceberg import (
     delete_rows,
     encode_data_files,
     find_committed_segments,
+    refresh_table,
     unavailable,
 )
 from daemon.lanes import Lane
@@ -338,7 +339,7 @@ class TableWriter:
         pyiceberg: the fix of a dead letter's cause) applies to the next decode
         instead of after the next commit. Runs on the table's lane."""
         future: asyncio.Future[Table] = self._lane.submit(
-            lambda: asyncio.to_thread(self._table.refresh)
+            lambda: asyncio.to_thread(refresh_table, self._table)
         )
         await future
         self._sync_schema()
@@ -564,7 +565,7 @@ class TableWriter:
                 if attempt == _REFILTER_ATTEMPTS:
                     raise
                 _log.warning("%s: %s; filtering again", self.name, exc)
-                await asyncio.to_thread(self._table.refresh)
+                await asyncio.to_thread(refresh_table, self._table)
         if outcome is None:  # every row was already in the table
             for info in readable:
                 await self._spool.delete(info.id)
@@ -659,7 +660,7 @@ class TableWriter:
         return commit, files, sum(b.num_rows for b in rows)
 
     def _find_committed(self, ids: list[str]) -> dict[str, int]:
-        self._table.refresh()
+        refresh_table(self._table)
         return find_committed_segments(self._table, ids, self._spool.id)
 
     def _settled(self, info: SegmentInfo) -> None:

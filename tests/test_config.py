@@ -940,6 +940,10 @@ def test_redact_uri(uri: str, expected: str) -> None:
         ("api_key", True),
         ("key", True),
         ("header.Authorization", True),
+        # REST headers are an open family: a custom auth header carries a credential.
+        ("header.X-Custom-Auth", True),
+        ("header.X-Auth-Key", True),
+        ("header.X-Iceberg-Access-Delegation", False),
         ("auth_token_file", False),
         ("key_field", False),
         ("partition_key", False),

@@ -4,6 +4,7 @@ and a REST catalog whose server stops answering (a real loopback HTTP server).""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
 from daemon.config import TimeoutsConfig
-from daemon.errors import CommitError
+from daemon.errors import CatalogError, CommitError
 from daemon.iceberg._catalog import load_catalog
 from daemon.iceberg._timeouts import catalog_properties, unavailable
 
@@ -121,3 +122,59 @@ def test_rest_catalog_that_stops_answering_times_out(rest_server: str) -> None:
         catalog.list_namespaces()
     took = time.monotonic() - started
     assert _TIMEOUTS.catalog_request <= took < _TIMEOUTS.catalog_request + 2.0
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """Accepts connections and never answers a byte (a hung catalog or proxy)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    closed = threading.Event()
+
+    def accept() -> None:
+        while not closed.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        closed.set()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [{}, {"credential": "client:secret", "oauth2-server-uri": "SILENT/v1/oauth/tokens"}],
+    ids=["config request", "OAuth2 token request"],
+)
+def test_a_rest_catalog_silent_from_its_first_request_fails_the_load_in_time(
+    auth: dict[str, str], silent_server: str
+) -> None:
+    """RestCatalog's constructor asks for its config (and a token) before the daemon can
+    reach its session: those requests must be bounded too, or a start (which waits for
+    that same load again) hangs for good even after the catalog comes back."""
+    outcome: dict[str, BaseException | None] = {}
+
+    def load() -> None:
+        try:
+            props = {k: v.replace("SILENT", silent_server) for k, v in auth.items()}
+            load_catalog("lake", {"type": "rest", "uri": silent_server, **props}, _TIMEOUTS)
+            outcome["error"] = None
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(_TIMEOUTS.catalog_request + 3.0)
+    assert not loader.is_alive(), "loading a silent REST catalog did not give up"
+    error = outcome["error"]
+    assert isinstance(error, CatalogError), error
+    assert "ReadTimeout" in str(error), error
+    assert time.monotonic() - started >= _TIMEOUTS.catalog_request

@@ -34,7 +34,7 @@ from support.fixture_types import MakeConfig
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.errors import ConfigError
-from daemon.iceberg import commit_properties
+from daemon.iceberg import commit_properties, table_defaults
 from daemon.maintenance import (
     LEASE_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
@@ -207,7 +207,9 @@ async def test_expiry_deletes_exactly_the_files_no_retained_snapshot_reaches(
     expired snapshots listed: what remains on disk is exactly what the retained
     snapshots reach. Table properties are untouched but for the lease."""
     added: list[set[str]] = []
-    off = _config(make_config, enabled=False)
+    # The table is created with [maintenance]'s retention as its properties, which then
+    # win over [maintenance] (standard properties: Spark's expiry reads them too).
+    off = _config(make_config, enabled=False, min_snapshots=2)
     async with Icespool(off) as service:
         table = await asyncio.to_thread(_table, service)
         location = Path(_local(table.metadata.location))
@@ -466,7 +468,7 @@ def test_a_tables_settings_come_from_its_override_then_its_properties_then_the_s
     assert (settings.enabled, settings.interval, settings.lease_ttl) == (False, 120, 360)
     undeclared = resolve(config, None, properties)
     assert (undeclared.max_snapshot_age, undeclared.min_snapshots) == (60, 3)
-    assert undeclared.enabled and undeclared.max_snapshots == 2000
+    assert undeclared.enabled and undeclared.max_snapshots == 500
     assert resolve(config, None, {MIN_SNAPSHOTS_PROPERTY: "junk"}).min_snapshots == 10
     assert resolve(config, None, {MIN_SNAPSHOTS_PROPERTY: "5000"}).max_snapshots == 5000
 
@@ -529,7 +531,12 @@ async def test_apply_to_existing_sets_only_the_defaults_a_table_lacks(
     off = _config(make_config, enabled=False)
     async with Icespool(off) as service:
         table = await asyncio.to_thread(_table, service)
+        # A table the daemon did not create: none of its defaults (they are set on
+        # the tables it creates), one retention property of its own.
+        with table.transaction() as strip:
+            strip.remove_properties(*table_defaults())
         await asyncio.to_thread(commit_properties, table, lambda _: {MIN_SNAPSHOTS_PROPERTY: "42"})
+        assert not set(table_defaults()) - {MIN_SNAPSHOTS_PROPERTY} & set(table.metadata.properties)
     on = _config(make_config, interval="1s", apply_to_existing=True, max_snapshot_age="2h")
     async with Icespool(on) as service:
         state = await _wait_for_run(service, outcome="ok")
@@ -544,3 +551,4 @@ async def test_apply_to_existing_sets_only_the_defaults_a_table_lacks(
     assert properties[MAX_SNAPSHOT_AGE_PROPERTY] == str(2 * HOUR_MS)
     assert properties["write.metadata.delete-after-commit.enabled"] == "true"
     assert properties["write.metadata.previous-versions-max"] == "20"
+    assert properties["commit.manifest-merge.enabled"] == "true"

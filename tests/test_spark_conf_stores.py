@@ -77,6 +77,33 @@ def test_rest_on_s3_with_secrets_adds_exactly_the_secrets() -> None:
     assert settings.omitted_secrets == ()
 
 
+def test_a_rest_warehouse_name_on_s3_still_gets_the_aws_bundle() -> None:
+    """Polaris and Lakekeeper take a warehouse *name*; the tables are still on S3 (the
+    s3.* keys say so), and Spark cannot open them without S3FileIO and the AWS SDK."""
+    settings = spark_settings(validate_config({"catalog": {**REST_S3, "warehouse": "lake"}}))
+    assert settings.conf == {
+        "spark.jars.packages": f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_AWS_BUNDLE}",
+        **REST_S3_CATALOG,
+        f"{P}.warehouse": "lake",
+    }
+
+
+def test_uris_with_a_password_are_secrets_too() -> None:
+    """check-config redacts a password in any URI; spark-conf printed it (the REST uri,
+    an S3 proxy) in the clear."""
+    catalog = {
+        **REST_S3,
+        "uri": "http://bob:pw-Zq1@127.0.0.1:8181",
+        "s3.proxy-uri": "http://proxy:pw-Zq2@127.0.0.1:3128",
+    }
+    settings = spark_settings(validate_config({"catalog": catalog}))
+    assert not [v for v in settings.conf.values() if "Zq" in v]
+    assert settings.omitted_secrets == (f"{P}.uri", *SECRETS[:2], f"{P}.s3.proxy-uri", *SECRETS[2:])
+    shown = spark_settings(validate_config({"catalog": catalog}), include_secrets=True)
+    assert shown.conf[f"{P}.uri"] == catalog["uri"]
+    assert shown.conf[f"{P}.s3.proxy-uri"] == catalog["s3.proxy-uri"]
+
+
 @pytest.mark.parametrize(
     ("extra", "path_style"),
     [

@@ -290,13 +290,11 @@ def canonical_catalog_keys(
     for key, canonical in mapping.items():
         plain = canonical.removesuffix(SECRET_FILE_SUFFIX)
         if plain in seen and seen[plain] != key:
-            problems.append(
-                KeyProblem(
-                    key,
-                    f"{plain!r} is already set by {seen[plain]!r}; set the value or "
-                    f"'{plain}{SECRET_FILE_SUFFIX}' (a file holding it), once",
-                )
-            )
+            if _is_secret(plain):
+                fix = f"; set the value or '{plain}{SECRET_FILE_SUFFIX}' (a file holding it), once"
+            else:
+                fix = "('_' and '-' are alike); set it once"
+            problems.append(KeyProblem(key, f"{plain!r} is already set by {seen[plain]!r} {fix}"))
         seen.setdefault(plain, key)
     return mapping, problems
 

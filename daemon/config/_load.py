@@ -183,7 +183,15 @@ def apply_env_overrides(
                     break
                 child = node[index]
             else:
-                key = part.lower()
+                # The file's own spelling of the key wins: a variable cannot write '-' or
+                # '.', so S3__SECRET_ACCESS_KEY is the file's "s3.secret-access-key"
+                # (a dotted key) or its [catalog.s3] secret-access-key.
+                dotted = _spelt_in(node, "_".join(p.lower() for p in parts[i:]))
+                if dotted is not None:
+                    loc.append(dotted)
+                    node[dotted] = _parse_env_value(text, tuple(loc))
+                    break
+                key = _spelt_in(node, part.lower()) or part.lower()
                 loc.append(key)
                 if last:
                     node[key] = _parse_env_value(text, tuple(loc))
@@ -197,6 +205,14 @@ def apply_env_overrides(
             node = child
         sources[format_key(loc)] = var
     return out, sources
+
+
+def _spelt_in(node: Mapping[str, Any], name: str) -> str | None:
+    """The one key of ``node`` that ``name`` (a variable's lowercased parts joined by '_')
+    spells, with '-', '.' and '_' alike; None when there is none or more than one."""
+    wanted = re.sub(r"[-.]", "_", name)  # Kubernetes allows '-' in variable names
+    found = [k for k in node if re.sub(r"[-.]", "_", str(k).lower()) == wanted]
+    return found[0] if len(found) == 1 else None
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 import types
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -313,11 +314,18 @@ class CatalogConfig(BaseModel):
         mapping, problems = canonical_catalog_keys(kind, extras)
         errors = [ConfigError(f"catalog.{p.key}", p.problem) for p in problems]
         for key, canonical in mapping.items():
-            if canonical.endswith(SECRET_FILE_SUFFIX):
-                try:
+            try:
+                if canonical.endswith(SECRET_FILE_SUFFIX):
                     _read_secret_file(flat[key])
-                except ValueError as exc:
-                    errors.append(ConfigError(f"catalog.{key}", str(exc)))
+                elif isinstance(flat[key], str):
+                    # A trailing newline is dropped as from a secret file: a variable from
+                    # a Kubernetes Secret made with --from-file ends in one.
+                    flat[key] = flat[key].rstrip("\r\n")
+                    # An empty value (a variable set to "") would reach pyiceberg as
+                    # "unset" or as an empty secret, and fail far from its cause.
+                    _non_empty(flat[key])
+            except ValueError as exc:
+                errors.append(ConfigError(f"catalog.{key}", str(exc)))
         if errors:
             raise ConfigError.of(errors)
         return {mapping.get(k, k): v for k, v in flat.items()}
@@ -330,7 +338,7 @@ class CatalogConfig(BaseModel):
     @property
     def extra_properties(self) -> dict[str, str]:
         """The extra keys as pyiceberg takes them: ``K-file`` replaced by ``K`` = the
-        file's content (read now, so a rotated secret file is picked up on a reload)."""
+        file's content (read at each call; the daemon loads its catalog once, at start)."""
         props: dict[str, str] = {}
         for key, value in self.configured_extras.items():
             if key.endswith(SECRET_FILE_SUFFIX) and is_secret_file_key(key):
@@ -350,19 +358,42 @@ class CatalogConfig(BaseModel):
         return props
 
 
+# A secret is a line of text: an OAuth2 client secret, a key, a token (a few KiB at most).
+_SECRET_FILE_MAX = 64 * 1024
+
+
 def _read_secret_file(path: object) -> str:
     if not isinstance(path, str) or not path.strip():
         raise ValueError("must be the path of a file holding the secret")
     try:
-        text = Path(os.path.expanduser(path)).read_text(encoding="utf-8")
+        # Regular files only: reading a FIFO or a device (/dev/zero) would block the
+        # load, or a SIGHUP reload, for good.
+        # O_NONBLOCK: opening a FIFO waits for a writer otherwise (no effect on files).
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ValueError(f"{path!r} is not a regular file; it must hold the secret")
+            data = file.read(_SECRET_FILE_MAX + 1)
     except OSError as exc:
         raise ValueError(f"cannot read {path!r} ({exc.strerror or exc})") from None
+    if len(data) > _SECRET_FILE_MAX:
+        raise ValueError(f"{path!r} is larger than 64 KiB; it must hold only the secret")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path!r} is not UTF-8 text") from None
-    # A trailing newline is how editors and `kubectl create secret --from-file` end it.
-    value = text.rstrip("\r\n")
+    # A trailing newline is how editors and `kubectl create secret --from-file` end it;
+    # a byte order mark is how some editors begin UTF-8.
+    value = text.removeprefix("\ufeff").rstrip("\r\n")
     if not value:
         raise ValueError(f"{path!r} is empty; it must hold the secret")
+    if _has_control_chars(value):
+        # A line break inside reaches an HTTP header, and requests' refusal quotes the
+        # whole value: never echo it here.
+        raise ValueError(
+            f"{path!r} holds a line break or other control characters inside the secret; "
+            "it must hold one line"
+        )
     return value
 
 
@@ -615,7 +646,7 @@ class MaintenanceConfig(_Section):
     max_snapshot_age: Seconds = 6 * 3600.0
     min_snapshots: MinSnapshots = 10
     # A cap whatever the age: the newest max_snapshots stay (min_snapshots always does).
-    max_snapshots: PositiveInt = 2000
+    max_snapshots: PositiveInt = 500
     # Files one run deletes at most; the rest wait for the next run.
     max_deletes_per_run: PositiveInt = 10_000
     compaction: bool = True
@@ -638,13 +669,6 @@ class MaintenanceConfig(_Section):
     def resolved_lease_ttl(self) -> float:
         """``lease_ttl``, or 3 x ``interval`` when unset."""
         return self.lease_ttl if self.lease_ttl is not None else 3 * self.interval
-
-    def retention_properties(self) -> dict[str, str]:
-        """The standard retention properties of tables the daemon creates."""
-        return {
-            "history.expire.max-snapshot-age-ms": str(int(self.max_snapshot_age * 1000)),
-            "history.expire.min-snapshots-to-keep": str(self.min_snapshots),
-        }
 
 
 class ColumnConfig(_Section):

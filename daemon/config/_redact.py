@@ -33,6 +33,8 @@ _SECRET_WORDS = frozenset(
         "credentials",
         "apikey",
         "authorization",
+        # A custom auth header of a REST catalog (header.X-Custom-Auth, X-Auth-Key).
+        "auth",
         "cookie",
         # Kafka's sasl.jaas.config embeds the password in the module options.
         "jaas",
@@ -131,12 +133,15 @@ def redacted(config: Config) -> dict[str, Any]:
     return result
 
 
-def hide_secrets(message: str, properties: Mapping[str, str]) -> str:
+def hide_secrets(message: str, properties: Mapping[str, Any]) -> str:
     """``message`` (a driver's or a client's error) with every secret value of
     ``properties`` (the catalog's, secret files read) and a URI password cut out: drivers
-    may echo a connection string or a request."""
+    may echo a connection string or a request. Values that are not text (the botocore
+    session a Glue catalog is given) are skipped."""
     secrets: set[str] = set()
     for key, value in properties.items():
+        if not isinstance(value, str):
+            continue
         if value and is_secret_key(key):
             secrets.add(value)
         if value and "://" in value:

@@ -7,8 +7,12 @@
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
     _commit     ONE snapshot per flush, idempotent per spool segment; property commits;
-                snapshot expiry; the compare-and-swap requirements of maintenance
-                replace snapshots for maintenance rewrites
+                snapshot expiry and replace snapshots for maintenance, with the
+                compare-and-swap requirements of its lease
+    _refresh    refresh a table, skipping the metadata parse when nothing changed
+    _sql        the SQL catalog with commits that do not re-read the table's history
+    _metadata   metadata with updates applied, without pyiceberg's deep copy
+    _defaults   table properties the daemon sets on the tables it creates
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
@@ -35,8 +39,17 @@ from daemon.iceberg._commit import (
     last_segments_key,
     validates_locally,
 )
+from daemon.iceberg._defaults import (
+    MAX_SNAPSHOT_AGE_MS,
+    MIN_SNAPSHOTS_TO_KEEP,
+    TABLE_DEFAULTS,
+    apply_defaults,
+    table_defaults,
+)
 from daemon.iceberg._health import CatalogHealth
 from daemon.iceberg._parquet import COMPRESSION_CODECS, encode_data_files, partition_transform
+from daemon.iceberg._refresh import refresh_table
+from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._tables import (
     create_inferred,
     create_with,
@@ -45,7 +58,6 @@ from daemon.iceberg._tables import (
     table_names,
 )
 from daemon.iceberg._timeouts import (
-    bound_catalog,
     catalog_properties,
     short_error,
     startup_timeout,
@@ -54,7 +66,10 @@ from daemon.iceberg._timeouts import (
 
 __all__ = [
     "COMPRESSION_CODECS",
+    "MAX_SNAPSHOT_AGE_MS",
+    "MIN_SNAPSHOTS_TO_KEEP",
     "SEGMENTS_SUMMARY_KEY",
+    "TABLE_DEFAULTS",
     "AssertProperty",
     "AssertUnreferenced",
     "CatalogHealth",
@@ -62,10 +77,11 @@ __all__ = [
     "CommitRejectedError",
     "CommitResult",
     "ExpiredSnapshots",
+    "IcespoolSqlCatalog",
     "PropertyUpdate",
     "ReplaceConflictError",
     "StaleEncodingError",
-    "bound_catalog",
+    "apply_defaults",
     "catalog_properties",
     "catalog_tables",
     "check_catalog",
@@ -85,9 +101,11 @@ __all__ = [
     "load_catalog",
     "load_declared",
     "partition_transform",
+    "refresh_table",
     "short_error",
     "split_identifier",
     "startup_timeout",
+    "table_defaults",
     "table_names",
     "unavailable",
     "validates_locally",

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog import load_catalog as _pyiceberg_load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     NoSuchNamespaceError,
@@ -27,7 +28,10 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
-from daemon.iceberg._timeouts import bound_catalog, catalog_properties, short_error
+from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
+from daemon.iceberg._rest import BoundedRestCatalog
+from daemon.iceberg._sql import IcespoolSqlCatalog
+from daemon.iceberg._timeouts import catalog_properties, short_error
 from daemon.schema import SchemaDifference, schema_diff
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
@@ -40,8 +44,10 @@ def load_catalog(
 
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
-    directory likewise. Every call the catalog and its FileIO make later is bounded by
-    ``timeouts`` (default: the ``[timeouts]`` defaults).
+    directory likewise (not for REST catalogs). Every call the catalog and its FileIO
+    make later is bounded by ``timeouts`` (default: the ``[timeouts]`` defaults). A SQL
+    catalog is pyiceberg's with the daemon's commit (`IcespoolSqlCatalog`: commits cost
+    the same whatever the table's history).
     """
     timeouts = timeouts or TimeoutsConfig()
     texts = {key: str(value) for key, value in props.items() if key != "name"}
@@ -49,7 +55,10 @@ def load_catalog(
         uri = texts.get("uri", "")
         if uri.startswith("sqlite"):
             _ensure_sqlite_directory(uri)
-    _ensure_local_warehouse(texts.get("warehouse", ""))
+    if texts.get("type", "").lower() != "rest":
+        # A REST catalog's warehouse is the catalog's to interpret (often a name, as for
+        # Polaris or Lakekeeper), never a directory of this machine.
+        _ensure_local_warehouse(texts.get("warehouse", ""))
     _check_azure_file_io(texts)
     try:
         typed = {key: pyiceberg_value(key, value) for key, value in texts.items()}
@@ -58,9 +67,11 @@ def load_catalog(
     properties = catalog_properties(typed, timeouts)
     for attempt in range(3):
         try:
-            catalog = _pyiceberg_load_catalog(name, **properties)
-            bound_catalog(catalog, timeouts)
-            return catalog
+            if str(properties.get("type", "")).lower() == "rest":
+                # Not through pyiceberg's load_catalog: the constructor already sends
+                # requests, which only a subclass can bound (_rest).
+                return BoundedRestCatalog(name, timeouts, **properties)
+            return _own_sql(_pyiceberg_load_catalog(name, **properties))
         except Exception as exc:
             # SqlCatalog creates its tables on first use; replicas starting together on
             # a new database race on that CREATE TABLE, and the loser sees an integrity
@@ -71,6 +82,16 @@ def load_catalog(
                 continue
             raise _catalog_error(name, exc, properties) from exc
     raise AssertionError("unreachable")
+
+
+def _own_sql(catalog: Catalog) -> Catalog:
+    """pyiceberg's SqlCatalog as an IcespoolSqlCatalog with the same properties (the
+    ones pyiceberg merged from its own configuration too)."""
+    if type(catalog) is not SqlCatalog:
+        return catalog
+    own = IcespoolSqlCatalog(catalog.name, **catalog.properties)
+    catalog.engine.dispose()
+    return own
 
 
 def _catalog_error(name: str, exc: Exception, properties: Mapping[str, str]) -> CatalogError:
@@ -159,14 +180,18 @@ def ensure_table(
     properties: Mapping[str, str],
     create: bool,
     sort_order: SortOrder = UNSORTED_SORT_ORDER,
+    *,
+    defaults: Mapping[str, str] = TABLE_DEFAULTS,
 ) -> Table:
     """Load the table, creating namespace and table when ``create`` and it is missing.
 
-    A new table gets ``spec``, ``sort_order`` and ``properties``. An existing table is
-    checked against the declared ``schema`` (``check_compatible``): a difference that
-    records of the declared shape cannot be written through raises ``SchemaError``
-    listing every such difference. The existing table's partition spec, sort order and
-    properties are used as they are (the table, not the declaration, decides layout).
+    A new table gets ``spec``, ``sort_order`` and ``properties`` over ``defaults``
+    (the daemon's defaults for the tables it creates: declared properties win). An
+    existing table is checked against the declared ``schema`` (``check_compatible``):
+    a difference that records of the declared shape cannot be written through raises
+    ``SchemaError`` listing every such difference. The existing table's partition
+    spec, sort order and properties are used as they are (the table, not the
+    declaration, decides layout; ``apply_defaults`` adds missing defaults on opt-in).
     """
     namespace, name = split_identifier(identifier)
     full = (*namespace, name)
@@ -176,7 +201,9 @@ def ensure_table(
             raise CatalogError(
                 f"table {'.'.join(full)!r} does not exist; create it or set create = true"
             )
-        table = _create(catalog, namespace, full, schema, spec, properties, sort_order)
+        table = _create(
+            catalog, namespace, full, schema, spec, with_defaults(properties, defaults), sort_order
+        )
         if table is None:
             # Another replica created it between our load and create: use theirs.
             table = _load_existing(catalog, full)

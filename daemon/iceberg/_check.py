@@ -8,8 +8,8 @@ table, and writes, lists and deletes a probe object where data files go: an exis
 table's location through that table's FileIO (so vended credentials are what is tested),
 else (not for REST catalogs, which decide locations) the warehouse through the
 catalog's. Each step that fails is named. Every call is bounded by ``[timeouts]``; a
-catalog client those cannot reach (a REST endpoint that never answers its first
-request) is given up on after ``timeout`` seconds (default: what start-up would wait).
+catalog client those cannot reach (a Hive metastore's thrift client, say) is given up
+on after ``timeout`` seconds (default: what start-up would wait).
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """The REST catalog's HTTP session: a timeout on every request, an Idempotency-Key on commits.
 
-pyiceberg's RestCatalog (pinned <0.13) keeps one ``requests`` session in ``_session``, sends
-every call through ``Session.request`` and offers no per-request hook: its ``header.*``
-properties are the same on every request, and it passes no timeout. This module is the
-one seam: an instance override of that session's ``request`` that
+pyiceberg's RestCatalog (pinned <0.13) sends every call through ``Session.request`` of a
+``requests`` session and offers no per-request hook: its ``header.*`` properties are the
+same on every request, and it passes no timeout. Its constructor already talks to the
+server (the OAuth2 token, ``/v1/config``) on sessions it creates itself, so the seam is
+``BoundedRestCatalog``: the one place every session of the catalog passes through right
+after its creation (``_config_headers``, before any request) gets an instance override of
+its ``request`` that
 
 - bounds every request by ``(timeouts.catalog_connect, timeouts.catalog_request)`` unless
   the caller passed a timeout, and
@@ -13,6 +16,10 @@ one seam: an instance override of that session's ``request`` that
   with the first outcome instead of applying it again. pyiceberg's own retry of a commit
   (after refreshing an expired token) is a new request and gets a new key; the server
   refused the first one (401), so nothing is applied twice.
+
+A commit answered with a body that is no commit response (an HTML page of a gateway in
+front of the catalog, a body cut short) is an unknown outcome too: pyiceberg's parse
+error is a ValueError, which the committer would take for the table rejecting the data.
 
 The committer does not rely on the key: after an unknown outcome it refreshes the table
 and looks for its segments (``_commit``), which works on every catalog. Servers announce
@@ -26,13 +33,17 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+import pydantic
 import requests
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import CommitStateUnknownException
+from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from daemon.config import TimeoutsConfig
 from spool import new_uuid7
 
-__all__ = ["IDEMPOTENCY_HEADER", "bind_rest_session", "is_commit_request"]
+__all__ = ["IDEMPOTENCY_HEADER", "BoundedRestCatalog", "is_commit_request"]
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # /v1/{prefix}/namespaces/{namespace}/tables/{table} and /v1/{prefix}/transactions/commit;
@@ -46,13 +57,46 @@ def is_commit_request(method: str, url: str) -> bool:
     return method.upper() == "POST" and _COMMIT_PATH.search(path) is not None
 
 
-def bind_rest_session(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
-    """Install the seam on a loaded RestCatalog (no-op for other catalogs)."""
-    session = getattr(catalog, "_session", None)
-    if not isinstance(session, requests.Session):
-        return
+class BoundedRestCatalog(RestCatalog):
+    """pyiceberg's RestCatalog whose every HTTP request is bounded by ``timeouts`` (the
+    token and config requests of its constructor included) and whose table commits carry
+    an Idempotency-Key."""
+
+    def __init__(self, name: str, timeouts: TimeoutsConfig, **properties: str) -> None:
+        # Set before RestCatalog.__init__, which creates sessions and sends requests.
+        self._icespool_limits = (timeouts.catalog_connect, timeouts.catalog_request)
+        super().__init__(name, **properties)
+
+    def commit_table(
+        self,
+        table: Table,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> CommitTableResponse:
+        try:
+            response: CommitTableResponse = super().commit_table(table, requirements, updates)
+        except pydantic.ValidationError as exc:
+            if exc.title != CommitTableResponse.__name__:
+                raise
+            # The answer to the commit is no commit response (a gateway's HTML page, a
+            # body cut short): the catalog may have applied it. pyiceberg raises the
+            # parse error, a ValueError, which reads as "the table rejected the data";
+            # this is the REST client's own word for a lost answer (as for a 502).
+            raise CommitStateUnknownException(
+                f"the catalog answered the commit with something that is not a commit "
+                f"response ({exc.error_count()} validation errors); it may have applied it"
+            ) from exc
+        return response
+
+    def _config_headers(self, session: requests.Session) -> None:
+        # Called first thing for each new session (_create_session), before its auth
+        # manager fetches a token: the earliest point every session passes through.
+        super()._config_headers(session)
+        _bind(session, self._icespool_limits)
+
+
+def _bind(session: requests.Session, limits: tuple[float, float]) -> None:
     send = session.request
-    limits = (timeouts.catalog_connect, timeouts.catalog_request)
 
     def request(method: str, url: str, **kwargs: Any) -> requests.Response:
         if kwargs.get("timeout") is None:

@@ -3,9 +3,13 @@ records or from a fixed schema, list the ones a routing template made.
 
 Blocking (catalog calls); the service runs them in threads. Creation goes through
 `ensure_table`, so replicas creating one table together end with the same table.
+Every table created here gets ``defaults`` (`iceberg/_defaults.py`: manifest merging,
+old metadata removal, the retention policy) under its declared properties.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -16,6 +20,7 @@ from pyiceberg.table import Table
 from daemon.config import TableConfig
 from daemon.errors import CatalogError
 from daemon.iceberg._catalog import ensure_table
+from daemon.iceberg._defaults import TABLE_DEFAULTS
 from daemon.schema import infer_schema, parse_partition_spec, parse_schema, parse_sort_order
 
 __all__ = ["create_inferred", "create_with", "existing_table", "load_declared", "table_names"]
@@ -29,7 +34,12 @@ def existing_table(catalog: Catalog, name: str) -> Table | None:
         return None
 
 
-def load_declared(catalog: Catalog, name: str, declared: TableConfig | None) -> Table:
+def load_declared(
+    catalog: Catalog,
+    name: str,
+    declared: TableConfig | None,
+    defaults: Mapping[str, str] = TABLE_DEFAULTS,
+) -> Table:
     """A table as ``[[tables]]`` declares it: created when missing and ``create = true``,
     checked against the declared schema; without a schema, it must exist."""
     if declared is None or declared.columns is None:
@@ -49,11 +59,16 @@ def load_declared(catalog: Catalog, name: str, declared: TableConfig | None) -> 
         declared.properties,
         declared.create,
         sort_order=parse_sort_order(schema, declared.sort_by),
+        defaults=defaults,
     )
 
 
 def create_inferred(
-    catalog: Catalog, name: str, incoming: pa.Schema, declared: TableConfig | None
+    catalog: Catalog,
+    name: str,
+    incoming: pa.Schema,
+    declared: TableConfig | None,
+    defaults: Mapping[str, str] = TABLE_DEFAULTS,
 ) -> Table:
     """``name`` created for records shaped like ``incoming`` (with the declaration's
     partitioning, sort order and properties); another replica's table is used as is."""
@@ -69,12 +84,17 @@ def create_inferred(
         declared.properties if declared else {},
         True,
         sort_order=parse_sort_order(schema, declared.sort_by if declared else []),
+        defaults=defaults,
     )
 
 
-def create_with(catalog: Catalog, name: str, schema: Schema) -> Table:
+def create_with(
+    catalog: Catalog, name: str, schema: Schema, defaults: Mapping[str, str] = TABLE_DEFAULTS
+) -> Table:
     """``name`` with a schema of the daemon's own (the dead-letter table's)."""
-    return ensure_table(catalog, name, schema, parse_partition_spec(schema, []), {}, True)
+    return ensure_table(
+        catalog, name, schema, parse_partition_spec(schema, []), {}, True, defaults=defaults
+    )
 
 
 def table_names(catalog: Catalog, namespace: str) -> list[str]:

@@ -9,7 +9,8 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
   sees those statements, and libpq itself would wait forever.
 - SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock, at
   most 5 s).
-- REST catalog: (connect, read) timeouts on every request of its requests session.
+- REST catalog: (connect, read) timeouts on every request of its requests sessions,
+  from the constructor's first token and config requests on (``_rest.BoundedRestCatalog``).
 - FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3), and
   ``s3.retry-strategy-impl`` = ``StorageRetries``: the AWS SDK's standard retries
   (jittered exponential backoff) with ``timeouts.storage_attempts`` attempts per call.
@@ -22,8 +23,8 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
   properties: the Azure SDK's own apply (20 s to connect, 60 s per read, 3 retries).
 
 A setting the user wrote in ``[catalog]`` (a URI parameter or a property) wins. Calls
-nothing here can bound (another catalog type's client, REST's first config request)
-are bounded by the caller waiting at most ``startup_timeout``.
+nothing here can bound (another catalog type's client) are bounded by the caller waiting
+at most ``startup_timeout``.
 """
 
 from __future__ import annotations
@@ -38,17 +39,14 @@ from typing import Any
 import requests
 import sqlalchemy.exc
 from pyarrow.fs import AwsStandardS3RetryStrategy
-from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import ServerError, ServiceUnavailableError
 from sqlalchemy.engine import make_url
 
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError
-from daemon.iceberg._rest import bind_rest_session
 
 __all__ = [
     "StorageRetries",
-    "bound_catalog",
     "catalog_properties",
     "short_error",
     "startup_timeout",
@@ -119,12 +117,6 @@ def _glue_session(timeouts: TimeoutsConfig) -> Any:
         )
     )
     return session
-
-
-def bound_catalog(catalog: Catalog, timeouts: TimeoutsConfig) -> None:
-    """Give a loaded REST catalog's HTTP session (connect, read) timeouts (and its commits
-    an Idempotency-Key: ``_rest``)."""
-    bind_rest_session(catalog, timeouts)
 
 
 def unavailable(exc: BaseException) -> str | None:

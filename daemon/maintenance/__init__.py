@@ -47,6 +47,7 @@ from daemon.maintenance._settings import (
     MAX_SNAPSHOT_AGE_PROPERTY,
     MIN_SNAPSHOTS_PROPERTY,
     MaintenanceSettings,
+    created_table_properties,
     effective,
     resolve,
 )
@@ -56,7 +57,6 @@ from daemon.maintenance._tasks import (
     DEFAULTS,
     EXPIRE,
     ORPHANS,
-    apply_table_defaults,
 )
 
 __all__ = [
@@ -86,9 +86,9 @@ __all__ = [
     "Task",
     "TaskResult",
     "acquire",
-    "apply_table_defaults",
     "choose_expired",
     "commit_rewrite",
+    "created_table_properties",
     "daemon_file_id",
     "daemon_file_time",
     "delete_files",

@@ -60,6 +60,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
+from daemon.iceberg import refresh_table
 from spool import new_uuid7
 
 __all__ = [
@@ -244,7 +245,7 @@ def remove_orphans(
         return OrphanResult(listed=listed, foreign=foreign, young=young, spooled=spooled)
 
     # After the listing: a commit that landed before a file was listed is seen here.
-    table.refresh()
+    refresh_table(table)
     referenced = _referenced(table, set(candidates))
     doomed = [item for path, item in candidates.items() if path not in referenced]
     removed = failed = removed_bytes = 0

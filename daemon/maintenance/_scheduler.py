@@ -43,7 +43,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import ValidatableTableRequirement
 
-from daemon.config import Config
+from daemon.config import Config, TableConfig
 from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
 from daemon.maintenance._compact import IoBudget
@@ -174,6 +174,11 @@ class RunContext:
         """The I/O budget heavy tasks share (compaction)."""
         return self._scheduler.budget
 
+    @property
+    def declared(self) -> TableConfig | None:
+        """The table's ``[[tables]]`` entry (None: a dead-letter or auto-created table)."""
+        return self._scheduler.declared(self.name)
+
     def is_spooled(self, segment_id: str) -> bool:
         """Whether this replica's spool still holds ``segment_id`` of this table."""
         return self._scheduler.is_spooled(self.name, segment_id)
@@ -229,6 +234,9 @@ class MaintenanceScheduler:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._slots = asyncio.Semaphore(config.maintenance.concurrency)
 
+    def declared(self, name: str) -> TableConfig | None:
+        return self._declared.get(name)
+
     # ------------------------------------------------------------------ lifecycle
 
     def add(self, name: str) -> None:
@@ -251,11 +259,13 @@ class MaintenanceScheduler:
             max_workers=self.config.maintenance.concurrency, thread_name_prefix="maintenance"
         )
         if self.config.maintenance.lease == "catalog" and not validates_locally(catalog):
-            _log.error(
-                "maintenance is off: catalog type %s cannot hold the maintenance lease "
+            # A capability off by configuration, not a fault: a warning, and /v1/status
+            # says why per table.
+            _log.warning(
+                "maintenance is off: a %s catalog cannot hold the maintenance lease "
                 "(it does not check commit requirements itself); set [maintenance] lease = "
                 '"none" on exactly ONE replica to maintain from it',
-                type(catalog).__name__,
+                self.config.catalog.type,
             )
         self._loop_task = asyncio.create_task(self._loop(), name="maintenance")
 

@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from typing import Final
 
 from daemon.config import Config, MaintenanceConfig, TableConfig
+from daemon.iceberg import MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, table_defaults
 
 __all__ = [
     "MAX_SNAPSHOT_AGE_PROPERTY",
     "MIN_SNAPSHOTS_PROPERTY",
     "MaintenanceSettings",
+    "created_table_properties",
     "effective",
     "resolve",
 ]
 
-MAX_SNAPSHOT_AGE_PROPERTY: Final = "history.expire.max-snapshot-age-ms"
-MIN_SNAPSHOTS_PROPERTY: Final = "history.expire.min-snapshots-to-keep"
+MAX_SNAPSHOT_AGE_PROPERTY: Final = MAX_SNAPSHOT_AGE_MS
+MIN_SNAPSHOTS_PROPERTY: Final = MIN_SNAPSHOTS_TO_KEEP
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,17 @@ def effective(config: Config, table: TableConfig | None) -> MaintenanceConfig:
     if table is None or table.maintenance is None:
         return config.maintenance
     return config.maintenance.model_copy(update=table.maintenance.overrides())
+
+
+def created_table_properties(config: Config, table: TableConfig | None) -> dict[str, str]:
+    """The properties a table the daemon creates gets (``iceberg.table_defaults``) with
+    the retention of its effective ``[maintenance]``, so Spark's expire_snapshots and
+    the daemon's expiry apply the same policy."""
+    merged = effective(config, table)
+    return table_defaults(
+        max_snapshot_age_ms=int(merged.max_snapshot_age * 1000),
+        min_snapshots_to_keep=merged.min_snapshots,
+    )
 
 
 def resolve(

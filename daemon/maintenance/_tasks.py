@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping
 from typing import Final
 
-from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import ValidatableTableRequirement
 
-from daemon.iceberg import commit_expiry, commit_properties
+from daemon.iceberg import apply_defaults, commit_expiry
 from daemon.maintenance import _compact, _orphans
 from daemon.maintenance._expire import (
     ExpiryDeadlineError,
@@ -28,19 +25,13 @@ from daemon.maintenance._expire import (
     find_garbage,
 )
 from daemon.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
+from daemon.maintenance._settings import created_table_properties
 
-__all__ = ["COMPACT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS", "apply_table_defaults"]
+__all__ = ["COMPACT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS"]
 
 # Expired snapshots whose garbage one search looks for (it reads their manifest lists,
 # and the retained ones until every candidate is decided).
 _SWEEP_CHUNK: Final = 256
-
-# Metadata cleanup the daemon sets on the tables it creates (pyiceberg deletes the
-# metadata.json files beyond the newest 20 at each commit).
-_METADATA_DEFAULTS: Final = {
-    "write.metadata.delete-after-commit.enabled": "true",
-    "write.metadata.previous-versions-max": "20",
-}
 
 
 async def _expire(ctx: RunContext) -> TaskResult:
@@ -190,16 +181,11 @@ async def _defaults(ctx: RunContext) -> TaskResult:
     """``apply_to_existing``: the daemon's table defaults, once per table and process."""
     if ctx.state.defaults_applied:
         return TaskResult()
-    retention = ctx.config.maintenance.model_copy(
-        update={
-            "max_snapshot_age": ctx.settings.max_snapshot_age,
-            "min_snapshots": ctx.settings.min_snapshots,
-        }
-    ).retention_properties()
+    defaults = created_table_properties(ctx.config, ctx.declared)
     table = ctx.table
-    changed = await ctx.in_lane(lambda: apply_table_defaults(table, retention, ctx.requirements))
+    added = await ctx.in_lane(lambda: apply_defaults(table, defaults, ctx.requirements))
     ctx.state.defaults_applied = True
-    return TaskResult(detail="defaults set" if changed else "defaults already set")
+    return TaskResult(detail=f"set {sorted(added)}" if added else "defaults already set")
 
 
 DEFAULTS: Final = Task("defaults", _defaults, wanted=lambda s: s.apply_to_existing)
@@ -209,19 +195,3 @@ ORPHANS: Final = Task("orphans", _orphans_task)
 #: What every run does, in order: compaction first, so the expiry of the same run can
 #: already count the replaced files' snapshots; the orphan sweep last.
 DEFAULT_TASKS: Final = (DEFAULTS, COMPACT, EXPIRE, ORPHANS)
-
-
-def apply_table_defaults(
-    table: Table,
-    retention: Mapping[str, str],
-    requirements: tuple[ValidatableTableRequirement, ...] = (),
-) -> bool:
-    """Set the daemon's table defaults (``retention`` and metadata cleanup) that the
-    table does not set itself, in one commit (blocking; run it in the lane). Stand-in
-    for i13-commit's ``iceberg/_defaults.apply_defaults``. Returns whether it changed."""
-    wanted = {**_METADATA_DEFAULTS, **retention}
-    return commit_properties(
-        table,
-        lambda current: {k: v for k, v in wanted.items() if k not in current},
-        requirements=requirements,
-    )

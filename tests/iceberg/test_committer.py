@@ -24,12 +24,12 @@ import psycopg2  # type: ignore[import-untyped]
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitStateUnknownException
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import IdentityTransform
+from sqlalchemy import event
 
 from daemon.errors import CommitError
 from daemon.iceberg._catalog import ensure_table, load_catalog
@@ -42,6 +42,7 @@ from daemon.iceberg._commit import (
     last_segments_key,
 )
 from daemon.iceberg._parquet import encode_data_files
+from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.retry import Backoff
 from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
@@ -194,22 +195,27 @@ def test_rolled_back_snapshot_still_counts_as_committed(catalog: Catalog) -> Non
     assert table.scan().to_arrow().num_rows == 10  # the operator's rollback stands
 
 
-class _LossyCatalog(SqlCatalog):
-    """A real SQL catalog whose commits fail in scripted ways (fault injection).
+class _LossyCatalog(IcespoolSqlCatalog):
+    """The daemon's SQL catalog, its commits failing in scripted ways (fault injection).
 
     ``faults`` is consumed one entry per commit: "after" commits and then reports an
     unknown outcome (a lost response); "before" fails without committing (a connection
     reset before the request reached the database); None commits normally.
+    ``load_failures``: that many reads of the table's catalog row fail (a refresh,
+    whether it loads the metadata or only asks whether it changed).
     """
 
     faults: list[str | None]
     load_failures = 0
 
-    def load_table(self, identifier: str | tuple[str, ...]) -> Table:
-        if self.load_failures:
+    def fail_reads(self) -> None:
+        event.listen(self.engine, "before_cursor_execute", self._read)
+
+    def _read(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        reads_row = statement.lstrip().upper().startswith("SELECT")
+        if self.load_failures and reads_row and "iceberg_tables" in statement:
             self.load_failures -= 1
             raise ConnectionRefusedError("catalog unreachable (injected)")
-        return super().load_table(identifier)
 
     def commit_table(
         self,
@@ -231,6 +237,7 @@ def _lossy(tmp_path: Path, faults: list[str | None]) -> Table:
     del props["type"]
     lossy = _LossyCatalog("lake", **props)
     lossy.faults = faults
+    lossy.fail_reads()
     return lossy.load_table("demo.events")
 
 

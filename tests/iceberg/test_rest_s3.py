@@ -179,6 +179,33 @@ async def test_a_commit_whose_answer_is_lost_lands_exactly_once(
     assert "did land" in text and "not committing again" in text
 
 
+async def test_a_commit_answered_with_a_gateways_html_page_is_an_unknown_outcome(
+    object_store: SeaweedFS, make_config: MakeConfig, run_daemon: RunDaemon
+) -> None:
+    """A gateway in front of the catalog (an SSO proxy redirecting to its login page)
+    answers 200 with HTML: pyiceberg's parse of it fails with a pydantic ValidationError,
+    a ValueError, which read as "the table rejected the data" and quarantined the
+    segment after three flushes. The catalog may or may not have applied the commit: an
+    unknown outcome, resolved by reading the table back like a 502."""
+    warehouse = object_store.warehouse()
+    with HttpProxy(("127.0.0.1", object_store.rest_port)) as rest:
+        props = object_store.catalog_properties(warehouse, rest_uri=rest.url)
+        config = make_config(catalog={"name": "lake", **props}, tables=TABLES)
+        async with run_daemon(config) as (_, base), aiohttp.ClientSession() as http:
+            await _post(http, base, range(100))
+            rest.fail(_commit, "200_html", times=3)
+            status, answer = await _flush(http, base)
+            async with http.get(f"{base}/metrics") as r:
+                metrics = await r.text()
+    assert (status, answer["records"], answer["quarantined"]) == (200, 100, []), answer
+    assert rest.pending_faults() == 0
+    assert [s.status for s in rest.seen(_commit)] == [200, 200, 200, 200]
+    assert _metric(metrics, "icespool_commit_unknown_outcomes_total", table=TABLE) == 3
+    assert _metric(metrics, "icespool_quarantined_segments_total") == 0
+    rows, _ = _read(object_store.catalog_properties(warehouse))
+    _exactly_once(rows, set(range(100)))
+
+
 # ---------------------------------------------------------------------- object-store faults
 
 

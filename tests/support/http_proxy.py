@@ -15,6 +15,8 @@ Faults for one request (``fail``; the first matching rule is used up):
 - ``reset_mid_body``: half the request body is read, then the connection is reset; nothing
   reaches the upstream.
 - ``503``: answered ``503 Service Unavailable`` (S3 ``SlowDown``) without forwarding.
+- ``200_html``: answered ``200 OK`` with an HTML page without forwarding (a gateway's
+  login page after a redirect; nothing reached the upstream).
 Modes (all requests, switch any time):
 - ``forward``; ``down``: every request's connection is reset (the store is unreachable);
   ``stall``: requests are read and never answered until the mode changes (then dropped).
@@ -39,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 
 __all__ = ["Fault", "HttpProxy", "Mode", "Seen"]
 
-Fault = Literal["forward_then_502", "forward_then_drop", "reset_mid_body", "503"]
+Fault = Literal["forward_then_502", "forward_then_drop", "reset_mid_body", "503", "200_html"]
 Mode = Literal["forward", "down", "stall"]
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "upgrade"})
 
@@ -216,6 +218,11 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "503":
             self._answer(503, b"<Error><Code>SlowDown</Code></Error>", {})
             self._record(probe, 503, fault)
+            return
+        if fault == "200_html":
+            page = b"<html><body>Sign in to continue</body></html>"
+            self._answer(200, page, [("Content-Type", "text/html")])
+            self._record(probe, 200, fault)
             return
         try:
             status, reason, answer_headers, answer = self._forward(body, headers)
