@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg2  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
 from support.fixture_types import MakeConfig, RunDaemon
@@ -110,3 +112,23 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS
         yield store
     finally:
         store.stop()
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    """A fresh PostgreSQL database (SQLAlchemy URI) on 127.0.0.1:5432, dropped afterwards.
+
+    One per test, never a shared one: tests on several xdist workers would otherwise race
+    in it (pyiceberg creates its catalog tables in a database that lacks them, and two
+    processes doing that at once collide)."""
+    database = f"icespool_test_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{database}"')
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()

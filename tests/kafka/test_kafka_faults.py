@@ -15,14 +15,11 @@ import random
 import sqlite3
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import psycopg2
 import pytest
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 from support.kafka_harness import Broker, create_topic, produce
@@ -131,21 +128,6 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
     finally:
         producer.cancel()
         daemon.cleanup()
-
-
-@pytest.fixture
-def postgres_uri() -> Iterator[str]:
-    database = f"icespool_kafka_{uuid.uuid4().hex[:10]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-    admin.autocommit = True
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{database}"')
-    try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.mark.slow

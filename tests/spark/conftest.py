@@ -13,12 +13,10 @@ catalog name, and Spark caches a catalog by name once it was used.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2  # type: ignore[import-untyped]
 import pytest
 from support.spark_helpers import unique_catalog_name
 
@@ -112,19 +110,3 @@ def register(spark: Any) -> Register:
         return register_catalog(spark, config)
 
     return run
-
-
-@pytest.fixture
-def postgres_uri() -> Iterator[str]:
-    """A fresh PostgreSQL database (SQLAlchemy URI) on 127.0.0.1:5432, dropped afterwards."""
-    database = f"icespool_spark_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f'CREATE DATABASE "{database}"')
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
