@@ -149,8 +149,17 @@ lint: $(STAMP_TEST)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy spool daemon
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist): most of its time is spent
+# waiting on child processes (daemons, brokers, JVMs), so two workers on two cores take
+# well under the serial time. `make pytest PYTEST_WORKERS=0` runs it in one process.
+# --dist loadgroup: tests are handed out one by one, except those marked
+# xdist_group(name) which run on one worker (see tests/conftest.py).
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+
 pytest: $(STAMP_TEST) test-deps spark-runtime
-	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/pytest -q tests --ignore=tests/bench
+	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/pytest -q $(PYTEST_XDIST) tests \
+	  --ignore=tests/bench
 
 test: $(STAMP_TEST) test-deps
 	$(MAKE) --no-print-directory lint

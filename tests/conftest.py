@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg2  # type: ignore[import-untyped]
 import pytest
+from hypothesis import settings
 from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import Broker
 from support.object_store import SeaweedFS
@@ -16,6 +19,12 @@ from support.object_store import SeaweedFS
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http import start_http
 from daemon.service import Icespool
+
+# No per-example deadline (hypothesis's default is 200 ms): the suite runs on two xdist
+# workers beside daemons, brokers and JVMs, where an example's wall time says nothing about
+# the code under test. What a property proves does not depend on it.
+settings.register_profile("icespool", deadline=None)
+settings.load_profile("icespool")
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -103,3 +112,23 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS
         yield store
     finally:
         store.stop()
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    """A fresh PostgreSQL database (SQLAlchemy URI) on 127.0.0.1:5432, dropped afterwards.
+
+    One per test, never a shared one: tests on several xdist workers would otherwise race
+    in it (pyiceberg creates its catalog tables in a database that lacks them, and two
+    processes doing that at once collide)."""
+    database = f"icespool_test_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{database}"')
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        admin.close()

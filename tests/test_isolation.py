@@ -43,7 +43,7 @@ from support.daemon_harness import (
     daemon_command,
     ndjson,
 )
-from support.kafka_harness import Broker, create_topic, produce
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
 from support.service_helpers import metric
 
 import daemon.service as service_module
@@ -360,7 +360,7 @@ group_id = "g-{topic}"
 topics = ["{topic}"]
 table = "{TABLE}"
 offset_commit_interval = "1s"
-session_timeout = "6s"
+session_timeout = "{SESSION_TIMEOUT}"
 """
 
 
@@ -521,6 +521,7 @@ async def test_a_dead_letter_table_that_cannot_be_used_holds_back_only_its_sourc
                     "bootstrap_servers": broker.bootstrap,
                     "topics": ["dlq-blocked"],
                     "group_id": "g-dlq-blocked",
+                    "session_timeout": SESSION_TIMEOUT,
                     "table": TABLE,
                     "dead_letter": "table",  # t.events_dead_letter
                 }

@@ -359,12 +359,12 @@ def _race(
 
 
 @pytest.fixture
-def postgres_catalogs(tmp_path: Path) -> Iterator[tuple[Catalog, Catalog, str]]:
-    """Two catalog objects on database ``test`` (as two replicas have) and a table in a
-    namespace of this test's own."""
+def postgres_catalogs(tmp_path: Path, postgres_uri: str) -> Iterator[tuple[Catalog, Catalog, str]]:
+    """Two catalog objects on one fresh PostgreSQL database (as two replicas have) and a
+    table in it."""
     props = {
         "type": "sql",
-        "uri": "postgresql+psycopg2://postgres@127.0.0.1:5432/test",
+        "uri": postgres_uri,
         "warehouse": (tmp_path / "warehouse").as_uri(),
     }
     (tmp_path / "warehouse").mkdir()

@@ -25,7 +25,6 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, NDJSON, TABLE, Daemon, DaemonDir, ndjson
 
-PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 SEAMS = Path(__file__).resolve().parent / "support" / "crash_seams"
 TTL = 6.0
 MAINTENANCE = f"""\
@@ -135,12 +134,11 @@ def _ids(home: DaemonDir, table: str) -> Counter[int]:
 
 
 @pytest.fixture
-def pg_table(tmp_path: Path) -> Iterator[str]:
-    """A table of this test's own namespace in database ``test`` (created by the daemons),
-    dropped afterwards."""
+def pg_table(tmp_path: Path, postgres_uri: str) -> Iterator[tuple[str, str]]:
+    """(catalog URI, table): a table in a fresh PostgreSQL database, dropped afterwards."""
     namespace = f"maint_{uuid.uuid4().hex[:12]}"
     name = f"{namespace}.events"
-    props = {"type": "sql", "uri": PG, "warehouse": (tmp_path / "warehouse").as_uri()}
+    props = {"type": "sql", "uri": postgres_uri, "warehouse": (tmp_path / "warehouse").as_uri()}
     catalog = load_catalog(CATALOG_NAME, **props)
     catalog.create_namespace(namespace)
     schema = Schema(
@@ -149,17 +147,19 @@ def pg_table(tmp_path: Path) -> Iterator[str]:
     (tmp_path / "warehouse").mkdir()
     catalog.create_table(name, schema)
     try:
-        yield name
+        yield postgres_uri, name
     finally:
         catalog.drop_table(name)
         catalog.drop_namespace(namespace)
         catalog.engine.dispose()  # type: ignore[attr-defined]
 
 
-async def test_two_replicas_never_maintain_a_table_at_once(tmp_path: Path, pg_table: str) -> None:
-    table = pg_table
+async def test_two_replicas_never_maintain_a_table_at_once(
+    tmp_path: Path, pg_table: tuple[str, str]
+) -> None:
+    uri, table = pg_table
     homes = [
-        DaemonDir(tmp_path / name, catalog_uri=PG, shared_warehouse=tmp_path / "warehouse")
+        DaemonDir(tmp_path / name, catalog_uri=uri, shared_warehouse=tmp_path / "warehouse")
         for name in ("a", "b")
     ]
     for home in homes:

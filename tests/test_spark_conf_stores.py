@@ -17,7 +17,13 @@ import pytest
 from daemon.cli import main
 from daemon.config import validate_config
 from daemon.errors import SparkConfError
-from daemon.spark_conf import EXTENSIONS, MAVEN_AWS_BUNDLE, MAVEN_ICEBERG_RUNTIME, spark_settings
+from daemon.spark_conf import (
+    EXTENSIONS,
+    MAVEN_AWS_BUNDLE,
+    MAVEN_ICEBERG_RUNTIME,
+    RUNTIME_DIR_ENV,
+    spark_settings,
+)
 from daemon.spark_runtime import AWS_BUNDLE_JAR, build_runtime
 
 REST_S3 = {
@@ -195,8 +201,10 @@ def test_runtime_build_adds_the_aws_bundle_once_and_keeps_it(tmp_path: Path) -> 
 
 
 def test_spark_conf_cli_prints_rest_on_s3_and_names_the_secrets_left_out(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No local runtime (`make test` exports $ICESPOOL_SPARK_RUNTIME): the Maven packages.
+    monkeypatch.delenv(RUNTIME_DIR_ENV, raising=False)
     lines = "\n".join(f'"{k}" = "{v}"' for k, v in REST_S3.items())
     path = tmp_path / "icespool.toml"
     path.write_text(f"[catalog]\n{lines}\n")

@@ -15,7 +15,8 @@ Steps (each bounded in time; a failing step is named and the daemon's log tail s
 5. wait until the table holds all of them;
 6. run a Spark SQL aggregate over the table in a local Spark, configured with the output
    of ``icespool spark-conf`` (the Iceberg runtime is found as that command finds it:
-   ``--runtime-dir``, else ``$ICESPOOL_SPARK_RUNTIME``, else Maven), and print it;
+   ``--runtime-dir``, else ``$ICESPOOL_SPARK_RUNTIME``, else Maven), and print it (Spark
+   starts in the background before the daemon, so it is warmed up by then);
 7. stop the daemon (SIGTERM: it commits and exits) and the broker, and print the commands
    that run the same query by hand.
 
@@ -461,30 +462,70 @@ def spark_conf_command(config: Path, runtime_dir: str | None) -> list[str]:
     return [*command, "--runtime-dir", runtime_dir] if runtime_dir else command
 
 
-def run_spark_query(config: Path, runtime_dir: str | None) -> str:
-    """The aggregate, printed by a child process (so a stuck JVM cannot outlive the bound)."""
-    child = [sys.executable, str(Path(__file__).resolve()), "_spark-query", str(config)]
-    if runtime_dir:
-        child += ["--runtime-dir", runtime_dir]
-    try:
-        result = subprocess.run(
-            child, capture_output=True, text=True, timeout=SPARK_S, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired as exc:
-        # (TimeoutExpired carries bytes even with text=True; the child's JVM exits with it.)
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
-        last = "\n".join(err.splitlines()[-30:])
-        raise DemoError(f"Spark did not answer within {SPARK_S} s:\n{last}") from None
-    if result.returncode != 0:
-        raise DemoError(
-            f"the Spark query failed (status {result.returncode}):\n"
-            + "\n".join(result.stderr.splitlines()[-30:])
-        )
-    return result.stdout
+class SparkQuery:
+    """The aggregate in a child process (so a stuck JVM cannot outlive the bound), started
+    early: the JVM and the Spark session come up, and warm up, while the daemon starts
+    and consumes. A JVM, a session and a first Iceberg query take tens of seconds on a
+    busy machine; after the warm-up only the query itself is left.
+
+    The child reads two lines from its stdin: the first once the daemon created the table
+    (its catalog is warmed up then, not before: Iceberg's JDBC catalog would create the
+    catalog tables itself if it came first), the second once the table holds every record
+    (the query)."""
+
+    def __init__(self, root: Path, config: Path, runtime_dir: str | None) -> None:
+        self.command = [sys.executable, str(Path(__file__).resolve()), "_spark-query", str(config)]
+        if runtime_dir:
+            self.command += ["--runtime-dir", runtime_dir]
+        self.log = root / "logs" / "spark.log"
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as err:
+            self.process = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+            )
+
+    def catalog_ready(self) -> None:
+        """The daemon is up: its catalog and the table exist."""
+        assert self.process is not None and self.process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it ended: `run` reports its log
+            self.process.stdin.write("catalog\n")
+            self.process.stdin.flush()
+
+    def run(self) -> str:
+        """Ask for the query (the table holds every record by now); its printed output."""
+        assert self.process is not None
+        try:
+            out, _ = self.process.communicate("query\n", timeout=SPARK_S)
+        except subprocess.TimeoutExpired:
+            raise DemoError(f"Spark did not answer within {SPARK_S} s:\n{tail(self.log)}") from None
+        if self.process.returncode != 0:  # (also when it ended before it was asked)
+            raise DemoError(
+                f"the Spark query failed (status {self.process.returncode}):\n{tail(self.log)}"
+            )
+        return out
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
 
 
 def spark_query_main(config: Path, runtime_dir: str | None) -> int:
-    """Child process: Spark settings from ``icespool spark-conf``, then the query, shown."""
+    """Child process: Spark settings from ``icespool spark-conf``, a session and warm-ups,
+    then the query, shown (see `SparkQuery` for the two lines it waits for)."""
+    started = time.monotonic()
+
+    def progress(message: str) -> None:  # to stderr: the demo's logs/spark.log
+        print(f"[demo spark] {message} after {time.monotonic() - started:.1f} s", file=sys.stderr)
+
+    def wait_for_parent() -> bool:
+        if sys.stdin.readline():
+            return True
+        print("[demo spark] the demo ended before asking for the query", file=sys.stderr)
+        return False
+
     from pyspark.sql import SparkSession
 
     spark_conf = subprocess.run(
@@ -511,15 +552,34 @@ def spark_query_main(config: Path, runtime_dir: str | None) -> int:
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.warehouse.dir": str(config.parent / "spark-warehouse"),
+        # A short-lived JVM running one small query: the JIT's quick C1 tier only (about
+        # half the CPU time of tiered compilation here).
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     }
     for key, value in {**quiet, **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
+        progress("session up")
+        # An aggregate of the query's shape, without a table.
+        spark.sql(
+            "SELECT id % 4 AS k, count(*), sum(CAST(id AS DECIMAL(10,2))) FROM range(100) "
+            "GROUP BY k ORDER BY k"
+        ).collect()
+        progress("warmed up")
+        if not wait_for_parent():
+            return 1
+        # The catalog: listing the tables loads none, so no table is cached before the
+        # commits (Iceberg's SparkCatalog caches a loaded table's snapshot).
+        spark.sql(f"SHOW TABLES IN {catalog}.{TABLE.split('.')[0]}").collect()
+        progress("catalog warmed up")
+        if not wait_for_parent():
+            return 1
         sql = query(catalog)
         print(f"spark.sql({sql!r}).show()")
         spark.sql(sql).show(truncate=False)
+        progress("query shown")
     finally:
         spark.stop()
     return 0
@@ -588,6 +648,7 @@ def run_demo(args: argparse.Namespace) -> int:
     orders = sample_orders(args.events)
     broker: Broker | None = None
     daemon: Daemon | None = None
+    spark: SparkQuery | None = None
     try:
         with step("checking the prerequisites"):
             check_prerequisites(runtime_dir)
@@ -602,21 +663,26 @@ def run_demo(args: argparse.Namespace) -> int:
         with step("writing the config"):
             config = write_config(root, broker.bootstrap)
             say(f"  {config}: embedded default + table {TABLE} + [[kafka]] {TOPIC} -> {TABLE}")
+        with step("starting Spark in the background"):
+            if runtime_dir:
+                say(f"  Iceberg Spark runtime: {runtime_dir}")
+            else:
+                say("  no --runtime-dir or $ICESPOOL_SPARK_RUNTIME: Spark fetches the Iceberg "
+                    "runtime from Maven Central (make demo uses .spark-runtime)")  # fmt: skip
+            spark = SparkQuery(root, config, runtime_dir)
+            spark.start()
+            say(f"  log {spark.log}")
         with step("starting icespool run"):
             daemon = Daemon(root, config)
             daemon.start()
+            spark.catalog_ready()
             say(f"  daemon on {daemon.url}, log {daemon.log}")
         with step(f"producing {len(orders):,} orders to {TOPIC}"):
             run_bounded(produce(broker.bootstrap, orders), PRODUCE_S, "producing")
         with step(f"waiting until {TABLE} holds all {len(orders):,}"):
             wait_committed(root, daemon, len(orders))
         with step("querying the table with Spark"):
-            if runtime_dir:
-                say(f"  Iceberg Spark runtime: {runtime_dir}")
-            else:
-                say("  no --runtime-dir or $ICESPOOL_SPARK_RUNTIME: Spark fetches the Iceberg "
-                    "runtime from Maven Central (make demo uses .spark-runtime)")  # fmt: skip
-            shown = run_spark_query(config, runtime_dir)
+            shown = spark.run()
         print(shown, end="", flush=True)
         expected = expected_by_kind(orders)
         say("produced: " + ", ".join(f"{kind} {n:,} ({s})" for kind, (n, s) in expected.items()))
@@ -637,6 +703,8 @@ def run_demo(args: argparse.Namespace) -> int:
             )
         return 1
     finally:
+        if spark is not None:
+            spark.kill()
         if daemon is not None:
             daemon.kill()
         if broker is not None:

@@ -22,7 +22,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.types import StringType
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir, daemon_command
 from support.fixture_types import MakeConfig, RunDaemon
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
 from support.service_helpers import table_rows, wait_rows
 
 from daemon.config import Config
@@ -64,6 +64,7 @@ def _config(make_config: MakeConfig, broker: Broker, topic: str) -> Config:
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": f"g-{topic}",
+                "session_timeout": SESSION_TIMEOUT,
                 "offset_commit_interval": "1s",
                 "table": EVENTS,
                 "metadata_columns": ["_kafka_offset"],
@@ -243,6 +244,7 @@ topics = ["{topic}"]
 group_id = "g-{topic}"
 table = "{TABLE}"
 offset_commit_interval = "1s"
+session_timeout = "{SESSION_TIMEOUT}"
 """,
     )
     # 400 records over two partitions; every 4th has a column the table lacks.

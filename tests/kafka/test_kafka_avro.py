@@ -22,7 +22,7 @@ import fastavro
 import numpy as np
 import pytest
 from aiohttp import web
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config, redacted
@@ -276,6 +276,7 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": f"g-{topic}",
+                "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
                 "format": "avro",
                 "schema_registry_url": registry.url,
@@ -364,6 +365,7 @@ async def test_fixed_schema_file_with_header_routing(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": f"g-{topic}",
+                "session_timeout": SESSION_TIMEOUT,
                 "route_header": "site",
                 "table_template": "demo.readings_{value}",
                 "format": "avro",

@@ -15,14 +15,11 @@ import random
 import sqlite3
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import psycopg2
 import pytest
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 from support.kafka_harness import Broker, create_topic, produce
@@ -133,21 +130,6 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
         daemon.cleanup()
 
 
-@pytest.fixture
-def postgres_uri() -> Iterator[str]:
-    database = f"icespool_kafka_{uuid.uuid4().hex[:10]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-    admin.autocommit = True
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{database}"')
-    try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend_name", ["sql", "rest-s3"])
 async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
@@ -214,14 +196,14 @@ async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
             d.cleanup()
 
 
-def _hold_sqlite_lock(path: Path, seconds: float, locked: threading.Event) -> None:
-    """Keep an exclusive lock on the catalog database: every catalog write waits
-    (and times out) meanwhile, like a stalled catalog service."""
+def _hold_sqlite_lock(path: Path, locked: threading.Event, release: threading.Event) -> None:
+    """Keep an exclusive lock on the catalog database until ``release`` (at most 120 s):
+    every catalog write waits (and times out) meanwhile, like a stalled catalog service."""
     connection = sqlite3.connect(path, timeout=30, isolation_level=None)
     try:
         connection.execute("BEGIN EXCLUSIVE")
         locked.set()
-        time.sleep(seconds)
+        release.wait(120)
         connection.execute("COMMIT")
     finally:
         connection.close()
@@ -264,32 +246,51 @@ async def test_backpressure_pauses_partitions_and_loses_nothing(
         while len(json.loads(await _get(daemon, "/v1/status"))["kafka"]["assignments"]) < 6:
             assert time.monotonic() < deadline, "partitions were not assigned"
             await asyncio.sleep(0.3)
-        locked = threading.Event()
+        locked, release = threading.Event(), threading.Event()
         holder = threading.Thread(
-            target=_hold_sqlite_lock, args=(home.catalog_db, 20.0, locked), daemon=True
+            target=_hold_sqlite_lock, args=(home.catalog_db, locked, release), daemon=True
         )
         holder.start()
         assert locked.wait(10)
-        await produce(
-            broker.bootstrap,
-            topic,
-            [{"id": i, "v": "x" * 40} for i in range(n)],
-            partitions=PARTITIONS,
-        )
+        # Watched from before the first record until the stall ends: the spool stays
+        # within spool.max_bytes, some partition gets paused, RSS stays bounded.
         paused_seen = 0.0
         peak_rss = 0.0
-        deadline = time.monotonic() + 18
-        while time.monotonic() < deadline:
-            metrics = await _get(daemon, "/metrics")
-            for line in metrics.splitlines():
-                if line.startswith("icespool_kafka_paused_partitions "):
-                    paused_seen = max(paused_seen, float(line.split()[1]))
-            assert daemon.pid is not None
-            peak_rss = max(peak_rss, _rss_mib(daemon.pid))
-            await asyncio.sleep(0.5)
-        assert paused_seen >= 1, "no partition was paused while the catalog stalled"
-        status = json.loads(await _get(daemon, "/v1/status"))
-        assert status["spool"]["bytes"] <= 3 * 2**20
+        peak_spool = 0
+
+        async def watch() -> None:
+            nonlocal paused_seen, peak_rss, peak_spool
+            while not release.is_set():
+                metrics = await _get(daemon, "/metrics")
+                for line in metrics.splitlines():
+                    if line.startswith("icespool_kafka_paused_partitions "):
+                        paused_seen = max(paused_seen, float(line.split()[1]))
+                status = json.loads(await _get(daemon, "/v1/status"))
+                peak_spool = max(peak_spool, status["spool"]["bytes"])
+                assert daemon.pid is not None
+                peak_rss = max(peak_rss, _rss_mib(daemon.pid))
+                await asyncio.sleep(0.3)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await produce(
+                broker.bootstrap,
+                topic,
+                [{"id": i, "v": "x" * 40} for i in range(n)],
+                partitions=PARTITIONS,
+            )
+            # The catalog stays stalled until a partition was paused, and then for a few
+            # seconds more with every record produced (the RSS peak is taken meanwhile).
+            deadline = time.monotonic() + 60
+            while paused_seen < 1:
+                assert time.monotonic() < deadline, "no partition was paused while stalled"
+                assert not watcher.done(), watcher
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(5)
+        finally:
+            release.set()
+            await watcher
+        assert peak_spool <= 3 * 2**20, peak_spool
         holder.join(30)
         await _wait_count(home, n, 120, [daemon])
         await asyncio.sleep(2)

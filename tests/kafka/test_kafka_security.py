@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from support.fixture_types import MakeConfig, RunDaemon
+from support.kafka_harness import SESSION_TIMEOUT
 from support.secure_broker import (
     SecureBroker,
     TlsFiles,
@@ -107,6 +108,7 @@ def _config(make_config: MakeConfig, broker: SecureBroker, topic: str, **securit
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": f"g-{topic}",
+                "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
                 "offset_commit_interval": "1s",
                 **security,

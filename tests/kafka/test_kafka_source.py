@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
-from support.kafka_harness import Broker, create_topic, produce, produce_values
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, produce_values
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
@@ -37,6 +37,7 @@ def _config(make_config: MakeConfig, broker: Broker, topic: str, **kafka: Any) -
         "bootstrap_servers": broker.bootstrap,
         "topics": [topic],
         "group_id": f"g-{topic}",
+        "session_timeout": SESSION_TIMEOUT,
         "offset_commit_interval": "1s",
         **kafka,
     }
@@ -152,6 +153,7 @@ async def test_dynamic_routing_writes_each_table_exactly_once_across_restarts(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-routed",
+                "session_timeout": SESSION_TIMEOUT,
                 "route_field": "kind",
                 "table_template": "demo.ev_{value}",
                 "offset_commit_interval": "1s",
@@ -332,6 +334,7 @@ async def test_raw_format_and_metadata_columns(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-raw",
+                "session_timeout": SESSION_TIMEOUT,
                 "table": "demo.raw",
                 "format": fmt,
                 "metadata_columns": [

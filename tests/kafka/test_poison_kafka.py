@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
@@ -136,6 +136,7 @@ def _config(make_config: MakeConfig, broker: Broker, topic: str, **kafka: Any) -
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": f"g-{topic}",
+                "session_timeout": SESSION_TIMEOUT,
                 "offset_commit_interval": "1s",
                 "table": TABLE,
                 "metadata_columns": ["_kafka_partition", "_kafka_offset", "_kafka_key"],
@@ -258,6 +259,7 @@ async def test_auto_create_never_infers_from_a_value_too_deep(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-routes",
+                "session_timeout": SESSION_TIMEOUT,
                 "offset_commit_interval": "1s",
                 "route_field": "kind",
                 "table_template": "auto.{value}",

@@ -13,7 +13,7 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
 from support.fixture_types import MakeConfig, RunDaemon
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
 from support.service_helpers import table_rows, wait_rows
 
 from daemon.schema._evolution import SchemaChangeError, plan_evolution
@@ -247,6 +247,7 @@ async def test_kafka_stream_that_grows_fields_ends_with_every_column_and_value(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-growing",
+                "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
             }
         ],
@@ -327,6 +328,7 @@ async def test_kafka_auto_create_makes_a_table_per_new_route_exactly_once(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-auto",
+                "session_timeout": SESSION_TIMEOUT,
                 "route_field": "kind",
                 "table_template": "auto.{value}",
                 "auto_create": True,
@@ -346,12 +348,15 @@ async def test_kafka_auto_create_makes_a_table_per_new_route_exactly_once(
             "auto.kafka_dead_letter",
             "auto.red",
         ]
+        expected = {
+            kind: [i for i in range(1200) if i % 50 and kinds[i % 3] == kind] for kind in kinds
+        }
         for kind in kinds:
-            expected = [i for i in range(1200) if i % 50 and kinds[i % 3] == kind]
-            rows = await wait_rows(service, f"auto.{kind}", len(expected))
-            await asyncio.sleep(1.5)
+            await wait_rows(service, f"auto.{kind}", len(expected[kind]))
+        await asyncio.sleep(1.5)  # nothing more arrives
+        for kind in kinds:
             rows = await asyncio.to_thread(table_rows, service, f"auto.{kind}")
-            assert sorted(r["id"] for r in rows) == expected, kind
+            assert sorted(r["id"] for r in rows) == expected[kind], kind
             assert all(r["v"] == r["id"] * 2 and r["kind"] == kind for r in rows)
         dead = await wait_rows(service, "auto.kafka_dead_letter", 24)
         assert sorted(json.loads(d["value"])["id"] for d in dead) == list(range(0, 1200, 50))
@@ -466,6 +471,7 @@ async def test_kafka_fetch_mixing_a_new_column_and_an_illegal_change_dead_letter
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-mixed",
+                "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
             }
         ],
@@ -495,6 +501,7 @@ async def test_auto_created_route_tables_hold_the_sources_metadata_columns(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-routed-meta",
+                "session_timeout": SESSION_TIMEOUT,
                 "route_field": "kind",
                 "table_template": "routed.t_{value}",
                 "auto_create": True,

@@ -15,7 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pyiceberg.catalog import load_catalog
 from pyspark.sql import Row
-from support.kafka_harness import Broker, create_topic, produce
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
 
 from daemon.config import Config
 from daemon.kafka._offsets import offsets_key
@@ -82,6 +82,7 @@ def _config(make_config: Any, broker: Broker, catalog_name: str) -> Config:
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [TOPIC],
                 "group_id": GROUP,
+                "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
                 "offset_commit_interval": "1s",
             }

