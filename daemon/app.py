@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -54,6 +55,8 @@ AFTER_GRACE_SECONDS = 5.0
 #: A blocking call was still stuck when the shutdown deadline passed (EX_TEMPFAIL).
 EXIT_STUCK = 75
 _EXIT_FAILED = 1
+# The ready line names this many tables, then counts the rest.
+_READY_LISTS = 20
 _EXIT_FORCED = 130
 
 
@@ -88,6 +91,7 @@ async def _serve(
     hangup = asyncio.Event()
     _install_signal_handlers(stop, hangup)
     _prepare_local_dirs(config)
+    _raise_open_files_limit()
     try:
         # Read before recovery: a missing token file or a bad certificate fails at once.
         tokens = load_tokens(config.http)
@@ -148,14 +152,18 @@ async def _serve(
     # moving it out of the collector's view keeps full collections short (they
     # otherwise paused ingest for 30-45 ms every ~10 s).
     gc.freeze()
+    names = service.table_names
+    listed = ", ".join(names[:_READY_LISTS]) or "(none)"
+    if len(names) > _READY_LISTS:  # one line, not 10,000 names (GET /v1/status lists all)
+        listed += f" and {len(names) - _READY_LISTS} more ({len(names)} tables)"
     _log.info(
         "icespool ready: %s://%s:%d, tables %s, spool %s",
         "https" if http.tls else "http",
         config.http.host,
         http.port,
-        ", ".join(service.table_names) or "(none)",
+        listed,
         config.spool.dir,
-        extra={"port": http.port, "tables": service.table_names},
+        extra={"port": http.port, "tables": names[:_READY_LISTS], "table_count": len(names)},
     )
     # After the ready line: recovery is done and the socket accepts, as READY=1 promises.
     systemd.ready()
@@ -321,6 +329,22 @@ def _install_signal_handlers(stop: asyncio.Event, hangup: asyncio.Event | None =
         loop.add_signal_handler(signum, on_signal, signum)
     if hangup is not None:
         loop.add_signal_handler(signal.SIGHUP, hangup.set)
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard one.
+
+    Every table holding acked records keeps its open spool segment's file open, so
+    thousands of busy tables need thousands of descriptors; a soft limit of 1,024 (a
+    common default, below the hard limit) would refuse appends with EMFILE.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:
+        _log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
 
 
 def _prepare_local_dirs(config: Config) -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "SchemaError",
     "ShuttingDownError",
     "SparkConfError",
+    "TablePropertyError",
     "UnknownTableError",
 ]
 
@@ -106,6 +107,13 @@ class ShuttingDownError(BackpressureError):
 
 class CatalogError(IcespoolError):
     """The Iceberg catalog or table storage could not be reached or used."""
+
+
+class TablePropertyError(CatalogError):
+    """A table property holds a value no writer can use (``write.target-file-size-bytes =
+    "512MB"``, set by another engine): the table's fault, not its rows'. Its flushes fail
+    and are retried with backoff, nothing is quarantined; fixing the property lets them
+    through."""
 
 
 class CommitError(IcespoolError):

@@ -14,8 +14,9 @@ work from other threads to the loop thread, so every change to the pool's
 bookkeeping below happens in one uninterrupted step of the loop thread.
 
 * ``_claimable`` counts lanes whose queue is non-empty and that no worker
-  holds. ``_refresh`` is the only code that changes it and runs after every
-  change to a queue or a busy flag.
+  holds; ``_ready`` holds exactly those lanes, in the order they became
+  claimable. ``_refresh`` is the only code that changes either and runs after
+  every change to a queue or a busy flag.
 * ``_scanners`` counts workers that are certain to scan the lanes before they
   next park: parked workers already woken, plus a worker between releasing a
   lane and rescanning.
@@ -33,6 +34,14 @@ worker running a job that will rescan when it releases its lane. This is the
 exact by counting: unlike a single stored permit, one wake per claimable lane
 cannot collapse. The cascade (``_kick`` after each claim) is kept as a second
 line of defence.
+
+Why a FIFO of claimable lanes
+-----------------------------
+A claim takes the lane at the head of ``_ready`` and a released lane with
+more work joins its tail: round-robin over the lanes that have work, in O(1)
+per claim whatever the number of lanes. (A scan over every registered lane
+cost O(lanes) per claim: with thousands of idle tables and one busy one,
+each of its jobs paid for all of them.)
 """
 
 from __future__ import annotations
@@ -312,11 +321,11 @@ class LanePool:
         self._max_per_claim = max_jobs_per_claim
         self._on_job_done = on_job_done
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lanes: list[Lane] = []
+        # Every registered lane by key, in registration order.
         self._by_key: dict[str, Lane] = {}
-        # Shared across workers so that claims, not just each worker's own
-        # sequence, go round-robin over the lanes.
-        self._cursor = 0
+        # The claimable lanes in the order they became claimable (a dict as an
+        # ordered set): shared by the workers, so claims go round-robin.
+        self._ready: dict[Lane, None] = {}
         self._claimable = 0
         self._scanners = 0
         self._parked: deque[asyncio.Future[None]] = deque()
@@ -380,19 +389,19 @@ class LanePool:
         if self._stopped:
             return
         self._stopping = True
-        for lane in self._lanes:
+        for lane in self._by_key.values():
             lane._closed = True
         if not drain or not self._tasks:
             self._abort()
         else:
-            await asyncio.gather(*(lane.drained() for lane in list(self._lanes)))
+            await asyncio.gather(*(lane.drained() for lane in list(self._by_key.values())))
         self._closing = True
         self._wake_all()
         if self._tasks:
             # wait(), not gather(): cancelling stop() must not cancel the workers.
             await asyncio.wait(self._tasks)
         self._stopped = True
-        for lane in list(self._lanes):
+        for lane in list(self._by_key.values()):
             self._unregister(lane)
         for task in self._tasks:
             if not task.cancelled() and (exc := task.exception()) is not None:
@@ -407,7 +416,6 @@ class LanePool:
         if lane is None:
             lane = Lane(self, key)
             self._by_key[key] = lane
-            self._lanes.append(lane)
         elif lane.closed:
             raise LaneClosedError(
                 f"encode lane {key!r} is closing; await its close() before opening it again"
@@ -418,7 +426,7 @@ class LanePool:
         """Per-lane counters, in registration order."""
         return {
             lane.key: LaneStats(pending=lane.pending, queued=lane.queued, busy=lane.busy)
-            for lane in self._lanes
+            for lane in self._by_key.values()
         }
 
     # -- loop binding --------------------------------------------------------
@@ -442,14 +450,6 @@ class LanePool:
     def _unregister(self, lane: Lane) -> None:
         if self._by_key.get(lane.key) is lane:
             del self._by_key[lane.key]
-        try:
-            index = self._lanes.index(lane)
-        except ValueError:
-            return
-        del self._lanes[index]
-        # Keep the cursor on the same next lane despite the shift.
-        if index < self._cursor:
-            self._cursor -= 1
 
     # -- scheduling (see the module docstring for the wake-up argument) -------
 
@@ -460,9 +460,11 @@ class LanePool:
         lane._counted = claimable
         if claimable:
             self._claimable += 1
+            self._ready[lane] = None
             self._kick()
         else:
             self._claimable -= 1
+            del self._ready[lane]
 
     def _kick(self) -> None:
         while self._claimable > self._scanners and self._parked:
@@ -481,18 +483,11 @@ class LanePool:
     def _claim(self) -> Lane | None:
         if self._claimable == 0:
             return None
-        lanes = self._lanes
-        count = len(lanes)
-        for step in range(count):
-            index = (self._cursor + step) % count
-            lane = lanes[index]
-            if lane._queue and not lane._busy:
-                lane._busy = True
-                # Not reduced modulo count: a lane registered after this one
-                # must be the next one scanned, not skipped by a wrap to 0.
-                self._cursor = index + 1
-                self._refresh(lane)
-                return lane
+        lane = next(iter(self._ready), None)  # the head: the lane waiting longest
+        if lane is not None:
+            lane._busy = True
+            self._refresh(lane)  # no longer claimable: it leaves _ready
+            return lane
         raise RuntimeError(
             f"encode pool bookkeeping is out of sync: {self._claimable} claimable "
             "lanes counted, none found"
@@ -526,16 +521,18 @@ class LanePool:
             except BaseException:
                 self._release(lane)
                 raise
-            # This worker rescans right after the yield below, so it counts as
-            # a scanner: releasing a lane with more work then wakes a peer only
-            # if there is more claimable work than this worker can take.
+            # Jobs that never suspend would otherwise let one worker run the
+            # whole backlog without giving the loop back, hence the yield. The
+            # lane stays held over it and is released in the same step as this
+            # worker's next claim, so a lane that became claimable meanwhile is
+            # ahead of it in _ready (round-robin). This worker rescans right
+            # then, so it counts as a scanner: releasing a lane with more work
+            # wakes a peer only if there is more than this worker can take.
             self._scanners += 1
-            self._release(lane)
             try:
-                # Jobs that never suspend would otherwise let one worker run
-                # the whole backlog without giving the loop back.
                 await asyncio.sleep(0)
             finally:
+                self._release(lane)
                 self._scanners -= 1
 
     def _release(self, lane: Lane) -> None:
@@ -593,7 +590,7 @@ class LanePool:
 
     def _abort(self) -> None:
         self._aborted = True
-        for lane in self._lanes:
+        for lane in list(self._by_key.values()):
             lane._cancel_queued()
         for task in self._tasks:
             task.cancel()

@@ -290,7 +290,8 @@ class Metrics:
         self.maintenance_runs = Counter(
             "icespool_maintenance_runs_total",
             "Maintenance tasks run per table: task expire/defaults/compact/orphans (outcome "
-            "ok or failed), or lease (outcome skipped: another replica maintains the table)",
+            "ok, failed, or conflict: another writer changed the inputs first and nothing "
+            "was committed), or lease (outcome skipped: another replica maintains the table)",
             ["table", "task", "outcome"],
             registry=r,
         )

@@ -175,30 +175,22 @@ class SystemdNotifier:
 
 
 def status_line(service: Icespool) -> str:
-    """The STATUS= text: what ``systemctl status icespool`` shows under the unit."""
-    registry = service.metrics.registry
+    """The STATUS= text: what ``systemctl status icespool`` shows under the unit.
+
+    O(tables) with a small constant (`Icespool.totals`): it is computed at every
+    watchdog tick and on SIGTERM, with thousands of tables too.
+    """
     if service.draining:
-        pending = sum(
-            registry.get_sample_value("icespool_queue_records", {"table": name}) or 0
-            for name in service.table_names
-        )
-        return f"draining: committing {int(pending)} pending records"
+        return f"draining: committing {service.totals().pending} pending records"
     if not service.ready:
         recovery = service.recovery
         if recovery is not None and not recovery.finished:  # a large spool: how far it is
             return f"starting: {recovery.text()}"
         return "starting: recovering the spool, loading the catalog and tables"
-    service.refresh_gauges()  # the spool gauges are otherwise refreshed per scrape only
-    acked = committed = 0.0
-    for name in service.table_names:
-        acked += registry.get_sample_value("icespool_records_acked_total", {"table": name}) or 0
-        committed += (
-            registry.get_sample_value("icespool_records_committed_total", {"table": name}) or 0
-        )
-    spool = registry.get_sample_value("icespool_spool_bytes") or 0
+    totals = service.totals()
     return (
-        f"serving {len(service.table_names)} tables: {int(acked)} records acked, "
-        f"{int(committed)} committed, spool {_human_bytes(spool)}"
+        f"serving {totals.tables} tables: {totals.acked} records acked, "
+        f"{totals.committed} committed, spool {_human_bytes(totals.spool_bytes)}"
     )
 
 

@@ -17,10 +17,12 @@ import asyncio
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
 from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.errors import (
@@ -31,6 +33,7 @@ from daemon.errors import (
     ShuttingDownError,
     UnknownTableError,
 )
+from daemon.fanout import CATALOG_CONCURRENCY, Tally, fan_out
 from daemon.iceberg import (
     CatalogHealth,
     create_inferred,
@@ -64,7 +67,7 @@ from daemon.schema import (
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import FileSystem, QuarantinedSegment, Spool
 
-__all__ = ["Icespool"]
+__all__ = ["Icespool", "Totals"]
 
 _log = logging.getLogger("icespool.service")
 # An unreachable catalog at start-up: retried from about a second up to 30 s apart.
@@ -75,6 +78,17 @@ _FINAL_COMMIT = Backoff(attempts=1, base=0.5, cap=5.0)
 _RELOAD_INTERVAL = 10.0
 # /v1/status lists at most this many quarantined segments (and counts all of them).
 _STATUS_QUARANTINE_LIMIT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Figures over every table, from one pass over the writers (no metric collection)."""
+
+    tables: int
+    acked: int  # records acknowledged by this process
+    committed: int  # records committed by this process
+    pending: int  # records acknowledged and not committed yet (recovered ones included)
+    spool_bytes: int
 
 
 class Icespool:
@@ -112,6 +126,9 @@ class Icespool:
             tasks=DEFAULT_TASKS,
             is_spooled=self._is_spooled,
         )
+        # Per-table work whose heavy part queues in the lanes (recovery commits): twice
+        # the lane workers keeps every worker busy without queueing every table at once.
+        self._fan_limit = max(CATALOG_CONCURRENCY, 2 * config.encode.resolved_workers)
         self._catalog: Catalog | None = None
         self.ingest = Ingest(self)
         self._writers: dict[str, TableWriter] = {}
@@ -157,31 +174,7 @@ class Icespool:
             self._catalog = await self._load_catalog(wait_for_catalog)
             self._starting = "starting (spool recovery)"
             await self._pool.start()
-            for table_config in self.config.tables:
-                name = table_config.name
-                try:
-                    if table_config.infer and table_config.columns is None:
-                        existing = await asyncio.to_thread(
-                            existing_table, self._require_catalog(), name
-                        )
-                        if existing is None:  # created from the first batch it receives
-                            self._awaiting_schema[name] = table_config
-                            continue
-                        await self._add_writer(name, table_config, table=existing)
-                    else:
-                        await self._add_writer(name, table_config)
-                except Exception as exc:  # this table only: the others serve
-                    self._mark_unloaded(name, table_config, exc)
-            for kafka in self.config.kafka:
-                dead_letters = kafka.dead_letter_table
-                if dead_letters is not None and dead_letters not in self._writers:
-                    try:
-                        await self._add_writer(dead_letters, None, create=True)
-                    except Exception as exc:  # its source waits for it; the rest serve
-                        self._mark_unloaded(dead_letters, None, exc)
-                if kafka.auto_create:
-                    for name in await asyncio.to_thread(self._auto_created, kafka):
-                        await self._add_writer(name, None, evolve=AUTO_CREATED)
+            await self._load_tables()
             await self._recover()
         except BaseException:
             await self._abort()
@@ -256,12 +249,28 @@ class Icespool:
         for source in self._sources:
             await source.stop_fetching()
         deadline = time.monotonic() + grace
-        # Each final commit logs its own failure, so none of them cancels the others.
-        async with asyncio.TaskGroup() as group:
+        writers = list(self._writers.values())
+        tally = Tally("shutdown commits", len(writers))
+        tally.detail = lambda: f"{self.totals().pending} records pending"
+        if writers:
+            _log.info(
+                "shutdown: committing %d tables (%d records pending) within %.0fs",
+                len(writers),
+                self.totals().pending,
+                grace,
+                extra={"tables": len(writers)},
+            )
+        # One task per table closes every writer at once (no more triggers), while the
+        # lanes bound the work: at most `encode.workers` commits run at a time, the
+        # rest wait in their lanes' FIFO. Each final commit logs its own failure, so
+        # none of them cancels the others.
+        async with tally.reporting(), asyncio.TaskGroup() as group:
             closing = [
                 group.create_task(_final_commit(w, deadline), name=f"final-commit-{w.name}")
-                for w in self._writers.values()
+                for w in writers
             ]
+            for task in closing:
+                task.add_done_callback(lambda _: setattr(tally, "done", tally.done + 1))
             pending: set[asyncio.Task[None]] = set()
             if closing:
                 _, pending = await asyncio.wait(closing, timeout=grace)
@@ -389,24 +398,32 @@ class Icespool:
         table: Any = None,
         evolve: Policy | None = None,
     ) -> TableWriter:
-        if table is not None:
-            pass
-        elif create:  # a dead-letter table: our schema, created when missing
-            table = await asyncio.to_thread(
-                create_with,
-                self._require_catalog(),
-                name,
-                dead_letter_schema(),
-                created_table_properties(self.config, None),
+        if table is None:
+            table = await self._open_table(name, table_config, create=create)
+        return self._register(name, table_config, table, evolve=evolve)
+
+    async def _open_table(
+        self, name: str, table_config: TableConfig | None, *, create: bool = False
+    ) -> Table:
+        """Load ``name`` from the catalog (in a thread); ``create``: a dead-letter
+        table, with our schema, created when missing."""
+        catalog = self._require_catalog()
+        defaults = created_table_properties(self.config, table_config)
+        if create:
+            return await asyncio.to_thread(
+                create_with, catalog, name, dead_letter_schema(), defaults
             )
-        else:
-            table = await asyncio.to_thread(
-                load_declared,
-                self._require_catalog(),
-                name,
-                table_config,
-                created_table_properties(self.config, table_config),
-            )
+        return await asyncio.to_thread(load_declared, catalog, name, table_config, defaults)
+
+    def _register(
+        self,
+        name: str,
+        table_config: TableConfig | None,
+        table: Table,
+        *,
+        evolve: Policy | None = None,
+    ) -> TableWriter:
+        """Start serving ``name`` with a loaded ``table`` (not started: see `TableWriter.start`)."""
         settings = self.config.table_settings(name) if table_config else self.config.defaults
         writer = TableWriter(
             name,
@@ -422,6 +439,55 @@ class Icespool:
         self._writers[name] = writer
         self.maintenance.add(name)
         return writer
+
+    async def _load_tables(self) -> None:
+        """Load (or create) every declared table, then the Kafka sources' dead-letter
+        tables and the tables their ``auto_create`` made in earlier runs.
+
+        Loads run `CATALOG_CONCURRENCY` at a time (1,000 tables one after the other took
+        15 s); writers are registered in config order. A table that cannot be loaded
+        is marked degraded alone; the others serve.
+        """
+        declared = self.config.tables
+
+        async def load(table_config: TableConfig) -> Table | None:
+            if table_config.infer and table_config.columns is None:
+                # None: created from the first batch it receives.
+                return await asyncio.to_thread(
+                    existing_table, self._require_catalog(), table_config.name
+                )
+            return await self._open_table(table_config.name, table_config)
+
+        loaded = await fan_out("loading tables", declared, load, limit=CATALOG_CONCURRENCY)
+        for table_config, outcome in zip(declared, loaded, strict=True):
+            name = table_config.name
+            if isinstance(outcome, Exception):  # this table only: the others serve
+                self._mark_unloaded(name, table_config, outcome)
+            elif outcome is None:
+                self._awaiting_schema[name] = table_config
+            else:
+                self._register(name, table_config, outcome)
+        for kafka in self.config.kafka:
+            dead_letters = kafka.dead_letter_table
+            if dead_letters is not None and dead_letters not in self._writers:
+                try:
+                    await self._add_writer(dead_letters, None, create=True)
+                except Exception as exc:  # its source waits for it; the rest serve
+                    self._mark_unloaded(dead_letters, None, exc)
+            if kafka.auto_create:
+                names = await asyncio.to_thread(self._auto_created, kafka)
+                opened = await fan_out(
+                    "loading auto-created tables",
+                    names,
+                    lambda name: self._open_table(name, None),
+                    limit=CATALOG_CONCURRENCY,
+                )
+                for name, result in zip(names, opened, strict=True):
+                    if isinstance(result, Exception):
+                        # Like any route's table: its records stay spooled, retried.
+                        self._mark_unloaded(name, None, result)
+                    elif name not in self._writers:
+                        self._register(name, None, result, evolve=AUTO_CREATED)
 
     # ------------------------------------------------------------------ tables from data
 
@@ -489,9 +555,10 @@ class Icespool:
         return any(info.id == segment_id for info in self._spool.segments(table))
 
     def _spool_has_room(self) -> bool:
-        # Sources pause before the spool refuses appends, leaving room for HTTP.
-        stats = self._spool.stats()
-        return stats.bytes + stats.quarantine_bytes < 0.9 * self.config.spool.max_bytes
+        # Sources pause before the spool refuses appends, leaving room for HTTP. Asked
+        # on every fetch: O(1), not a walk of every table's segments.
+        used = self._spool.used_bytes + self._spool.quarantine_bytes
+        return used < 0.9 * self.config.spool.max_bytes
 
     async def _recover(self) -> None:
         """Commit leftover segments before any new record is accepted.
@@ -520,15 +587,16 @@ class Icespool:
             },
         )
         progress.draw()
-        for name in sorted(leftovers):
+
+        async def recover(name: str) -> None:
             if name not in self._writers:
                 if name in self._unloaded:
-                    continue
+                    return
                 try:
                     await self._add_writer(name, None)
                 except Exception as exc:
                     self._mark_unloaded(name, None, exc)
-                    continue
+                    return
             writer = self._writers[name]
             writer.adopt(self._spool.segments(name))
             writer.on_settled = progress.segment_done
@@ -536,6 +604,10 @@ class Icespool:
                 await self._commit_leftovers(writer)
             finally:
                 writer.on_settled = None
+
+        # Tables recover side by side (their commits queue in their lanes), each
+        # failure alone; `progress` counts segments across all of them.
+        await fan_out("recovering tables", sorted(leftovers), recover, limit=self._fan_limit)
         # Short of 100% when a table is degraded: its segments stay for the next try.
         progress.finish()
 
@@ -567,8 +639,11 @@ class Icespool:
 
     def _mark_unloaded(self, name: str, table_config: TableConfig | None, exc: Exception) -> None:
         reason = f"cannot load the table: {type(exc).__name__}: {exc}"
+        before = self._unloaded.get(name)
         self._unloaded[name] = (table_config, reason)
         self.metrics.table_degraded.labels(table=name).set(1)
+        if before is not None and before[1] == reason:
+            return  # said already; the reload round sums up who still fails
         _log.error(
             "%s: %s; its records stay spooled, the other tables serve, retrying every %.0fs",
             name,
@@ -580,22 +655,56 @@ class Icespool:
     async def _reload_unloaded(self) -> None:
         while self._unloaded:
             await asyncio.sleep(_RELOAD_INTERVAL)
-            for name, (table_config, _) in list(self._unloaded.items()):
-                dead_letters = any(k.dead_letter_table == name for k in self.config.kafka)
-                try:
-                    writer = await self._add_writer(name, table_config, create=dead_letters)
-                except Exception as exc:
-                    self._mark_unloaded(name, table_config, exc)
-                    continue
-                del self._unloaded[name]
-                self.metrics.table_degraded.labels(table=name).set(0)
-                _log.info("%s: loaded; committing its spooled records", name)
-                writer.adopt(self._spool.segments(name))
-                writer.start()
-                await self._commit_leftovers(writer)
+            # Side by side, bounded: 1,000 tables of a catalog that times out must not
+            # make one round last 1,000 timeouts.
+            tried = len(self._unloaded)
+            await fan_out(
+                "reloading degraded tables",
+                list(self._unloaded.items()),
+                self._reload_one,
+                limit=CATALOG_CONCURRENCY,
+            )
+            if self._unloaded:
+                # One line per round, not one per table (each new reason was logged).
+                name, (_, reason) = next(iter(self._unloaded.items()))
+                _log.warning(
+                    "%d of %d degraded tables still cannot be loaded, retrying every %.0fs "
+                    "(e.g. %s: %s)",
+                    len(self._unloaded),
+                    tried,
+                    _RELOAD_INTERVAL,
+                    name,
+                    reason,
+                    extra={"tables": len(self._unloaded)},
+                )
             waiting, self._waiting_sources = self._waiting_sources, []
             for source in waiting:
                 self._start_source(source)
+
+    async def _reload_one(self, entry: tuple[str, tuple[TableConfig | None, str]]) -> None:
+        name, (table_config, _) = entry
+        dead_letters = any(k.dead_letter_table == name for k in self.config.kafka)
+        try:
+            table = await self._open_table(name, table_config, create=dead_letters)
+        except Exception as exc:
+            self._mark_unloaded(name, table_config, exc)
+            return
+        evolve = None if table_config is not None or dead_letters else self._route_policy(name)
+        writer = self._register(name, table_config, table, evolve=evolve)
+        del self._unloaded[name]
+        self.metrics.table_degraded.labels(table=name).set(0)
+        _log.info("%s: loaded; committing its spooled records", name)
+        writer.adopt(self._spool.segments(name))
+        writer.start()
+        await self._commit_leftovers(writer)
+
+    def _route_policy(self, name: str) -> Policy | None:
+        """The evolve policy of an undeclared table: a Kafka ``auto_create`` route's
+        table adds columns as when it was created; any other keeps its schema."""
+        for kafka in self.config.kafka:
+            if kafka.auto_create and kafka.targets([name]):
+                return AUTO_CREATED
+        return None
 
     async def replay_quarantined(self, segment_id: str) -> FlushResult:
         """Restore one quarantined segment and commit it (exactly once).
@@ -758,6 +867,18 @@ class Icespool:
             ],
             "lag": {f"{a['topic']}[{a['partition']}]": a["lag"] for a in assignments},
         }
+
+    def totals(self) -> Totals:
+        """Acked, committed and pending records over every table, and the spool's
+        bytes: one pass over the writers (the systemd STATUS line asks at every tick;
+        reading each table's series back from the metric registry collected the whole
+        registry once per table, O(tables^2))."""
+        acked = committed = pending = 0
+        for writer in self._writers.values():
+            acked += writer.acked_records
+            committed += writer.committed_records
+            pending += writer.pending_records
+        return Totals(len(self._writers), acked, committed, pending, self._spool.used_bytes)
 
     def refresh_gauges(self) -> None:
         """Bring the readiness, spool and last-commit-age gauges up to date (on every

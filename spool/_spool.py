@@ -475,6 +475,17 @@ class Spool:
         await self._in_thread(_unlink, info.path, self.directory, self._fs)
         self._forget(info)
 
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the spool's segments (sealed and open), as `stats` counts them,
+        in O(1) (`stats` walks every table; this is asked for on every fetch)."""
+        return self._bytes
+
+    @property
+    def quarantine_bytes(self) -> int:
+        """Bytes of quarantined segment files as last counted (see `quarantined`)."""
+        return self._quarantine_bytes
+
     def stats(self) -> SpoolStats:
         tables: dict[str, TableUsage] = {}
         for table, lane in self._lanes.items():

@@ -407,7 +407,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "kafka[0].topic",
             "unknown key; did you mean 'topics'? valid keys here: bootstrap_servers, group_id, "
             "topics, topic_pattern, table, route_field, route_header, table_template, auto_create, "
-            "format, "
+            "max_tables, format, "
             "schema_registry_url, schema_registry_username, schema_registry_password, "
             "schema_registry_timeout, "
             "avro_schema_file, dead_letter, metadata_columns, max_record_bytes, auto_offset_reset, "

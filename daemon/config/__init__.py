@@ -31,6 +31,7 @@ from daemon.config._load import (
 from daemon.config._model import (
     COLUMN_TYPES,
     DEFAULT_DATA_DIR,
+    LEASE_CLOCK_MARGIN,
     CatalogConfig,
     ColumnConfig,
     Compression,
@@ -68,6 +69,7 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_DATA_DIR",
     "ENV_PREFIX",
+    "LEASE_CLOCK_MARGIN",
     "REDACTED",
     "STORAGE_KEYS",
     "CatalogConfig",

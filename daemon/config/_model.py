@@ -15,7 +15,7 @@ import types
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
@@ -604,6 +604,11 @@ MinSnapshots = Annotated[int, Ge(1)]
 # Compaction bin-packs at least two files, or it only copies one.
 CompactionMinFiles = Annotated[int, Ge(2)]
 LeaseMode = Literal["catalog", "none"]
+#: Wall clocks of replicas may differ by this much: a maintenance lease holder stops
+#: acting this long before its lease ends (daemon/maintenance/_lease.py).
+LEASE_CLOCK_MARGIN: Final = 2.0
+# The least time a lease must leave its holder to work in (its TTL less the margin).
+_LEASE_WORK_MIN: Final = 1.0
 
 
 class MaintenanceOverride(_Section):
@@ -776,6 +781,11 @@ class KafkaConfig(_Section):
     # Create a table (schema inferred from its first records) for a route that has
     # none, instead of dead-lettering its records.
     auto_create: bool = False
+    # With auto_create: the most tables this source routes to (declared ones matching
+    # the template and those it created); it creates none beyond, and records for
+    # further routes are dead letters (reason "table_limit"). A route field holding a
+    # user id by mistake must not create a table per user.
+    max_tables: PositiveInt = 1000
     format: Literal["json", "raw", "avro"] = "json"
     # format "avro": exactly one of a Confluent-compatible schema registry (values in the
     # Confluent wire format: magic byte 0, 4-byte schema id, Avro binary) or one fixed
@@ -1027,11 +1037,24 @@ class Config(_Section):
     def table_names(self) -> list[str]:
         return [t.name for t in self.tables]
 
+    @functools.cached_property
+    def _tables_by_name(self) -> tuple[list[TableConfig], dict[str, TableConfig]]:
+        # With the list it indexes: `model_copy(update={"tables": ...})` (a reload)
+        # copies this cache along, and must not find the old list's entries.
+        return self.tables, {t.name: t for t in self.tables}
+
     def table(self, name: str) -> TableConfig:
-        """The ``[[tables]]`` entry called ``name``; UnknownTableError if there is none."""
-        for table in self.tables:
-            if table.name == name:
-                return table
+        """The ``[[tables]]`` entry called ``name``; UnknownTableError if there is none.
+
+        O(1): looked up once per table at start-up and per table on reload, which was
+        O(tables^2) as a scan."""
+        indexed, by_name = self._tables_by_name
+        if indexed is not self.tables:
+            del self.__dict__["_tables_by_name"]
+            indexed, by_name = self._tables_by_name
+        table = by_name.get(name)
+        if table is not None:
+            return table
         raise UnknownTableError(
             f"table {name!r} is not configured; add a [[tables]] entry with name = {name!r}"
         )
@@ -1101,6 +1124,17 @@ def _check_maintenance(
             f"{m.min_snapshots} is more than max_snapshots ({m.max_snapshots}); the cap "
             "cannot keep fewer snapshots than the minimum",
         )
+    if m.lease == "catalog" and m.resolved_lease_ttl < LEASE_CLOCK_MARGIN + _LEASE_WORK_MIN:
+        key = blame("interval") if m.lease_ttl is None else blame("lease_ttl", "interval")
+        if key is not None:
+            raise ConfigError(
+                f"{where}.{key}",
+                f"the maintenance lease would last {format_duration(m.resolved_lease_ttl)}; "
+                f"its holder stops {format_duration(LEASE_CLOCK_MARGIN)} before the end "
+                "(replicas' clocks may differ that much), so no run would have time to "
+                f"work: make lease_ttl (unset: 3 x interval) at least "
+                f"{format_duration(LEASE_CLOCK_MARGIN + _LEASE_WORK_MIN)}",
+            )
     too_short = m.lease_ttl is not None and m.lease_ttl < 2 * m.interval
     if too_short and (key := blame("lease_ttl", "interval")):
         assert m.lease_ttl is not None

@@ -68,8 +68,9 @@ from pyiceberg.exceptions import (
     ValidationException,
 )
 from pyiceberg.expressions import BooleanExpression
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestContent
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
@@ -92,8 +93,9 @@ from pyiceberg.table.update import (
     TableUpdate,
     ValidatableTableRequirement,
 )
-from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.utils.properties import property_as_bool
 
 from daemon.errors import CommitError
 from daemon.iceberg._metadata import apply_updates
@@ -456,6 +458,82 @@ def _settle(table: Table, attempts: Mapping[int, Transaction], landed: int) -> N
             )
 
 
+# Iceberg's defaults for the merge properties (Java's TableProperties: what Spark's
+# commits to the same table apply). pyiceberg 0.12 leaves merging off by default.
+_MERGE_ENABLED_DEFAULT: Final = True
+_MIN_MERGE_COUNT_DEFAULT: Final = TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
+_MERGE_TARGET_DEFAULT: Final = TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
+# (table uuid, property, value) already warned about; bounded, then forgotten.
+_garbage_warned: set[tuple[str, str, str]] = set()
+_GARBAGE_WARNED_MAX: Final = 1_000
+
+
+def _garbage_property(metadata: TableMetadata, key: str, value: str, default: object) -> None:
+    seen = (str(metadata.table_uuid), key, value)
+    if seen in _garbage_warned:
+        return
+    if len(_garbage_warned) >= _GARBAGE_WARNED_MAX:
+        _garbage_warned.clear()
+    _garbage_warned.add(seen)
+    _log.warning(
+        "table property %s=%r is not a valid value; commits use %s until it is fixed",
+        key,
+        value,
+        default,
+    )
+
+
+def _merge_int(metadata: TableMetadata, key: str, default: int) -> int:
+    value = metadata.properties.get(key)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        _garbage_property(metadata, key, value, default)
+        return default
+
+
+class _MergeAppend(_MergeAppendFiles):
+    """pyiceberg's merge append, with the merge properties read as Iceberg reads them.
+
+    Unset ``commit.manifest-merge.enabled`` means merging, as in Java and Spark
+    (pyiceberg 0.12's default is off: a table another engine created, which lacks the
+    key, would get one more manifest per daemon commit for ever). A value that is no
+    value (``min-count-to-merge = "abc"``; any engine may set any string, Iceberg
+    parses them only when it commits) means the default: these properties only tune
+    merging, and pyiceberg's ValueError would reject every commit of the table as the
+    data's fault (its segments struck and quarantined).
+    """
+
+    def __init__(
+        self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]
+    ) -> None:
+        # _MergeAppendFiles.__init__ is this, then its strict parsing of the three.
+        _FastAppendFiles.__init__(
+            self,
+            operation=Operation.APPEND,
+            transaction=transaction,
+            io=io,
+            snapshot_properties=snapshot_properties,
+            branch=MAIN_BRANCH,
+        )
+        metadata = transaction.table_metadata
+        key = TableProperties.MANIFEST_MERGE_ENABLED
+        try:
+            enabled = property_as_bool(metadata.properties, key, _MERGE_ENABLED_DEFAULT)
+        except ValueError:
+            enabled = _MERGE_ENABLED_DEFAULT
+            _garbage_property(metadata, key, metadata.properties[key], enabled)
+        self._merge_enabled = enabled
+        self._min_count_to_merge = _merge_int(
+            metadata, TableProperties.MANIFEST_MIN_MERGE_COUNT, _MIN_MERGE_COUNT_DEFAULT
+        )
+        self._target_size_bytes = _merge_int(
+            metadata, TableProperties.MANIFEST_TARGET_SIZE_BYTES, _MERGE_TARGET_DEFAULT
+        )
+
+
 def _stage(
     table: Table,
     data_files: Sequence[DataFile],
@@ -464,17 +542,17 @@ def _stage(
 ) -> tuple[Transaction, int]:
     """Build the append (writes manifests) and return it with its snapshot id.
 
-    A merge append: with ``commit.manifest-merge.enabled`` (the table's choice;
-    pyiceberg's default is true) the new manifest is merged with the existing small
-    ones once ``commit.manifest.min-count-to-merge`` of them are due, bin-packed to
-    ``commit.manifest.target-size-bytes``; disabled, it adds one manifest like a fast
-    append. Nothing is committed here; a failure deletes what was written.
+    A merge append (``_MergeAppend``): with ``commit.manifest-merge.enabled`` (the
+    table's choice; unset: true, Iceberg's default) the new manifest is merged with the
+    existing small ones once ``commit.manifest.min-count-to-merge`` of them are due,
+    bin-packed to ``commit.manifest.target-size-bytes``; disabled, it adds one manifest
+    like a fast append. Nothing is committed here; a failure deletes what was written.
     """
     transaction = _Staging(table)
     try:
         if table_properties:
             transaction.set_properties(dict(table_properties))
-        with transaction.update_snapshot(snapshot_properties=summary).merge_append() as append:
+        with _MergeAppend(transaction, table.io, summary) as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
             snapshot_id: int = append.snapshot_id

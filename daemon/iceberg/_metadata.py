@@ -15,6 +15,9 @@ from datetime import datetime
 
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import (
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+    RemoveStatisticsUpdate,
     TableUpdate,
     _apply_table_update,
     _TableMetadataUpdateContext,
@@ -38,7 +41,10 @@ def apply_updates(
     context = _TableMetadataUpdateContext()
     metadata = base
     for update in updates:
-        metadata = _apply_table_update(update, metadata, context)
+        if isinstance(update, RemoveSnapshotsUpdate):
+            metadata = _remove_snapshots(update, metadata, context)
+        else:
+            metadata = _apply_table_update(update, metadata, context)
     if not context.has_changes():
         return base
     if metadata_location:
@@ -49,3 +55,39 @@ def apply_updates(
     metadata.spec().check_compatible(metadata.schema())
     metadata.sort_order().check_compatible(metadata.schema())
     return metadata
+
+
+def _remove_snapshots(
+    update: RemoveSnapshotsUpdate, base: TableMetadata, context: _TableMetadataUpdateContext
+) -> TableMetadata:
+    """pyiceberg's ``RemoveSnapshotsUpdate`` (pinned <0.13: the same checks and result)
+    with sets. pyiceberg's looks each id up in the snapshots and each snapshot up in the
+    id list: quadratic, 3 s for an expiry of 10,000 snapshots, minutes for 100,000 (the
+    first expiry of a table that went unmaintained), run twice per commit in the
+    table's lane."""
+    removed = set(update.snapshot_ids)
+    present = {snapshot.snapshot_id for snapshot in base.snapshots}
+    for snapshot_id in update.snapshot_ids:
+        if snapshot_id not in present:
+            raise ValueError(f"Snapshot with snapshot id {snapshot_id} does not exist")
+    snapshots = [
+        snapshot.model_copy(update={"parent_snapshot_id": None})
+        if snapshot.parent_snapshot_id in removed
+        else snapshot
+        for snapshot in base.snapshots
+        if snapshot.snapshot_id not in removed
+    ]
+    snapshot_log = [entry for entry in base.snapshot_log if entry.snapshot_id not in removed]
+    metadata = base
+    for name, ref in base.refs.items():
+        if ref.snapshot_id in removed:
+            metadata = _apply_table_update(
+                RemoveSnapshotRefUpdate(ref_name=name), metadata, context
+            )
+    for statistics in base.statistics:
+        if statistics.snapshot_id in removed:
+            metadata = _apply_table_update(
+                RemoveStatisticsUpdate(snapshot_id=statistics.snapshot_id), metadata, context
+            )
+    context.add_update(update)
+    return metadata.model_copy(update={"snapshots": snapshots, "snapshot_log": snapshot_log})

@@ -70,7 +70,7 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_micros
 
-from daemon.errors import CatalogError, SchemaError
+from daemon.errors import CatalogError, SchemaError, TablePropertyError
 from daemon.schema import arrow_schema_for, conform, fill_masked_children
 
 __all__ = ["COMPRESSION_CODECS", "encode_data_files", "partition_transform"]
@@ -131,9 +131,11 @@ def _optional_int_property(properties: dict[str, str], key: str) -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"table property {key}={raw!r} is not an integer; fix the table") from None
+        raise TablePropertyError(
+            f"table property {key}={raw!r} is not an integer; fix the table"
+        ) from None
     if value <= 0:
-        raise ValueError(f"table property {key}={raw!r} must be positive; fix the table")
+        raise TablePropertyError(f"table property {key}={raw!r} must be positive; fix the table")
     return value
 
 
@@ -145,7 +147,7 @@ def _compression_level(properties: dict[str, str]) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(
+        raise TablePropertyError(
             f"table property {TableProperties.PARQUET_COMPRESSION_LEVEL}={raw!r} is not an "
             "integer; fix the table"
         ) from None
@@ -154,6 +156,20 @@ def _compression_level(properties: dict[str, str]) -> int | None:
 def _int_property(properties: dict[str, str], key: str, default: int) -> int:
     value = _optional_int_property(properties, key)
     return default if value is None else value
+
+
+def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict[int, StatisticsCollector]:
+    """pyiceberg's statistics plan; a ``write.metadata.metrics.*`` value it cannot parse
+    is the table's fault (TablePropertyError), not the rows'."""
+    try:
+        return compute_statistics_plan(schema, properties)
+    except ValueError as exc:
+        metrics = ", ".join(
+            f"{key}={value!r}"
+            for key, value in sorted(properties.items())
+            if key.startswith("write.metadata.metrics.")
+        )
+        raise TablePropertyError(f"table property {metrics}: {exc}; fix the table") from None
 
 
 def _pyarrow_codec(name: str, where: str) -> str:
@@ -181,7 +197,12 @@ def _settings(
         raise ValueError(f"row_group_records must be positive, got {row_group_records}")
     codec = _pyarrow_codec(compression, "compression")
     if (table_codec := properties.get(TableProperties.PARQUET_COMPRESSION)) is not None:
-        codec = _pyarrow_codec(table_codec, f"table property {TableProperties.PARQUET_COMPRESSION}")
+        try:
+            codec = _pyarrow_codec(
+                table_codec, f"table property {TableProperties.PARQUET_COMPRESSION}"
+            )
+        except ValueError as exc:
+            raise TablePropertyError(f"{exc}; fix the table") from None
     target = _int_property(
         properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, target_file_size
     )
@@ -714,7 +735,7 @@ def encode_data_files(
         settings=settings,
         spec_id=metadata.default_spec_id,
         file_prefix=file_prefix,
-        statistics_plan=compute_statistics_plan(file_schema, properties),
+        statistics_plan=_statistics_plan(file_schema, properties),
         column_mapping=column_mapping,
         written=[],
         use_dictionary=_dictionary_columns(data, write_schema, column_mapping),

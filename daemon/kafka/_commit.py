@@ -5,7 +5,9 @@ from them here, both on the source's tick, on revoke and on close:
 
 - a table with nothing pending from a partition the source consumed (a rarely used
   route, the dead-letter table) records the consumed range in a property-only
-  commit, so it does not hold the resume position back forever (`advance_idle`);
+  commit, so it does not hold the resume position back forever (`advance_idle`;
+  at most `IDLE_TABLES_PER_ROUND` tables a round, the furthest behind first, so a
+  source with thousands of quiet routes does not spend minutes per tick);
 - the consumer group's offsets are committed to Kafka from the tables' ranges,
   never ahead of them, only for lag tooling (`commit_group`), and the lag gauge
   follows the same position.
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.kafka._client import PROBE_TIMEOUT
 from daemon.kafka._offsets import (
     OffsetBook,
@@ -32,9 +35,11 @@ from daemon.kafka._partitions import Partition
 from daemon.metrics import Metrics
 from daemon.writer import TableWriter
 
-__all__ = ["OffsetCommitter"]
+__all__ = ["IDLE_TABLES_PER_ROUND", "OffsetCommitter"]
 
 _log = logging.getLogger("icespool.kafka")
+#: Property-only commits of idle tables per `OffsetCommitter.advance_idle` round.
+IDLE_TABLES_PER_ROUND = 64
 
 
 class OffsetCommitter:
@@ -42,6 +47,7 @@ class OffsetCommitter:
 
     ``tables()`` are the source's tables at the moment of the call (routes created
     by ``auto_create`` join), ``writer_for`` and ``book_for`` look them up.
+    ``round_seconds`` bounds one `advance_idle` round.
     """
 
     def __init__(
@@ -53,8 +59,10 @@ class OffsetCommitter:
         writer_for: Callable[[str], TableWriter],
         book_for: Callable[[str], OffsetBook],
         metrics: Metrics,
+        round_seconds: float = 10.0,
     ) -> None:
         self._source = source
+        self._round_seconds = round_seconds
         self._group = group_id
         self._tables = tables
         self._writer_for = writer_for
@@ -66,23 +74,68 @@ class OffsetCommitter:
 
         Raises what the catalog raised (the caller logs it; the next tick retries).
         """
+        consumed = [(part.tp, part.consumed()) for part in parts]
+        consumed = [(tp, ranges) for tp, ranges in consumed if ranges]
+        if not consumed:
+            return
+        # (how far the table covers, the table's writer, book and claims)
+        behind: list[tuple[int, TableWriter, OffsetBook, dict[str, Ranges]]] = []
         for table in self._tables():
             writer = self._writer_for(table)
             if writer.pending_records:
                 continue
             claims: dict[str, Ranges] = {}
-            for part in parts:
-                consumed = part.consumed()
-                if not consumed:
-                    continue
-                tp = part.tp
+            covered = None
+            for tp, ranges in consumed:
                 known = ranges_from_properties(
                     writer.table_properties, self._group, tp.topic, tp.partition
                 )
-                if known.union(consumed) != known:
-                    claims[offsets_key(self._group, tp.topic, tp.partition)] = consumed
-            if claims:
-                await writer.update_properties(self._book_for(table).consumed(claims))
+                if known.union(ranges) != known:
+                    claims[offsets_key(self._group, tp.topic, tp.partition)] = ranges
+                    last = known.spans[-1][1] if known.spans else -1
+                    covered = last if covered is None else min(covered, last)
+            if claims and covered is not None:
+                behind.append((covered, writer, self._book_for(table), claims))
+        if len(behind) > IDLE_TABLES_PER_ROUND:
+            # A round is one commit per table: with thousands of quiet routes it would
+            # take minutes at every tick and on shutdown. The tables furthest behind
+            # (holding the resume position back most) go first; the rest follow in
+            # later rounds. Until then a restart re-reads a little more and drops what
+            # the tables hold: their ranges stay exact either way.
+            behind.sort(key=lambda item: item[0])
+            behind = behind[:IDLE_TABLES_PER_ROUND]
+
+        async def record(item: tuple[int, TableWriter, OffsetBook, dict[str, Ranges]]) -> bool:
+            _, writer, book, claims = item
+            return await writer.update_properties(book.consumed(claims))
+
+        # Each commit runs in its table's lane; side by side (bounded), a source with
+        # many quiet routes does not spend a tick per table one after the other. The
+        # round is also bounded in time: the lanes may hold thousands of flushes ahead
+        # of these commits, and the source holds its lock meanwhile (no fetch, no
+        # rebalance callback: past max_poll_interval the group throws it out). What
+        # has not started by then is dropped and retried in a later round; a commit
+        # already running lands by itself, which is safe: it only claims offsets this
+        # table had nothing pending from, and nothing below the partitions' positions
+        # is handed to it again.
+        try:
+            async with asyncio.timeout(self._round_seconds):
+                results = await fan_out(
+                    "recording consumed offsets", behind, record, limit=CATALOG_CONCURRENCY
+                )
+        except TimeoutError:
+            _log.info(
+                "%s: recording consumed offsets of %d idle tables did not finish within "
+                "%.0fs (encode lanes busy); the rest follow in later rounds",
+                self._source,
+                len(behind),
+                self._round_seconds,
+                extra={"source": self._source, "tables": len(behind)},
+            )
+            return
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
 
     async def commit_group(self, consumer: AIOKafkaConsumer, parts: Sequence[Partition]) -> None:
         """Commit to Kafka, per partition, the lowest position any table needs; set lag."""

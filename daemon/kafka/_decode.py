@@ -73,8 +73,8 @@ class DeadRecord:
     """A record that goes to the dead-letter destination instead of its table."""
 
     index: int  # position in the fetch
-    # short label for metrics: invalid, oversized, empty, unknown_route, too_deep,
-    # bad_utf8, out_of_range, unparseable
+    # short label for metrics: invalid, oversized, empty, unknown_route, table_limit,
+    # too_deep, bad_utf8, out_of_range, unparseable
     reason: str
     error: str
     column: str | None = None  # the column at fault, when one is

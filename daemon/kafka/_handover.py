@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,7 @@ from aiokafka.errors import KafkaError
 from daemon.config import KafkaConfig
 from daemon.decode import infer_records_schema
 from daemon.errors import BackpressureError, IcespoolError
+from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import AUTO_CREATED, Ingest, Wants
 from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
@@ -45,11 +47,17 @@ from daemon.metrics import Metrics
 from daemon.schema import SchemaChangeError
 from daemon.writer import TableWriter
 
-__all__ = ["Dead", "Handover"]
+__all__ = ["CREATE_PER_FETCH", "Dead", "Handover"]
 
 _log = logging.getLogger("icespool.kafka")
 # Where a partition remembers how far dead letters went when they go to a topic.
 _DEAD_LETTER_TOPIC = "<dead-letter topic>"
+# Seconds between log lines about routes refused by max_tables (the dead-letter
+# metric counts every record).
+_REFUSED_LOG_EVERY = 60.0
+#: Tables ``auto_create`` creates for one fetch before reading it again (each is a
+#: catalog transaction, ~20-40 ms: 256 hold the source for seconds, not minutes).
+CREATE_PER_FETCH = 256
 Dead = list[tuple[DeadRecord, str | None]]
 
 
@@ -81,6 +89,8 @@ class Handover:
         self.dead_letter_table = config.dead_letter_table
         self._avro: AvroSchemas | None = None
         self.on_new_table: Callable[[str], None] = lambda table: None
+        self._refused_logged_at = -_REFUSED_LOG_EVERY
+        self._deferred = 0  # new routes the last decode left to create
 
     async def hand(
         self, part: Partition, fetch: Fetch, unparseable: Mapping[int, str] | None = None
@@ -90,7 +100,19 @@ class Handover:
         partition at the fetch's first offset and the re-read skips what was handed)."""
         tp = f"{fetch.topic}[{fetch.partition}]"
         last = int(fetch.offsets[-1])
-        per_table, dead = await self.decode(fetch)
+        per_table, dead = await self.decode(fetch, create_limit=CREATE_PER_FETCH)
+        if self._deferred:
+            # New routes left to create: nothing is handed, the fetch is read again
+            # (creating the next ones), so one fetch naming thousands of new routes
+            # does not hold the source, its lock and its rebalances for minutes.
+            _log.info(
+                "%s: %d new routes of %s still to create; reading the fetch again",
+                self.name,
+                self._deferred,
+                tp,
+                extra={"source": self.name, "routes": self._deferred},
+            )
+            return False
         if unparseable:
             dead = _set_aside(fetch, per_table, dead, unparseable)
         if not self._has_room(per_table, dead):
@@ -109,14 +131,24 @@ class Handover:
             return False
         return True
 
-    async def decode(self, fetch: Fetch) -> tuple[dict[str, Decoded], Dead]:
-        """Route, create the tables unknown routes name (``auto_create``), then decode
-        each table's records through the way in (which evolves the table where its
-        policy allows). Dead records come back in fetch order."""
+    async def decode(
+        self, fetch: Fetch, *, create_limit: int | None = None
+    ) -> tuple[dict[str, Decoded], Dead]:
+        """Route, create the tables unknown routes name (``auto_create``; at most
+        ``create_limit``, leaving the number of the others in ``_deferred``), then
+        decode each table's records through the way in (which evolves the table where
+        its policy allows). Dead records come back in fetch order."""
+        self._deferred = 0
         subsets, dead = await asyncio.to_thread(self._router.route, fetch)
         unknown = any(d.reason == "unknown_route" for d, _ in dead)
-        if unknown and self.config.auto_create and await self._create_routes(fetch, dead):
+        if (
+            unknown
+            and self.config.auto_create
+            and await self._create_routes(fetch, dead, create_limit)
+        ):
             subsets, dead = await asyncio.to_thread(self._router.route, fetch)
+        if self.config.auto_create:
+            self._refused_routes(dead)
         out: dict[str, Decoded] = {}
         for table, rows in subsets.items():
             writer = self._writer_for(table)
@@ -173,17 +205,25 @@ class Handover:
         depth = self._ingest.json_options(writer).max_depth
         return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
 
-    async def _create_routes(self, fetch: Fetch, dead: Dead) -> bool:
+    async def _create_routes(self, fetch: Fetch, dead: Dead, limit: int | None) -> bool:
         """With ``auto_create``: create the tables unknown routes name, from the
-        inferred schema of their records. Returns whether one was created."""
+        inferred schema of their records, up to the router's room (``max_tables``;
+        the records of routes beyond it become ``table_limit`` dead letters when the
+        fetch is routed again) and at most ``limit`` now (the rest: ``_deferred``).
+        Returns whether one was created."""
         wanted: dict[str, list[bytes]] = {}
         for record, table in dead:
             if record.reason == "unknown_route" and table is not None:
                 wanted.setdefault(table, []).append(fetch.values[record.index] or b"")
-        created = False
-        for table, values in wanted.items():
+        allowed = min(len(wanted), self._router.room)
+        now = allowed if limit is None else min(allowed, limit)
+        self._deferred = allowed - now
+        chosen = list(wanted.items())[:now]
 
-            def incoming(values: list[bytes] = values) -> pa.Schema:
+        async def create(item: tuple[str, list[bytes]]) -> bool:
+            table, values = item
+
+            def incoming() -> pa.Schema:
                 inferred = infer_records_schema(values, None, self._max_depth)
                 # The rows will carry the source's metadata columns too.
                 return with_metadata_fields(inferred, self.config.metadata_columns)
@@ -192,11 +232,36 @@ class Handover:
                 await self._ingest.create(table, incoming, evolve=AUTO_CREATED)
             except (IcespoolError, ValueError) as exc:
                 _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
-                continue
+                return False
             self._router.add(table)
             self.on_new_table(table)
-            created = True
-        return created
+            return True
+
+        # A fetch may name thousands of new routes: created side by side, bounded.
+        results = await fan_out(
+            "creating tables for new routes", chosen, create, limit=CATALOG_CONCURRENCY
+        )
+        return any(result is True for result in results)
+
+    def _refused_routes(self, dead: Dead) -> None:
+        """Say (at most once a minute) that ``max_tables`` refused routes."""
+        now = time.monotonic()
+        if now < self._refused_logged_at + _REFUSED_LOG_EVERY:
+            return
+        refused = {table for record, table in dead if record.reason == "table_limit"}
+        if not refused:
+            return
+        self._refused_logged_at = now
+        _log.warning(
+            "%s: records for %d more tables (e.g. %s) are dead letters (reason "
+            "table_limit): the source already writes max_tables = %d tables; raise "
+            "[[kafka]] max_tables or fix the route values",
+            self.name,
+            len(refused),
+            min(str(t) for t in refused),
+            self.config.max_tables,
+            extra={"source": self.name, "refused": len(refused)},
+        )
 
     def _has_room(self, per_table: Mapping[str, Decoded], dead: Sequence[object]) -> bool:
         if not self._spool_has_room():

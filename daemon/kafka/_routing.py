@@ -6,7 +6,10 @@ table) or `DynamicRouter` (``route_field`` / ``route_header`` with
 digits, ``_`` or ``-``): a value like ``../x`` never becomes part of a table name.
 Records without a usable route, or routed to a table that is not configured,
 become dead records (``invalid``, ``too_deep``, ``unknown_route``); with
-``auto_create`` the source creates the unknown route's table and adds it here.
+``auto_create`` the source creates the unknown route's table and adds it here,
+up to ``max_tables`` tables: routes beyond are dead records (``table_limit``).
+
+Routing a record is O(1) in the number of tables (a set lookup), and so is adding one.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ class Router(Protocol):
     def add(self, table: str) -> None:
         """Route to ``table`` from now on (``auto_create`` created it)."""
 
+    @property
+    def room(self) -> int:
+        """How many more tables ``auto_create`` may add (``max_tables``)."""
+
 
 class StaticRouter:
     def __init__(self, table: str) -> None:
@@ -56,11 +63,16 @@ class StaticRouter:
     def add(self, table: str) -> None:
         raise ValueError(f"a source with a static table routes to nothing else ({table!r})")
 
+    @property
+    def room(self) -> int:
+        return 0
+
 
 class DynamicRouter:
     def __init__(self, config: KafkaConfig, tables: Sequence[str], max_depth: int) -> None:
         self._config = config
         self._targets = list(config.targets(tables))
+        self._known = set(self._targets)
         self._max_depth = max_depth
 
     @property
@@ -68,8 +80,20 @@ class DynamicRouter:
         return self._targets
 
     def add(self, table: str) -> None:
-        if table not in self._targets:
+        if table not in self._known:
             self._targets.append(table)
+            self._known.add(table)
+
+    @property
+    def room(self) -> int:
+        if not self._config.auto_create:
+            return 0
+        return max(0, self._config.max_tables - self._routed())
+
+    def _routed(self) -> int:
+        # The dead-letter table "<ns>.kafka_dead_letter" matches "<ns>.{value}"
+        # templates; it is not one of the tables max_tables counts.
+        return len(self._targets) - (self._config.dead_letter_table in self._known)
 
     def route(self, fetch: Fetch) -> Routed:
         c, depth = self._config, self._max_depth
@@ -79,7 +103,7 @@ class DynamicRouter:
         by_table: dict[str, list[int]] = {}
         for i, route in enumerate(routes):
             table = c.route(route) if route and _ROUTE_VALUE.fullmatch(route) else None
-            if table is not None and table in self._targets:
+            if table is not None and table in self._known:
                 by_table.setdefault(table, []).append(i)
             elif i in deep:
                 dead.append((DeadRecord(i, "too_deep", deep[i]), None))
@@ -90,6 +114,13 @@ class DynamicRouter:
                     "1-128 letters, digits, '_' or '-')"
                 )
                 dead.append((DeadRecord(i, "invalid", problem), None))
+            elif c.auto_create and self.room == 0:
+                problem = (
+                    f"route {route!r} -> {table!r} would be table {self._routed() + 1} "
+                    f"of this source, past its max_tables = {c.max_tables}; raise "
+                    "[[kafka]] max_tables, or fix the route values"
+                )
+                dead.append((DeadRecord(i, "table_limit", problem), table))
             else:
                 problem = f"route {route!r} -> {table!r} is not a configured table"
                 dead.append((DeadRecord(i, "unknown_route", problem), table))

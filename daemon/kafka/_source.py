@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import CorruptRecordException, KafkaError
 
 from daemon.config import KafkaConfig
+from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import Ingest
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
@@ -121,6 +122,9 @@ class KafkaSource:
             writer_for=writer_for,
             book_for=book_for,
             metrics=metrics,
+            # A round of idle-table commits holds the source's lock: at most about
+            # one offset tick, however busy the encode lanes are.
+            round_seconds=max(1.0, config.offset_commit_interval),
         )
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -347,8 +351,21 @@ class KafkaSource:
             return
         tables = self.tables
         try:
+            # One catalog read per table, side by side (bounded): thousands of routed
+            # tables one after the other kept the partitions paused for minutes.
+            loaded = await fan_out(
+                "reading the tables' offsets",
+                tables,
+                lambda table: asyncio.to_thread(self._load_properties, table),
+                limit=CATALOG_CONCURRENCY,
+            )
+            for outcome in loaded:
+                if isinstance(outcome, Exception):
+                    raise outcome
             props = {
-                table: await asyncio.to_thread(self._load_properties, table) for table in tables
+                table: outcome
+                for table, outcome in zip(tables, loaded, strict=True)
+                if not isinstance(outcome, Exception)
             }
         except Exception as exc:  # catalog down or slow: retry, never guess
             self._init_retry_at = time.monotonic() + _INIT_RETRY
@@ -477,7 +494,8 @@ class KafkaSource:
             [r.headers for r in records],
         )
         self._metrics.kafka_records.labels(topic=tp.topic).inc(len(records))
-        part.begin(int(fetch.offsets[0]), self.tables)
+        if part.start is None:  # once per assignment: `tables` lists every table
+            part.begin(int(fetch.offsets[0]), self.tables)
         if await self._handover.hand(part, fetch, unparseable):
             part.position = int(fetch.offsets[-1]) + 1
         else:

@@ -22,9 +22,7 @@ Three steps, so the scheduler can run each where it belongs:
 Why the inputs are read with pyarrow and not pyiceberg's scan: pyiceberg 0.12 reads a
 null list or map of structs back as an empty one; compaction must keep every value.
 The daemon's own files carry Parquet field ids, so ``conform`` (the spool replay's
-rules) matches top-level columns renamed, added or dropped since by id; a field renamed
-inside a struct fails the bin with the column named (as a spool replay would), and the
-run commits nothing.
+rules) matches columns and nested fields renamed, added or dropped since by id.
 
 Two tiers, to bound write amplification: flush files are merged with flush files and
 compaction outputs with compaction outputs (each tier needs ``min_input_files`` small
@@ -452,6 +450,9 @@ def _rewrite_bin(
 ) -> list[DataFile]:
     batches: list[pa.RecordBatch] = []
     for data_file in piece.files:
+        # Per file: thousands of small files slow to open take time the budget never sees.
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("compaction rewrite passed its deadline")
         budget.acquire(data_file.file_size_in_bytes, deadline=deadline)
         try:
             batches += _read(table.io, data_file)

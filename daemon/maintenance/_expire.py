@@ -45,6 +45,7 @@ __all__ = [
     "MANIFEST",
     "MANIFEST_LIST",
     "DeleteOutcome",
+    "ExpiryConflictError",
     "ExpiryDeadlineError",
     "Garbage",
     "choose_expired",
@@ -56,6 +57,14 @@ __all__ = [
 MANIFEST_LIST: Final = "manifest_list"
 MANIFEST: Final = "manifest"
 DATA_FILE: Final = "data_file"
+
+
+class ExpiryConflictError(Exception):
+    """A retained snapshot's manifest list or manifest vanished while it was read: another
+    writer (Spark's ``expire_snapshots``) expired it and deleted its files after this
+    expiry's commit. Nothing is decided from a partial view (a file that snapshot's
+    successors still reach could look unreferenced): the search is repeated by the next
+    run on the table as it is then."""
 
 
 class ExpiryDeadlineError(TimeoutError):
@@ -154,6 +163,15 @@ def find_garbage(
         garbage.lists_read += 1
         return snapshot.manifests(io)
 
+    def retained_list(snapshot: Snapshot) -> list[ManifestFile]:
+        try:
+            return listed(snapshot)
+        except FileNotFoundError as exc:
+            raise ExpiryConflictError(
+                f"the manifest list of retained snapshot {snapshot.snapshot_id} is gone "
+                "(another writer expired it)"
+            ) from exc
+
     retained_lists = {s.manifest_list for s in retained.snapshots}
     candidates: dict[str, ManifestFile] = {}
     for snapshot in expired:
@@ -177,7 +195,7 @@ def find_garbage(
     for snapshot in newest_first:
         if not unreferenced:
             return garbage
-        for manifest in listed(snapshot):
+        for manifest in retained_list(snapshot):
             retained_manifests.setdefault(manifest.manifest_path, manifest)
             unreferenced.discard(manifest.manifest_path)
     if not unreferenced:
@@ -188,7 +206,17 @@ def find_garbage(
     for path in sorted(unreferenced):
         check()
         garbage.manifests_read += 1
-        for entry in candidates[path].fetch_manifest_entry(io, discard_deleted=False):
+        try:
+            entries = candidates[path].fetch_manifest_entry(io, discard_deleted=False)
+        except FileNotFoundError:
+            # Deleted already, with what it held decided then: by an earlier part of
+            # this sweep (consecutive snapshots list the same unmerged manifest, and a
+            # sweep cut short by its deadline goes on next run), or by another engine's
+            # expiry (Spark's: the data files only it reached it deleted too; any it left
+            # are unreachable, the orphan sweeps'). Failing here would fail every later
+            # run on the same file.
+            continue
+        for entry in entries:
             sequence = entry.sequence_number or 0
             file_path = entry.data_file.file_path
             files[file_path] = max(files.get(file_path, 0), sequence)
@@ -204,7 +232,14 @@ def find_garbage(
             continue
         check()
         garbage.manifests_read += 1
-        for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+        try:
+            entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
+        except FileNotFoundError as exc:
+            raise ExpiryConflictError(
+                f"retained manifest {manifest.manifest_path} is gone (another writer expired "
+                "the snapshots listing it)"
+            ) from exc
+        for entry in entries:
             files.pop(entry.data_file.file_path, None)
     # Data files first: they are what costs storage if a run is cut short.
     garbage.files[:0] = [(DATA_FILE, path) for path in files]

@@ -15,7 +15,10 @@ expiry) cannot commit anything more, and its runs stop at the lease's expiry too
 
 Expiry is judged on the wall clock of the replica that wants the lease: clocks must
 agree within ``_CLOCK_MARGIN`` (NTP does far better), which the holder keeps free at
-the end of its lease.
+the end of its lease. A lease value that stays unchanged for ``unrenewed_for(ttl)``
+on the observer's own monotonic clock has ended too, whatever its expiry says: a
+replica whose clock ran far ahead and then died does not hold its tables until its
+clock's idea of the expiry comes round.
 
 Catalogs that send requirements to a server (REST) cannot check this one; the
 scheduler then does not maintain unless ``[maintenance] lease = "none"`` says an
@@ -27,21 +30,31 @@ Everything here blocks (catalog commits); the scheduler runs it in the table's l
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from pyiceberg.table import Table
 
+from daemon.config import LEASE_CLOCK_MARGIN
 from daemon.iceberg import AssertProperty, commit_properties
 from daemon.retry import Backoff
 
-__all__ = ["LEASE_PROPERTY", "Lease", "LeaseHeld", "acquire", "parse_lease", "release"]
+__all__ = [
+    "LEASE_PROPERTY",
+    "Lease",
+    "LeaseHeld",
+    "acquire",
+    "parse_lease",
+    "release",
+    "unrenewed_for",
+]
 
 LEASE_PROPERTY: Final = "icespool.maintenance.lease"
 # Wall clocks of replicas may differ by this much; a holder stops this long before
-# its lease ends, so a successor's clock may run ahead by as much.
-_CLOCK_MARGIN: Final = 2.0
+# its lease ends, so a successor's clock may run ahead by as much. (check-config
+# refuses a lease too short to leave its holder time to work after this margin.)
+_CLOCK_MARGIN: Final = LEASE_CLOCK_MARGIN
 # A lease commit meets the table's ingest commits (a catalog swap race): retry a few
 # times, then give up until the next run.
 _LEASE_CONFLICTS: Final = Backoff(attempts=4, base=0.05, cap=0.5)
@@ -74,6 +87,8 @@ class LeaseHeld:
 
     holder: str
     expires_ms: int
+    # The property's value as read (what `acquire`'s ``lapsed`` is asked about).
+    value: str = field(default="", compare=False)
 
 
 def parse_lease(value: str | None) -> tuple[str, int] | None:
@@ -88,17 +103,29 @@ def parse_lease(value: str | None) -> tuple[str, int] | None:
     return owner, int(expires)
 
 
-def acquire(table: Table, owner: str, ttl: float) -> Lease | LeaseHeld:
+def _never(value: str) -> bool:
+    return False
+
+
+def acquire(
+    table: Table, owner: str, ttl: float, *, lapsed: Callable[[str], bool] = _never
+) -> Lease | LeaseHeld:
     """Take the lease of ``table`` for ``owner``, or renew it when less than half of
     ``ttl`` is left; or report who holds it. Raises CommitFailedException when the
-    swap kept failing (the next run tries again)."""
+    swap kept failing (the next run tries again).
+
+    ``lapsed(value)``: whether another replica's lease ``value`` has ended whatever
+    its expiry says (`unrenewed_for` tells when). Its expiry is its holder's wall
+    clock: a holder whose clock ran a day ahead, then died, would hold the table for
+    a day by every other clock."""
 
     def decide(properties: Mapping[str, str]) -> dict[str, str]:
         now_ms = int(time.time() * 1000)
-        held = parse_lease(properties.get(LEASE_PROPERTY))
+        value = properties.get(LEASE_PROPERTY)
+        held = parse_lease(value)
         if held is not None:
             holder, expires_ms = held
-            if holder != owner and expires_ms > now_ms:
+            if holder != owner and expires_ms > now_ms and not (value and lapsed(value)):
                 return {}
             if holder == owner and expires_ms - now_ms - _CLOCK_MARGIN * 1000 > ttl * 500:
                 return {}  # more than half of it is left (as `Lease.remaining` counts)
@@ -111,7 +138,18 @@ def acquire(table: Table, owner: str, ttl: float) -> Lease | LeaseHeld:
     holder, expires_ms = held
     if holder == owner:
         return Lease(owner, expires_ms)
-    return LeaseHeld(holder, expires_ms)
+    return LeaseHeld(holder, expires_ms, table.metadata.properties.get(LEASE_PROPERTY, ""))
+
+
+def unrenewed_for(ttl: float) -> float:
+    """Seconds (on the observer's monotonic clock, from when it first saw the value)
+    after which another replica's lease value, unchanged, has ended whatever its
+    expiry says. The holder wrote it no later than it was first seen, and stops acting
+    on it ``ttl - _CLOCK_MARGIN`` seconds after writing (its remaining time is its
+    expiry less its own clock, so the offset of its clock cancels out); a live holder
+    renews it, changing the value, before half of ``ttl`` is left. Assumes the
+    replicas' ``lease_ttl`` agree (as they do when they share a config)."""
+    return ttl + _CLOCK_MARGIN
 
 
 def release(table: Table, lease: Lease) -> bool:

@@ -47,7 +47,7 @@ from daemon.config import Config, TableConfig
 from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
 from daemon.maintenance._compact import IoBudget
-from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release
+from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release, unrenewed_for
 from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
@@ -85,12 +85,16 @@ class RunDeadlineError(TimeoutError):
 @dataclass
 class TaskResult:
     """What one task of a run did. ``error``: it did part of its work and failed the
-    rest (deletions that failed and are retried next run): the run counts as failed."""
+    rest (deletions that failed and are retried next run): the run counts as failed.
+    ``conflict``: another writer (Spark's rewrite or expiry, another replica) changed
+    what the task planned on first; it committed nothing and is retried next run, like
+    any run, without backoff (the other writer's work is done, not a fault)."""
 
     removed: dict[str, int] = field(default_factory=dict)
     detail: str = ""
     error: str | None = None
     delete_errors: int = 0
+    conflict: bool = False
 
 
 def _always(settings: MaintenanceSettings) -> bool:
@@ -118,6 +122,8 @@ class TableState:
     last: dict[str, Any] | None = None
     lease: Lease | None = None
     holder: tuple[str, int] | None = None  # another replica's lease: (owner, expires_ms)
+    # Another replica's lease value as first seen unchanged (value, monotonic time).
+    seen_lease: tuple[str, float] | None = None
     disabled: str | None = None
     defaults_applied: bool = False
     # Wall-clock span of the last run's work under its lease (from taking it to the
@@ -132,6 +138,9 @@ class TableState:
     # the orphan sweep last ran (monotonic).
     compacting: frozenset[str] = frozenset()
     orphans_swept: float | None = None
+    # Input files a compaction plans at most, after a run ran out of time (None: the
+    # default); halved on each such run, doubled back on each that fits.
+    compact_max_files: int | None = None
 
 
 class RunContext:
@@ -493,12 +502,10 @@ class MaintenanceScheduler:
         else:
             state.disabled = None
         if outcome == "ok" and self.config.maintenance.lease == "catalog":
-            got = await self.in_lane(name, lambda: acquire(table, self._owner, settings.lease_ttl))
+            got = await self._acquire(state, table, settings.lease_ttl)
             if isinstance(got, LeaseHeld):
-                state.lease, state.holder = None, (got.holder, got.expires_ms)
                 outcome = "skipped"
             else:
-                state.lease, state.holder = got, None
                 lease = got
         errors: list[str] = []
         if outcome == "ok":
@@ -541,7 +548,7 @@ class MaintenanceScheduler:
             except Exception as exc:
                 result = TaskResult(error=short_error(exc))
                 _log.debug("%s: maintenance task %s failed", ctx.name, task.name, exc_info=True)
-            outcome = "failed" if result.error else "ok"
+            outcome = "failed" if result.error else "conflict" if result.conflict else "ok"
             tasks[task.name] = outcome
             if result.detail:
                 ctx.state.details[task.name] = result.detail
@@ -571,13 +578,40 @@ class MaintenanceScheduler:
         assert lease is not None
         if lease.remaining() > ctx.settings.lease_ttl / 2:
             return lease
+        got = await self._acquire(ctx.state, ctx.table, ctx.settings.lease_ttl)
+        return None if isinstance(got, LeaseHeld) else got
+
+    async def _acquire(self, state: TableState, table: Table, ttl: float) -> Lease | LeaseHeld:
+        """Take or renew the table's lease (in its lane); remember another replica's
+        lease value, so one left unrenewed for `unrenewed_for` ends (`acquire`)."""
+        seen = state.seen_lease
+        overdue: list[str] = []
+
+        def lapsed(value: str) -> bool:
+            if seen is None or seen[0] != value:
+                return False
+            if time.monotonic() - seen[1] <= unrenewed_for(ttl):
+                return False
+            overdue.append(value)
+            return True
+
         got = await self.in_lane(
-            ctx.name, lambda: acquire(ctx.table, self._owner, ctx.settings.lease_ttl)
+            state.name, lambda: acquire(table, self._owner, ttl, lapsed=lapsed)
         )
         if isinstance(got, LeaseHeld):
-            ctx.state.lease, ctx.state.holder = None, (got.holder, got.expires_ms)
-            return None
-        ctx.state.lease = got
+            state.lease, state.holder = None, (got.holder, got.expires_ms)
+            if seen is None or seen[0] != got.value:
+                state.seen_lease = (got.value, time.monotonic())
+            return got
+        if seen is not None and overdue:
+            _log.warning(
+                "%s: took over the maintenance lease %r, unrenewed for %.0fs although its "
+                "expiry had not come (its holder's clock ran ahead, then it stopped)",
+                state.name,
+                seen[0],
+                time.monotonic() - seen[1],
+            )
+        state.lease, state.holder, state.seen_lease = got, None, None
         return got
 
     async def _observe(self, name: str, table: Table) -> None:

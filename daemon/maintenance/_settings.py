@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.config import Config, MaintenanceConfig, TableConfig
+from daemon.config import Config, MaintenanceConfig, TableConfig, TimeoutsConfig
 from daemon.iceberg import MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, table_defaults
+from daemon.retry import CONFLICTS
 
 __all__ = [
     "MAX_SNAPSHOT_AGE_PROPERTY",
     "MIN_SNAPSHOTS_PROPERTY",
     "MaintenanceSettings",
+    "commit_window",
     "created_table_properties",
     "effective",
     "resolve",
@@ -57,6 +59,21 @@ def _positive_int(properties: Mapping[str, str], key: str) -> int | None:
     except ValueError:
         return None
     return value if value > 0 else None
+
+
+def commit_window(timeouts: TimeoutsConfig) -> float:
+    """The longest a daemon sharing these ``[timeouts]`` may take from writing a data
+    file to committing it (``commit_files``: its attempts, each a refresh and a swap
+    in the catalog and the manifest writes in storage, and the backoff between them).
+
+    The orphan sweep protects this replica's own files by its spool, another
+    replica's only by their age: a file younger than this may still be committed.
+    """
+    attempt = 2 * timeouts.catalog_request + timeouts.storage_attempts * timeouts.storage_request
+    pauses = sum(
+        min(CONFLICTS.cap, CONFLICTS.base * (1 << n)) for n in range(CONFLICTS.attempts - 1)
+    )
+    return CONFLICTS.attempts * attempt + pauses
 
 
 def effective(config: Config, table: TableConfig | None) -> MaintenanceConfig:
@@ -106,7 +123,9 @@ def resolve(
         compaction_min_files=merged.compaction_min_files,
         compaction_max_bytes_per_run=merged.compaction_max_bytes_per_run,
         target_file_size=writer.target_file_size,
-        orphan_older_than=merged.orphan_older_than,
+        # Never below what another replica may still be committing (commit_window):
+        # removing such a file would leave its commit pointing at nothing.
+        orphan_older_than=max(merged.orphan_older_than, commit_window(config.timeouts)),
         apply_to_existing=merged.apply_to_existing,
         lease_ttl=merged.resolved_lease_ttl,
     )

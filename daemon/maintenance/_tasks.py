@@ -10,15 +10,22 @@ its reading, writing and deleting in maintenance threads (``ctx.off_lane``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import sys
+import threading
 import time
 from typing import Final
 
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 
 from daemon.iceberg import apply_defaults, commit_expiry
+from daemon.iceberg._parquet import _remove_quietly
 from daemon.maintenance import _compact, _orphans
 from daemon.maintenance._expire import (
+    ExpiryConflictError,
     ExpiryDeadlineError,
     choose_expired,
     delete_files,
@@ -56,6 +63,7 @@ async def _expire(ctx: RunContext) -> TaskResult:
         del state.unswept[:-_PENDING_MAX]
     detail = f"expired {len(expired.snapshots) if expired else 0} snapshots"
     lists = manifests = 0
+    conflict = None
     # Oldest expired snapshots first, a chunk at a time: what a chunk finds is garbage
     # whatever the other expired snapshots hold (only retained ones matter), so a run
     # cut short by its deadline keeps its progress and the next run goes on.
@@ -73,14 +81,19 @@ async def _expire(ctx: RunContext) -> TaskResult:
             )
         except ExpiryDeadlineError:
             break
+        except ExpiryConflictError as exc:
+            conflict = f"garbage search repeated next run: {exc}"
+            break
         del state.unswept[: len(chunk)]
         state.pending_files.extend(garbage.files)
         lists += garbage.lists_read
         manifests += garbage.manifests_read
     del state.pending_files[:-_PENDING_MAX]
     detail += f", read {lists} manifest lists and {manifests} manifests"
+    if conflict is not None:
+        detail += f"; conflict: {conflict}"
     if not state.pending_files:
-        return TaskResult(detail=detail)
+        return TaskResult(detail=detail, conflict=conflict is not None)
     outcome = await ctx.off_lane(
         delete_files,
         table.io,
@@ -97,51 +110,138 @@ async def _expire(ctx: RunContext) -> TaskResult:
             f"{len(outcome.failed)} files not deleted (retried next run), e.g. {kind} {path}: {why}"
         )
     return TaskResult(
-        removed=outcome.removed, detail=detail, error=error, delete_errors=len(outcome.failed)
+        removed=outcome.removed,
+        detail=detail,
+        error=error,
+        delete_errors=len(outcome.failed),
+        conflict=conflict is not None,
     )
 
 
 EXPIRE: Final = Task("expire", _expire)
 
 
+# Share of a run's time left that its compaction may use (planning, rewrite, under the
+# I/O budget), so the expiry and the orphan sweep after it always get their turn.
+_TIME_SHARE: Final = 0.5
+
+
+def _budgeted_bytes(ctx: RunContext, seconds: float) -> int:
+    """Input bytes the I/O budget can read and write again (about twice the input) in
+    ``seconds``, with this run's share of the budget: a plan bigger than this would
+    hit the deadline every run and never commit anything."""
+    rate = ctx.budget.bytes_per_second
+    if rate is None:
+        return sys.maxsize
+    share = rate / ctx.config.maintenance.concurrency
+    return int(share * seconds / 2)
+
+
+class _Outputs:
+    """A compaction's new files between its rewrite (a maintenance thread) and its
+    commit (the table's lane): whichever way the run ends they are committed, deleted
+    by the commit that failed, or deleted here, never left for the orphan sweep. The
+    run can be cancelled or miss its deadline while the rewrite's thread goes on, or
+    while the commit waits in the lane."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: list[DataFile] = []
+        self._state = "writing"  # then "written", "committing" or "abandoned"
+
+    def written(self, io: FileIO, files: list[DataFile]) -> list[DataFile]:
+        """In the rewrite's thread, when it is done."""
+        with self._lock:
+            if self._state == "abandoned":
+                _remove_quietly(io, [data_file.file_path for data_file in files])
+                raise _compact.CompactionError("the run ended during the rewrite")
+            self._files, self._state = list(files), "written"
+        return files
+
+    def committing(self) -> None:
+        """In the lane, just before the commit: from now on the commit owns the files."""
+        with self._lock:
+            if self._state == "abandoned":
+                raise _compact.CompactionError("the run ended before the commit")
+            self._state = "committing"
+
+    def abandon(self) -> list[str]:
+        """The run ended: the paths to delete (none once the commit owns them)."""
+        with self._lock:
+            if self._state == "committing":
+                return []
+            self._state = "abandoned"
+            return [data_file.file_path for data_file in self._files]
+
+
 async def _compact_task(ctx: RunContext) -> TaskResult:
     """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
     shared I/O budget), commit the one ``replace`` snapshot in the lane."""
-    settings, table = ctx.settings, ctx.table
+    settings, table, state = ctx.settings, ctx.table, ctx.state
     writer = ctx.config.table_settings(ctx.name)
+    now = ctx.clock()
+    left = ctx.deadline - now  # -inf once the scheduler stops
+    if not left > 0:
+        return TaskResult(detail="no time left in the run to compact")
+    deadline = now + left * _TIME_SHARE
+    max_bytes = min(settings.compaction_max_bytes_per_run, _budgeted_bytes(ctx, left * _TIME_SHARE))
+    max_files = state.compact_max_files or _compact.DEFAULT_MAX_FILES
     plans = await ctx.off_lane(
         _compact.plan_compaction,
         table,
         target_file_size=settings.target_file_size,
         min_input_files=settings.compaction_min_files,
-        max_bytes=settings.compaction_max_bytes_per_run,
+        max_bytes=max_bytes,
+        max_files=max_files,
     )
     if not plans:
         return TaskResult(detail="nothing to compact")
     plan = plans[0]  # plan_compaction returns at most one (one snapshot per run)
-    ctx.state.compacting = plan.file_ids
+    state.compacting = plan.file_ids
+    outputs = _Outputs()
+
+    def write() -> list[DataFile]:
+        return outputs.written(
+            table.io,
+            _compact.rewrite(
+                table,
+                plan,
+                budget=ctx.budget,
+                row_group_records=writer.row_group_records,
+                compression=writer.compression,
+                deadline=deadline,
+            ),
+        )
+
+    def commit(new_files: list[DataFile]) -> _compact.CompactionResult:
+        outputs.committing()
+        return _compact.commit_rewrite(table, plan, new_files, requirements=ctx.requirements)
+
     try:
-        new_files = await ctx.off_lane(
-            _compact.rewrite,
-            table,
-            plan,
-            budget=ctx.budget,
-            row_group_records=writer.row_group_records,
-            compression=writer.compression,
-            deadline=ctx.deadline,
-        )
-        result = await ctx.in_lane(
-            functools.partial(
-                _compact.commit_rewrite, table, plan, new_files, requirements=ctx.requirements
-            )
-        )
+        new_files = await ctx.off_lane(write)
+        result = await ctx.in_lane(functools.partial(commit, new_files))
     except _compact.CompactionConflictError as exc:
         # Another writer rewrote or deleted inputs first: nothing committed, retried next run.
-        return TaskResult(detail=f"conflict: {exc}")
+        return TaskResult(detail=f"conflict: {exc}", conflict=True)
+    except BaseException as exc:
+        # Cancelled (shutdown, the run's timeout) or past the deadline before the commit
+        # started: nothing will ever reference what the rewrite wrote. (A commit that
+        # started deletes the files itself if it fails; a rewrite still running in its
+        # thread deletes them when it ends.) Not awaited: the run may be cancelled.
+        if paths := outputs.abandon():
+            asyncio.get_running_loop().run_in_executor(None, _remove_quietly, table.io, paths)
+        if isinstance(exc, TimeoutError) or ctx.clock() > deadline:
+            # Out of time (many small files slow to read take time, not budget): the
+            # next run plans half as many files, or it would fail on the same ones.
+            state.compact_max_files = max(2, len(plan.files) // 2)
+        raise
     finally:
-        ctx.state.compacting = frozenset()
+        state.compacting = frozenset()
+    if state.compact_max_files is not None:  # it fit: let the next plan grow again
+        doubled = 2 * state.compact_max_files
+        state.compact_max_files = None if doubled >= _compact.DEFAULT_MAX_FILES else doubled
     if result.outcome == "conflict":
-        return TaskResult(detail=f"conflict: {result.detail}")
+        return TaskResult(detail=f"conflict: {result.detail}", conflict=True)
     return TaskResult(
         detail=(
             f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "

@@ -78,6 +78,101 @@ def _field_id(field: pa.Field) -> bytes | None:
     return metadata.get(FIELD_ID_KEY) if metadata else None
 
 
+def _align_field_ids(values: pa.Array, source: pa.DataType, target: pa.DataType) -> pa.Array:
+    """``values`` (of type ``source`` as the batch's schema declares it: the ids of
+    the array's own type may be stale, a batch restamped by ``conform`` keeps them)
+    with its nested fields matched to ``target``'s by Iceberg field id where both
+    sides carry ids: a struct field renamed since takes its new name, one dropped from
+    the table since is left out (as ``drop_extra`` leaves out a dropped column); types
+    are left to the cast. ``values`` itself when nothing differs. Fields without ids
+    on either side stay as they are (matched by name, as before)."""
+    if pa.types.is_struct(target) and pa.types.is_struct(source):
+        wanted = {fid: f for f in target.fields if (fid := _field_id(f)) is not None}
+        if not wanted:
+            return values
+        children: list[pa.Array] = []
+        fields: list[pa.Field] = []
+        changed = False
+        for index, field in enumerate(source.fields):
+            field_id = _field_id(field)
+            match = wanted.get(field_id) if field_id is not None else None
+            if field_id is not None and match is None:
+                changed = True  # dropped from the table since these values were written
+                continue
+            child = values.field(index)
+            if match is not None:
+                aligned = _align_field_ids(child, field.type, match.type)
+                changed = changed or aligned is not child or match.name != field.name
+                child, field = aligned, pa.field(match.name, aligned.type, field.nullable)
+            children.append(child)
+            fields.append(field.with_type(child.type))
+        if not changed:
+            return values
+        if not fields:  # every field dropped: an empty struct with the same validity
+            return pa.Array.from_buffers(
+                pa.struct([]), len(values), [values.buffers()[0]], offset=values.offset
+            )
+        return pa.StructArray.from_arrays(children, fields=fields, mask=_null_mask(values))
+    if pa.types.is_map(target) and pa.types.is_map(source):
+        offsets, entries = _list_parts(values)
+        key_values, item_values = entries.field(0), entries.field(1)
+        keys = _align_field_ids(key_values, source.key_type, target.key_type)
+        items = _align_field_ids(item_values, source.item_type, target.item_type)
+        if keys is key_values and items is item_values:
+            return values
+        key_field, item_field = source.key_field, source.item_field
+        map_type = pa.map_(key_field.with_type(keys.type), item_field.with_type(items.type))
+        return pa.MapArray.from_arrays(offsets, keys, items, type=map_type, mask=_null_mask(values))
+    is_list = pa.types.is_list(source) or pa.types.is_large_list(source)
+    if pa.types.is_list(target) and is_list:
+        offsets, elements = _list_parts(values)
+        aligned = _align_field_ids(elements, source.value_type, target.value_type)
+        if aligned is elements:
+            return values
+        element_field = source.value_field.with_type(aligned.type)
+        if pa.types.is_large_list(source):
+            return pa.LargeListArray.from_arrays(
+                offsets, aligned, type=pa.large_list(element_field), mask=_null_mask(values)
+            )
+        return pa.ListArray.from_arrays(
+            offsets, aligned, type=pa.list_(element_field), mask=_null_mask(values)
+        )
+    return values
+
+
+def _renamed_or_dropped(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a nested field of ``source`` has another name or no place in ``target``
+    by field id (types only: decides if ``_align_field_ids`` has anything to do)."""
+    if pa.types.is_struct(target) and pa.types.is_struct(source):
+        wanted = {fid: f for f in target.fields if (fid := _field_id(f)) is not None}
+        for field in source.fields if wanted else ():
+            field_id = _field_id(field)
+            if field_id is None:
+                continue
+            match = wanted.get(field_id)
+            if match is None or match.name != field.name:
+                return True
+            if _renamed_or_dropped(field.type, match.type):
+                return True
+        return False
+    if pa.types.is_map(target) and pa.types.is_map(source):
+        return _renamed_or_dropped(source.key_type, target.key_type) or _renamed_or_dropped(
+            source.item_type, target.item_type
+        )
+    if pa.types.is_list(target) and (pa.types.is_list(source) or pa.types.is_large_list(source)):
+        return _renamed_or_dropped(source.value_type, target.value_type)
+    return False
+
+
+def _list_parts(values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """(offsets from 0, the child values they index) of a list or map array, also of a
+    slice (Arrow refuses a validity mask with the offsets of a slice)."""
+    offsets = values.offsets
+    start = offsets[0].as_py()
+    child = values.values.slice(start, offsets[-1].as_py() - start)
+    return pc.subtract(offsets, pa.scalar(start, offsets.type)), child
+
+
 def _cast_column(name: str, values: pa.Array | pa.ChunkedArray, target: pa.Field) -> pa.Array:
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
@@ -372,9 +467,10 @@ def conform(
 
     Columns are matched by name (or by Iceberg field id when ``match_field_ids`` is set
     and both sides carry ids: that survives a column rename between spooling and
-    encoding). Missing optional columns become nulls. A missing required column, an
-    unknown column, a null in a required column or a failed cast raises
-    ``SchemaError`` naming the column.
+    encoding; nested fields too, and a nested field dropped since is left out).
+    Missing optional columns become nulls. A missing required column, an unknown
+    column, a null in a required column or a failed cast raises ``SchemaError``
+    naming the column.
     """
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else _empty(batch)
@@ -408,7 +504,12 @@ def conform(
             arrays.append(pa.nulls(batch.num_rows, type=target.type))
             continue
         used.add(found)
-        arrays.append(_cast_column(target.name, batch.column(found), target))
+        column = batch.column(found)
+        source = batch.schema.field(found).type
+        if match_field_ids and _renamed_or_dropped(source, target.type):
+            # Nested fields renamed or dropped since, matched by id like columns.
+            column = _align_field_ids(column, source, target.type)
+        arrays.append(_cast_column(target.name, column, target))
 
     extra = [batch.schema.field(i).name for i in range(batch.num_columns) if i not in used]
     if extra and not drop_extra:

@@ -12,6 +12,12 @@ cleanup, no flush) the first time it gets there:
     after-expiry-commit          maintenance: an expiry commit landed, none of the files
                                  only its snapshots reached is deleted yet
     during-expiry-delete         maintenance: one file of an expiry deleted, the rest not
+    during-compaction-rewrite    maintenance: a compaction wrote its first output file(s),
+                                 nothing committed (the outputs are orphans)
+    after-compaction-commit      maintenance: a compaction's replace snapshot landed, the
+                                 rest of the run (expiry, orphan sweep) not done
+    during-manifest-merge        a merge append (commit.manifest.min-count-to-merge) wrote a
+                                 merged manifest, its commit not sent
 """
 
 from __future__ import annotations
@@ -76,6 +82,44 @@ elif _POINT == "during-expiry-delete":
         raise AssertionError("unreachable")
 
     _tasks.delete_files = _delete_one_then_die  # type: ignore[assignment]
+
+elif _POINT == "during-compaction-rewrite":
+    from daemon.maintenance import _compact
+
+    _encode = _compact.encode_data_files
+
+    def _encode_then_die(*args: Any, **kwargs: Any) -> Any:
+        written = _encode(*args, **kwargs)
+        if written:
+            _die(_POINT)
+        return written
+
+    _compact.encode_data_files = _encode_then_die  # type: ignore[assignment]
+
+elif _POINT == "after-compaction-commit":
+    from daemon.maintenance import _compact
+
+    _commit_rewrite = _compact.commit_rewrite
+
+    def _commit_rewrite_then_die(*args: Any, **kwargs: Any) -> Any:
+        result = _commit_rewrite(*args, **kwargs)
+        if result.outcome == "committed":
+            _die(_POINT)
+        return result
+
+    _compact.commit_rewrite = _commit_rewrite_then_die  # type: ignore[assignment]
+
+elif _POINT == "during-manifest-merge":
+    from pyiceberg.table.update import snapshot
+
+    _create_manifest = snapshot._ManifestMergeManager._create_manifest
+
+    def _merge_then_die(self: Any, *args: Any, **kwargs: Any) -> Any:
+        merged = _create_manifest(self, *args, **kwargs)
+        _die(_POINT)
+        return merged
+
+    snapshot._ManifestMergeManager._create_manifest = _merge_then_die  # type: ignore[method-assign]
 
 elif _POINT:
     raise SystemExit(f"unknown TEST_CRASH_AT {_POINT!r}")
