@@ -32,7 +32,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir, ndjson
 from support.fixture_types import MakeConfig
-from support.kafka_harness import Broker, create_topic, produce
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
 from support.many_tables import declared_tables, make_tables
 from support.service_helpers import metric, table_rows, wait_rows
 
@@ -278,6 +278,7 @@ async def test_auto_create_stops_at_max_tables_and_dead_letters_the_rest(
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
                 "group_id": "g-width",
+                "session_timeout": SESSION_TIMEOUT,
                 "offset_commit_interval": "1s",
                 "route_field": "kind",
                 "table_template": "capped.{value}",
