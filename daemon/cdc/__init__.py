@@ -1,0 +1,11 @@
+"""Keyed changes (upserts and deletes by key) for tables that declare a key.
+
+A change batch is the table's Arrow schema with every non-key column nullable (a
+delete carries only its key) plus a trailing ``_icespool_op`` int8 column: `UPSERT`
+or `DELETE`. Sources decode into it (`change_schema`, `with_ops`); the writer
+spools it as it comes and, per commit, keeps the last change per key.
+"""
+
+from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+
+__all__ = ["DELETE", "OP_COLUMN", "UPSERT", "change_schema", "with_ops"]
