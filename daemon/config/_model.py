@@ -1131,6 +1131,12 @@ def _check_changes(i: int, kafka: KafkaConfig) -> None:
             f"changes = {kafka.changes!r} decodes values into a table's columns; format "
             '\'raw\' keeps them as bytes. Use format = "json" or "avro"',
         )
+    if kafka.changes == "debezium" and kafka.auto_create:
+        raise ConfigError(
+            f"kafka[{i}].auto_create",
+            "creates a table from the inferred shape of its first values, and a Debezium "
+            "value is a change envelope, not a row: declare the tables (with their key)",
+        )
     if kafka.key_format == "avro" and kafka.schema_registry_url is None:
         raise ConfigError(
             f"kafka[{i}].key_format",

@@ -31,16 +31,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc import DELETE, UPSERT, change_schema, with_ops
+from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
-from daemon.kafka._decode import DeadRecord, Decoded, too_deep_values
+from daemon.kafka._avro import AvroSchemas, avro_rows
+from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata, too_deep_values
+
+if TYPE_CHECKING:
+    from daemon.config import KafkaConfig
 
 __all__ = [
     "ChangeMode",
@@ -48,6 +52,7 @@ __all__ = [
     "KeyFormat",
     "KeyRows",
     "decode_changes",
+    "decode_fetch_changes",
     "envelope_schema",
     "json_envelopes",
     "json_keys",
@@ -587,3 +592,62 @@ def _check_required(
                 )
             )
     return _keep(rows, ~failed)
+
+
+# ------------------------------------------------------------------ one fetch
+
+
+def decode_fetch_changes(
+    fetch: Fetch,
+    schema: pa.Schema,
+    key: Sequence[str],
+    config: KafkaConfig,
+    *,
+    options: JsonOptions,
+    avro: AvroSchemas | None,
+    subset: npt.NDArray[np.int64] | None = None,
+) -> Decoded:
+    """The source's entry (``changes`` set): ``fetch``'s records (or its ``subset``
+    positions) for one table whose Arrow schema is ``schema`` and key ``key``, with
+    the source's metadata columns filled as for plain rows."""
+    positions = subset if subset is not None else np.arange(len(fetch.offsets), dtype=np.int64)
+    view = fetch.take(positions) if subset is not None else fetch
+    columns = config.metadata_columns
+    value_schema = pa.schema([f for f in schema if f.name not in columns])
+    mode: ChangeMode = "debezium" if config.changes == "debezium" else "keyed"
+    envelopes: Envelopes
+    if config.format == "avro":
+        assert avro is not None, "format avro: the caller loads the schemas"
+        envelopes = avro_rows(avro, options.max_depth, ignore_unknown=mode == "debezium")
+    else:
+        envelopes = json_envelopes(options, ignore_unknown=mode == "debezium")
+    key_rows: KeyRows
+    if config.key_format == "avro":
+        assert avro is not None, "key_format avro needs format avro (config check)"
+        key_rows = avro_rows(avro, options.max_depth, ignore_unknown=True)
+    elif config.key_format == "string":
+        key_rows = string_keys(key, value_schema)
+    else:
+        key_rows = json_keys(key, value_schema, options)
+    decoded = decode_changes(
+        pa.array(view.values, pa.binary()),
+        pa.array(view.keys, pa.binary()),
+        value_schema,
+        key,
+        mode=mode,
+        envelopes=envelopes,
+        key_rows=key_rows,
+        max_record_bytes=config.max_record_bytes,
+        payload=config.format == "json",
+    )
+    dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
+    if decoded.batch is None:
+        return Decoded(None, np.empty(0, np.int64), dead)
+    batch = decoded.batch
+    if columns:
+        rows = pa.Table.from_batches([batch.select(value_schema.names)])
+        # A delete has only its key: the other columns are nullable, as in change_schema.
+        target = change_schema(schema, key).remove(len(schema)) if key else schema
+        plain = _with_metadata(rows, view.take(decoded.rows), target, columns)
+        batch = with_ops(plain, batch.column(OP_COLUMN), key) if key else plain
+    return Decoded(batch, positions[decoded.rows], dead)
