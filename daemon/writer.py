@@ -25,6 +25,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
+from daemon.cdc import OP_COLUMN, change_schema, conform_changes
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
 from daemon.errors import (
@@ -129,9 +130,14 @@ class TableWriter:
         metrics: Metrics,
         evolve: Policy = "none",
         claims: ClaimsFactory = NO_CLAIMS,
+        key: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.arrow_schema = arrow_schema
+        # An upsert table's key columns (empty: an append table). Its spooled batches
+        # are plain rows (all upserts) or change batches (`daemon.cdc`); each commit
+        # keeps the last change per key (`_encode_and_commit`).
+        self.key: tuple[str, ...] = tuple(key)
         self.evolve_policy: Policy = evolve
         self._schema_id = table.metadata.current_schema_id
         self.settings = settings
@@ -205,13 +211,18 @@ class TableWriter:
         """
         if self._closing:
             raise ShuttingDownError(f"table {self.name} is closing; retry elsewhere or later")
-        batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+        if self.key:
+            batch = await asyncio.to_thread(conform_changes, data, self.arrow_schema, self.key)
+        else:
+            batch = await asyncio.to_thread(conform, data, self.arrow_schema)
         rows: int = batch.num_rows
         if rows == 0:
             return 0
         # HTTP and Kafka refused such values per record at decode; this is the one
         # check the in-process API passes through (one min/max per temporal leaf).
         for name, values in zip(batch.schema.names, batch.columns, strict=True):
+            if name == OP_COLUMN:
+                continue
             found = find_out_of_range(values)
             if found is not None:
                 raise SchemaError(found.column(name), found.problem)
@@ -256,6 +267,14 @@ class TableWriter:
         self.adopt([info])
         self._strikes[info.id] = SEGMENT_ATTEMPTS - 1
         return await self.flush("replay")
+
+    @property
+    def change_schema(self) -> pa.Schema:
+        """An upsert table's change-batch schema (`daemon.cdc.change_schema`) for the
+        table's current Arrow schema; ValueError on an append table."""
+        if not self.key:
+            raise ValueError(f"table {self.name} has no key: it takes appends, not changes")
+        return change_schema(self.arrow_schema, self.key)
 
     @property
     def pending_records(self) -> int:

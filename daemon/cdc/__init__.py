@@ -7,5 +7,15 @@ spools it as it comes and, per commit, keeps the last change per key.
 """
 
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+from daemon.cdc._conform import conform_changes
+from daemon.cdc._key import key_type_problem
 
-__all__ = ["DELETE", "OP_COLUMN", "UPSERT", "change_schema", "with_ops"]
+__all__ = [
+    "DELETE",
+    "OP_COLUMN",
+    "UPSERT",
+    "change_schema",
+    "conform_changes",
+    "key_type_problem",
+    "with_ops",
+]
