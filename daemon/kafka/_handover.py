@@ -319,10 +319,13 @@ class Handover:
             fresh = part.fresh(_DEAD_LETTER_TOPIC, offsets)
             for (record, target), new in zip(dead, fresh, strict=True):
                 if new:
+                    key, value = fetch.keys[record.index], fetch.values[record.index]
                     await producer.send_and_wait(
                         self.config.dead_letter,
-                        value=fetch.values[record.index],
-                        key=fetch.keys[record.index],
+                        # A tombstone without a key (missing_key): Kafka clients send
+                        # no record without both, so its value goes as empty bytes.
+                        value=b"" if key is None and value is None else value,
+                        key=key,
                         headers=dead_letter_headers(fetch, record, target),
                     )
             # A re-read after backpressure skips what was already sent.
