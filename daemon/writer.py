@@ -25,7 +25,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
-from daemon.cdc import OP_COLUMN, change_schema, conform_changes
+from daemon.cdc import OP_COLUMN, change_schema, conform_changes, last_changes
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
 from daemon.errors import (
@@ -38,14 +38,17 @@ from daemon.errors import (
     ShuttingDownError,
 )
 from daemon.iceberg import (
+    DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
     commit_files,
     commit_properties,
     delete_rows,
     encode_data_files,
+    encode_equality_deletes,
     find_committed_segments,
     refresh_table,
+    remove_files,
     unavailable,
 )
 from daemon.lanes import Lane
@@ -646,15 +649,7 @@ class TableWriter:
             return None
         encode_started = time.perf_counter()
         try:
-            files = await asyncio.to_thread(
-                encode_data_files,
-                self._table,
-                rows,
-                target_file_size=self.settings.target_file_size,
-                row_group_records=self.settings.row_group_records,
-                compression=self.settings.compression,
-                file_prefix=seg_ids[0],
-            )
+            files = await asyncio.to_thread(self._encode, rows, seg_ids[0])
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
@@ -690,6 +685,32 @@ class TableWriter:
                 claims=claims,
             ) from exc
         return commit, files, sum(b.num_rows for b in rows)
+
+    def _encode(self, rows: list[pa.RecordBatch], prefix: str) -> list[Any]:
+        """The files of one commit (blocking). An upsert table's rows are changes:
+        the last change per key wins, its upserts become data files, and every key
+        touched gets an equality delete (files ``{prefix}-eq-...``), so every older row
+        of the key goes while the ones added in the same snapshot stay."""
+        s = self.settings
+        size = (s.target_file_size, s.row_group_records, s.compression)
+        if not self.key:
+            return _encode_rows(self._table, rows, prefix, *size)
+        resolved = last_changes(rows, self.arrow_schema, self.key)
+        data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, *size)
+        try:
+            deletes = encode_equality_deletes(
+                self._table,
+                resolved.keys.to_batches(),
+                self.key,
+                target_file_size=s.target_file_size,
+                row_group_records=s.row_group_records,
+                compression=s.compression,
+                file_prefix=f"{prefix}{DELETE_FILE_MARK}",
+            )
+        except BaseException:
+            remove_files(self._table, data)  # written by this attempt, never committed
+            raise
+        return [*data, *deletes]
 
     def _find_committed(self, ids: list[str]) -> dict[str, int]:
         refresh_table(self._table)
@@ -751,6 +772,24 @@ class TableWriter:
         m.queue_records.labels(table=self.name).set(self._pending.records)
         m.queue_bytes.labels(table=self.name).set(self._pending.bytes)
         m.oldest_pending_age.labels(table=self.name).set(self.oldest_pending_age())
+
+
+def _encode_rows(
+    table: Table,
+    rows: Sequence[pa.RecordBatch],
+    prefix: str,
+    target_file_size: int,
+    row_group_records: int,
+    compression: str,
+) -> list[Any]:
+    return encode_data_files(
+        table,
+        rows,
+        target_file_size=target_file_size,
+        row_group_records=row_group_records,
+        compression=compression,
+        file_prefix=prefix,
+    )
 
 
 def _combine(earlier: FlushResult, later: FlushResult) -> FlushResult:

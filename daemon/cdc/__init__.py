@@ -9,13 +9,19 @@ spools it as it comes and, per commit, keeps the last change per key.
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.cdc._conform import conform_changes
 from daemon.cdc._key import key_type_problem
+from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
+from daemon.cdc._read import read_merged
 
 __all__ = [
     "DELETE",
     "OP_COLUMN",
     "UPSERT",
+    "Resolved",
+    "apply_equality_deletes",
     "change_schema",
     "conform_changes",
     "key_type_problem",
+    "last_changes",
+    "read_merged",
     "with_ops",
 ]

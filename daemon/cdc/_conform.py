@@ -49,7 +49,8 @@ def conform_changes(
             f"column {OP_COLUMN!r} holds {ops[first].as_py()!r} at row {first}; each change is "
             f"{UPSERT} (upsert) or {DELETE} (delete)"
         )
-    batch = conform(data, change_schema(schema, key))
+    target = change_schema(schema, key)
+    batch = conform(_typed_nulls(data, target), target)
     upserts = pc.equal(batch.column(OP_COLUMN), UPSERT)
     keys = set(key)
     for field in schema:
@@ -63,6 +64,19 @@ def conform_changes(
                 "(only a delete may leave non-key columns out)",
             )
     return batch
+
+
+def _typed_nulls(data: pa.RecordBatch | pa.Table, target: pa.Schema) -> pa.RecordBatch | pa.Table:
+    """Columns that are all nulls of Arrow's null type (a delete's values left out,
+    as Python ``None`` builds them) as nulls of the column's type: conform converts
+    only values, and null is no value of any type."""
+    for index, field in enumerate(data.schema):
+        if pa.types.is_null(field.type) and field.name in target.names:
+            typed = target.field(field.name).type
+            data = data.set_column(
+                index, pa.field(field.name, typed), pa.nulls(data.num_rows, typed)
+            )
+    return data
 
 
 def _first_true(mask: pa.Array | pa.ChunkedArray) -> int:
