@@ -1135,6 +1135,13 @@ def _check_changes(i: int, kafka: KafkaConfig) -> None:
             f"changes = {kafka.changes!r} decodes values into a table's columns; format "
             '\'raw\' keeps them as bytes. Use format = "json" or "avro"',
         )
+    if kafka.route_field is not None:
+        raise ConfigError(
+            f"kafka[{i}].route_field",
+            f"changes = {kafka.changes!r} routes records before decoding them, and a "
+            "tombstone (a delete) has no value to read a route field from: route by "
+            "'route_header' or use a static 'table'",
+        )
     if kafka.changes == "debezium" and kafka.auto_create:
         raise ConfigError(
             f"kafka[{i}].auto_create",

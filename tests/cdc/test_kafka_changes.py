@@ -516,12 +516,23 @@ async def test_debezium_avro_envelopes_and_keys_through_the_registry(registry_ur
         ({"changes": "keyed", "key_format": "avro"}, "kafka[0].key_format", "schema registry"),
         ({"changes": "keyed", "key_format": "xml"}, "kafka[0].key_format", "'json'"),
         ({"changes": "upsert"}, "kafka[0].changes", "'debezium'"),
+        (
+            {
+                "changes": "keyed",
+                "table": None,
+                "route_field": "kind",
+                "table_template": "demo.{value}",
+            },
+            "kafka[0].route_field",
+            "route by 'route_header'",
+        ),
     ],
 )
 def test_config_cross_checks_name_the_key(
     make_config: Callable[..., Config], kafka: dict[str, Any], key: str, fragment: str
 ) -> None:
     source = {"bootstrap_servers": "127.0.0.1:9092", "topics": ["t"], "table": "demo.t"} | kafka
+    source = {k: v for k, v in source.items() if v is not None}
     with pytest.raises(ConfigError) as caught:
         make_config(
             tables=[{"name": "demo.t", "create": True, "schema": [{"name": "a", "type": "long"}]}],
