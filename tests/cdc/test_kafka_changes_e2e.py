@@ -11,6 +11,7 @@ is exactly one dead letter with its reason, every offset is consumed once.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import random
 import time
@@ -18,8 +19,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
+from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import DataFileContent
@@ -321,3 +324,111 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
         expected_dead = dict.fromkeys(deletes, "not_upsert") | dict.fromkeys(keyless, "invalid")
         assert reasons == expected_dead
         assert _rows_or_none(service, f"{TABLE}_dead_letter") == []
+
+
+async def test_debezium_avro_through_the_schema_registry(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    """``format = "avro"``, ``key_format = "avro"``: Debezium's Avro envelopes and keys
+    (Confluent wire format) through a real HTTP registry into the upsert table."""
+    row = {
+        "type": "record",
+        "name": "Value",
+        "namespace": "shop.items",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "qty", "type": "long"},
+        ],
+    }
+    envelope = {
+        "type": "record",
+        "name": "Envelope",
+        "namespace": "shop.items",
+        "fields": [
+            {"name": "before", "type": ["null", row], "default": None},
+            {"name": "after", "type": ["null", "shop.items.Value"], "default": None},
+            {"name": "source", "type": {"type": "map", "values": "string"}},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": ["null", "long"], "default": None},
+        ],
+    }
+    key_schema = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}
+    schemas = {1: envelope, 2: key_schema}
+
+    async def handle(request: web.Request) -> web.Response:
+        found = schemas.get(int(request.match_info["id"]))
+        if found is None:
+            return web.json_response({"error_code": 40403, "message": "not found"}, status=404)
+        return web.json_response({"schema": json.dumps(found)})
+
+    app = web.Application()
+    app.router.add_get("/schemas/ids/{id}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    assert site._server is not None
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+        return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
+
+    rng = random.Random(3)
+    state: dict[int, dict[str, Any]] = {}
+    records: list[Record] = []
+    poison: dict[int, str] = {}
+    for n in range(400):
+        i = rng.randrange(40)
+        key = framed(2, key_schema, {"id": i})
+        before = state.get(i)
+        if before is not None and rng.random() < 0.3:
+            change = {"before": before, "after": None, "op": "d"}
+            del state[i]
+            records.append((0, key, framed(1, envelope, {**change, "source": {}})))
+            records.append((0, key, None))  # tombstone: the Avro key says which
+        else:
+            after = {"id": i, "name": f"n{n}", "qty": n}
+            op = "u" if before else "c"
+            change = {"before": before, "after": after, "op": op, "source": {"db": "shop"}}
+            state[i] = after
+            records.append((0, key, framed(1, envelope, change)))
+        if n % 50 == 0:
+            poison[len(records)] = "bad_change"
+            records.append((0, key, framed(1, envelope, {"op": "t", "source": {}})))
+            poison[len(records)] = "schema_unavailable"
+            records.append((0, key, framed(9, envelope, {"op": "c", "source": {}})))
+    topic = "cdc-avro"
+    await create_topic(broker.bootstrap, topic, 1)
+    await _produce(broker.bootstrap, topic, records)
+    config = make_config(
+        tables=[{"name": TABLE, "create": True, "schema": SCHEMA, "key": ["id"]}],
+        defaults={"batch_timeout": "1s"},
+        kafka=[
+            {
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [topic],
+                "group_id": "g-avro",
+                "session_timeout": SESSION_TIMEOUT,
+                "table": TABLE,
+                "changes": "debezium",
+                "format": "avro",
+                "key_format": "avro",
+                "schema_registry_url": url,
+                "schema_registry_timeout": "1s",
+            }
+        ],
+    )
+    try:
+        async with Icespool(config) as service:
+            counts = Counter(p for p, _, _ in records)
+            assert await _wait_claims(service, "g-avro", topic, counts)
+            rows = await asyncio.to_thread(merged, service, TABLE)
+            dead = await asyncio.to_thread(table_rows, service, DEAD)
+    finally:
+        await runner.cleanup()
+    assert len(rows) == len(state) and _by_key(rows) == state
+    assert {d["offset"]: d["reason"] for d in dead} == poison
+    assert len(dead) == len(poison)
