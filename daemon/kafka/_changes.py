@@ -213,6 +213,8 @@ def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> Ke
 
 def _first_bytes(values: pa.BinaryArray) -> npt.NDArray[np.int64]:
     """The first non-whitespace byte of each value (-1: none), from the buffers."""
+    if values.type != pa.binary():  # e.g. large_binary: the offsets below are int32
+        values = values.cast(pa.binary())
     out = np.full(len(values), -1, dtype=np.int64)
     if not len(values):
         return out
@@ -527,9 +529,8 @@ def _complete_keys(
     ask = need[~no_key]
     if len(ask):
         table, got, bad = key_rows(keys, ask, key_schema(schema, key))
-        position = {int(i): int(j) for i, j in zip(rows.at, range(len(rows.at)), strict=True)}
         for record in bad:
-            failed[position[record.index]] = True
+            failed[int(np.searchsorted(rows.at, record.index))] = True  # rows.at ascends
             reason = record.reason if record.reason in ("missing_key", "bad_key") else "bad_key"
             dead.append(replace(record, reason=reason, error=f"Kafka key: {record.error}"))
         if table is not None and len(got):
