@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
 from daemon.kafka._avro import AvroSchemas, avro_rows
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata, too_deep_values
+from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from daemon.nesting import too_deep, too_deep_lines
 
 if TYPE_CHECKING:
     from daemon.config import KafkaConfig
@@ -127,11 +128,11 @@ def _lenient(
 ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
     dead: list[DeadRecord] = []
     keep = np.ones(len(raw), dtype=bool)
-    deep = too_deep_values(raw, range(len(raw)), options.max_depth)
+    deep = too_deep_lines(_joined(raw), options.max_depth)
     if deep:  # found by one scan rather than by bisecting down to them
-        for j, problem in deep.items():
+        for j in deep:
             keep[j] = False
-            dead.append(DeadRecord(int(indices[j]), "too_deep", problem))
+            dead.append(DeadRecord(int(indices[j]), "too_deep", too_deep(options.max_depth)))
         raw = [v for j, v in enumerate(raw) if keep[j]]
     at = indices[keep]
     if not raw:
@@ -142,6 +143,14 @@ def _lenient(
         ok[error.index] = False
         dead.append(_record_dead(int(at[error.index]), error))
     return result.table, at[ok], dead
+
+
+def _joined(values: list[bytes]) -> bytes:
+    """One line per value (a raw newline can only be JSON whitespace: blanked)."""
+    body = b"\n".join(values)
+    if body.count(b"\n") != len(values) - 1 or b"\r" in body:
+        body = b"\n".join(v.replace(b"\n", b" ").replace(b"\r", b" ") for v in values)
+    return body
 
 
 def _record_dead(index: int, error: RecordError) -> DeadRecord:
@@ -305,6 +314,13 @@ def string_keys(key: Sequence[str], schema: pa.Schema) -> KeyRows:
         return _merge(parts, keys, dead)
 
     return decode
+
+
+def _binary(values: pa.Array | Sequence[bytes | None]) -> pa.BinaryArray:
+    # A Fetch holds lists today and whole-fetch arrays soon (kafka-fast): either works.
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(values, pa.binary())
 
 
 def _first_line(exc: Exception) -> str:
@@ -631,8 +647,8 @@ def decode_fetch_changes(
     else:
         key_rows = json_keys(key, value_schema, options)
     decoded = decode_changes(
-        pa.array(view.values, pa.binary()),
-        pa.array(view.keys, pa.binary()),
+        _binary(view.values),
+        _binary(view.keys),
         value_schema,
         key,
         mode=mode,
