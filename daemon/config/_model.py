@@ -931,9 +931,28 @@ class Config(_Section):
                 )
         for i, kafka in enumerate(self.kafka):
             check(functools.partial(self._check_kafka, i, kafka, seen))
+            check(functools.partial(self._check_change_key, i, kafka))
         if problems:
             raise ConfigError.of(problems)
         return self
+
+    def _check_change_key(self, i: int, kafka: KafkaConfig) -> None:
+        """A change's key comes from the record, never from the source's metadata."""
+        if kafka.changes == "none":
+            return
+        try:
+            names = set(kafka.targets(self.table_names))
+        except ValueError:
+            return  # a malformed table_template: _check_kafka names it
+        for table in (t for t in self.tables if t.name in names):
+            clash = [k for k in table.key if k in kafka.metadata_columns]
+            if clash:
+                raise ConfigError(
+                    f"kafka[{i}].metadata_columns",
+                    f"{clash[0]!r} is a key column of {table.name!r}: a change's key comes "
+                    "from its value or Kafka key, not from a metadata column; remove it "
+                    "from metadata_columns or from the key",
+                )
 
     def _check_catalog(self) -> None:
         problems: list[ConfigError] = []

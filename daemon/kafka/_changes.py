@@ -632,6 +632,14 @@ def decode_fetch_changes(
     columns = config.metadata_columns
     value_schema = pa.schema([f for f in schema if f.name not in columns])
     mode: ChangeMode = "debezium" if config.changes == "debezium" else "keyed"
+    clash = [k for k in key if k in columns]
+    if clash:  # refused by the config for declared tables; a table created otherwise
+        error = f"the key column {clash[0]!r} is a Kafka metadata column, not in the record"
+        return Decoded(
+            None,
+            np.empty(0, np.int64),
+            [DeadRecord(int(p), "bad_key", error, clash[0]) for p in positions],
+        )
     envelopes: Envelopes
     if config.format == "avro":
         assert avro is not None, "format avro: the caller loads the schemas"

@@ -543,6 +543,31 @@ def test_config_cross_checks_name_the_key(
     )
 
 
+def test_a_key_column_cannot_be_a_metadata_column(make_config: Callable[..., Config]) -> None:
+    columns = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "_kafka_offset", "type": "long", "required": True},
+    ]
+    with pytest.raises(ConfigError) as caught:
+        make_config(
+            tables=[
+                {"name": "demo.t", "create": True, "schema": columns, "key": ["_kafka_offset"]}
+            ],
+            kafka=[
+                {
+                    "bootstrap_servers": "127.0.0.1:9092",
+                    "topics": ["t"],
+                    "table": "demo.t",
+                    "changes": "keyed",
+                    "metadata_columns": ["_kafka_offset"],
+                }
+            ],
+        )
+    (problem,) = caught.value.problems
+    assert problem.key == "kafka[0].metadata_columns"
+    assert "'_kafka_offset' is a key column of 'demo.t'" in problem.problem
+
+
 def test_debezium_refuses_auto_create(make_config: Callable[..., Config]) -> None:
     with pytest.raises(ConfigError) as caught:
         make_config(
