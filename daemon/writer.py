@@ -694,6 +694,13 @@ class TableWriter:
         s = self.settings
         size = (s.target_file_size, s.row_group_records, s.compression)
         if not self.key:
+            if any(OP_COLUMN in batch.schema.names for batch in rows):
+                # Spooled while the table had a key: appending them would turn deletes
+                # into rows. The segment's strikes quarantine it, naming the fix.
+                raise BadInputError(
+                    f"the spooled rows are keyed changes ({OP_COLUMN}), but table "
+                    f"{self.name} has no key now; restore its [[tables]] key and replay"
+                )
             return _encode_rows(self._table, rows, prefix, *size)
         resolved = last_changes(rows, self.arrow_schema, self.key)
         data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, *size)
