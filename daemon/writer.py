@@ -207,6 +207,10 @@ class TableWriter:
     ) -> int:
         """Spool a batch in the table's schema; returns the record count once acked.
 
+        On an upsert table (``key``) the batch is rows (each an upsert) or a change
+        batch in `change_schema` (`daemon.cdc.conform_changes`: a row without its key
+        is a `BadInputError` naming the key column).
+
         The way in (`daemon.ingest`) decodes and evolves first; this only conforms
         (a cheap re-check: the schema may have changed since) and raises
         `SchemaError` naming the column when the data does not fit (nothing of it
