@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyiceberg.manifest import DataFileContent
+from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
@@ -51,7 +51,14 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
     make_config: Any, run_daemon: Any
 ) -> None:
     config = make_config(
-        tables=[upsert_table(partition_by=["bucket(4, id)", "region"])],
+        tables=[
+            upsert_table(
+                partition_by=["bucket(4, id)", "region"],
+                # Data manifests merge every commit: merged entries keep their sequence
+                # numbers, or older rows would escape (or newer rows fall to) the deletes.
+                properties={"commit.manifest.min-count-to-merge": "2"},
+            )
+        ],
         defaults={"max_batch_records": 10_000_000},
     )
     rng = random.Random(7)
@@ -97,6 +104,11 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
             partitions = [f.partition for f in deletes]
             assert len(partitions) == len(set(map(tuple, partitions)))
             assert merged(iceberg) == expected, f"after flush {flush_no}"
+        manifests = iceberg.current_snapshot().manifests(iceberg.io)
+        data_manifests = [m for m in manifests if m.content == ManifestContent.DATA]
+        assert len(data_manifests) < 5, "the data manifests never merged"
+        # Delete manifests are carried over as they are (one per commit).
+        assert len(manifests) - len(data_manifests) == 5
     assert len(expected) > 100
 
 

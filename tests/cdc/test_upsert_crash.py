@@ -139,3 +139,31 @@ async def test_kill_9_mid_ingest_of_changes_leaves_exactly_the_acked_state(
     assert len(rows) == len(got), "a key appears twice in the merged state"
     assert got == expected
     assert acked >= 8 and len(expected) > 100
+
+
+async def test_changes_spooled_before_the_key_was_removed_are_quarantined_not_appended(
+    tmp_path: Path,
+) -> None:
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(batch_timeout="3600s", extra='key = ["id"]\n')
+    daemon = Daemon(home)
+    try:
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            body, _ = _body(random.Random(3), "k")
+            assert await _post(session, daemon, body)
+        assert daemon.kill() == -signal.SIGKILL
+        home.write_config(batch_timeout="3600s")  # the key is gone
+        daemon.start()
+        await daemon.wait_ready()
+        await daemon.wait_log("quarantined after 3 attempts", within=30)
+        assert "has no key now; restore its [[tables]] key and replay" in daemon.log()
+    finally:
+        daemon.cleanup()
+    assert len(home.quarantined()) >= 1
+    table, catalog = home.load_table()
+    try:
+        assert table.current_snapshot() is None  # nothing of it was appended
+    finally:
+        catalog.engine.dispose()
