@@ -88,14 +88,25 @@ def _nullable_row(schema: pa.Schema) -> pa.StructType:
     return pa.struct([f.with_nullable(True) for f in schema])
 
 
-def envelope_schema(schema: pa.Schema, mode: ChangeMode, *, payload: bool = True) -> pa.Schema:
+def envelope_schema(
+    schema: pa.Schema,
+    mode: ChangeMode,
+    key: Sequence[str] = (),
+    *,
+    payload: bool = True,
+    before_row: bool = False,
+) -> pa.Schema:
     """What each value is decoded into: Debezium's ``op``/``before``/``after`` (and,
     with ``payload``, the same inside Kafka Connect's schema envelope); keyed: the
-    row itself with every top-level column nullable."""
+    row itself with every top-level column nullable. ``before`` is read for its key
+    columns only (a delete needs nothing else; the rest is skipped unparsed), and not
+    at all for a table without a key; ``before_row``: as the whole row (Avro, whose
+    writer schema's record must fit the struct it is read into)."""
     if mode == "keyed":
         return pa.schema([f.with_nullable(True) for f in schema])
-    row = _nullable_row(schema)
-    change = [pa.field("op", pa.string()), pa.field("before", row), pa.field("after", row)]
+    shape = _nullable_row(schema) if before_row else pa.struct(list(key_schema(schema, key)))
+    before = [pa.field("before", shape)] if key else []
+    change = [pa.field("op", pa.string()), *before, pa.field("after", _nullable_row(schema))]
     return pa.schema([*change, pa.field("payload", pa.struct(change))] if payload else change)
 
 
@@ -350,11 +361,13 @@ def decode_changes(
     key_rows: KeyRows,
     max_record_bytes: int = 2**20,
     payload: bool = True,
+    before_row: bool = False,
 ) -> Decoded:
     """Decode one table's records (``values``/``keys``: nulls are null) into one
     change batch in `change_schema` (``schema``: the table's value columns; ``key``
     empty: an append table, which gets its upserts as plain rows) plus dead letters.
-    ``Decoded.rows`` are positions into ``values``, ascending."""
+    ``Decoded.rows`` are positions into ``values``, ascending. ``payload``: look for
+    the schema envelope (JSON); ``before_row``: see `envelope_schema`."""
     n = len(values)
     if n == 0:
         return Decoded(None, np.empty(0, np.int64), [])
@@ -370,10 +383,10 @@ def decode_changes(
         for i in np.flatnonzero(big)
     ]
     live = np.flatnonzero(~tomb & ~big).astype(np.int64)
-    envelope = envelope_schema(schema, mode, payload=payload)
+    envelope = envelope_schema(schema, mode, key, payload=payload, before_row=before_row)
     table, at, bad = envelopes(values, live, envelope) if len(live) else (None, live, [])
     dead += [_envelope_dead(d, mode) for d in bad]
-    rows = _select(table, at, schema, mode, dead)
+    rows = _select(table, at, schema, key, mode, dead)
     tombs = np.flatnonzero(tomb).astype(np.int64)
     rows = _with_tombstones(rows, tombs, schema)
     if not key:
@@ -425,6 +438,7 @@ def _select(
     table: pa.Table | None,
     at: npt.NDArray[np.int64],
     schema: pa.Schema,
+    key: Sequence[str],
     mode: ChangeMode,
     dead: list[DeadRecord],
 ) -> _Rows:
@@ -433,14 +447,14 @@ def _select(
     if mode == "keyed":
         columns = {name: table.column(name).combine_chunks() for name in schema.names}
         return _Rows(at, np.full(len(at), UPSERT, np.int8), columns)
-    op, before, after = (table.column(c).combine_chunks() for c in ("op", "before", "after"))
+    fields = [f.name for f in table.schema if f.name != "payload"]  # op, [before,] after
+    parts = {name: table.column(name).combine_chunks() for name in fields}
     if "payload" in table.column_names:
         payload = table.column("payload").combine_chunks()
         has = pc.is_valid(payload)
         inner = payload.flatten()
-        op, before, after = (
-            pc.if_else(has, inner[i], plain) for i, plain in enumerate((op, before, after))
-        )
+        parts = {name: pc.if_else(has, inner[i], parts[name]) for i, name in enumerate(fields)}
+    op, after = parts["op"], parts["after"]
     upsert = pc.fill_null(pc.is_in(op, _UPSERT_OPS), False).to_numpy(zero_copy_only=False)
     delete = pc.fill_null(pc.equal(op, "d"), False).to_numpy(zero_copy_only=False)
     no_after = pc.is_null(after).to_numpy(zero_copy_only=False) & upsert
@@ -456,9 +470,15 @@ def _select(
             error = f"unknown op {ops_py[j]!r}: expected c, r, u or d"
         dead.append(DeadRecord(int(at[j]), "bad_change", error))
     keep = pa.array(~bad)
-    row = pc.if_else(pa.array(upsert), after, before).filter(keep)
-    parts = row.flatten()
-    columns = {name: parts[i] for i, name in enumerate(schema.names)}
+    values = after.filter(keep).flatten()  # flatten: a null `after` gives null columns
+    columns = {name: values[i] for i, name in enumerate(schema.names)}
+    if key:  # a delete's key comes from `before` (else, later, from the Kafka key)
+        is_delete = pa.array(delete[~bad])
+        before = parts["before"].filter(keep)
+        flat = before.flatten()
+        for k in key:
+            found = flat[before.type.get_field_index(k)]
+            columns[k] = pc.if_else(is_delete, found, columns[k])
     ops = np.where(upsert, UPSERT, DELETE).astype(np.int8)[~bad]
     return _Rows(at[~bad], ops, columns)
 
@@ -664,6 +684,7 @@ def decode_fetch_changes(
         key_rows=key_rows,
         max_record_bytes=config.max_record_bytes,
         payload=config.format == "json",
+        before_row=config.format == "avro",
     )
     dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
     if decoded.batch is None:

@@ -139,6 +139,20 @@ def test_schema_envelope_is_detected_per_record_in_values_and_keys() -> None:
     assert decoded.dead == []
 
 
+def test_before_is_read_for_its_key_only() -> None:
+    """A delete needs only ``before``'s key columns: the rest of ``before`` is not
+    parsed, so a value there the table could not hold harms nothing."""
+    values = [
+        j({"op": "u", "before": {"id": 1, "name": 5, "qty": "x"}, "after": {"id": 1, "qty": 2}}),
+        j({"op": "d", "before": {"id": 1, "name": [1], "qty": None}}),
+        j({"op": "d", "before": {"id": "one"}}),  # the key itself must convert
+    ]
+    decoded = decode(values)
+    assert rows(decoded) == [change(1, None, 2, U), change(1, None, None, D)]
+    assert dead(decoded) == [(2, "invalid")]
+    assert decoded.dead[0].column == "id"
+
+
 @pytest.mark.parametrize(
     ("value", "reason", "fragment"),
     [
@@ -488,6 +502,7 @@ async def test_debezium_avro_envelopes_and_keys_through_the_registry(registry_ur
         envelopes=envelopes,
         key_rows=envelopes,
         payload=False,
+        before_row=True,
     )
     assert rows(decoded) == [
         change(1, "a", 1, U),
