@@ -149,8 +149,10 @@ async def test_bad_changes_are_refused_whole_and_nothing_is_spooled(
             await table.upsert([{"id": 1, "region": None, "name": "x"}])
         with pytest.raises(BadInputError, match="key column 'id' is null"):
             await table.delete([{"id": None, "region": "eu"}])
-        with pytest.raises(BadInputError, match=r"missing \['region'\]"):
+        with pytest.raises(BadInputError, match=r"delete needs .* missing \['region'\]"):
             await table.delete([{"id": 1}])
+        with pytest.raises(BadInputError, match=r"upsert needs .* missing \['region'\]"):
+            await table.upsert([{"id": 1, "name": "x"}])
         with pytest.raises(SchemaError, match="'name'"):
             await table.upsert([{"id": 1, "region": "eu", "name": None, "score": 1}])
         assert table.pending_records == 0
