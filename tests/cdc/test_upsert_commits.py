@@ -65,6 +65,11 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
     expected: State = {}
     async with run_daemon(config) as (service, _):
         table = service.writer(TABLE)
+        created = table.writer._table
+        assert created.metadata.format_version == 2
+        assert created.schema().identifier_field_names() == {"id", "region"}
+        assert table.key == ("id", "region")
+        assert table.change_schema.names == ["id", "region", "name", "score", "_icespool_op"]
         for flush_no in range(5):
             for _ in range(4):
                 ups, dels = [], []
