@@ -1280,6 +1280,13 @@ def _check_key(i: int, table: TableConfig, types_by_name: Mapping[str, str]) -> 
                 f"{where}[{j}]", f"{name!r} is listed twice; list each key column once"
             )
         seen.add(name)
+    version = table.properties.get("format-version")
+    if version is not None and version != "2":
+        raise ConfigError(
+            f"tables[{i}].properties.format-version",
+            f"an upsert table (key = {table.key}) is format version 2 (equality deletes); "
+            f"remove format-version = {version!r}",
+        )
     if table.columns is None:
         if table.infer:
             raise ConfigError(

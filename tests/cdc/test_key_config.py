@@ -31,6 +31,11 @@ def table(**fields: Any) -> dict[str, Any]:
         ({"key": ["tags"]}, "tables[0].key[0]", "must be of a primitive type"),
         ({"key": ["id", "id"]}, "tables[0].key[1]", "listed twice"),
         (
+            {"key": ["id"], "properties": {"format-version": "1"}},
+            "tables[0].properties.format-version",
+            "is format version 2",
+        ),
+        (
             {"key": ["id"], "partition_by": ["region"]},
             "tables[0].partition_by[0]",
             "'region' is not a key column",
