@@ -17,15 +17,19 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import DataFileContent
+from support.daemon_harness import TABLE as HARNESS_TABLE
+from support.daemon_harness import Daemon, DaemonDir
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic
 from support.service_helpers import metric, table_rows
 
@@ -432,3 +436,89 @@ async def test_debezium_avro_through_the_schema_registry(
     assert len(rows) == len(state) and _by_key(rows) == state
     assert {d["offset"]: d["reason"] for d in dead} == poison
     assert len(dead) == len(poison)
+
+
+@pytest.mark.slow
+async def test_kill_9_mid_stream_keeps_debezium_changes_exactly_once(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """SIGKILL of a real ``icespool run`` child while it consumes Debezium changes:
+    after the restart the merged table is the final state key by key, every poison
+    record one dead letter, every offset claimed once."""
+    topic = "cdc-kill"
+    await create_topic(broker.bootstrap, topic, PARTITIONS)
+    rng = random.Random(9)
+    state: dict[int, str] = {}
+    records: list[Record] = []
+    poison: set[tuple[int, int]] = set()
+    sent = Counter[int]()
+
+    def send(p: int, key: bytes | None, value: bytes | None) -> None:
+        records.append((p, key, value))
+        sent[p] += 1
+
+    for n in range(6000):
+        i = rng.randrange(300)
+        p, key = i % PARTITIONS, _j({"id": i})
+        if i in state and rng.random() < 0.25:
+            send(p, key, _j({"op": "d", "before": {"id": i, "v": state.pop(i)}}))
+            send(p, key, None)
+        else:
+            change = {"op": "u" if i in state else "c", "after": {"id": i, "v": f"v{n}"}}
+            state[i] = f"v{n}"
+            plain = _j(change)
+            send(p, key, plain if n % 3 else _j({"schema": {}, "payload": change}))
+        if n % 500 == 0:
+            poison.add((p, sent[p]))
+            send(p, key, _j({"op": "m", "source": {}}))
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(
+        batch_timeout="1s",
+        extra=f"""key = ["id"]
+
+[[kafka]]
+bootstrap_servers = "{broker.bootstrap}"
+group_id = "g-kill"
+topics = ["{topic}"]
+table = "{HARNESS_TABLE}"
+changes = "debezium"
+offset_commit_interval = "1s"
+session_timeout = "6s"
+max_poll_records = 1000
+""",
+    )
+    daemon = Daemon(home)
+    half = len(records) // 2
+    try:
+        # One kill mid-stream (a start costs seconds; the in-process tests cover
+        # restarts): half the stream is there at the start, half comes after the kill.
+        await _produce(broker.bootstrap, topic, records[:half])
+        daemon.start()
+        await daemon.wait_ready()
+        await asyncio.sleep(rng.uniform(0.3, 1.5))
+        assert daemon.kill() == -9
+        await _produce(broker.bootstrap, topic, records[half:])
+        daemon.start()
+        await daemon.wait_ready()
+        deadline = time.monotonic() + 60
+        expected = {p: [(0, n - 1)] for p, n in sent.items()}
+        while True:
+            table, catalog = await asyncio.to_thread(home.load_table)
+            claims = {
+                p: list(ranges_from_properties(table.properties, "g-kill", topic, p).spans)
+                for p in sent
+            }
+            if claims == expected or time.monotonic() > deadline:
+                break
+            catalog.engine.dispose()
+            await asyncio.sleep(0.5)
+        assert claims == expected, daemon.tail()
+        rows = await asyncio.to_thread(read_merged, table)
+        dead = catalog.load_table(f"{HARNESS_TABLE}_dead_letter").scan().to_arrow().to_pylist()
+        catalog.engine.dispose()
+        assert rows.num_rows == len(state)  # no key twice
+        assert dict(zip(rows["id"].to_pylist(), rows["v"].to_pylist(), strict=True)) == state
+        assert Counter((d["partition"], d["offset"]) for d in dead) == Counter(poison)
+        assert {d["reason"] for d in dead} == {"bad_change"}
+    finally:
+        daemon.cleanup()
