@@ -267,6 +267,7 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
     upserts: list[dict[str, Any]] = []  # the rows holding their key
     deletes: list[int] = []  # offsets
     keyless: list[int] = []  # offsets of rows that leave the key to the Kafka key
+    offsets: dict[int, int] = {}  # the offset of each key's last upsert
     for n in range(600):
         i = rng.randrange(60)
         if i in state and rng.random() < 0.3:
@@ -283,7 +284,9 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
             value = row if n % 2 else {"name": row["name"], "qty": n}
             records.append((0, str(i).encode(), _j(value)))
             state[i] = row
+            offsets[i] = len(records) - 1
     await _produce(broker.bootstrap, topic, records)
+    with_offset = [*SCHEMA, {"name": "_kafka_offset", "type": "long"}]
     source = {
         "bootstrap_servers": broker.bootstrap,
         "topics": [topic],
@@ -291,11 +294,12 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
         "offset_commit_interval": "1s",
         "changes": "keyed",
         "key_format": "string",
+        "metadata_columns": ["_kafka_offset"],
     }
     config = make_config(
         tables=[
-            {"name": TABLE, "create": True, "schema": SCHEMA, "key": ["id"]},
-            {"name": APPEND, "create": True, "schema": SCHEMA},
+            {"name": TABLE, "create": True, "schema": with_offset, "key": ["id"]},
+            {"name": APPEND, "create": True, "schema": with_offset},
         ],
         defaults={"batch_timeout": "1s"},
         kafka=[
@@ -321,6 +325,7 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
         appended = await asyncio.to_thread(table_rows, service, APPEND)
         dead = await asyncio.to_thread(table_rows, service, f"{APPEND}_dead_letter")
         assert len(rows) == len(state) and _by_key(rows) == state
+        assert {r["id"]: r["_kafka_offset"] for r in rows} == {i: offsets[i] for i in state}
         key = lambda r: (r["id"], r["qty"])  # noqa: E731
         assert sorted(map(key, appended)) == sorted(map(key, upserts))
         reasons = {d["offset"]: d["reason"] for d in dead}
