@@ -27,6 +27,7 @@ from pyiceberg.table import Table
 
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
+from daemon.encode_pool import in_flush_thread
 from daemon.errors import (
     BackpressureError,
     BadInputError,
@@ -627,7 +628,7 @@ class TableWriter:
             return None
         encode_started = time.perf_counter()
         try:
-            files = await asyncio.to_thread(
+            files = await in_flush_thread(
                 encode_data_files,
                 self._table,
                 rows,
@@ -655,7 +656,7 @@ class TableWriter:
         if not files:
             return None
         try:
-            commit = await asyncio.to_thread(
+            commit = await in_flush_thread(
                 commit_files,
                 self._table,
                 files,
