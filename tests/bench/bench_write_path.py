@@ -835,6 +835,17 @@ def print_latency_summary(runs: Sequence[LatencyRun], args: argparse.Namespace) 
         ("bare limit rows/s", spread([r.bare.rows_per_s for r in runs], ",.0f"), ""),
         ("icespool committed rows/s", spread([r.committed.rows_per_s for r in runs], ",.0f"), ""),
         ("committed / bare (same run)", spread([r.ratio for r in runs], ".2f"), ">= 0.95"),
+        # The floor of an ack: pyarrow.json of one body alone, in this process.
+        (
+            "bare decode of one body p50 ms",
+            spread([r.bare.quantile_ms(0.5) or 0 for r in runs], ".1f"),
+            "",
+        ),
+        (
+            "bare decode of one body p99 ms",
+            spread([r.bare.quantile_ms(0.99) or 0 for r in runs], ".1f"),
+            "",
+        ),
         ("ack p50 ms at half load", spread([h.quantile_ms(0.5) or 0 for h in half], ".1f"), ""),
         (
             "ack p99 ms at half load",
