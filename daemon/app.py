@@ -29,6 +29,7 @@ import uvloop
 
 from daemon.blocking import TrackedExecutor
 from daemon.config import Config, TimeoutsConfig
+from daemon.encode_pool import flush_calls
 from daemon.errors import ConfigError, IcespoolError
 from daemon.http import HttpServer, load_tokens, server_context, start_http
 from daemon.http._conn import ConnectionLimits
@@ -203,18 +204,23 @@ async def _exit_if_stuck(executor: TrackedExecutor, deadline: float) -> None:
     Returning would let the loop's close join that thread, i.e. wait for a dependency
     that may never answer. Nothing is lost: what was not committed is in the spool.
     """
-    running = executor.running()
-    if running:
+
+    def running() -> list[tuple[str, float]]:
+        # Flushes encode and commit in threads of their own (daemon.encode_pool).
+        return executor.running() + flush_calls()
+
+    waiting = running()
+    if waiting:
         _log.info(
             "waiting up to %.1fs for %d blocking calls: %s",
             deadline - time.monotonic(),
-            len(running),
-            ", ".join(call for call, _ in running),
+            len(waiting),
+            ", ".join(call for call, _ in waiting),
         )
     # Polled: the calls end in other threads, which cannot set a loop's Event.
-    while executor.running() and time.monotonic() < deadline:  # noqa: ASYNC110
+    while running() and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
-    stuck = executor.running()
+    stuck = running()
     if not stuck:
         return
     for call, seconds in stuck:

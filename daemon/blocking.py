@@ -22,8 +22,12 @@ __all__ = ["TrackedExecutor"]
 class TrackedExecutor(ThreadPoolExecutor):
     """A ThreadPoolExecutor whose submitted calls can be listed while they run."""
 
-    def __init__(self, thread_name_prefix: str = "icespool-blocking") -> None:
-        super().__init__(thread_name_prefix=thread_name_prefix)
+    def __init__(
+        self,
+        thread_name_prefix: str = "icespool-blocking",
+        initializer: Callable[[], object] | None = None,
+    ) -> None:
+        super().__init__(thread_name_prefix=thread_name_prefix, initializer=initializer)
         self._calls: dict[int, tuple[str, float]] = {}
         self._calls_lock = threading.Lock()
 

@@ -420,6 +420,7 @@ def check_depth(body: bytes, max_depth: int) -> None:
 # before pyarrow sees it: a C-speed search, and on a hit (also inside other text)
 # an exact look at the values of the lines that have one.
 _HUGE_EXPONENT: Final = re.compile(rb"[0-9.]" + HUGE_EXPONENT.encode())
+_HUGE_EXPONENT_RE2: Final = _HUGE_EXPONENT.pattern.decode()
 _HUGE_NUMBER: Final = re.compile(
     r"[ \t\r\n]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)" + HUGE_EXPONENT + r"[0-9]*[ \t\r\n]*"
 )
@@ -430,7 +431,9 @@ class _Huge(Exception):
 
 
 def _check_exponents(body: bytes, schema: pa.Schema) -> None:
-    if not _HUGE_EXPONENT.search(body) or not _has_decimal(schema):
+    # The schema first: a search over the body costs ~20 ms per MB in Python's re,
+    # holding the GIL, which every other request's decode then waits for.
+    if not _has_decimal(schema) or not _has_huge_exponent(body):
         return
     for number, line in enumerate(body.split(b"\n"), 1):
         if not _HUGE_EXPONENT.search(line):
@@ -451,6 +454,16 @@ def _check_exponents(body: bytes, schema: pa.Schema) -> None:
                 f"line {number}: the value {_show(_Raw(str(exc)))} has an exponent of 5 or "
                 "more digits, which no numeric column can hold"
             ).because("out_of_range") from None
+
+
+def _has_huge_exponent(body: bytes) -> bool:
+    """`_HUGE_EXPONENT` anywhere in ``body``, searched by Arrow's RE2 (linear time,
+    ~3x Python's re here, and without the GIL) over the body's bytes, not copied."""
+    data = pa.py_buffer(body)
+    offsets = pa.array([0, len(body)], pa.int64()).buffers()[1]
+    whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, data])
+    found = pc.match_substring_regex(whole, _HUGE_EXPONENT_RE2)[0]
+    return bool(found.as_py())
 
 
 def _refuse_huge(text: str) -> float:

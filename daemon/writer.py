@@ -28,6 +28,7 @@ from pyiceberg.table import Table
 from daemon.cdc import OP_COLUMN, change_schema, conform_changes, last_changes
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
+from daemon.encode_pool import in_flush_thread
 from daemon.errors import (
     BackpressureError,
     BadInputError,
@@ -653,7 +654,7 @@ class TableWriter:
             return None
         encode_started = time.perf_counter()
         try:
-            files = await asyncio.to_thread(self._encode, rows, seg_ids[0])
+            files = await in_flush_thread(self._encode, rows, seg_ids[0])
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
@@ -673,7 +674,7 @@ class TableWriter:
         if not files:
             return None
         try:
-            commit = await asyncio.to_thread(
+            commit = await in_flush_thread(
                 commit_files,
                 self._table,
                 files,

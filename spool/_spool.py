@@ -414,7 +414,9 @@ class Spool:
             raise SpoolIOError(f"reading segment {segment_id}", exc) from exc
         if not info.sealed:
             data = data[: info.bytes]  # an unsealable segment: its verified prefix only
-        result = scan(data)
+        # Every checksum of a segment of up to segment_max_bytes: tens of ms that
+        # would stall the event loop (and so every ack) at the start of each flush.
+        result = await self._in_thread(scan, data)
         reason = _unverified(info, result, len(data))
         if reason is not None:
             await self._in_thread(

@@ -243,8 +243,8 @@ def _remove(paths: Any) -> None:
 # ------------------------------------------------------------------ config and catalog
 
 
-def daemon_config(directory: Path, port: int) -> dict[str, Any]:
-    """One table, big commits: 1,000,000 records or 5 s, whichever comes first."""
+def daemon_config(directory: Path, port: int, batch_timeout: str = "5s") -> dict[str, Any]:
+    """One table, big commits: 1,000,000 records or ``batch_timeout``, whichever first."""
     return {
         "catalog": {
             "name": "bench",
@@ -254,7 +254,7 @@ def daemon_config(directory: Path, port: int) -> dict[str, Any]:
         },
         "spool": {"dir": str(directory / "spool")},
         "http": {"listen": f"127.0.0.1:{port}"},
-        "defaults": {"max_batch_records": 1_000_000, "batch_timeout": "5s"},
+        "defaults": {"max_batch_records": 1_000_000, "batch_timeout": batch_timeout},
         # JSON lines, so the bench can read each commit's time and duration back.
         "log": {"level": "info", "format": "json"},
         "tables": [{"name": TABLE, "create": True, "schema": COLUMNS}],
@@ -366,10 +366,10 @@ _LIVE: set[subprocess.Popen[bytes]] = set()  # killed on the way out, whatever h
 class DaemonProcess:
     """`icespool run --config` in its own session; always killed on the way out."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, batch_timeout: str = "5s") -> None:
         self.directory = directory
         self.port = free_port()
-        self.raw = daemon_config(directory, self.port)
+        self.raw = daemon_config(directory, self.port, batch_timeout)
         self.config = validate_config(self.raw)
         self.config_path = directory / "icespool.toml"
         self.log_path = directory / "daemon.log"
@@ -757,6 +757,113 @@ async def run_http(
     return results
 
 
+@dataclass
+class LatencyRun:
+    """One run of the latency mode: bare limit, peak, then half of that peak."""
+
+    bare: Measured
+    committed: Measured
+    half: Measured
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.committed.rows_per_s / self.bare.rows_per_s
+
+
+async def run_http_latency(
+    directory: Path, bodies: Sequence[bytes], args: argparse.Namespace
+) -> list[LatencyRun]:
+    """``--http-only``: ``args.trials`` runs against one daemon, each measuring the
+    bare limit, the committed rate at full speed (the peak) and the ack latency at
+    half of that run's peak request rate (paced), flushes running (batch_timeout)."""
+    runs: list[LatencyRun] = []
+    daemon = DaemonProcess(directory, args.batch_timeout)
+    connector = aiohttp.TCPConnector(limit=args.clients * 2)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        daemon.start()
+        try:
+            await daemon.wait_ready(session)
+            await ingest_and_flush(daemon, session, bodies, args.clients, 1.0, None, "warm-up")
+            for trial in range(args.trials):
+                bare = await asyncio.to_thread(bare_json, bodies, FILE_ROWS, directory)
+                _, committed, peak = await ingest_and_flush(
+                    daemon, session, bodies, args.clients, args.seconds, None, "peak"
+                )
+                half_rate = 0.5 * peak.requests / peak.ack_seconds
+                last = trial == args.trials - 1
+                profile = Path(args.profile) if args.profile and last else None
+                profiler = Profiler(daemon.pid, args.seconds, profile)
+                half, half_done, half_load = await ingest_and_flush(
+                    daemon, session, bodies, args.clients, args.seconds, half_rate, "half load"
+                )
+                profiler.report()
+                half.label = f"half peak ({half_rate:.1f} req/s), acked"
+                half.note += f"; {half_done.note}"
+                run = LatencyRun(bare, committed, half)
+                windows = daemon.commit_windows()
+                run.notes.append("at half load, " + latency_split(half_load, windows))
+                runs.append(run)
+                p50, p99 = half.quantile_ms(0.5), half.quantile_ms(0.99)
+                print(
+                    f"  run {trial + 1}: bare {bare.rows_per_s:,.0f} rows/s, committed "
+                    f"{committed.rows_per_s:,.0f} rows/s ({run.ratio:.2f}x); half load "
+                    f"{half_rate:.1f} req/s: ack p50 {p50:.1f} ms, p99 {p99:.1f} ms, max "
+                    f"{max(half.latencies) * 1e3:.1f} ms ({len(half.latencies)} requests)\n"
+                    f"    {run.notes[-1]}\n    peak: {committed.note}\n    half: {half.note}",
+                    flush=True,
+                )
+            await asyncio.to_thread(daemon.stop)
+        except Exception:
+            daemon.kill()
+            print(f"--- daemon log tail ---\n{daemon.log_tail()}", file=sys.stderr)
+            raise
+        finally:
+            daemon.kill()
+    return runs
+
+
+def print_latency_summary(runs: Sequence[LatencyRun], args: argparse.Namespace) -> None:
+    def spread(values: Sequence[float], fmt: str) -> str:
+        ordered = sorted(values)
+        mid = ordered[len(ordered) // 2]
+        return " / ".join(format(v, fmt) for v in (ordered[0], mid, ordered[-1]))
+
+    half = [r.half for r in runs]
+    rows = [
+        ("bare limit rows/s", spread([r.bare.rows_per_s for r in runs], ",.0f"), ""),
+        ("icespool committed rows/s", spread([r.committed.rows_per_s for r in runs], ",.0f"), ""),
+        ("committed / bare (same run)", spread([r.ratio for r in runs], ".2f"), ">= 0.95"),
+        # The floor of an ack: pyarrow.json of one body alone, in this process.
+        (
+            "bare decode of one body p50 ms",
+            spread([r.bare.quantile_ms(0.5) or 0 for r in runs], ".1f"),
+            "",
+        ),
+        (
+            "bare decode of one body p99 ms",
+            spread([r.bare.quantile_ms(0.99) or 0 for r in runs], ".1f"),
+            "",
+        ),
+        ("ack p50 ms at half load", spread([h.quantile_ms(0.5) or 0 for h in half], ".1f"), ""),
+        (
+            "ack p99 ms at half load",
+            spread([h.quantile_ms(0.99) or 0 for h in half], ".1f"),
+            "<= 20",
+        ),
+        ("ack max ms at half load", spread([max(h.latencies) * 1e3 for h in half], ".1f"), ""),
+    ]
+    print(
+        f"\n== HTTP latency mode: {len(runs)} runs, {args.clients} clients, "
+        f"{ROWS_PER_REQUEST:,} events/request, batch_timeout {args.batch_timeout}, "
+        f"{args.seconds:.0f}s phases =="
+    )
+    print(f"{'':32} {'min / median / max':>36}  target")
+    for label, value, target in rows:
+        print(f"{label:32} {value:>36}  {target}")
+
+
 # ------------------------------------------------------------------ B: in-process append
 
 
@@ -932,8 +1039,20 @@ async def main() -> int:
     parser.add_argument(
         "--profile", metavar="FILE", help="py-spy the daemon at half load into FILE (raw)"
     )
+    parser.add_argument(
+        "--http-only",
+        action="store_true",
+        help="only the HTTP figures of issue #17: --trials runs (default 3) of bare limit, "
+        "peak and half-peak ack latency, min/median/max",
+    )
+    parser.add_argument(
+        "--batch-timeout", help="the daemon's batch_timeout (default 5s; 1s with --http-only)"
+    )
     args = parser.parse_args()
     quick = args.quick
+    args.batch_timeout = args.batch_timeout or ("1s" if args.http_only else "5s")
+    if args.http_only:
+        return await main_http_only(args)
     args.seconds = args.seconds or (5.0 if quick else 15.0)
     args.soak_seconds = (
         args.soak_seconds if args.soak_seconds is not None else (10.0 if quick else 60.0)
@@ -1075,6 +1194,25 @@ async def main() -> int:
     print(f"{'RSS bounded over the soak':44} {'':8}  {'':15}  {rss_verdict}")
     load1, _, _ = os.getloadavg()
     print(f"\nrun took {time.perf_counter() - run_started:.0f}s; load average now {load1:.1f}")
+    return 0
+
+
+async def main_http_only(args: argparse.Namespace) -> int:
+    args.seconds = args.seconds or (5.0 if args.quick else 15.0)
+    args.trials = args.trials or 3
+    directory = Path(tempfile.mkdtemp(prefix="icespool-bench-http-", dir=args.dir))
+    load1, load5, _ = os.getloadavg()
+    print(
+        f"cores: {len(os.sched_getaffinity(0))}; load average {load1:.1f} (1 min), "
+        f"{load5:.1f} (5 min); disk: {directory}",
+        flush=True,
+    )
+    try:
+        bodies = [ndjson_body(ROWS_PER_REQUEST, seed) for seed in range(20)]
+        runs = await run_http_latency(directory / "http", bodies, args)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print_latency_summary(runs, args)
     return 0
 
 
