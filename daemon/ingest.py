@@ -32,8 +32,10 @@ import pyarrow.compute as pc
 
 from daemon.cdc import (
     HTTP_OP,
+    OP_COLUMN,
     body_schema,
     change_schema,
+    conform_changes,
     key_error,
     line_of,
     no_key,
@@ -301,9 +303,26 @@ class Ingest:
         self._refuse_daemon_tables(writer.name)
         if isinstance(data, Mapping):
             batch = await asyncio.to_thread(_columns_to_batch, data, writer.arrow_schema)
+        elif writer.key:
+            batch = await self.conformed_changes(writer, data)
         else:
             batch = await self.conformed(writer, data)
         return await writer.append(batch, meta)
+
+    async def conformed_changes(
+        self, writer: TableWriter, data: pa.RecordBatch | pa.Table
+    ) -> pa.RecordBatch:
+        """Rows (upserts) or a change batch (`daemon.cdc`) cast for ``writer``'s upsert
+        table (`conform_changes`), evolving the table first for columns it lacks where
+        the policy allows (as `conformed` does for rows)."""
+        key = writer.key
+        return await self._whole(
+            writer,
+            lambda schema: conform_changes(data, schema, key),
+            lambda error: Wants(
+                frozenset({error.column}), lambda: _without_op(data.schema), exact=True
+            ),
+        )
 
     async def conformed(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
@@ -481,3 +500,9 @@ def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) ->
     if len(lengths) > 1:
         raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
     return conform(pa.table(arrays), schema)
+
+
+def _without_op(schema: pa.Schema) -> pa.Schema:
+    # The op column is the change batch's, never a column to evolve the table for.
+    index = schema.get_field_index(OP_COLUMN)
+    return schema if index < 0 else schema.remove(index)

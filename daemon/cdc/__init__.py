@@ -20,6 +20,10 @@ from daemon.cdc._body import (
     without_op,
 )
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+from daemon.cdc._conform import conform_changes
+from daemon.cdc._key import key_type_problem
+from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
+from daemon.cdc._read import read_merged
 
 __all__ = [
     "DELETE",
@@ -27,11 +31,17 @@ __all__ = [
     "OP_COLUMN",
     "OP_NAMES",
     "UPSERT",
+    "Resolved",
+    "apply_equality_deletes",
     "body_schema",
     "change_schema",
+    "conform_changes",
     "key_error",
+    "key_type_problem",
+    "last_changes",
     "line_of",
     "no_key",
+    "read_merged",
     "row_of",
     "to_changes",
     "with_ops",

@@ -69,7 +69,15 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriterV2,
+)
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
@@ -507,12 +515,16 @@ class _MergeAppend(_MergeAppendFiles):
     """
 
     def __init__(
-        self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]
+        self,
+        transaction: Transaction,
+        io: FileIO,
+        snapshot_properties: dict[str, str],
+        operation: Operation = Operation.APPEND,
     ) -> None:
         # _MergeAppendFiles.__init__ is this, then its strict parsing of the three.
         _FastAppendFiles.__init__(
             self,
-            operation=Operation.APPEND,
+            operation=operation,
             transaction=transaction,
             io=io,
             snapshot_properties=snapshot_properties,
@@ -534,6 +546,75 @@ class _MergeAppend(_MergeAppendFiles):
         )
 
 
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of delete files (pyiceberg 0.12 writes data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _MergeRowDelta(_MergeAppend):
+    """`_MergeAppend` that also adds delete files (an upsert table's equality deletes)
+    in the same snapshot, as Iceberg's RowDelta does.
+
+    Data files go through the merge append as always; delete files get a manifest of
+    their own (content DELETES). pyiceberg's merge manager merges data manifests only
+    and carries delete manifests over as they are, so older delete manifests stay
+    listed until maintenance rewrites them. Every file of the snapshot gets its
+    sequence number: an equality delete applies to data files of LOWER sequence
+    numbers only, so the rows added in the same snapshot survive it.
+    """
+
+    def _manifests(self) -> list[ManifestFile]:
+        files = self._added_data_files
+        deletes = [f for f in files if f.content != DataFileContent.DATA]
+        # The summary (computed after this) counts every file; the data manifest
+        # written by the merge append must hold the data files only.
+        self._added_data_files = [f for f in files if f.content == DataFileContent.DATA]
+        try:
+            manifests = super()._manifests()
+        finally:
+            self._added_data_files = files
+        if deletes:
+            manifests = [*manifests, self._delete_manifest(deletes)]
+        return manifests
+
+    def _delete_manifest(self, deletes: Sequence[DataFile]) -> ManifestFile:
+        writer = _DeleteManifestWriter(
+            self._transaction.table_metadata.spec(),
+            self.schema(),
+            self.new_manifest_output(),  # tracked: abandoned and tidied like the others
+            self._snapshot_id,
+            self._compression,
+        )
+        with writer:
+            for delete_file in deletes:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=delete_file,
+                    )
+                )
+        return writer.to_manifest_file()
+
+
+def _operation(files: Sequence[DataFile]) -> Operation:
+    """Iceberg's operation for a commit adding ``files`` (RowDelta's rule): delete
+    files with data files overwrite, delete files alone delete, data files append."""
+    deletes = any(f.content != DataFileContent.DATA for f in files)
+    data = any(f.content == DataFileContent.DATA for f in files)
+    if not deletes:
+        return Operation.APPEND
+    return Operation.OVERWRITE if data else Operation.DELETE
+
+
 def _stage(
     table: Table,
     data_files: Sequence[DataFile],
@@ -546,13 +627,18 @@ def _stage(
     table's choice; unset: true, Iceberg's default) the new manifest is merged with the
     existing small ones once ``commit.manifest.min-count-to-merge`` of them are due,
     bin-packed to ``commit.manifest.target-size-bytes``; disabled, it adds one manifest
-    like a fast append. Nothing is committed here; a failure deletes what was written.
+    like a fast append. With delete files among ``data_files`` (an upsert table's
+    equality deletes) the same merge append also writes a delete manifest
+    (``_MergeRowDelta``) and the operation is ``overwrite`` (``delete`` when only delete
+    files are added). Nothing is committed here; a failure deletes what was written.
     """
     transaction = _Staging(table)
     try:
         if table_properties:
             transaction.set_properties(dict(table_properties))
-        with _MergeAppend(transaction, table.io, summary) as append:
+        operation = _operation(data_files)
+        producer = _MergeAppend if operation == Operation.APPEND else _MergeRowDelta
+        with producer(transaction, table.io, summary, operation) as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
             snapshot_id: int = append.snapshot_id
@@ -840,6 +926,9 @@ def commit_files(
     spool_id: str | None = None,
 ) -> CommitResult:
     """Commit ``data_files`` as ONE append snapshot tagged with ``segment_ids``.
+
+    ``data_files`` may include equality-delete files (content EQUALITY_DELETES): the
+    snapshot then adds both (operation ``overwrite``, or ``delete`` without data files).
 
     Idempotent per segment set: if the table already has a snapshot covering
     ``segment_ids``, nothing is committed and that snapshot is returned with

@@ -2,7 +2,8 @@
 
 The daemon knows its own file names: a flush writes
 ``{segment_uuid7}-{partition:05d}-{file:05d}.parquet`` (``iceberg/_parquet.py``, the
-prefix is the first spool segment's id) and a compaction writes
+prefix is the first spool segment's id; an upsert table's equality deletes are
+``{segment_uuid7}-eq-{partition:05d}-{file:05d}.parquet``) and a compaction writes
 ``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``). A uuid7 carries
 its creation time in milliseconds. ``remove_orphans`` deletes a file under the table's
 data location only when ALL of these hold:
@@ -60,7 +61,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from daemon.iceberg import refresh_table
+from daemon.iceberg import DELETE_FILE_MARK, refresh_table
 from spool import new_uuid7
 
 __all__ = [
@@ -83,8 +84,10 @@ DEFAULT_ORPHAN_AGE_S: Final = 3600.0
 COMPACTION_PREFIX: Final = "c-"
 
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+# An upsert table's flush also writes equality deletes: ``{segment}-eq-...``.
 _NAME: Final = re.compile(
-    rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:{re.escape(DELETE_FILE_MARK)})?"
+    r"-[0-9]{5,}-[0-9]{5,}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 
