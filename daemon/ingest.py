@@ -27,12 +27,15 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from daemon.cdc import (
+    DELETE,
     HTTP_OP,
     OP_COLUMN,
+    UPSERT,
     body_schema,
     change_schema,
     conform_changes,
@@ -41,6 +44,7 @@ from daemon.cdc import (
     no_key,
     row_of,
     to_changes,
+    with_ops,
     without_op,
 )
 from daemon.config import Config
@@ -176,7 +180,9 @@ class Ingest:
         raw = await asyncio.to_thread(decode_arrow_stream, body)
         if writer is None:
             writer = await self.create(name, lambda: raw.schema)
-        table = await self.conformed(writer, raw)
+        # An upsert table takes rows (upserts) or, in Arrow, change batches as they are.
+        conformed = self.conformed_changes if writer.key else self.conformed
+        table = await conformed(writer, raw)
         # Shielded: a client that hangs up must not cancel a half-done spool append.
         return await asyncio.shield(writer.append(table))
 
@@ -435,6 +441,35 @@ class TableInput:
         """
         return await self._ingest.append(self.writer, data, meta)
 
+    async def upsert(self, rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> int:
+        """Upsert rows of an upsert table (``[[tables]] key``): each row replaces the
+        table's row of the same key, or adds it. All or nothing; returns the count
+        once acked. Raises `BadInputError` on an append table or for a row without
+        its key, `SchemaError` as `append` does."""
+        self._require_key("upsert")
+        data = _as_table(rows)
+        return await self.append(with_ops(data, _ops(data.num_rows, UPSERT), self.writer.key))
+
+    async def delete(self, keys: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> int:
+        """Delete rows of an upsert table by key: each item holds the key columns
+        (other columns are ignored). Deleting a key the table does not hold is a
+        no-op. All or nothing; returns the count once acked."""
+        self._require_key("delete")
+        data = _as_table(keys)
+        key = self.writer.key
+        missing = [column for column in key if column not in data.schema.names]
+        if missing:
+            raise BadInputError(f"deletes need the key columns {list(key)}; missing {missing}")
+        only_key = data.select(list(key))
+        return await self.append(with_ops(only_key, _ops(data.num_rows, DELETE), key))
+
+    def _require_key(self, what: str) -> None:
+        if not self.writer.key:
+            raise BadInputError(
+                f"table {self.writer.name!r} has no key, so it cannot {what} rows; declare "
+                "key = [...] in its [[tables]] entry to make it an upsert table"
+            )
+
     async def queue(self, record: Mapping[str, object]) -> None:
         """Spool one record (a mapping of column to value)."""
         await self.queue_all([record])
@@ -506,3 +541,18 @@ def _without_op(schema: pa.Schema) -> pa.Schema:
     # The op column is the change batch's, never a column to evolve the table for.
     index = schema.get_field_index(OP_COLUMN)
     return schema if index < 0 else schema.remove(index)
+
+
+def _as_table(rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    try:
+        return pa.Table.from_pylist(list(rows))
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise BadInputError(f"records cannot be converted: {exc}") from exc
+
+
+def _ops(count: int, op: int) -> pa.Array:
+    return pa.array(np.full(count, op, dtype=np.int8))

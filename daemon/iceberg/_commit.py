@@ -78,6 +78,7 @@ from pyiceberg.manifest import (
     ManifestFile,
     ManifestWriterV2,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
@@ -102,7 +103,8 @@ from pyiceberg.table.update import (
     ValidatableTableRequirement,
 )
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.typedef import EMPTY_DICT, TableVersion
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.utils.properties import property_as_bool
 
 from daemon.errors import CommitError
@@ -547,7 +549,13 @@ class _MergeAppend(_MergeAppendFiles):
 
 
 class _DeleteManifestWriter(ManifestWriterV2):
-    """A v2 manifest of delete files (pyiceberg 0.12 writes data manifests only)."""
+    """A v2 manifest of delete files (pyiceberg 0.12 writes data manifests only).
+
+    pyiceberg 0.12 declares ``equality_ids`` (field 135) as ``list<long>``; the spec
+    (and Java, which casts the values to Integer) says ``list<int>``: Spark fails
+    with a ClassCastException on such a manifest. Avro writes int and long alike
+    (zig-zag varints), so only the declared type changes.
+    """
 
     def content(self) -> ManifestContent:
         return ManifestContent.DELETES
@@ -555,6 +563,37 @@ class _DeleteManifestWriter(ManifestWriterV2):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        schema = super()._with_partition(format_version)
+        return Schema(
+            *[
+                NestedField(2, "data_file", _int_equality_ids(field.field_type), required=True)
+                if field.field_id == 2 and isinstance(field.field_type, StructType)
+                else field
+                for field in schema.fields
+            ]
+        )
+
+
+def _int_equality_ids(data_file: StructType) -> StructType:
+    return StructType(
+        *[
+            NestedField(
+                field.field_id,
+                field.name,
+                ListType(element_id=136, element_type=IntegerType(), element_required=True),
+                required=False,
+                doc=field.doc,
+            )
+            if field.field_id == _EQUALITY_IDS_FIELD
+            else field
+            for field in data_file.fields
+        ]
+    )
+
+
+_EQUALITY_IDS_FIELD: Final = 135
 
 
 class _MergeRowDelta(_MergeAppend):
