@@ -136,6 +136,8 @@ def _check(spark: Any, name: str, config: Config, expected: dict[int, tuple[Any,
     spark_rows = [tuple(r) for r in spark.sql(_SELECT.format(f"{name}.{TABLE}")).collect()]
     compare(spark_rows, expected)
     compare(_merged(config), expected)
+    files = spark.sql(f"SELECT content, count(*) FROM {name}.{TABLE}.files GROUP BY content")
+    print("live files by content (0 data, 1 position, 2 equality deletes):", files.collect())
     _no_dead_letters(config)
 
 
@@ -150,6 +152,22 @@ def _no_dead_letters(config: Config) -> None:
         catalog.engine.dispose()  # type: ignore[attr-defined]
 
 
+class _Clock:
+    """Phase timings, printed with the test's output (what the time budget goes to)."""
+
+    def __init__(self) -> None:
+        self.began = self.last = time.monotonic()
+        self.laps: list[str] = []
+
+    def lap(self, what: str) -> None:
+        now = time.monotonic()
+        self.laps.append(f"{what} {now - self.last:.1f}s")
+        self.last = now
+
+    def __str__(self) -> str:
+        return f"{time.monotonic() - self.began:.1f}s: " + ", ".join(self.laps)
+
+
 async def _start(daemon: Daemon) -> None:
     daemon.start()
     await daemon.wait_ready()
@@ -159,8 +177,10 @@ async def test_debezium_stream_with_kill_9_rounds_equals_the_final_state_in_spar
     broker: Broker, spark: Any, register: Any, catalog_name: str, tmp_path: Path
 ) -> None:
     topic = "cdc-kill"
+    clock = _Clock()
     messages = debezium_stream(100_000, 10_000, partitions=PARTITIONS, seed=1)
     expected = final_state(messages)
+    clock.lap("stream")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     daemon = _daemon(DaemonDir(tmp_path / "d"), catalog_name, broker, topic)
     config = load_config(daemon.home.config_path)
@@ -169,21 +189,27 @@ async def test_debezium_stream_with_kill_9_rounds_equals_the_final_state_in_spar
     chunk = -(-len(messages) // rounds)
     try:
         await _start(daemon)
+        clock.lap("start")
         for i in range(rounds):
             await produce_messages(broker.bootstrap, topic, messages[i * chunk : (i + 1) * chunk])
+            clock.lap(f"produce {i}")
             if i == rounds - 1:
                 break
             # kill -9 at a random moment while this chunk is consumed, spooled, committed.
             await asyncio.sleep(rng.uniform(0.5, 2.5))
             assert daemon.kill() == -9
             await _start(daemon)
+            clock.lap(f"kill+start {i}")
         await _wait_committed(config, topic, messages, [daemon], 120)
+        clock.lap("committed")
         assert daemon.starts == rounds
     finally:
         daemon.kill()
         daemon.cleanup()
     name = register(config)
     _check(spark, name, config, expected)
+    clock.lap("checked")
+    print(clock)
 
 
 async def test_replicas_joining_and_killed_mid_stream_equal_the_final_state(
@@ -195,6 +221,7 @@ async def test_replicas_joining_and_killed_mid_stream_equal_the_final_state(
     tmp_path: Path,
 ) -> None:
     topic = "cdc-replicas"
+    clock = _Clock()
     messages = debezium_stream(40_000, 4_000, partitions=PARTITIONS, seed=2)
     expected = final_state(messages)
     await create_topic(broker.bootstrap, topic, PARTITIONS)
@@ -231,14 +258,18 @@ async def test_replicas_joining_and_killed_mid_stream_equal_the_final_state(
         # b comes back: it recovers its spool (the claims keep anything another replica
         # committed since from applying twice) and rejoins the group.
         await _start(b)
+        clock.lap("phases")
         await produce_messages(broker.bootstrap, topic, parts[3])
         await _wait_committed(config, topic, messages, daemons, 120)
+        clock.lap("committed")
     finally:
         for daemon in daemons:
             daemon.kill()
             daemon.cleanup()
     name = register(config)
     _check(spark, name, config, expected)
+    clock.lap("checked")
+    print(clock)
 
 
 async def test_spark_compaction_alongside_ingest_keeps_the_final_state(
@@ -250,6 +281,7 @@ async def test_spark_compaction_alongside_ingest_keeps_the_final_state(
     tmp_path: Path,
 ) -> None:
     topic = "cdc-compact"
+    clock = _Clock()
     messages = debezium_stream(40_000, 4_000, partitions=PARTITIONS, seed=3)
     expected = final_state(messages)
     await create_topic(broker.bootstrap, topic, PARTITIONS)
@@ -296,6 +328,18 @@ async def test_spark_compaction_alongside_ingest_keeps_the_final_state(
         await asyncio.to_thread(spark_thread.join, 120)
         daemon.kill()
         daemon.cleanup()
+    clock.lap("ingested")
     print(f"Spark compaction runs {dict(done)}, lost races {len(lost)}: {lost[:3]}")
     assert done["rewrite_data_files"] >= 1, lost
+    # Alongside, not after: the daemon committed changes on top of a Spark rewrite.
+    operations = [
+        r.operation
+        for r in spark.sql(
+            f"SELECT operation FROM {name}.{TABLE}.snapshots ORDER BY committed_at"
+        ).collect()
+    ]
+    first_rewrite = operations.index("replace")
+    assert set(operations[first_rewrite:]) - {"replace"}, operations
     _check(spark, name, config, expected)
+    clock.lap("checked")
+    print(clock)
