@@ -446,29 +446,31 @@ class TableInput:
         table's row of the same key, or adds it. All or nothing; returns the count
         once acked. Raises `BadInputError` on an append table or for a row without
         its key, `SchemaError` as `append` does."""
-        self._require_key("upsert")
-        data = _as_table(rows)
-        return await self.append(with_ops(data, _ops(data.num_rows, UPSERT), self.writer.key))
+        return await self.append(self._changes(rows, UPSERT, "upsert"))
 
     async def delete(self, keys: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> int:
         """Delete rows of an upsert table by key: each item holds the key columns
         (other columns are ignored). Deleting a key the table does not hold is a
         no-op. All or nothing; returns the count once acked."""
-        self._require_key("delete")
-        data = _as_table(keys)
-        key = self.writer.key
-        missing = [column for column in key if column not in data.schema.names]
-        if missing:
-            raise BadInputError(f"deletes need the key columns {list(key)}; missing {missing}")
-        only_key = data.select(list(key))
-        return await self.append(with_ops(only_key, _ops(data.num_rows, DELETE), key))
+        return await self.append(self._changes(keys, DELETE, "delete"))
 
-    def _require_key(self, what: str) -> None:
-        if not self.writer.key:
+    def _changes(
+        self, rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]], op: int, what: str
+    ) -> pa.RecordBatch:
+        """``rows`` as one change batch of ``op`` (a delete keeps only the key columns)."""
+        key = self.writer.key
+        if not key:
             raise BadInputError(
                 f"table {self.writer.name!r} has no key, so it cannot {what} rows; declare "
                 "key = [...] in its [[tables]] entry to make it an upsert table"
             )
+        data = _as_table(rows)
+        missing = [column for column in key if column not in data.schema.names]
+        if missing:
+            raise BadInputError(f"a {what} needs the key columns {list(key)}; missing {missing}")
+        if op == DELETE:
+            data = data.select(list(key))
+        return with_ops(data, _ops(data.num_rows, op), key)
 
     async def queue(self, record: Mapping[str, object]) -> None:
         """Spool one record (a mapping of column to value)."""

@@ -207,6 +207,10 @@ class TableWriter:
     ) -> int:
         """Spool a batch in the table's schema; returns the record count once acked.
 
+        On an upsert table (``key``) the batch is rows (each an upsert) or a change
+        batch in `change_schema` (`daemon.cdc.conform_changes`: a row without its key
+        is a `BadInputError` naming the key column).
+
         The way in (`daemon.ingest`) decodes and evolves first; this only conforms
         (a cheap re-check: the schema may have changed since) and raises
         `SchemaError` naming the column when the data does not fit (nothing of it
@@ -694,6 +698,13 @@ class TableWriter:
         s = self.settings
         size = (s.target_file_size, s.row_group_records, s.compression)
         if not self.key:
+            if any(OP_COLUMN in batch.schema.names for batch in rows):
+                # Spooled while the table had a key: appending them would turn deletes
+                # into rows. The segment's strikes quarantine it, naming the fix.
+                raise BadInputError(
+                    f"the spooled rows are keyed changes ({OP_COLUMN}), but table "
+                    f"{self.name} has no key now; restore its [[tables]] key and replay"
+                )
             return _encode_rows(self._table, rows, prefix, *size)
         resolved = last_changes(rows, self.arrow_schema, self.key)
         data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, *size)

@@ -3,9 +3,17 @@
 A change batch is the table's Arrow schema with every non-key column nullable (a
 delete carries only its key) plus a trailing ``_icespool_op`` int8 column: `UPSERT`
 or `DELETE`. Sources decode into it (`change_schema`, `with_ops`); the writer
-spools it as it comes and, per commit, keeps the last change per key. HTTP change
-bodies (rows plus ``"_op": "upsert" | "delete"``) decode through `body_schema` and
-`to_changes`.
+checks it (`conform_changes`), spools it as it comes and, per commit, keeps the last
+change per key (`last_changes`). Readers of the merged state (`read_merged`,
+`apply_equality_deletes`) apply the equality deletes pyiceberg's scan refuses.
+
+    _changes   the change-batch contract (op column, change schema)
+    _key       which columns Iceberg allows as a key (identifier fields)
+    _conform   an upsert table's input checked whole-batch before it is acked
+    _merge     last change per key; equality deletes applied to rows
+    _read      a table's merged state (data files minus the deletes that apply)
+    _body      HTTP change bodies (rows plus ``"_op": "upsert" | "delete"``) into change
+               batches (`body_schema`, `to_changes`)
 """
 
 from daemon.cdc._body import (

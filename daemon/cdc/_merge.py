@@ -29,6 +29,7 @@ class Resolved:
     in the table's columns, in spool order of their last change. ``keys``: the key
     columns of EVERY key the changes touched, one row per key (each gets an equality
     delete, so every older row of the key goes, whatever its last change).
+    ``changes``: how many changes were resolved (what the commit counts as records).
     """
 
     upserts: pa.Table

@@ -931,9 +931,28 @@ class Config(_Section):
                 )
         for i, kafka in enumerate(self.kafka):
             check(functools.partial(self._check_kafka, i, kafka, seen))
+            check(functools.partial(self._check_change_key, i, kafka))
         if problems:
             raise ConfigError.of(problems)
         return self
+
+    def _check_change_key(self, i: int, kafka: KafkaConfig) -> None:
+        """A change's key comes from the record, never from the source's metadata."""
+        if kafka.changes == "none":
+            return
+        try:
+            names = set(kafka.targets(self.table_names))
+        except ValueError:
+            return  # a malformed table_template: _check_kafka names it
+        for table in (t for t in self.tables if t.name in names):
+            clash = [k for k in table.key if k in kafka.metadata_columns]
+            if clash:
+                raise ConfigError(
+                    f"kafka[{i}].metadata_columns",
+                    f"{clash[0]!r} is a key column of {table.name!r}: a change's key comes "
+                    "from its value or Kafka key, not from a metadata column; remove it "
+                    "from metadata_columns or from the key",
+                )
 
     def _check_catalog(self) -> None:
         problems: list[ConfigError] = []
@@ -1135,6 +1154,13 @@ def _check_changes(i: int, kafka: KafkaConfig) -> None:
             f"changes = {kafka.changes!r} decodes values into a table's columns; format "
             '\'raw\' keeps them as bytes. Use format = "json" or "avro"',
         )
+    if kafka.route_field is not None:
+        raise ConfigError(
+            f"kafka[{i}].route_field",
+            f"changes = {kafka.changes!r} routes records before decoding them, and a "
+            "tombstone (a delete) has no value to read a route field from: route by "
+            "'route_header' or use a static 'table'",
+        )
     if kafka.changes == "debezium" and kafka.auto_create:
         raise ConfigError(
             f"kafka[{i}].auto_create",
@@ -1254,6 +1280,13 @@ def _check_key(i: int, table: TableConfig, types_by_name: Mapping[str, str]) -> 
                 f"{where}[{j}]", f"{name!r} is listed twice; list each key column once"
             )
         seen.add(name)
+    version = table.properties.get("format-version")
+    if version is not None and version != "2":
+        raise ConfigError(
+            f"tables[{i}].properties.format-version",
+            f"an upsert table (key = {table.key}) is format version 2 (equality deletes); "
+            f"remove format-version = {version!r}",
+        )
     if table.columns is None:
         if table.infer:
             raise ConfigError(

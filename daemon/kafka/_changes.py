@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
 from daemon.kafka._avro import AvroSchemas, avro_rows
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata, too_deep_values
+from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from daemon.nesting import too_deep, too_deep_lines
 
 if TYPE_CHECKING:
     from daemon.config import KafkaConfig
@@ -87,14 +88,25 @@ def _nullable_row(schema: pa.Schema) -> pa.StructType:
     return pa.struct([f.with_nullable(True) for f in schema])
 
 
-def envelope_schema(schema: pa.Schema, mode: ChangeMode, *, payload: bool = True) -> pa.Schema:
+def envelope_schema(
+    schema: pa.Schema,
+    mode: ChangeMode,
+    key: Sequence[str] = (),
+    *,
+    payload: bool = True,
+    before_row: bool = False,
+) -> pa.Schema:
     """What each value is decoded into: Debezium's ``op``/``before``/``after`` (and,
     with ``payload``, the same inside Kafka Connect's schema envelope); keyed: the
-    row itself with every top-level column nullable."""
+    row itself with every top-level column nullable. ``before`` is read for its key
+    columns only (a delete needs nothing else; the rest is skipped unparsed), and not
+    at all for a table without a key; ``before_row``: as the whole row (Avro, whose
+    writer schema's record must fit the struct it is read into)."""
     if mode == "keyed":
         return pa.schema([f.with_nullable(True) for f in schema])
-    row = _nullable_row(schema)
-    change = [pa.field("op", pa.string()), pa.field("before", row), pa.field("after", row)]
+    shape = _nullable_row(schema) if before_row else pa.struct(list(key_schema(schema, key)))
+    before = [pa.field("before", shape)] if key else []
+    change = [pa.field("op", pa.string()), *before, pa.field("after", _nullable_row(schema))]
     return pa.schema([*change, pa.field("payload", pa.struct(change))] if payload else change)
 
 
@@ -127,11 +139,11 @@ def _lenient(
 ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
     dead: list[DeadRecord] = []
     keep = np.ones(len(raw), dtype=bool)
-    deep = too_deep_values(raw, range(len(raw)), options.max_depth)
+    deep = too_deep_lines(_joined(raw), options.max_depth)
     if deep:  # found by one scan rather than by bisecting down to them
-        for j, problem in deep.items():
+        for j in deep:
             keep[j] = False
-            dead.append(DeadRecord(int(indices[j]), "too_deep", problem))
+            dead.append(DeadRecord(int(indices[j]), "too_deep", too_deep(options.max_depth)))
         raw = [v for j, v in enumerate(raw) if keep[j]]
     at = indices[keep]
     if not raw:
@@ -142,6 +154,14 @@ def _lenient(
         ok[error.index] = False
         dead.append(_record_dead(int(at[error.index]), error))
     return result.table, at[ok], dead
+
+
+def _joined(values: list[bytes]) -> bytes:
+    """One line per value (a raw newline can only be JSON whitespace: blanked)."""
+    body = b"\n".join(values)
+    if body.count(b"\n") != len(values) - 1 or b"\r" in body:
+        body = b"\n".join(v.replace(b"\n", b" ").replace(b"\r", b" ") for v in values)
+    return body
 
 
 def _record_dead(index: int, error: RecordError) -> DeadRecord:
@@ -213,6 +233,8 @@ def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> Ke
 
 def _first_bytes(values: pa.BinaryArray) -> npt.NDArray[np.int64]:
     """The first non-whitespace byte of each value (-1: none), from the buffers."""
+    if values.type != pa.binary():  # e.g. large_binary: the offsets below are int32
+        values = values.cast(pa.binary())
     out = np.full(len(values), -1, dtype=np.int64)
     if not len(values):
         return out
@@ -305,6 +327,13 @@ def string_keys(key: Sequence[str], schema: pa.Schema) -> KeyRows:
     return decode
 
 
+def _binary(values: pa.Array | Sequence[bytes | None]) -> pa.BinaryArray:
+    # A Fetch holds lists today and whole-fetch arrays soon (kafka-fast): either works.
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(values, pa.binary())
+
+
 def _first_line(exc: Exception) -> str:
     return str(exc).split("\n", 1)[0]
 
@@ -332,11 +361,13 @@ def decode_changes(
     key_rows: KeyRows,
     max_record_bytes: int = 2**20,
     payload: bool = True,
+    before_row: bool = False,
 ) -> Decoded:
     """Decode one table's records (``values``/``keys``: nulls are null) into one
     change batch in `change_schema` (``schema``: the table's value columns; ``key``
     empty: an append table, which gets its upserts as plain rows) plus dead letters.
-    ``Decoded.rows`` are positions into ``values``, ascending."""
+    ``Decoded.rows`` are positions into ``values``, ascending. ``payload``: look for
+    the schema envelope (JSON); ``before_row``: see `envelope_schema`."""
     n = len(values)
     if n == 0:
         return Decoded(None, np.empty(0, np.int64), [])
@@ -352,10 +383,10 @@ def decode_changes(
         for i in np.flatnonzero(big)
     ]
     live = np.flatnonzero(~tomb & ~big).astype(np.int64)
-    envelope = envelope_schema(schema, mode, payload=payload)
+    envelope = envelope_schema(schema, mode, key, payload=payload, before_row=before_row)
     table, at, bad = envelopes(values, live, envelope) if len(live) else (None, live, [])
     dead += [_envelope_dead(d, mode) for d in bad]
-    rows = _select(table, at, schema, mode, dead)
+    rows = _select(table, at, schema, key, mode, dead)
     tombs = np.flatnonzero(tomb).astype(np.int64)
     rows = _with_tombstones(rows, tombs, schema)
     if not key:
@@ -407,6 +438,7 @@ def _select(
     table: pa.Table | None,
     at: npt.NDArray[np.int64],
     schema: pa.Schema,
+    key: Sequence[str],
     mode: ChangeMode,
     dead: list[DeadRecord],
 ) -> _Rows:
@@ -415,14 +447,14 @@ def _select(
     if mode == "keyed":
         columns = {name: table.column(name).combine_chunks() for name in schema.names}
         return _Rows(at, np.full(len(at), UPSERT, np.int8), columns)
-    op, before, after = (table.column(c).combine_chunks() for c in ("op", "before", "after"))
+    fields = [f.name for f in table.schema if f.name != "payload"]  # op, [before,] after
+    parts = {name: table.column(name).combine_chunks() for name in fields}
     if "payload" in table.column_names:
         payload = table.column("payload").combine_chunks()
         has = pc.is_valid(payload)
         inner = payload.flatten()
-        op, before, after = (
-            pc.if_else(has, inner[i], plain) for i, plain in enumerate((op, before, after))
-        )
+        parts = {name: pc.if_else(has, inner[i], parts[name]) for i, name in enumerate(fields)}
+    op, after = parts["op"], parts["after"]
     upsert = pc.fill_null(pc.is_in(op, _UPSERT_OPS), False).to_numpy(zero_copy_only=False)
     delete = pc.fill_null(pc.equal(op, "d"), False).to_numpy(zero_copy_only=False)
     no_after = pc.is_null(after).to_numpy(zero_copy_only=False) & upsert
@@ -438,9 +470,15 @@ def _select(
             error = f"unknown op {ops_py[j]!r}: expected c, r, u or d"
         dead.append(DeadRecord(int(at[j]), "bad_change", error))
     keep = pa.array(~bad)
-    row = pc.if_else(pa.array(upsert), after, before).filter(keep)
-    parts = row.flatten()
-    columns = {name: parts[i] for i, name in enumerate(schema.names)}
+    values = after.filter(keep).flatten()  # flatten: a null `after` gives null columns
+    columns = {name: values[i] for i, name in enumerate(schema.names)}
+    if key:  # a delete's key comes from `before` (else, later, from the Kafka key)
+        is_delete = pa.array(delete[~bad])
+        before = parts["before"].filter(keep)
+        flat = before.flatten()
+        for k in key:
+            found = flat[before.type.get_field_index(k)]
+            columns[k] = pc.if_else(is_delete, found, columns[k])
     ops = np.where(upsert, UPSERT, DELETE).astype(np.int8)[~bad]
     return _Rows(at[~bad], ops, columns)
 
@@ -527,9 +565,8 @@ def _complete_keys(
     ask = need[~no_key]
     if len(ask):
         table, got, bad = key_rows(keys, ask, key_schema(schema, key))
-        position = {int(i): int(j) for i, j in zip(rows.at, range(len(rows.at)), strict=True)}
         for record in bad:
-            failed[position[record.index]] = True
+            failed[int(np.searchsorted(rows.at, record.index))] = True  # rows.at ascends
             reason = record.reason if record.reason in ("missing_key", "bad_key") else "bad_key"
             dead.append(replace(record, reason=reason, error=f"Kafka key: {record.error}"))
         if table is not None and len(got):
@@ -615,6 +652,14 @@ def decode_fetch_changes(
     columns = config.metadata_columns
     value_schema = pa.schema([f for f in schema if f.name not in columns])
     mode: ChangeMode = "debezium" if config.changes == "debezium" else "keyed"
+    clash = [k for k in key if k in columns]
+    if clash:  # refused by the config for declared tables; a table created otherwise
+        error = f"the key column {clash[0]!r} is a Kafka metadata column, not in the record"
+        return Decoded(
+            None,
+            np.empty(0, np.int64),
+            [DeadRecord(int(p), "bad_key", error, clash[0]) for p in positions],
+        )
     envelopes: Envelopes
     if config.format == "avro":
         assert avro is not None, "format avro: the caller loads the schemas"
@@ -630,8 +675,8 @@ def decode_fetch_changes(
     else:
         key_rows = json_keys(key, value_schema, options)
     decoded = decode_changes(
-        pa.array(view.values, pa.binary()),
-        pa.array(view.keys, pa.binary()),
+        _binary(view.values),
+        _binary(view.keys),
         value_schema,
         key,
         mode=mode,
@@ -639,6 +684,7 @@ def decode_fetch_changes(
         key_rows=key_rows,
         max_record_bytes=config.max_record_bytes,
         payload=config.format == "json",
+        before_row=config.format == "avro",
     )
     dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
     if decoded.batch is None:

@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -23,7 +24,7 @@ from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema
 from daemon.config import Config
 from daemon.decode import JsonOptions
 from daemon.errors import ConfigError
-from daemon.kafka._avro import RegistrySchemas, avro_rows
+from daemon.kafka._avro import FileSchema, RegistrySchemas, avro_rows
 from daemon.kafka._changes import (
     decode_changes,
     decode_fetch_changes,
@@ -137,6 +138,20 @@ def test_schema_envelope_is_detected_per_record_in_values_and_keys() -> None:
         change(7, None, None, D),
     ]
     assert decoded.dead == []
+
+
+def test_before_is_read_for_its_key_only() -> None:
+    """A delete needs only ``before``'s key columns: the rest of ``before`` is not
+    parsed, so a value there the table could not hold harms nothing."""
+    values = [
+        j({"op": "u", "before": {"id": 1, "name": 5, "qty": "x"}, "after": {"id": 1, "qty": 2}}),
+        j({"op": "d", "before": {"id": 1, "name": [1], "qty": None}}),
+        j({"op": "d", "before": {"id": "one"}}),  # the key itself must convert
+    ]
+    decoded = decode(values)
+    assert rows(decoded) == [change(1, None, 2, U), change(1, None, None, D)]
+    assert dead(decoded) == [(2, "invalid")]
+    assert decoded.dead[0].column == "id"
 
 
 @pytest.mark.parametrize(
@@ -488,6 +503,7 @@ async def test_debezium_avro_envelopes_and_keys_through_the_registry(registry_ur
         envelopes=envelopes,
         key_rows=envelopes,
         payload=False,
+        before_row=True,
     )
     assert rows(decoded) == [
         change(1, "a", 1, U),
@@ -516,12 +532,23 @@ async def test_debezium_avro_envelopes_and_keys_through_the_registry(registry_ur
         ({"changes": "keyed", "key_format": "avro"}, "kafka[0].key_format", "schema registry"),
         ({"changes": "keyed", "key_format": "xml"}, "kafka[0].key_format", "'json'"),
         ({"changes": "upsert"}, "kafka[0].changes", "'debezium'"),
+        (
+            {
+                "changes": "keyed",
+                "table": None,
+                "route_field": "kind",
+                "table_template": "demo.{value}",
+            },
+            "kafka[0].route_field",
+            "route by 'route_header'",
+        ),
     ],
 )
 def test_config_cross_checks_name_the_key(
     make_config: Callable[..., Config], kafka: dict[str, Any], key: str, fragment: str
 ) -> None:
     source = {"bootstrap_servers": "127.0.0.1:9092", "topics": ["t"], "table": "demo.t"} | kafka
+    source = {k: v for k, v in source.items() if v is not None}
     with pytest.raises(ConfigError) as caught:
         make_config(
             tables=[{"name": "demo.t", "create": True, "schema": [{"name": "a", "type": "long"}]}],
@@ -530,6 +557,31 @@ def test_config_cross_checks_name_the_key(
     assert any(p.key == key and fragment in p.problem for p in caught.value.problems), str(
         caught.value
     )
+
+
+def test_a_key_column_cannot_be_a_metadata_column(make_config: Callable[..., Config]) -> None:
+    columns = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "_kafka_offset", "type": "long", "required": True},
+    ]
+    with pytest.raises(ConfigError) as caught:
+        make_config(
+            tables=[
+                {"name": "demo.t", "create": True, "schema": columns, "key": ["_kafka_offset"]}
+            ],
+            kafka=[
+                {
+                    "bootstrap_servers": "127.0.0.1:9092",
+                    "topics": ["t"],
+                    "table": "demo.t",
+                    "changes": "keyed",
+                    "metadata_columns": ["_kafka_offset"],
+                }
+            ],
+        )
+    (problem,) = caught.value.problems
+    assert problem.key == "kafka[0].metadata_columns"
+    assert "'_kafka_offset' is a key column of 'demo.t'" in problem.problem
 
 
 def test_debezium_refuses_auto_create(make_config: Callable[..., Config]) -> None:
@@ -547,3 +599,64 @@ def test_debezium_refuses_auto_create(make_config: Callable[..., Config]) -> Non
             ]
         )
     assert any(p.key == "kafka[0].auto_create" for p in caught.value.problems)
+
+
+def test_keyed_avro_rows_from_a_schema_file(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    """``changes = "keyed"`` with ``format = "avro"`` (a fixed .avsc, plain Avro
+    binary): rows upsert, a null value deletes by the (string) Kafka key, an Avro
+    field the table lacks is a dead letter naming it."""
+    row = {
+        "type": "record",
+        "name": "Item",
+        "fields": [
+            {"name": "id", "type": ["null", "long"], "default": None},
+            {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "qty", "type": "int"},
+        ],
+    }
+    path = tmp_path / "item.avsc"
+    path.write_text(json.dumps(row))
+    config = make_config(
+        tables=[{"name": "demo.t", "create": True, "schema": [{"name": "a", "type": "long"}]}],
+        kafka=[
+            {
+                "bootstrap_servers": "127.0.0.1:9092",
+                "topics": ["t"],
+                "table": "demo.t",
+                "changes": "keyed",
+                "key_format": "string",
+                "format": "avro",
+                "avro_schema_file": str(path),
+            }
+        ],
+    ).kafka[0]
+
+    def avro(record: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(row), record)
+        return out.getvalue()
+
+    values = [
+        avro({"id": 1, "name": "a", "qty": 1}),
+        avro({"id": None, "name": "b", "qty": 2}),  # the key from the Kafka key
+        None,
+        b"\x02",  # cut short
+    ]
+    fetch = Fetch(
+        "t", 0, np.arange(4, dtype=np.int64), values, [b"1", b"2", b"1", b"3"], [0] * 4,
+        [[]] * 4,
+    )  # fmt: skip
+    decoded = decode_fetch_changes(
+        fetch, SCHEMA, KEY, config, options=JsonOptions(), avro=FileSchema(path)
+    )
+    assert rows(decoded) == [change(1, "a", 1, U), change(2, "b", 2, U), change(1, None, None, D)]
+    assert dead(decoded) == [(3, "invalid")]
+    narrow = pa.schema([SCHEMA.field("id"), SCHEMA.field("qty")])
+    decoded = decode_fetch_changes(
+        fetch, narrow, KEY, config, options=JsonOptions(), avro=FileSchema(path)
+    )
+    assert [d.reason for d in decoded.dead] == ["invalid"] * 3
+    assert "column 'name': Avro field is not a column of the table" in decoded.dead[0].error
+    assert decoded.rows.tolist() == [2]  # the tombstone needs no value

@@ -29,6 +29,8 @@ async def test_spark_sees_the_merged_state_of_upserts_and_deletes_across_commits
                 "schema": SCHEMA,
                 "key": ["id", "region"],
                 "partition_by": ["bucket(4, id)", "region"],
+                # Merged data manifests must keep every file's sequence number.
+                "properties": {"commit.manifest.min-count-to-merge": "2"},
             }
         ],
     )
