@@ -47,6 +47,7 @@ from daemon.kafka._offsets import offsets_key
 TABLE = "cdc.items"
 PARTITIONS = 4
 GROUP = "cdc"
+SLICES = 3  # slices of the compaction test's second half, each after a Spark rewrite
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM {{}}"
 
 
@@ -319,10 +320,18 @@ async def test_spark_compaction_alongside_ingest_keeps_the_final_state(
         await produce_messages(broker.bootstrap, topic, messages[:half])
         await _wait_committed(config, topic, messages[:half], [daemon], 90)
         spark_thread.start()
-        await produce_messages(broker.bootstrap, topic, messages[half:])
-        await _wait_committed(config, topic, messages, [daemon], 120)
-        # One more round of compaction over the final table, then Spark reads it.
-        await asyncio.sleep(2.0)
+        # The second half in slices, each produced once Spark finished another rewrite
+        # since the last one: Spark's rewrites and the daemon's change commits interleave
+        # (whichever is faster), and the daemon commits on top of rewritten files.
+        step = -(-(len(messages) - half) // SLICES)
+        for start in range(half, len(messages), step):
+            rewrites = done["rewrite_data_files"]
+            await produce_messages(broker.bootstrap, topic, messages[start : start + step])
+            await _wait_committed(config, topic, messages[: start + step], [daemon], 90)
+            deadline = time.monotonic() + 90
+            while done["rewrite_data_files"] == rewrites and spark_thread.is_alive():
+                assert time.monotonic() < deadline, f"no Spark rewrite in 90 s: {lost[-3:]}"
+                await asyncio.sleep(0.2)
     finally:
         stop.set()
         await asyncio.to_thread(spark_thread.join, 120)
