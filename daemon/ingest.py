@@ -190,18 +190,21 @@ class Ingest:
         self, name: str, writer: TableWriter | None, body: bytes, content_type: str
     ) -> int:
         """Decode and spool a change body (`body` with ``changes``)."""
+        if writer is None:
+            # Created from its first records: such a table has no key (config refuses
+            # `infer` with `key`), so it is refused before anything is created.
+            raise no_key(name)
+        _keyed(writer)  # an append table: refused before its body is decoded
         if content_type == JSON:
             try:
                 lines = await asyncio.to_thread(ndjson_from_array, body)
-                return await self._json_changes(name, writer, lines)
+                return await self._json_changes(writer, lines)
             except BadInputError as exc:
                 raise array_error(exc) from None
         if content_type == NDJSON:
-            return await self._json_changes(name, writer, body)
-        raw = await asyncio.to_thread(decode_arrow_stream, body)
-        if writer is None:
-            writer = await self.create(name, lambda: without_op(raw.schema))
+            return await self._json_changes(writer, body)
         key = _keyed(writer)
+        raw = await asyncio.to_thread(decode_arrow_stream, body)
         if HTTP_OP not in raw.schema.names:
             raise SchemaError(HTTP_OP, _NO_OP)
         try:
@@ -216,10 +219,7 @@ class Ingest:
             raise key_error(exc, key) from None
         return await self._spool_changes(writer, decoded, row_of)
 
-    async def _json_changes(self, name: str, writer: TableWriter | None, body: bytes) -> int:
-        if writer is None:
-            depth = self._tables.config.table_settings(name).max_nesting_depth
-            writer = await self.create(name, lambda: without_op(infer_ndjson_schema(body, depth)))
+    async def _json_changes(self, writer: TableWriter, body: bytes) -> int:
         key = _keyed(writer)
         options = self.json_options(writer)
         try:

@@ -22,6 +22,7 @@ from daemon.config import Config
 
 ITEMS = "c.items"
 PLAIN = "c.plain"
+INFERRED = "c.inferred"
 NDJSON = "application/x-ndjson"
 JSON = "application/json"
 ARROW = "application/vnd.apache.arrow.stream"
@@ -94,7 +95,12 @@ def _state(config: Config) -> dict[int, tuple[Any, ...]]:
 
 def _config(make_config: MakeConfig, **table: Any) -> Config:
     config: Config = make_config(
-        tables=[{**ITEMS_TABLE, **table}, PLAIN_TABLE], defaults={"batch_timeout": "60s"}
+        tables=[
+            {**ITEMS_TABLE, **table},
+            PLAIN_TABLE,
+            {"name": INFERRED, "create": True, "infer": True},
+        ],
+        defaults={"batch_timeout": "60s"},
     )
     return config
 
@@ -217,6 +223,14 @@ async def test_bad_changes_are_400s_naming_the_problem_and_write_nothing(
         assert status == 400
         assert answer["error"].startswith(f"table '{PLAIN}' has no key, so it takes no changes")
         assert service.table_writer(PLAIN).pending_records == 0
+        # A table created from its first records has no key either (config refuses `key`
+        # with `infer`): refused, and not created by the refused body.
+        status, answer = await _post(
+            session, base, "changes", _ndjson({"id": 1, "_op": "upsert"}), table=INFERRED
+        )
+        assert status == 400
+        assert answer["error"].startswith(f"table '{INFERRED}' has no key")
+        assert service.awaiting_schema(INFERRED)
         rejected = service.metrics.registry.get_sample_value(
             "icespool_records_rejected_total", {"table": PLAIN, "reason": "not_upsert"}
         )
