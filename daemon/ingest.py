@@ -1,6 +1,6 @@
 """The one way in, for HTTP, Kafka and the Python API: decode -> evolve or create -> append.
 
-    HTTP body    ``Ingest.body``      NDJSON or Arrow IPC, all or nothing
+    HTTP body    ``Ingest.body``      NDJSON or Arrow IPC, all or nothing (records or changes)
     Kafka fetch  ``Ingest.decoded``   the source's lenient decode, per table
     Python API   ``TableInput``       Arrow batches, tables, columns or dicts
 
@@ -31,7 +31,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc import DELETE, OP_COLUMN, UPSERT, conform_changes, with_ops
+from daemon.cdc import (
+    DELETE,
+    HTTP_OP,
+    OP_COLUMN,
+    UPSERT,
+    body_schema,
+    change_schema,
+    conform_changes,
+    key_error,
+    line_of,
+    no_key,
+    row_of,
+    to_changes,
+    with_ops,
+    without_op,
+)
 from daemon.config import Config
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import BadInputError, ReadOnlyTableError, SchemaError
@@ -135,9 +150,15 @@ class Ingest:
         writer.check_capacity()
         return writer
 
-    async def body(self, name: str, body: bytes, content_type: str) -> int:
+    async def body(
+        self, name: str, body: bytes, content_type: str, *, changes: bool = False
+    ) -> int:
         """Decode a request body (one of `FORMATS`) for ``name`` and spool all of it,
         or none of it; returns the number of records acked.
+
+        ``changes``: the body holds keyed changes (each row the table's columns plus
+        ``"_op": "upsert" | "delete"``; a delete needs only the key) for an upsert
+        table (`daemon.cdc`); otherwise records (upserts, on an upsert table).
 
         Raises `BadInputError` / `SchemaError` (the body), `UnknownTableError`,
         `BackpressureError` (degraded, full, shutting down) or what the catalog
@@ -145,6 +166,8 @@ class Ingest:
         if content_type not in FORMATS:
             raise BadInputError(f"unsupported Content-Type {content_type!r}")
         writer = self.check(name)
+        if changes:
+            return await self._changes(name, writer, body, content_type)
         if content_type == JSON:
             # Same rules as NDJSON, with errors naming the array index, not the line.
             try:
@@ -162,6 +185,71 @@ class Ingest:
         table = await conformed(writer, raw)
         # Shielded: a client that hangs up must not cancel a half-done spool append.
         return await asyncio.shield(writer.append(table))
+
+    async def _changes(
+        self, name: str, writer: TableWriter | None, body: bytes, content_type: str
+    ) -> int:
+        """Decode and spool a change body (`body` with ``changes``)."""
+        if writer is None:
+            # Created from its first records: such a table has no key (config refuses
+            # `infer` with `key`), so it is refused before anything is created.
+            raise no_key(name)
+        _keyed(writer)  # an append table: refused before its body is decoded
+        if content_type == JSON:
+            try:
+                lines = await asyncio.to_thread(ndjson_from_array, body)
+                return await self._json_changes(writer, lines)
+            except BadInputError as exc:
+                raise array_error(exc) from None
+        if content_type == NDJSON:
+            return await self._json_changes(writer, body)
+        key = _keyed(writer)
+        raw = await asyncio.to_thread(decode_arrow_stream, body)
+        if HTTP_OP not in raw.schema.names:
+            raise SchemaError(HTTP_OP, _NO_OP)
+        try:
+            decoded = await self._whole(
+                writer,
+                lambda schema: conform(raw, body_schema(change_schema(schema, key))),
+                lambda error: Wants(
+                    frozenset({error.column}), lambda: without_op(raw.schema), exact=True
+                ),
+            )
+        except SchemaError as exc:
+            raise key_error(exc, key) from None
+        return await self._spool_changes(writer, decoded, row_of)
+
+    async def _json_changes(self, writer: TableWriter, body: bytes) -> int:
+        key = _keyed(writer)
+        options = self.json_options(writer)
+        try:
+            decoded = await self._whole(
+                writer,
+                lambda schema: decode_ndjson(
+                    body, body_schema(change_schema(schema, key)), options
+                ),
+                lambda error: Wants(
+                    frozenset({error.column}),
+                    lambda: without_op(infer_ndjson_schema(body, options.max_depth)),
+                    exact=False,
+                ),
+            )
+        except SchemaError as exc:
+            raise key_error(exc, key) from None
+        return await self._spool_changes(writer, decoded, line_of(body))
+
+    async def _spool_changes(
+        self,
+        writer: TableWriter,
+        decoded: pa.Table | pa.RecordBatch,
+        where: Callable[[int], str],
+    ) -> int:
+        key = writer.key
+        schema = writer.arrow_schema
+        # Required in the table, so an upsert must carry them; a delete needs only its key.
+        required = [f.name for f in schema if not f.nullable and f.name not in key]
+        batch = await asyncio.to_thread(to_changes, decoded, key, required, where)
+        return await asyncio.shield(writer.append(batch))
 
     async def _records(self, name: str, writer: TableWriter | None, body: bytes) -> int:
         """Decode and spool an NDJSON body (`body`'s second half)."""
@@ -398,6 +486,19 @@ class TableInput:
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise BadInputError(f"records cannot be converted: {exc}") from exc
         return await self.append(table)
+
+
+_NO_OP: Final = (
+    "missing: every row of a change body says what it is, 'upsert' or 'delete' "
+    "(send records without it to POST /records)"
+)
+
+
+def _keyed(writer: TableWriter) -> tuple[str, ...]:
+    """The key of ``writer``'s table; `BadInputError` for an append table."""
+    if not writer.key:
+        raise no_key(writer.name)
+    return writer.key
 
 
 def _evolvable(failed: frozenset[str], incoming: pa.Schema, writer: TableWriter) -> set[str]:

@@ -97,6 +97,7 @@ async def test_the_served_document_is_the_repository_file_and_valid_openapi(
     # Every route the daemon serves is documented, and nothing else.
     assert set(document["paths"]) == {
         "/v1/tables/{table}/records",
+        "/v1/tables/{table}/changes",
         "/v1/tables/{table}/flush",
         "/v1/tables/{table}/replay",
         "/v1/status",
@@ -133,6 +134,7 @@ def test_every_operation_conforms_and_never_fails_with_500(
     # Schemathesis leaves out the operation that serves the document itself.
     assert {o.label for o in operations} == {
         "POST /v1/tables/{table}/records",
+        "POST /v1/tables/{table}/changes",
         "POST /v1/tables/{table}/flush",
         "POST /v1/tables/{table}/replay",
         "GET /v1/status",

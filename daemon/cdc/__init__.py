@@ -12,8 +12,21 @@ change per key (`last_changes`). Readers of the merged state (`read_merged`,
     _conform   an upsert table's input checked whole-batch before it is acked
     _merge     last change per key; equality deletes applied to rows
     _read      a table's merged state (data files minus the deletes that apply)
+    _body      HTTP change bodies (rows plus ``"_op": "upsert" | "delete"``) into change
+               batches (`body_schema`, `to_changes`)
 """
 
+from daemon.cdc._body import (
+    HTTP_OP,
+    OP_NAMES,
+    body_schema,
+    key_error,
+    line_of,
+    no_key,
+    row_of,
+    to_changes,
+    without_op,
+)
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.cdc._conform import conform_changes
 from daemon.cdc._key import key_type_problem
@@ -22,14 +35,23 @@ from daemon.cdc._read import read_merged
 
 __all__ = [
     "DELETE",
+    "HTTP_OP",
     "OP_COLUMN",
+    "OP_NAMES",
     "UPSERT",
     "Resolved",
     "apply_equality_deletes",
+    "body_schema",
     "change_schema",
     "conform_changes",
+    "key_error",
     "key_type_problem",
     "last_changes",
+    "line_of",
+    "no_key",
     "read_merged",
+    "row_of",
+    "to_changes",
     "with_ops",
+    "without_op",
 ]

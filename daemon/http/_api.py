@@ -1,6 +1,7 @@
 """The HTTP endpoints of the daemon's contract (README, HTTP API), on aiohttp.
 
     POST /v1/tables/{table}/records   ingest (NDJSON, a JSON array, or Arrow IPC stream)
+    POST /v1/tables/{table}/changes   keyed upserts and deletes for an upsert table (same formats)
     POST /v1/tables/{table}/flush     commit now
     POST /v1/tables/{table}/replay    re-ingest a dead-letter table's records (JSON filters)
     GET  /v1/status                   service.status()
@@ -63,7 +64,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Routes that need the Bearer token when one is configured; probes and metrics
 # stay open so kubelet and Prometheus need no secret.
-_PROTECTED: Final = frozenset({"ingest", "flush", "replay", "status"})
+_PROTECTED: Final = frozenset({"ingest", "changes", "flush", "replay", "status"})
+# Routes that write records to a table: a producer token's table patterns apply.
+_WRITES: Final = frozenset({"ingest", "changes"})
 # What a non-admin token is told it cannot do, by route.
 _ADMIN_ROUTES: Final = {
     "flush": "flush",
@@ -189,6 +192,7 @@ async def start_http(
     # the body itself with its own limit.
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.middleware])
     app.router.add_post("/v1/tables/{table}/records", api.ingest, name="ingest")
+    app.router.add_post("/v1/tables/{table}/changes", api.changes, name="changes")
     app.router.add_post("/v1/tables/{table}/flush", api.flush, name="flush")
     app.router.add_post("/v1/tables/{table}/replay", api.replay, name="replay")
     app.router.add_get("/v1/status", api.status, name="status")
@@ -328,7 +332,7 @@ class _Api:
             connections.end(request.transport)
         metrics = self._service.metrics
         metrics.http_requests.labels(route=label, code=str(response.status)).inc()
-        if route.name == "ingest" and response.status == 200:
+        if route.name in _WRITES and response.status == 200:
             # The ack: from the request's start (headers read) to the answer that every
             # record is spooled. 200 only: the table is a configured one (bounded labels).
             elapsed = time.perf_counter() - started
@@ -349,7 +353,7 @@ class _Api:
             raise _Problem(400, "send one Authorization header, not several", close=True)
         try:
             token = self.tokens.identify(given[0] if given else "")
-            if route == "ingest":
+            if route in _WRITES:
                 self.tokens.check_write(token, request.match_info["table"])
             else:
                 self.tokens.check_admin(token, _ADMIN_ROUTES.get(route or "", "this route"))
@@ -365,6 +369,13 @@ class _Api:
     # ------------------------------------------------------------------ ingest and admin
 
     async def ingest(self, request: web.Request) -> web.StreamResponse:
+        return await self._take(request, changes=False)
+
+    async def changes(self, request: web.Request) -> web.StreamResponse:
+        """Keyed changes (`daemon.cdc`): as ingest, each row with ``_op``."""
+        return await self._take(request, changes=True)
+
+    async def _take(self, request: web.Request, *, changes: bool) -> web.StreamResponse:
         name = request.match_info["table"]
         # Readiness and the table first (404/503 before anything else); an infer = true
         # table is created from the schema of its first body.
@@ -386,7 +397,9 @@ class _Api:
             # Refusals that need no body (a dead-letter table, a full queue) come first.
             self._service.ingest.check(name)
             body, held = await self._read_body(request, name)
-            accepted = await self._service.ingest.body(name, body, request.content_type)
+            accepted = await self._service.ingest.body(
+                name, body, request.content_type, changes=changes
+            )
         except ReadOnlyTableError as exc:
             raise _Problem(403, str(exc), close=True) from None
         except BadInputError as exc:
@@ -679,7 +692,7 @@ def _describe_http_exception(request: web.Request, exc: web.HTTPException) -> st
     if exc.status == 404:
         return (
             f"no such endpoint: {request.method} {path}; the API is under "
-            "/v1/tables/{namespace.table}/records|flush|replay, /v1/status, "
+            "/v1/tables/{namespace.table}/records|changes|flush|replay, /v1/status, "
             "/v1/openapi.json, /metrics, /healthz, /readyz"
         )
     if exc.status == 405:

@@ -1,0 +1,136 @@
+"""Change bodies of ``POST /v1/tables/{t}/changes``: rows of the table's columns plus an
+``"_op"`` of ``"upsert"`` or ``"delete"``, decoded whole (pyarrow) into a change batch.
+
+The decoders read a body into `body_schema` (the change schema with ``_op`` as text in
+place of the int8 op column); `to_changes` maps ``_op`` to `UPSERT` / `DELETE` in one
+vectorized pass and checks what the decode could not know row by row: an upsert
+carries every column the table requires, a delete needs only its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, with_ops
+from daemon.errors import BadInputError, SchemaError
+
+__all__ = [
+    "HTTP_OP",
+    "OP_NAMES",
+    "body_schema",
+    "key_error",
+    "line_of",
+    "no_key",
+    "row_of",
+    "to_changes",
+    "without_op",
+]
+
+#: The column of a change body that says what the row is.
+HTTP_OP: Final = "_op"
+#: ``_op`` values, in op-code order (`UPSERT` = 0, `DELETE` = 1).
+OP_NAMES: Final = ("upsert", "delete")
+_OP_TEXT: Final = pa.field(HTTP_OP, pa.string(), nullable=False)
+_JSON_WS: Final = b" \t\r\n"
+
+assert OP_NAMES.index("upsert") == UPSERT and OP_NAMES.index("delete") == DELETE
+
+
+def body_schema(change_schema: pa.Schema) -> pa.Schema:
+    """What a change body decodes into: ``change_schema``'s columns with ``_op`` (text,
+    required) in place of the op column."""
+    fields = [f for f in change_schema if f.name != OP_COLUMN]
+    return pa.schema([*fields, _OP_TEXT], metadata=change_schema.metadata)
+
+
+def without_op(schema: pa.Schema) -> pa.Schema:
+    """``schema`` (a body's own, e.g. inferred) without ``_op``: what the table may
+    evolve for."""
+    index = schema.get_field_index(HTTP_OP)
+    return schema if index < 0 else schema.remove(index)
+
+
+def key_error(exc: SchemaError, key: Sequence[str]) -> SchemaError:
+    """A decode error on a key column, said as one (reason ``missing_key`` or
+    ``bad_key``, the dead-letter reasons of the same faults from Kafka)."""
+    if exc.column not in key:
+        return exc
+    if "missing or null" in exc.problem:
+        problem = exc.problem.replace("required column is missing or null", "the key is missing")
+        return SchemaError(exc.column, f"{problem}; every change needs the table's key").because(
+            "missing_key"
+        )
+    return SchemaError(exc.column, f"key column: {exc.problem}").because("bad_key")
+
+
+def to_changes(
+    decoded: pa.Table | pa.RecordBatch,
+    key: Sequence[str],
+    required: Sequence[str],
+    where: Callable[[int], str],
+) -> pa.RecordBatch:
+    """A change batch (`daemon.cdc.change_schema` of the table) from ``decoded`` (in
+    `body_schema`). ``required``: the table's required non-key columns (an upsert must
+    carry them); ``where(row)`` says where row ``row`` is in the body (`` (line 3)``).
+
+    Raises `SchemaError` naming ``_op`` (an op that is neither) or the column an upsert
+    lacks."""
+    names = decoded.schema.names
+    op_text = decoded.column(names.index(HTTP_OP))
+    ops = pc.index_in(op_text, value_set=pa.array(OP_NAMES))
+    if ops.null_count:
+        row = pc.index(pc.is_null(ops), True).as_py()
+        shown = op_text[row].as_py()
+        raise SchemaError(
+            HTTP_OP,
+            f"unknown op {shown!r}{where(row)}; an op is 'upsert' or 'delete'",
+        ).because("bad_change")
+    ops = pc.cast(ops, pa.int8())
+    upserts = pc.equal(ops, UPSERT)
+    for name in required:
+        lacking = pc.and_(upserts, pc.is_null(decoded.column(names.index(name))))
+        if pc.any(lacking).as_py():
+            row = pc.index(lacking, True).as_py()
+            raise SchemaError(
+                name,
+                f"required column is missing or null in an upsert{where(row)} "
+                "(a delete needs only the key)",
+            )
+    columns = [decoded.column(i) for i, n in enumerate(names) if n != HTTP_OP]
+    rows = pa.Table.from_arrays(columns, schema=without_op(decoded.schema))
+    if isinstance(ops, pa.ChunkedArray):
+        ops = ops.combine_chunks()
+    return with_ops(rows, ops, key)
+
+
+def line_of(body: bytes) -> Callable[[int], str]:
+    """``where`` for an NDJSON body: row N is its N-th non-blank line (failure path
+    only: one scan of the body)."""
+
+    def where(row: int) -> str:
+        seen = -1
+        for number, line in enumerate(body.split(b"\n"), start=1):
+            if line.strip(_JSON_WS):
+                seen += 1
+                if seen == row:
+                    return f" (line {number})"
+        return ""
+
+    return where
+
+
+def row_of(row: int) -> str:
+    """``where`` for an Arrow body: its row index."""
+    return f" (row {row})"
+
+
+def no_key(table: str) -> BadInputError:
+    """`/changes` for an append table."""
+    return BadInputError(
+        f"table {table!r} has no key, so it takes no changes: POST /changes is for "
+        "tables with `key = [...]` (upsert tables); append records with POST /records"
+    ).because("not_upsert")
