@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CorruptRecordException, KafkaError
 
@@ -484,15 +483,7 @@ class KafkaSource:
         part = self._parts.get(tp)
         if part is None or part.state is not PartitionState.FETCHING:
             return  # revoked meanwhile, or fetched just before the pause
-        fetch = Fetch(
-            tp.topic,
-            tp.partition,
-            np.fromiter((r.offset for r in records), np.int64, len(records)),
-            [r.value for r in records],
-            [r.key for r in records],
-            [r.timestamp for r in records],
-            [r.headers for r in records],
-        )
+        fetch = Fetch.of_records(tp.topic, tp.partition, records)
         self._metrics.kafka_records.labels(topic=tp.topic).inc(len(records))
         if part.start is None:  # once per assignment: `tables` lists every table
             part.begin(int(fetch.offsets[0]), self.tables)
