@@ -36,6 +36,7 @@ from aiokafka.errors import CorruptRecordException, KafkaError
 from daemon.config import KafkaConfig
 from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import Ingest
+from daemon.kafka._batches import getmany
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
@@ -297,7 +298,9 @@ class KafkaSource:
         while not self._stop.is_set():
             self._resume_ready(consumer)
             try:
-                fetched = await consumer.getmany(timeout_ms=_POLL_MS)
+                # aiokafka's getmany, draining its prefetched records a record batch
+                # at a time (no Python frame per record; see _batches).
+                fetched = await getmany(consumer, _POLL_MS)
             except _UNPARSEABLE as exc:
                 async with self._lock:
                     await self._read_past_unparseable(consumer, exc)
