@@ -125,9 +125,11 @@ def _drain(result: Any, max_records: int) -> list[Any]:
     if not result.check_assignment(tp) or not result.has_more():
         return []
     part = result._partition_records
+    iterator = part._records_iterator  # None once aiokafka's own path exhausted it
     if (
         part._isolation_level == _READ_COMMITTED
-        or inspect.getgeneratorstate(part._records_iterator) != inspect.GEN_CREATED
+        or iterator is None
+        or inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED
     ):
         got: list[Any] = result.getall(max_records)  # aiokafka's per-record path
         return got

@@ -101,17 +101,17 @@ def binary_array(values: Binary | pa.ChunkedArray | Sequence[bytes | None]) -> B
 class Fetch:
     """The records of one partition from one poll, in offset order, as whole-fetch
     arrays: ``offsets`` (int64), ``values`` and ``keys`` (binary; null for a
-    tombstone or a record without key). ``timestamps`` (int64 ms since the epoch) and
-    ``headers`` (per record, (name, bytes) pairs) are read from the client's records
-    only when something asks for them (a metadata column, a header route, a dead
-    letter): most fetches never do."""
+    tombstone or a record without key). ``keys``, ``timestamps`` (int64 ms since the
+    epoch) and ``headers`` (per record, (name, bytes) pairs) are read from the client's
+    records only when something asks for them (a metadata column, a header route, a
+    change decoder, a dead letter): most fetches never do."""
 
     __slots__ = (
         "_headers",
+        "_keys",
         "_records",
         "_rows",
         "_timestamps",
-        "keys",
         "offsets",
         "partition",
         "topic",
@@ -124,7 +124,7 @@ class Fetch:
         partition: int,
         offsets: npt.NDArray[np.int64] | Sequence[int],
         values: Binary | pa.ChunkedArray | Sequence[bytes | None],
-        keys: Binary | pa.ChunkedArray | Sequence[bytes | None],
+        keys: Binary | pa.ChunkedArray | Sequence[bytes | None] | None,
         timestamps: npt.NDArray[np.int64] | Sequence[int] | None = None,
         headers: Sequence[Sequence[tuple[str, bytes]]] | None = None,
         *,
@@ -135,13 +135,13 @@ class Fetch:
         self.partition = partition
         self.offsets: npt.NDArray[np.int64] = np.asarray(offsets, dtype=np.int64)
         self.values = binary_array(values)
-        self.keys = binary_array(keys)
+        self._keys = None if keys is None else binary_array(keys)
         self._timestamps = None if timestamps is None else np.asarray(timestamps, np.int64)
         self._headers = None if headers is None else list(headers)
-        if records is None and (timestamps is None or headers is None):
-            raise ValueError("a fetch needs its timestamps and headers, or the records")
+        if records is None and (keys is None or timestamps is None or headers is None):
+            raise ValueError("a fetch needs its keys, timestamps and headers, or the records")
         # The client's records (and which of them this fetch holds, after `take`):
-        # where timestamps and headers come from when asked.
+        # where keys, timestamps and headers come from when asked.
         self._records = records
         self._rows = rows
 
@@ -156,7 +156,7 @@ class Fetch:
             partition,
             np.fromiter(map(_OFFSET, records), np.int64, n),
             pa.array(list(map(_VALUE, records)), pa.binary()),
-            pa.array(list(map(_KEY, records)), pa.binary()),
+            None,
             records=records,
         )
 
@@ -168,6 +168,12 @@ class Fetch:
         if self._rows is None:
             return self._records
         return list(map(self._records.__getitem__, self._rows.tolist()))
+
+    @property
+    def keys(self) -> Binary:
+        if self._keys is None:
+            self._keys = binary_array(list(map(_KEY, self._source())))
+        return self._keys
 
     @property
     def timestamps(self) -> npt.NDArray[np.int64]:
@@ -195,16 +201,17 @@ class Fetch:
         rows = np.asarray(rows, dtype=np.int64)
         index = pa.array(rows, pa.int64())
         timestamps = None if self._timestamps is None else self._timestamps[rows]
+        keys = None if self._keys is None else self._keys.take(index)
         headers = None
         if self._headers is not None:
             headers = list(map(self._headers.__getitem__, rows.tolist()))
-        lazy = self._records is not None and (timestamps is None or headers is None)
+        lazy = self._records is not None and (keys is None or timestamps is None or headers is None)
         return Fetch(
             self.topic,
             self.partition,
             self.offsets[rows],
             self.values.take(index),
-            self.keys.take(index),
+            keys,
             timestamps,
             headers,
             records=self._records if lazy else None,

@@ -144,6 +144,7 @@ def test_timestamps_and_headers_are_read_only_when_asked_and_follow_take() -> No
     assert part.timestamps.tolist() == [1_700_000_000_001, 1_700_000_000_005]
     assert part.headers == [[("h", b"1")], [("h", b"5")]]
     assert part.values.to_pylist() == [values[1], values[5]]
+    assert part.keys.to_pylist() == [None, None]
     assert fetch.value(4) == values[4] and fetch.key(4) is None
 
 
@@ -214,7 +215,7 @@ async def test_batched_getmany_hands_out_what_aiokafka_does_across_cuts_pause_an
 
 
 def test_a_fetch_is_an_error_without_timestamps_headers_or_records() -> None:
-    with pytest.raises(ValueError, match="timestamps and headers, or the records"):
+    with pytest.raises(ValueError, match="keys, timestamps and headers, or the records"):
         Fetch("t", 0, [0], [b"{}"], [None])
     fetch = Fetch("t", 0, [0], [b"{}"], [None], [5], [[]])
     assert fetch.timestamps.tolist() == [5]
