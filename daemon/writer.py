@@ -402,7 +402,12 @@ class TableWriter:
                 # every second kept a core busy doing nothing). The gauges already say 0.
                 self._acked.clear()
                 await self._acked.wait()
-            await asyncio.sleep(tick)
+            # Woken at the next tick, or when the oldest pending record reaches
+            # batch_timeout if that is sooner: a flush at the timeout, not up to a tick
+            # (a quarter of it) after, which a produce-to-visible p99 paid in full.
+            # Once overdue (a flush queued behind another, a retry wait): every tick.
+            due = self.settings.batch_timeout - self.oldest_pending_age()
+            await asyncio.sleep(due if self._pending.first_ack and 0 < due < tick else tick)
             self._gauge()
             if not self._pending.first_ack or time.monotonic() < self._retry_at:
                 continue

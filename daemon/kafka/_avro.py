@@ -261,7 +261,9 @@ def decode_avro(
     value_schema = pa.schema([f for f in schema if f.name not in metadata_columns])
     dead: list[DeadRecord] = []
     groups: dict[int | None, list[int]] = {}
-    for i, value in enumerate(view.values):
+    # Avro is read value by value (fastavro) in any case: the values as bytes.
+    values: list[bytes | None] = view.values.to_pylist()
+    for i, value in enumerate(values):
         if not value:
             dead.append(DeadRecord(i, "empty", "the record has no value (tombstone or empty)"))
         elif len(value) > max_record_bytes:
@@ -286,7 +288,7 @@ def decode_avro(
             dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in indices)
             continue
         start = 0 if schema_id is None else 5
-        _decode_group(view.values, indices, start, writer, value_schema, max_depth, tables, dead)
+        _decode_group(values, indices, start, writer, value_schema, max_depth, tables, dead)
     dead = sorted(
         (DeadRecord(int(positions[d.index]), d.reason, d.error, d.column) for d in dead),
         key=lambda d: d.index,

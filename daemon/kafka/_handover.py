@@ -206,7 +206,7 @@ class Handover:
         failed = [d for d in decoded.dead if d.column is not None]
         if not failed:
             return None
-        values = [fetch.values[d.index] or b"" for d in failed]
+        values = [v or b"" for v in fetch.values.take([d.index for d in failed]).to_pylist()]
         columns = frozenset(d.column for d in failed if d.column is not None)
         depth = self._ingest.json_options(writer).max_depth
         return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
@@ -220,7 +220,7 @@ class Handover:
         wanted: dict[str, list[bytes]] = {}
         for record, table in dead:
             if record.reason == "unknown_route" and table is not None:
-                wanted.setdefault(table, []).append(fetch.values[record.index] or b"")
+                wanted.setdefault(table, []).append(fetch.value(record.index) or b"")
         allowed = min(len(wanted), self._router.room)
         now = allowed if limit is None else min(allowed, limit)
         self._deferred = allowed - now
@@ -319,7 +319,7 @@ class Handover:
             fresh = part.fresh(_DEAD_LETTER_TOPIC, offsets)
             for (record, target), new in zip(dead, fresh, strict=True):
                 if new:
-                    key, value = fetch.keys[record.index], fetch.values[record.index]
+                    key, value = fetch.key(record.index), fetch.value(record.index)
                     await producer.send_and_wait(
                         self.config.dead_letter,
                         # A tombstone without a key (missing_key): Kafka clients send

@@ -52,6 +52,9 @@ class Partition:
     committed: dict[str, Ranges] = field(default_factory=dict)  # per table, at assignment
     kafka_committed: int | None = None  # what the group holds (for lag tooling)
     lag: int | None = None
+    # Bumped by every seek the source makes: records a poll drained before one are
+    # not where the consumer now is (see KafkaSource._fetch_loop's read-ahead).
+    epoch: int = 0
 
     @property
     def ready(self) -> bool:
@@ -129,6 +132,7 @@ class Assignment:
         """WAITING -> FETCHING at the lowest position ``committed`` (per table) needs;
         returns it (None: the group's position, no table knows the partition)."""
         part.committed = committed
+        part.epoch += 1
         resume = resume_position(committed.values())
         if resume is not None:
             consumer.seek(part.tp, resume)
@@ -144,6 +148,8 @@ class Assignment:
         """FETCHING -> PAUSED, sought back to ``offset`` (the first one not spooled)."""
         consumer.seek(part.tp, offset)
         consumer.pause(part.tp)
+        part.epoch += 1
+        part.position = offset
         if part.state is not PartitionState.PAUSED:
             part.state = PartitionState.PAUSED
             self._gauge()

@@ -570,9 +570,9 @@ def _fetch(topic: str, partition: int, rows: pa.Table) -> Fetch:
         topic,
         partition,
         np.asarray(rows.column("offset").to_numpy(), dtype=np.int64),
-        rows.column("value").to_pylist(),
-        rows.column("key").to_pylist(),
-        [int(t) for t in ms],
+        rows.column("value"),
+        rows.column("key"),
+        ms,
         [_headers(h) for h in rows.column("headers").to_pylist()],
     )
 

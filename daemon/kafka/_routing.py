@@ -98,7 +98,7 @@ class DynamicRouter:
     def route(self, fetch: Fetch) -> Routed:
         c, depth = self._config, self._max_depth
         routes = route_values(fetch, field=c.route_field, header=c.route_header, max_depth=depth)
-        deep = too_deep_values(fetch.values, range(len(routes)), depth) if c.route_field else {}
+        deep = too_deep_values(fetch.values, depth) if c.route_field else {}
         dead: list[tuple[DeadRecord, str | None]] = []
         by_table: dict[str, list[int]] = {}
         for i, route in enumerate(routes):

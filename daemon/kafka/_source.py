@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CorruptRecordException, KafkaError
 
 from daemon.config import KafkaConfig
 from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import Ingest
+from daemon.kafka._batches import getmany
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
@@ -49,7 +49,7 @@ from daemon.kafka._decode import Decoded, Fetch
 from daemon.kafka._diagnose import connect_problem
 from daemon.kafka._handover import Dead, Handover
 from daemon.kafka._offsets import OffsetBook, Ranges, ranges_from_properties
-from daemon.kafka._partitions import Assignment, PartitionState
+from daemon.kafka._partitions import Assignment, Partition, PartitionState
 from daemon.kafka._raw_fetch import fetch_raw
 from daemon.kafka._routing import Router, router_for
 from daemon.metrics import Metrics
@@ -68,6 +68,8 @@ _INIT_RETRY = 2.0
 _UNPARSEABLE = (CorruptRecordException, ValueError, IndexError)
 _RAW_FETCH_BYTES = 4 << 20
 
+#: One poll's records per partition, and each partition's (state, epoch) before it.
+_Polled = tuple[dict[TopicPartition, list[Any]], dict[TopicPartition, tuple[Partition, int]]]
 #: Reads the current properties of a table straight from the catalog (blocking).
 LoadProperties = Callable[[str], Mapping[str, str]]
 
@@ -295,21 +297,68 @@ class KafkaSource:
             await self._probe(consumer)
 
     async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
-        while not self._stop.is_set():
-            self._resume_ready(consumer)
-            try:
-                fetched = await consumer.getmany(timeout_ms=_POLL_MS)
-            except _UNPARSEABLE as exc:
+        """Poll, then decode and spool what the poll got, partition by partition.
+
+        The next poll reads ahead: it starts when a poll's records start being
+        processed, so draining aiokafka's prefetched records (event loop) overlaps
+        decoding and spooling the previous ones (worker threads). Records it drained
+        before a seek of their partition (a pause, a start, a raw read) are stale:
+        `_poll` notes each partition's epoch, `_current` drops them and puts the
+        consumer back where the source's position says."""
+        ahead: asyncio.Task[_Polled] | None = None
+        try:
+            while not self._stop.is_set():
+                self._resume_ready(consumer)
+                poll = ahead or asyncio.ensure_future(self._poll(consumer))
+                ahead = None
+                try:
+                    fetched, seen = await poll
+                except _UNPARSEABLE as exc:
+                    async with self._lock:
+                        await self._read_past_unparseable(consumer, exc)
+                    continue
                 async with self._lock:
-                    await self._read_past_unparseable(consumer, exc)
-                continue
-            async with self._lock:
-                await self._init_partitions(consumer)
-                for tp, records in fetched.items():
-                    if records:
-                        await self._process(consumer, tp, records)
-                if time.monotonic() - self._last_tick >= self.config.offset_commit_interval:
-                    await self._tick(consumer)
+                    await self._init_partitions(consumer)
+                    if fetched and not self._stop.is_set():
+                        ahead = asyncio.ensure_future(self._poll(consumer))
+                    for tp, records in fetched.items():
+                        if records and self._current(consumer, tp, records, seen):
+                            await self._process(consumer, tp, records)
+                    if time.monotonic() - self._last_tick >= self.config.offset_commit_interval:
+                        await self._tick(consumer)
+        finally:
+            if ahead is not None:
+                # Drained but never processed: nothing of it was handed, and offsets
+                # are only ever committed from what the tables hold.
+                ahead.cancel()
+                await asyncio.gather(ahead, return_exceptions=True)
+
+    async def _poll(self, consumer: AIOKafkaConsumer) -> _Polled:
+        """aiokafka's getmany, draining its prefetched records a record batch at a
+        time (no Python frame per record; see _batches), with each partition's epoch
+        as it was before the drain."""
+        seen = {part.tp: (part, part.epoch) for part in self._parts}
+        return await getmany(consumer, _POLL_MS), seen
+
+    def _current(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: Sequence[Any],
+        seen: Mapping[TopicPartition, tuple[Partition, int]],
+    ) -> bool:
+        """Whether ``records`` of ``tp`` were drained after the partition's last seek.
+        Stale ones of a fetching partition are dropped and the consumer sought back to
+        the next offset to process (drained records moved its position past them)."""
+        part = self._parts.get(tp)
+        if part is None or part.state is not PartitionState.FETCHING:
+            return False  # revoked or paused: it was sought (or is no longer ours)
+        before = seen.get(tp)
+        if before is not None and before[0] is part and before[1] == part.epoch:
+            return True
+        consumer.seek(tp, part.position if part.position is not None else records[0].offset)
+        part.epoch += 1
+        return False
 
     async def _probe(self, consumer: AIOKafkaConsumer) -> None:
         """Ask the brokers for metadata: getmany() only returns nothing when they are
@@ -453,12 +502,14 @@ class KafkaSource:
                 _log.warning("%s: raw fetch of %s[%d] failed: %r", self.name, *tp, error)
                 if part.position is not None:
                     consumer.seek(tp, part.position)
+                    part.epoch += 1
                 continue
             if records:
                 problems = {r.offset: r.problem for r in records if r.problem is not None}
                 await self._process(consumer, tp, records, problems)
             if self._parts.get(tp) is part and part.state is PartitionState.FETCHING:
                 consumer.seek(tp, after)
+                part.epoch += 1
 
     async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
         """Where consuming ``tp`` starts when the tables know nothing of it."""
@@ -484,15 +535,7 @@ class KafkaSource:
         part = self._parts.get(tp)
         if part is None or part.state is not PartitionState.FETCHING:
             return  # revoked meanwhile, or fetched just before the pause
-        fetch = Fetch(
-            tp.topic,
-            tp.partition,
-            np.fromiter((r.offset for r in records), np.int64, len(records)),
-            [r.value for r in records],
-            [r.key for r in records],
-            [r.timestamp for r in records],
-            [r.headers for r in records],
-        )
+        fetch = Fetch.of_records(tp.topic, tp.partition, records)
         self._metrics.kafka_records.labels(topic=tp.topic).inc(len(records))
         if part.start is None:  # once per assignment: `tables` lists every table
             part.begin(int(fetch.offsets[0]), self.tables)

@@ -1,0 +1,186 @@
+"""``getmany`` that hands over aiokafka's prefetched records a record batch at a time.
+
+aiokafka's ``getmany`` walks every record through three Python frames (its
+``FetchResult.getall`` loop, the ``PartitionRecords`` generator and
+``_consumer_record``) and builds a ``ConsumerRecord`` per record: about a third of
+the CPU a fast consumer spends, paid on the event loop. The records themselves are
+already objects of its C reader (``DefaultRecord``: offset, timestamp, key, value,
+headers, all the source reads), made by iterating a record batch in C.
+
+`getmany` here is aiokafka's ``Consumer.getmany`` / ``Fetcher.fetched_records``
+with one difference: each prefetched partition result is drained by `_drain`,
+which takes whole record batches (``list(batch)``, C) instead of records one by
+one. Everything else is aiokafka's own state and calls: the fetch positions it
+keeps (``consumed_to``), its assignment checks (a paused, revoked or sought
+partition's prefetched records are dropped as it drops them), its wake-ups of the
+prefetch task, its coordinator errors. A record batch that fails its CRC, or a
+record its C reader refuses, raises from here as from aiokafka, and the partition's
+result is dropped so that the next call fetches and raises at the same position
+again (what the source's unparseable-record path expects).
+
+The attributes read are those of aiokafka 0.14 (checked at import). Where they are
+not as expected, where a result was partly read by aiokafka itself, or with
+``read_committed`` (aborted transactions are filtered per record), aiokafka's own
+path runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import weakref
+from typing import Any, Final
+
+import aiokafka
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.consumer import fetcher as _fetcher
+from aiokafka.errors import ConsumerStoppedError, CorruptRecordException
+
+__all__ = ["BATCHED", "getmany"]
+
+#: Whether this aiokafka has the internals `getmany` reads (else it is aiokafka's).
+BATCHED: Final = (
+    aiokafka.__version__.startswith("0.14.")
+    and hasattr(_fetcher, "FetchResult")
+    and hasattr(_fetcher, "PartitionRecords")
+    and hasattr(_fetcher.Fetcher, "_create_fetch_waiter")
+)
+_READ_COMMITTED: Final = 1
+
+
+class _Left:
+    """A partly returned record batch: its records not returned yet, its end."""
+
+    __slots__ = ("end", "records")
+
+    def __init__(self, records: list[Any], end: int) -> None:
+        self.records = records
+        self.end = end
+
+
+# Per aiokafka PartitionRecords: what `_drain` left of its current record batch.
+_LEFT: weakref.WeakKeyDictionary[Any, _Left] = weakref.WeakKeyDictionary()
+
+
+async def getmany(consumer: AIOKafkaConsumer, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
+    """The prefetched records of every assigned partition (at most the consumer's
+    ``max_poll_records`` in all), waiting up to ``timeout_ms`` for some: aiokafka's
+    ``getmany()`` with records drained a record batch at a time. The records have
+    offset, timestamp, key, value and headers, as ConsumerRecords do."""
+    if not BATCHED:
+        records: dict[TopicPartition, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms)
+        return records
+    if consumer._closed:
+        raise ConsumerStoppedError()
+    consumer._coordinator.check_errors()
+    with consumer._subscription.fetch_context():
+        return await _fetched(consumer._fetcher, timeout_ms / 1000, consumer._max_poll_records)
+
+
+async def _fetched(fetcher: Any, wait: float, max_records: int) -> dict[TopicPartition, Any]:
+    """aiokafka's ``Fetcher.fetched_records`` (all partitions), draining by batch."""
+    while True:
+        if fetcher._subscriptions.reassignment_in_progress:
+            await fetcher._subscriptions.wait_for_assignment()
+        start_time = time.monotonic()
+        drained: dict[TopicPartition, list[Any]] = {}
+        for tp in list(fetcher._records.keys()):
+            result = fetcher._records[tp]
+            if type(result) is _fetcher.FetchResult:
+                records = _drain(result, max_records)
+                if not result.has_more():
+                    # Everything was handed out: the prefetch task may fetch it again.
+                    del fetcher._records[tp]
+                    fetcher._notify(fetcher._wait_consume_future)
+                if not records:
+                    continue
+                drained[tp] = records
+                max_records -= len(records)
+                if max_records == 0:
+                    break
+            elif drained:
+                return drained  # the error is raised by the next call
+            else:
+                del fetcher._records[tp]
+                fetcher._notify(fetcher._wait_consume_future)
+                result.check_raise()
+        if drained or not wait:
+            return drained
+        waiter = fetcher._create_fetch_waiter()
+        done, pending = await asyncio.wait([waiter], timeout=wait)
+        if not done or fetcher._closed:
+            for future in pending:
+                future.cancel()
+            return {}
+        if waiter.done():
+            waiter.result()  # authorization errors
+        wait = max(0.0, wait - (time.monotonic() - start_time))
+
+
+def _drain(result: Any, max_records: int) -> list[Any]:
+    """Up to ``max_records`` records of one prefetched partition result, whole
+    record batches at a time; updates the partition's position as aiokafka does."""
+    tp = result._topic_partition
+    if not result.check_assignment(tp) or not result.has_more():
+        return []
+    part = result._partition_records
+    iterator = part._records_iterator  # None once aiokafka's own path exhausted it
+    if (
+        part._isolation_level == _READ_COMMITTED
+        or iterator is None
+        or inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED
+    ):
+        got: list[Any] = result.getall(max_records)  # aiokafka's per-record path
+        return got
+    try:
+        out, exhausted = _take(part, max_records)
+    except Exception:
+        # As aiokafka's iterator ends on an error: nothing of this result is handed
+        # out and the position stays, so the next call fetches (and fails) there again.
+        _LEFT.pop(part, None)
+        result._partition_records = None
+        raise
+    result._update_position()
+    if exhausted:
+        _LEFT.pop(part, None)
+        result._partition_records = None
+    return out
+
+
+def _take(part: Any, room: int) -> tuple[list[Any], bool]:
+    """Records from ``part`` (aiokafka's PartitionRecords) up to ``room``, and
+    whether it has no more. Sets ``part.next_fetch_offset`` past what is taken."""
+    out: list[Any] = []
+    left = _LEFT.pop(part, None)
+    batches = part._records
+    while room:
+        if left is None:
+            if not batches.has_next():
+                return out, True
+            batch = batches.next_batch()
+            if part._check_crcs and not batch.validate_crc():
+                raise CorruptRecordException(f"Invalid CRC - {part._tp}")
+            if batch.is_control_batch:
+                part.next_fetch_offset = batch.next_offset
+                continue
+            records = list(batch)  # the C reader: no Python frame per record
+            if records and records[0].offset < part.next_fetch_offset:
+                # A compressed legacy message set may start before the position.
+                start = part.next_fetch_offset
+                records = [r for r in records if r.offset >= start]
+            left = _Left(records, batch.next_offset)
+        if len(left.records) <= room:
+            out.extend(left.records)
+            room -= len(left.records)
+            # Past the batch's last offset (compaction may have removed records).
+            part.next_fetch_offset = left.end
+            left = None
+        else:
+            taken, left.records = left.records[:room], left.records[room:]
+            out.extend(taken)
+            part.next_fetch_offset = taken[-1].offset + 1
+            room = 0
+    if left is not None:
+        _LEFT[part] = left
+    return out, False
