@@ -319,6 +319,12 @@ class TableWriter:
         `arrow_schema` is the evolved one.
         """
         policy = self.evolve_policy
+        # The op column of a change batch is never a table column, whatever the
+        # input (an NDJSON field, a Kafka value): as a column it would shadow the ops.
+        if OP_COLUMN in incoming.names:
+            incoming = incoming.remove(incoming.get_field_index(OP_COLUMN))
+        if only is not None:
+            only = [column for column in only if column != OP_COLUMN]
         future: asyncio.Future[EvolutionPlan] = self._lane.submit(
             lambda: asyncio.to_thread(
                 apply_plan, self._table, incoming, policy, only=only, exact=exact

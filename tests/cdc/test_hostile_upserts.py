@@ -1,0 +1,177 @@
+"""Upsert tables attacked as a hostile client and a bad day would, through a real
+`icespool run` child (HTTP Arrow change batches, NDJSON, flush): every acked change
+is applied exactly once (the merged state equals a reference computed here, key by
+key), a bad request is refused alone naming the problem, and the daemon stays up."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from pyiceberg.catalog import load_catalog
+from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
+
+from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
+
+_ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
+_TIMEOUT = aiohttp.ClientTimeout(total=60)
+
+# t.events (the harness's table: id long required, v string) is the upsert table;
+# h.plain an append table and h.keyed an upsert table, both evolving for new columns.
+_EXTRA = """\
+key = ["id"]
+
+[[tables]]
+name = "h.plain"
+create = true
+evolve = "add-columns"
+schema = [
+  { name = "id", type = "long", required = true },
+  { name = "v", type = "string" },
+]
+
+[[tables]]
+name = "h.keyed"
+create = true
+evolve = "add-columns"
+key = ["id"]
+schema = [
+  { name = "id", type = "long", required = true },
+  { name = "v", type = "string" },
+]
+"""
+
+
+def _arrow(columns: dict[str, pa.Array]) -> bytes:
+    batch = pa.RecordBatch.from_pydict(columns)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _changes(ids: Any, values: list[str | None], ops: Any) -> bytes:
+    return _arrow(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "v": pa.array(values, pa.string()),
+            OP_COLUMN: pa.array(ops, pa.int8()),
+        }
+    )
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, str]:
+    # A stream, not bytes: aiohttp warns (an error here) about large byte bodies.
+    async with session.post(url, data=io.BytesIO(body), headers=headers) as resp:
+        return resp.status, await resp.text()
+
+
+def _table(home: DaemonDir, name: str) -> Any:
+    catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
+    try:
+        return catalog.load_table(name)
+    finally:
+        catalog.engine.dispose()
+
+
+async def test_hostile_changes_through_a_real_daemon(tmp_path: Path) -> None:
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(extra=_EXTRA)
+    daemon = Daemon(home)
+    expected: dict[int, str] = {}
+    try:
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            # 1. The op column is a change batch's, never a table column: an append table
+            # that evolves for new columns refuses it (it would keep deletes as rows),
+            # naming the problem, and its schema stays as it was.
+            body = _changes([1, 2], ["a", None], [UPSERT, DELETE])
+            status, text = await _post(session, daemon.records_url("h.plain"), body, _ARROW)
+            assert status == 400, text
+            assert OP_COLUMN in text and "no key" in text, text
+            # An upsert table that evolves for new columns does not take it as a column
+            # from NDJSON either (a column named like the op would shadow every op).
+            ndjson = b'{"id": 5, "v": "x"}\n{"id": 5, "_icespool_op": 1}\n'
+            status, text = await _post(
+                session, daemon.records_url("h.keyed"), ndjson, {"Content-Type": NDJSON}
+            )
+            assert status == 400 and OP_COLUMN in text, text
+            for name in ("h.plain", "h.keyed"):
+                assert _table(home, name).schema().column_names == ["id", "v"], name
+
+            # 2. Bad change batches are refused whole (400 naming the column), nothing
+            # of them is applied.
+            url = daemon.records_url()
+            bad = {
+                "op 2": _changes([1, 2], ["a", "b"], [UPSERT, 2]),
+                "op -1": _changes([1], ["a"], [-1]),
+                "null op": _arrow(
+                    {
+                        "id": pa.array([1, 2], pa.int64()),
+                        "v": pa.array(["a", "b"]),
+                        OP_COLUMN: pa.array([0, None], pa.int8()),
+                    }
+                ),
+                "string op": _arrow(
+                    {"id": pa.array([1], pa.int64()), OP_COLUMN: pa.array(["delete"])}
+                ),
+                "no key": _arrow({"v": pa.array(["a"]), OP_COLUMN: pa.array([1], pa.int8())}),
+                "null key": _changes([1, None], ["a", None], [UPSERT, DELETE]),
+            }
+            for what, body in bad.items():
+                status, text = await _post(session, url, body, _ARROW)
+                assert status == 400, (what, text)
+                column = "'id'" if "key" in what else OP_COLUMN
+                assert column in text, (what, text)
+
+            # 3. Deletes of keys never inserted, a delete-only request, an upsert table
+            # fed deletes before anything else: nothing to delete, nothing appears.
+            never = list(range(-50, 0))
+            status, text = await _post(
+                session, url, _changes(never, [None] * 50, [DELETE] * 50), _ARROW
+            )
+            assert status == 200, text
+            assert (await daemon.flush(session))["records"] == 50
+
+            # 4. 100,000 distinct keys in one body, then one key updated 100,000 times
+            # with deletes between (the last change is an upsert), in one flush.
+            count = 100_000
+            ids = np.arange(count, dtype=np.int64)
+            values = [f"v{i}" for i in range(count)]
+            status, text = await _post(
+                session, url, _changes(ids, values, [UPSERT] * count), _ARROW
+            )
+            assert status == 200, text
+            expected.update(zip(ids.tolist(), values, strict=True))
+            ops = np.where(np.arange(count) % 3 == 1, DELETE, UPSERT).astype(np.int8)
+            ops[-1] = UPSERT
+            same = [None if op == DELETE else f"same{i}" for i, op in enumerate(ops)]
+            body = _changes(np.full(count, 7, np.int64), same, ops)
+            status, text = await _post(session, url, body, _ARROW)
+            assert status == 200, text
+            expected[7] = f"same{count - 1}"
+            # and deletes of every tenth key, some of them twice, one never inserted
+            dead = np.concatenate([ids[::10], ids[::20], [count + 5]])
+            status, text = await _post(
+                session, url, _changes(dead, [None] * len(dead), [DELETE] * len(dead)), _ARROW
+            )
+            assert status == 200, text
+            for key in dead.tolist():
+                expected.pop(key, None)
+            result = await daemon.flush(session)
+            assert result["records"] == 2 * count + len(dead), result
+            assert daemon.running
+    finally:
+        daemon.cleanup()
+    rows = read_merged(_table(home, "t.events")).to_pylist()
+    got = {r["id"]: r["v"] for r in rows}
+    assert len(rows) == len(got), "a key appears twice in the merged state"
+    assert got == expected
