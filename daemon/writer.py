@@ -41,6 +41,7 @@ from daemon.iceberg import (
     DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
+    check_upsert_layout,
     commit_files,
     commit_properties,
     delete_rows,
@@ -712,6 +713,9 @@ class TableWriter:
                     f"{self.name} has no key now; restore its [[tables]] key and replay"
                 )
             return _encode_rows(self._table, rows, prefix, *size)
+        # Another writer may have repartitioned the table: deletes that would miss
+        # rows hold the table back (retried, nothing quarantined) instead.
+        check_upsert_layout(self._table, self.key, self.name)
         resolved = last_changes(rows, self.arrow_schema, self.key)
         data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, *size)
         try:

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyiceberg.catalog import load_catalog
+from pyiceberg.transforms import IdentityTransform
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
 
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
@@ -175,3 +176,68 @@ async def test_hostile_changes_through_a_real_daemon(tmp_path: Path) -> None:
     got = {r["id"]: r["v"] for r in rows}
     assert len(rows) == len(got), "a key appears twice in the merged state"
     assert got == expected
+
+
+async def test_another_writer_repartitioning_an_upsert_table_holds_it_back_naming_why(
+    tmp_path: Path,
+) -> None:
+    """Iceberg applies an equality delete only to data files of its own partition spec
+    and partition (or everywhere from an unpartitioned spec). After another writer
+    changes an upsert table's partitioning, the daemon's deletes (current spec) no
+    longer reach the rows of the old spec: Spark would show a key twice. The table is
+    held back (flush 503 naming the fix, nothing quarantined) until those rows are
+    rewritten into the current spec; a partition on a non-key column likewise."""
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(extra=_EXTRA)
+    daemon = Daemon(home)
+    keys = np.arange(30, dtype=np.int64)
+    try:
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            for name in ("t.events", "h.keyed"):
+                body = _changes(keys, [f"a{i}" for i in keys], [UPSERT] * len(keys))
+                status, text = await _post(session, daemon.records_url(name), body, _ARROW)
+                assert status == 200, text
+                async with session.post(daemon.flush_url(name)) as resp:
+                    assert resp.status == 200, await resp.text()
+            # Another writer: the key (identity) for one table, a non-key column for
+            # the other.
+            catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
+            try:
+                with catalog.load_table("t.events").update_spec() as spec:
+                    spec.add_field("id", IdentityTransform(), "id_p")
+                with catalog.load_table("h.keyed").update_spec() as spec:
+                    spec.add_field("v", IdentityTransform(), "v")
+            finally:
+                catalog.engine.dispose()
+            for name, needle in (("t.events", "rewrite_data_files"), ("h.keyed", "'v'")):
+                body = _changes(keys, [f"b{i}" for i in keys], [UPSERT] * len(keys))
+                status, text = await _post(session, daemon.records_url(name), body, _ARROW)
+                assert status == 200, text
+                async with session.post(daemon.flush_url(name)) as resp:
+                    text = await resp.text()
+                    assert resp.status == 503, text
+                    assert needle in text and "partition" in text, text
+                # Nothing of it committed: every key once, with its first value.
+                table = _table(home, name)
+                assert read_merged(table).sort_by("id").column("v").to_pylist() == [
+                    f"a{i}" for i in keys
+                ]
+            # The fix for the first: the rows rewritten into the current spec (what
+            # Spark's rewrite_data_files does; pyiceberg here). Then the held-back
+            # changes commit, once.
+            catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
+            try:
+                table = catalog.load_table("t.events")
+                table.overwrite(read_merged(table))
+            finally:
+                catalog.engine.dispose()
+            flushed = await daemon.flush(session)
+            assert flushed["records"] == len(keys) and not flushed["quarantined"], flushed
+            assert not home.quarantined()
+            assert daemon.running
+    finally:
+        daemon.cleanup()
+    merged = read_merged(_table(home, "t.events")).sort_by("id")
+    assert merged.column("v").to_pylist() == [f"b{i}" for i in keys]
