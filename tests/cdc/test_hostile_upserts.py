@@ -6,6 +6,7 @@ key), a bad request is refused alone naming the problem, and the daemon stays up
 from __future__ import annotations
 
 import io
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import aiohttp
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
@@ -20,7 +22,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
 
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
-from daemon.iceberg import commit_files, encode_equality_deletes
+from daemon.iceberg import SEGMENTS_SUMMARY_KEY, commit_files, encode_equality_deletes
 
 _ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
@@ -292,3 +294,62 @@ def test_read_merged_applies_equality_deletes_within_their_spec_and_partition(
         assert got == [{"id": 2, "v": "b"}, {"id": 3, "v": "c"}]
     finally:
         catalog.engine.dispose()
+
+
+async def test_kill_9_between_commit_and_spool_delete_twice_commits_each_change_once(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL right after the commit of spooled changes (before their spool
+    files go), then again right after recovery found them committed: neither is
+    committed again, and changes acked afterwards apply after them."""
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(batch_timeout="3600s", extra='key = ["id"]\n')
+    daemon = Daemon(home)
+    expected: dict[int, str] = {}
+
+    async def send(session: aiohttp.ClientSession, ids: Any, ops: Any, tag: str) -> None:
+        values = [None if op == DELETE else f"{tag}{i}" for i, op in zip(ids, ops, strict=True)]
+        status, text = await _post(
+            session, daemon.records_url(), _changes(ids, values, ops), _ARROW
+        )
+        assert status == 200, text
+        for key, op, value in zip(ids, ops, values, strict=True):
+            if op == DELETE:
+                expected.pop(key, None)
+            else:
+                expected[key] = value
+
+    try:
+        daemon.start(crash=["unlink:*.arrow:1"])
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            await send(session, list(range(200)), [UPSERT] * 200, "a")
+            await send(session, list(range(100)), [DELETE] * 50 + [UPSERT] * 50, "b")
+            with pytest.raises(aiohttp.ClientError):
+                await daemon.flush(session)  # the daemon dies inside it
+        assert await daemon.wait_exit(30) == -signal.SIGKILL, daemon.tail()
+        assert home.spool_files(), "the kill came before the commit"
+        # Recovery finds both committed and dies deleting the first spool file.
+        daemon.start(crash=["unlink:*.arrow:1"])
+        assert await daemon.wait_exit(60) == -signal.SIGKILL, daemon.tail()
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            await send(session, list(range(20)), [UPSERT] * 10 + [DELETE] * 10, "c")
+            await send(session, list(range(150, 160)), [DELETE] * 10, "d")
+            result = await daemon.flush(session)
+            assert result["records"] == 30, result
+        assert home.spool_files() == []
+    finally:
+        daemon.cleanup()
+    table = _table(home, "t.events")
+    segments = [
+        s.summary[SEGMENTS_SUMMARY_KEY].split(",")
+        for s in table.metadata.snapshots
+        if s.summary is not None and SEGMENTS_SUMMARY_KEY in s.summary
+    ]
+    flat = [segment for ids in segments for segment in ids]
+    assert len(flat) == len(set(flat)) and len(segments) == 2, segments
+    rows = read_merged(table).to_pylist()
+    assert len(rows) == len({r["id"] for r in rows})
+    assert {r["id"]: r["v"] for r in rows} == expected
