@@ -22,6 +22,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
 
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
+from daemon.config import validate_config
+from daemon.errors import ConfigError
 from daemon.iceberg import SEGMENTS_SUMMARY_KEY, commit_files, encode_equality_deletes
 
 _ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
@@ -353,3 +355,18 @@ async def test_kill_9_between_commit_and_spool_delete_twice_commits_each_change_
     rows = read_merged(table).to_pylist()
     assert len(rows) == len({r["id"] for r in rows})
     assert {r["id"]: r["v"] for r in rows} == expected
+
+
+@pytest.mark.parametrize("key", [[], ["id"]])
+def test_a_declared_column_named_like_the_op_column_is_a_config_error(key: list[str]) -> None:
+    """Spooled rows holding the op column are taken for keyed changes: a table column
+    of that name (on any table) would be read as ops, so check-config refuses it."""
+    schema = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": OP_COLUMN.upper(), "type": "int"},
+    ]
+    raw = {"tables": [{"name": "h.t", "create": True, "schema": schema, "key": key}]}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(raw)
+    assert caught.value.key == "tables[0].schema[1].name"
+    assert "reserved for the op column" in caught.value.problem
