@@ -135,12 +135,15 @@ class JsonOptions:
     epoch numbers in that unit besides ISO-8601 text; ``column_units`` overrides it
     per top-level column (and the timestamps nested in that column).
     ``max_depth`` bounds how deeply a record may nest (``max_nesting_depth``).
+    ``ignore_unknown``: fields the schema lacks are skipped instead of failing the
+    record (an envelope such as Debezium's carries fields no table wants).
     Hashable, so decode plans are cached per (schema, options).
     """
 
     timestamp_unit: str | None = None
     column_units: tuple[tuple[str, str], ...] = ()
     max_depth: int = DEFAULT_MAX_DEPTH
+    ignore_unknown: bool = False
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
@@ -485,7 +488,7 @@ def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bo
     tried = {plan.numbers}
     while True:
         try:
-            raw = _read(body, plan)
+            raw = _read(body, plan, options.ignore_unknown)
             break
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             # A timestamp column that takes epoch numbers and ISO text is parsed as
@@ -494,7 +497,7 @@ def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bo
             if flipped is None or flipped in tried:
                 if not explain:
                     raise BadInputError(_first_line(str(exc))) from exc
-                raise _explain(body, plan, exc) from exc
+                raise _explain(body, plan, exc, options.ignore_unknown) from exc
             tried.add(flipped)
             plan = _plan(schema, options, flipped)
     if len(_PREFERRED) < 256:
@@ -506,12 +509,12 @@ def _decode(body: bytes, schema: pa.Schema, options: JsonOptions, *, explain: bo
     return _finish(raw, plan, schema, body)
 
 
-def _read(body: bytes, plan: _Plan) -> pa.Table:
+def _read(body: bytes, plan: _Plan, ignore_unknown: bool = False) -> pa.Table:
     return _read_json(
         body,
         pj.ParseOptions(
             explicit_schema=plan.parse_schema,
-            unexpected_field_behavior="error",
+            unexpected_field_behavior="ignore" if ignore_unknown else "error",
             newlines_in_values=False,
         ),
     )
@@ -1128,8 +1131,10 @@ def _parse_line(number: int, line: bytes) -> dict[str, Any]:
     return value
 
 
-def _explain(body: bytes, plan: _Plan, exc: Exception) -> BadInputError:
-    number = _first_bad_line(body, plan)
+def _explain(
+    body: bytes, plan: _Plan, exc: Exception, ignore_unknown: bool = False
+) -> BadInputError:
+    number = _first_bad_line(body, plan, ignore_unknown)
     if number is None:
         return BadInputError(f"the body is not valid NDJSON: {_first_line(str(exc))}")
     line = body.split(b"\n")[number - 1]
@@ -1138,7 +1143,7 @@ def _explain(body: bytes, plan: _Plan, exc: Exception) -> BadInputError:
     except BadInputError as problem:
         return problem
     unknown = [key for key in record if key not in plan.by_name]
-    if unknown:
+    if unknown and not ignore_unknown:
         return SchemaError(
             unknown[0],
             f"not in the table schema (line {number}); the columns are {_names(plan)}",
@@ -1149,6 +1154,8 @@ def _explain(body: bytes, plan: _Plan, exc: Exception) -> BadInputError:
     if whole is not None:
         return BadInputError(f"line {number}: {whole}")
     for key, value in record.items():
+        if key not in plan.by_name:
+            continue  # ignore_unknown: skipped by the parser too
         column = plan.by_name[key]
         reason = _parse_error(line, column)
         if reason is not None:
@@ -1162,7 +1169,7 @@ def _explain(body: bytes, plan: _Plan, exc: Exception) -> BadInputError:
     return BadInputError(f"line {number}: {_first_line(str(exc))}")
 
 
-def _first_bad_line(body: bytes, plan: _Plan) -> int | None:
+def _first_bad_line(body: bytes, plan: _Plan, ignore_unknown: bool = False) -> int | None:
     """Bisect on line prefixes with the same parser: O(log n) parses of the body."""
     ends: list[int] = []
     position = 0
@@ -1181,7 +1188,7 @@ def _first_bad_line(body: bytes, plan: _Plan) -> int | None:
                 read_options=pj.ReadOptions(block_size=len(chunk) + 1, use_threads=False),
                 parse_options=pj.ParseOptions(
                     explicit_schema=plan.parse_schema,
-                    unexpected_field_behavior="error",
+                    unexpected_field_behavior="ignore" if ignore_unknown else "error",
                     newlines_in_values=False,
                 ),
             )

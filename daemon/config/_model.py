@@ -799,6 +799,15 @@ class KafkaConfig(_Section):
     schema_registry_password: str | None = None
     schema_registry_timeout: Seconds = 2.0  # one registry request (tried 3 times)
     avro_schema_file: OptionalAbsPath = None
+    # Keyed changes for upsert tables ([[tables]] key): "debezium" change events (op
+    # c/r/u upsert `after`, d deletes by `before` or the Kafka key), "keyed" rows whose
+    # Kafka key carries the key; in both a null value (tombstone) deletes by the key.
+    changes: Literal["none", "debezium", "keyed"] = "none"
+    # How the Kafka key is read with changes: "json" (an object of the key columns,
+    # Debezium's schema envelope allowed, or a scalar for a one-column key), "string"
+    # (UTF-8 text, the one key column), "avro" (Confluent wire format, from the
+    # schema registry of format = "avro").
+    key_format: Literal["json", "string", "avro"] = "json"
     # "table" sends bad records to the table "<table>_dead_letter" (dynamic routing:
     # "<namespace>.kafka_dead_letter"); anything else is a topic.
     dead_letter: Annotated[str, AfterValidator(_non_empty)] = "table"
@@ -922,9 +931,28 @@ class Config(_Section):
                 )
         for i, kafka in enumerate(self.kafka):
             check(functools.partial(self._check_kafka, i, kafka, seen))
+            check(functools.partial(self._check_change_key, i, kafka))
         if problems:
             raise ConfigError.of(problems)
         return self
+
+    def _check_change_key(self, i: int, kafka: KafkaConfig) -> None:
+        """A change's key comes from the record, never from the source's metadata."""
+        if kafka.changes == "none":
+            return
+        try:
+            names = set(kafka.targets(self.table_names))
+        except ValueError:
+            return  # a malformed table_template: _check_kafka names it
+        for table in (t for t in self.tables if t.name in names):
+            clash = [k for k in table.key if k in kafka.metadata_columns]
+            if clash:
+                raise ConfigError(
+                    f"kafka[{i}].metadata_columns",
+                    f"{clash[0]!r} is a key column of {table.name!r}: a change's key comes "
+                    "from its value or Kafka key, not from a metadata column; remove it "
+                    "from metadata_columns or from the key",
+                )
 
     def _check_catalog(self) -> None:
         problems: list[ConfigError] = []
@@ -1023,6 +1051,7 @@ class Config(_Section):
                 "format 'raw' does not parse values; route raw records by 'route_header'",
             )
         _check_avro(i, kafka)
+        _check_changes(i, kafka)
         if kafka.sasl_mechanism is not None and not kafka.security_protocol.startswith("SASL"):
             raise ConfigError(
                 f"kafka[{i}].security_protocol",
@@ -1108,6 +1137,42 @@ def _check_avro(i: int, kafka: KafkaConfig) -> None:
             load_schema_file(schema_file)
         except ValueError as exc:
             raise ConfigError(f"kafka[{i}].avro_schema_file", str(exc)) from None
+
+
+def _check_changes(i: int, kafka: KafkaConfig) -> None:
+    if kafka.changes == "none":
+        if kafka.key_format != "json":  # the default, which a rendered config repeats
+            raise ConfigError(
+                f"kafka[{i}].key_format",
+                'only used with changes = "debezium" or "keyed" (changes is \'none\'); '
+                "remove it or set 'changes'",
+            )
+        return
+    if kafka.format == "raw":
+        raise ConfigError(
+            f"kafka[{i}].changes",
+            f"changes = {kafka.changes!r} decodes values into a table's columns; format "
+            '\'raw\' keeps them as bytes. Use format = "json" or "avro"',
+        )
+    if kafka.route_field is not None:
+        raise ConfigError(
+            f"kafka[{i}].route_field",
+            f"changes = {kafka.changes!r} routes records before decoding them, and a "
+            "tombstone (a delete) has no value to read a route field from: route by "
+            "'route_header' or use a static 'table'",
+        )
+    if kafka.changes == "debezium" and kafka.auto_create:
+        raise ConfigError(
+            f"kafka[{i}].auto_create",
+            "creates a table from the inferred shape of its first values, and a Debezium "
+            "value is a change envelope, not a row: declare the tables (with their key)",
+        )
+    if kafka.key_format == "avro" and kafka.schema_registry_url is None:
+        raise ConfigError(
+            f"kafka[{i}].key_format",
+            "'avro' keys are read in the Confluent wire format through the schema registry: "
+            "it needs format = \"avro\" with 'schema_registry_url'",
+        )
 
 
 def _check_maintenance(

@@ -62,6 +62,7 @@ __all__ = [
     "FileSchema",
     "RegistrySchemas",
     "SchemaUnavailable",
+    "avro_rows",
     "avro_schemas",
     "decode_avro",
 ]
@@ -320,9 +321,10 @@ def _decode_group(
     max_depth: int,
     out: list[tuple[pa.RecordBatch, list[int]]],
     dead: list[DeadRecord],
+    ignore_unknown: bool = False,
 ) -> None:
     try:
-        build = _plan(writer, value_schema, max_depth)
+        build = _plan(writer, value_schema, max_depth, ignore_unknown)
     except BadInputError as exc:
         dead.extend(DeadRecord(i, exc.reason, f"{writer.label}: {exc}") for i in indices)
         return
@@ -384,16 +386,17 @@ Convert = Callable[[list[Any]], pa.Array]
 
 
 def _plan(
-    writer: WriterSchema, value_schema: pa.Schema, max_depth: int
+    writer: WriterSchema, value_schema: pa.Schema, max_depth: int, ignore_unknown: bool = False
 ) -> Callable[[list[Any]], pa.RecordBatch]:
     """rows (fastavro dicts) -> a batch in ``value_schema``; SchemaError when the writer
-    schema cannot fit the table at all (then no record of it can)."""
+    schema cannot fit the table at all (then no record of it can). ``ignore_unknown``:
+    top-level fields ``value_schema`` lacks are skipped (an envelope's ``source``)."""
     shape = _resolve(writer, writer.shape)
     if not (isinstance(shape, dict) and shape.get("type") == "record"):
         raise BadInputError(f"the top-level Avro schema must be a record, not {_describe(shape)}")
     fields = {f["name"]: f["type"] for f in shape["fields"]}
     for name in fields:
-        if value_schema.get_field_index(name) < 0:
+        if value_schema.get_field_index(name) < 0 and not ignore_unknown:
             raise SchemaError(name, "Avro field is not a column of the table")
     columns: list[tuple[str, Convert | None, pa.DataType]] = []
     for target in value_schema:
@@ -700,3 +703,50 @@ def _map(writer: WriterSchema, node: Any, target: pa.DataType, path: str, left: 
         )
 
     return convert
+
+
+def avro_rows(
+    schemas: AvroSchemas, max_depth: int = DEFAULT_MAX_DEPTH, *, ignore_unknown: bool = False
+) -> Callable[
+    [pa.BinaryArray, npt.NDArray[np.int64], pa.Schema],
+    tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]],
+]:
+    """Avro values (Kafka values or keys) at given positions -> rows in a schema, for
+    `daemon.kafka._changes` (Debezium's envelope: ``ignore_unknown`` skips its
+    ``source``, ``ts_ms``, ``transaction``). Same wire rules and dead letters as
+    `decode_avro`; the good rows come back in position order."""
+
+    def decode(
+        values: pa.BinaryArray, indices: npt.NDArray[np.int64], schema: pa.Schema
+    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
+        raw: list[bytes | None] = values.to_pylist()
+        dead: list[DeadRecord] = []
+        groups: dict[int | None, list[int]] = {}
+        for i in indices.tolist():
+            value = raw[i]
+            assert value is not None, "null values are tombstones, never decoded"
+            if not schemas.framed:
+                groups.setdefault(None, []).append(i)
+            elif len(value) < 5 or value[0] != 0:
+                dead.append(DeadRecord(i, "invalid", _bad_header(value)))
+            else:
+                groups.setdefault(int.from_bytes(value[1:5], "big"), []).append(i)
+        tables: list[tuple[pa.RecordBatch, list[int]]] = []
+        for schema_id, group in groups.items():
+            try:
+                writer = schemas.fixed() if schema_id is None else schemas.get(schema_id)
+            except SchemaUnavailable as exc:
+                dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in group)
+                continue
+            start = 0 if schema_id is None else 5
+            _decode_group(
+                raw, group, start, writer, schema, max_depth, tables, dead, ignore_unknown
+            )
+        if not tables:
+            return None, np.empty(0, np.int64), dead
+        ok = np.asarray([i for _, idx in tables for i in idx], dtype=np.int64)
+        table = pa.Table.from_batches([t for t, _ in tables], schema=schema)
+        order = np.argsort(ok, kind="stable")
+        return table.take(pa.array(order)), ok[order], dead
+
+    return decode

@@ -31,6 +31,7 @@ from daemon.errors import BackpressureError, IcespoolError
 from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import AUTO_CREATED, Ingest, Wants
 from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
+from daemon.kafka._changes import decode_fetch_changes
 from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
 from daemon.kafka._decode import (
     DeadRecord,
@@ -185,9 +186,13 @@ class Handover:
         if c.format == "raw":
             return decode_raw(fetch, schema, **common)
         options = self._ingest.json_options(writer)
-        if c.format == "avro":
-            if self._avro is None:
-                self._avro = avro_schemas(c)
+        if c.format == "avro" and self._avro is None:
+            self._avro = avro_schemas(c)
+        if c.changes != "none":  # keyed changes: one change batch (daemon.kafka._changes)
+            return decode_fetch_changes(
+                fetch, schema, writer.key, c, options=options, avro=self._avro, subset=subset
+            )
+        if self._avro is not None:  # format avro
             return decode_avro(
                 fetch, schema, schemas=self._avro, max_depth=options.max_depth, **common
             )
@@ -195,7 +200,8 @@ class Handover:
 
     def _wants(self, fetch: Fetch, decoded: Decoded, *, writer: TableWriter) -> Wants | None:
         """The columns the dead records of a JSON decode lacked, with their values."""
-        if self.config.format != "json":
+        if self.config.format != "json" or self.config.changes == "debezium":
+            # Debezium: the values are envelopes, not rows to infer columns from.
             return None
         failed = [d for d in decoded.dead if d.column is not None]
         if not failed:
@@ -313,10 +319,13 @@ class Handover:
             fresh = part.fresh(_DEAD_LETTER_TOPIC, offsets)
             for (record, target), new in zip(dead, fresh, strict=True):
                 if new:
+                    key, value = fetch.keys[record.index], fetch.values[record.index]
                     await producer.send_and_wait(
                         self.config.dead_letter,
-                        value=fetch.values[record.index],
-                        key=fetch.keys[record.index],
+                        # A tombstone without a key (missing_key): Kafka clients send
+                        # no record without both, so its value goes as empty bytes.
+                        value=b"" if key is None and value is None else value,
+                        key=key,
                         headers=dead_letter_headers(fetch, record, target),
                     )
             # A re-read after backpressure skips what was already sent.

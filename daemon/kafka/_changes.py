@@ -1,0 +1,699 @@
+"""Kafka change records -> ONE change batch per table (`daemon.cdc`), in offset order.
+
+    values (BinaryArray) --prescreen--> tombstones (null value: delete by Kafka key)
+                                        oversized / too deep -> dead letters
+                         --envelopes--> one decode of every value with an explicit
+                                        envelope schema (JSON: pyarrow.json; Avro:
+                                        the registry's writer schema)
+                         --select-----> op, before/after as whole columns
+    keys (BinaryArray)   --------------> decoded the same way, only for the records
+                                        whose key is not in the value
+    -> change batch (`change_schema`) + dead letters
+
+Debezium (``changes = "debezium"``): ``op`` c/r/u upserts ``after``, d deletes by
+``before``'s key columns (else by the Kafka key); the ``{"schema":.., "payload":..}``
+envelope of Kafka Connect's JsonConverter is found per record. Keyed (``changes =
+"keyed"``): the value is the row (an upsert); key columns it lacks come from the
+Kafka key. In both, a null (or empty) value deletes by the Kafka key, so
+Debezium's tombstone after a delete is a second, idempotent delete.
+
+Dead-letter reasons besides the decoders' own: ``missing_key`` (no key in the value
+nor in the Kafka key), ``bad_key`` (the key does not convert to the key column
+types), ``not_upsert`` (a delete for a table without a key), ``bad_change`` (an
+envelope without a usable ``op`` or ``after``, an unknown op such as t or m).
+
+Nothing here parses a record in Python on the good path: whole-fetch pyarrow calls,
+bisected (`daemon.decode.split_failures`) only to isolate bad records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
+from daemon.kafka._avro import AvroSchemas, avro_rows
+from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from daemon.nesting import too_deep, too_deep_lines
+
+if TYPE_CHECKING:
+    from daemon.config import KafkaConfig
+
+__all__ = [
+    "ChangeMode",
+    "Envelopes",
+    "KeyFormat",
+    "KeyRows",
+    "decode_changes",
+    "decode_fetch_changes",
+    "envelope_schema",
+    "json_envelopes",
+    "json_keys",
+    "key_schema",
+    "string_keys",
+]
+
+ChangeMode = Literal["debezium", "keyed"]
+KeyFormat = Literal["json", "string", "avro"]
+
+#: Decodes the values at ``indices`` into ``schema``: (table of the good ones in
+#: order, their indices, dead records by index into the same values).
+Envelopes = Callable[
+    [pa.BinaryArray, npt.NDArray[np.int64], pa.Schema],
+    tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]],
+]
+#: Decodes the Kafka keys at ``indices`` into the key columns (`key_schema`): same shape.
+KeyRows = Envelopes
+
+_UPSERT_OPS: Final = pa.array(["c", "r", "u"])
+_ENVELOPE: Final = frozenset({"op", "before", "after", "payload"})
+# pyarrow names the path that failed inside a nested column: "Column(/after/id) ...".
+_PATH: Final = re.compile(r"Column\((/[^)]*)\)")
+_SCALAR_OPEN: Final = pa.scalar(b'{"v":', pa.binary())
+_SCALAR_CLOSE: Final = pa.scalar(b"}", pa.binary())
+_NOTHING: Final = pa.scalar(b"", pa.binary())
+
+
+def _nullable_row(schema: pa.Schema) -> pa.StructType:
+    # Top-level columns nullable: before/after may be partial, a delete has only
+    # its key. Required columns are checked on the upserts after selection.
+    return pa.struct([f.with_nullable(True) for f in schema])
+
+
+def envelope_schema(
+    schema: pa.Schema,
+    mode: ChangeMode,
+    key: Sequence[str] = (),
+    *,
+    payload: bool = True,
+    before_row: bool = False,
+) -> pa.Schema:
+    """What each value is decoded into: Debezium's ``op``/``before``/``after`` (and,
+    with ``payload``, the same inside Kafka Connect's schema envelope); keyed: the
+    row itself with every top-level column nullable. ``before`` is read for its key
+    columns only (a delete needs nothing else; the rest is skipped unparsed), and not
+    at all for a table without a key; ``before_row``: as the whole row (Avro, whose
+    writer schema's record must fit the struct it is read into)."""
+    if mode == "keyed":
+        return pa.schema([f.with_nullable(True) for f in schema])
+    shape = _nullable_row(schema) if before_row else pa.struct(list(key_schema(schema, key)))
+    before = [pa.field("before", shape)] if key else []
+    change = [pa.field("op", pa.string()), *before, pa.field("after", _nullable_row(schema))]
+    return pa.schema([*change, pa.field("payload", pa.struct(change))] if payload else change)
+
+
+def key_schema(schema: pa.Schema, key: Sequence[str]) -> pa.Schema:
+    """The key columns (nullable: a key lacking one is found after the decode)."""
+    return pa.schema([schema.field(k).with_nullable(True) for k in key])
+
+
+# ------------------------------------------------------------------ JSON decoders
+
+
+def json_envelopes(options: JsonOptions, *, ignore_unknown: bool) -> Envelopes:
+    """Values (JSON) -> envelope rows through the daemon's lenient NDJSON decode
+    (one pyarrow.json call; bisection only around bad records)."""
+    options = replace(options, ignore_unknown=ignore_unknown)
+
+    def decode(
+        values: pa.BinaryArray, indices: npt.NDArray[np.int64], schema: pa.Schema
+    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
+        return _lenient(values.take(pa.array(indices)).to_pylist(), indices, schema, options)
+
+    return decode
+
+
+def _lenient(
+    raw: list[bytes],
+    indices: npt.NDArray[np.int64],
+    schema: pa.Schema,
+    options: JsonOptions,
+) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
+    dead: list[DeadRecord] = []
+    keep = np.ones(len(raw), dtype=bool)
+    deep = too_deep_lines(_joined(raw), options.max_depth)
+    if deep:  # found by one scan rather than by bisecting down to them
+        for j in deep:
+            keep[j] = False
+            dead.append(DeadRecord(int(indices[j]), "too_deep", too_deep(options.max_depth)))
+        raw = [v for j, v in enumerate(raw) if keep[j]]
+    at = indices[keep]
+    if not raw:
+        return None, at[:0], dead
+    result = decode_ndjson_lenient(raw, schema, options)
+    ok = np.ones(len(raw), dtype=bool)
+    for error in result.errors:
+        ok[error.index] = False
+        dead.append(_record_dead(int(at[error.index]), error))
+    return result.table, at[ok], dead
+
+
+def _joined(values: list[bytes]) -> bytes:
+    """One line per value (a raw newline can only be JSON whitespace: blanked)."""
+    body = b"\n".join(values)
+    if body.count(b"\n") != len(values) - 1 or b"\r" in body:
+        body = b"\n".join(v.replace(b"\n", b" ").replace(b"\r", b" ") for v in values)
+    return body
+
+
+def _record_dead(index: int, error: RecordError) -> DeadRecord:
+    text = error.message if error.column is None else f"column {error.column!r}: {error.message}"
+    return DeadRecord(index, error.reason, text, error.column)
+
+
+def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> KeyRows:
+    """JSON Kafka keys -> key columns: an object of the key columns (Kafka Connect's
+    ``{"schema":..,"payload":{..}}`` envelope allowed) or, for a one-column key, a
+    JSON scalar. Objects and scalars are told apart by their first byte and each
+    kind decoded in one call."""
+    keys = key_schema(schema, key)
+    enveloped = "payload" not in key and "schema" not in key
+    objects = pa.schema(
+        [*keys, pa.field("payload", pa.struct(list(keys)))] if enveloped else list(keys)
+    )
+    scalar = pa.schema([pa.field("v", keys.field(0).type)]) if len(key) == 1 else None
+    options = replace(options, ignore_unknown=True)
+
+    def decode(
+        values: pa.BinaryArray, indices: npt.NDArray[np.int64], _: pa.Schema
+    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
+        picked = values.take(pa.array(indices))
+        first = _first_bytes(picked)
+        is_object = first == ord("{")
+        parts: list[tuple[pa.Table, npt.NDArray[np.int64]]] = []
+        dead: list[DeadRecord] = []
+        if is_object.any():
+            table, at, bad = _lenient(
+                picked.filter(pa.array(is_object)).to_pylist(), indices[is_object], objects, options
+            )
+            dead += bad
+            if table is not None:
+                if enveloped:
+                    table = _unwrap_payload(table, keys)
+                parts.append((table, at))
+        rest = ~is_object
+        if rest.any():
+            if scalar is None:
+                dead += [
+                    DeadRecord(
+                        int(i),
+                        "bad_key",
+                        f"the Kafka key is not a JSON object; a key of {len(key)} columns "
+                        f"({', '.join(key)}) needs an object of them",
+                    )
+                    for i in indices[rest]
+                ]
+            else:
+                # A scalar S becomes {"v":S}: one decode with the column's JSON rules.
+                wrapped = pc.binary_join_element_wise(
+                    _SCALAR_OPEN, picked.filter(pa.array(rest)), _SCALAR_CLOSE, _NOTHING
+                )
+                table, at, bad = _lenient(wrapped.to_pylist(), indices[rest], scalar, options)
+                named = f"column {key[0]!r}"
+                dead += [
+                    replace(d, column=key[0], error=d.error.replace("column 'v'", named))
+                    if d.column == "v"
+                    else d
+                    for d in bad
+                ]
+                if table is not None:
+                    parts.append((table.rename_columns(list(keys.names)), at))
+        return _merge(parts, keys, dead)
+
+    return decode
+
+
+def _first_bytes(values: pa.BinaryArray) -> npt.NDArray[np.int64]:
+    """The first non-whitespace byte of each value (-1: none), from the buffers."""
+    if values.type != pa.binary():  # e.g. large_binary: the offsets below are int32
+        values = values.cast(pa.binary())
+    out = np.full(len(values), -1, dtype=np.int64)
+    if not len(values):
+        return out
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[
+        values.offset : values.offset + len(values) + 1
+    ]
+    data = values.buffers()[2]
+    body = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    ends = offsets[1:].astype(np.int64)
+    has = ends > starts
+    out[has] = body[starts[has]]
+    # Leading whitespace is rare in keys: those few are looked at one by one.
+    for j in np.flatnonzero(np.isin(out, (0x20, 0x09, 0x0A, 0x0D))):
+        rest = bytes(body[starts[j] : ends[j]]).lstrip(b" \t\r\n")
+        out[j] = rest[0] if rest else -1
+    return out
+
+
+def _unwrap_payload(table: pa.Table, keys: pa.Schema) -> pa.Table:
+    """Key columns from the envelope's ``payload`` where a record has one."""
+    payload = table.column("payload").combine_chunks()
+    inner = payload.flatten()
+    has = pc.is_valid(payload)
+    columns = [
+        pc.if_else(has, inner[i], table.column(name).combine_chunks())
+        for i, name in enumerate(keys.names)
+    ]
+    return pa.Table.from_arrays(columns, schema=keys)
+
+
+def _merge(
+    parts: list[tuple[pa.Table, npt.NDArray[np.int64]]],
+    schema: pa.Schema,
+    dead: list[DeadRecord],
+) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
+    if not parts:
+        return None, np.empty(0, np.int64), dead
+    table = pa.concat_tables([t.cast(schema) for t, _ in parts])
+    at = np.concatenate([a for _, a in parts])
+    order = np.argsort(at, kind="stable")
+    return table.take(pa.array(order)), at[order], dead
+
+
+def string_keys(key: Sequence[str], schema: pa.Schema) -> KeyRows:
+    """Kafka keys as UTF-8 text: the one key column, cast to its type."""
+    keys = key_schema(schema, key)
+
+    def decode(
+        values: pa.BinaryArray, indices: npt.NDArray[np.int64], _: pa.Schema
+    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
+        if len(key) != 1:
+            return (
+                None,
+                np.empty(0, np.int64),
+                [
+                    DeadRecord(
+                        int(i),
+                        "bad_key",
+                        f"key_format 'string' gives one column; the key has {len(key)} "
+                        f'({", ".join(key)}): use key_format = "json"',
+                    )
+                    for i in indices
+                ],
+            )
+        picked = values.take(pa.array(indices))
+        target = keys.field(0).type
+
+        def cast(part: Sequence[int]) -> pa.Array:
+            return picked.take(pa.array(part, pa.int64())).cast(pa.string()).cast(target)
+
+        done, failed = split_failures(
+            range(len(indices)), cast, (pa.ArrowInvalid, pa.ArrowNotImplementedError)
+        )
+        dead = [
+            DeadRecord(
+                int(indices[j]),
+                "bad_key",
+                f"does not convert to {key[0]!r} ({target}): {_first_line(exc)}",
+                key[0],
+            )
+            for j, exc in failed
+        ]
+        parts = [
+            (pa.table([array], schema=keys), indices[np.asarray(part, np.int64)])
+            for array, part in done
+        ]
+        return _merge(parts, keys, dead)
+
+    return decode
+
+
+def _binary(values: pa.Array | Sequence[bytes | None]) -> pa.BinaryArray:
+    # A Fetch holds lists today and whole-fetch arrays soon (kafka-fast): either works.
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(values, pa.binary())
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).split("\n", 1)[0]
+
+
+# ------------------------------------------------------------------ the change batch
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Candidate changes, aligned: fetch positions, ops, row columns (value schema)."""
+
+    at: npt.NDArray[np.int64]
+    ops: npt.NDArray[np.int8]
+    columns: dict[str, pa.Array]
+
+
+def decode_changes(
+    values: pa.BinaryArray,
+    keys: pa.BinaryArray,
+    schema: pa.Schema,
+    key: Sequence[str],
+    *,
+    mode: ChangeMode,
+    envelopes: Envelopes,
+    key_rows: KeyRows,
+    max_record_bytes: int = 2**20,
+    payload: bool = True,
+    before_row: bool = False,
+) -> Decoded:
+    """Decode one table's records (``values``/``keys``: nulls are null) into one
+    change batch in `change_schema` (``schema``: the table's value columns; ``key``
+    empty: an append table, which gets its upserts as plain rows) plus dead letters.
+    ``Decoded.rows`` are positions into ``values``, ascending. ``payload``: look for
+    the schema envelope (JSON); ``before_row``: see `envelope_schema`."""
+    n = len(values)
+    if n == 0:
+        return Decoded(None, np.empty(0, np.int64), [])
+    lengths = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
+    tomb = lengths == 0
+    big = lengths > max_record_bytes
+    dead = [
+        DeadRecord(
+            int(i),
+            "oversized",
+            f"value of {int(lengths[i])} bytes exceeds max_record_bytes ({max_record_bytes})",
+        )
+        for i in np.flatnonzero(big)
+    ]
+    live = np.flatnonzero(~tomb & ~big).astype(np.int64)
+    envelope = envelope_schema(schema, mode, key, payload=payload, before_row=before_row)
+    table, at, bad = envelopes(values, live, envelope) if len(live) else (None, live, [])
+    dead += [_envelope_dead(d, mode) for d in bad]
+    rows = _select(table, at, schema, key, mode, dead)
+    tombs = np.flatnonzero(tomb).astype(np.int64)
+    rows = _with_tombstones(rows, tombs, schema)
+    if not key:
+        return _append_only(rows, schema, dead)
+    rows = _complete_keys(rows, keys, schema, key, key_rows, dead)
+    rows = _check_required(rows, schema, key, dead)
+    dead.sort(key=lambda d: d.index)
+    if not len(rows.at):
+        return Decoded(None, np.empty(0, np.int64), dead)
+    is_delete = pa.array(rows.ops == DELETE)
+    columns = [
+        rows.columns[f.name]
+        if f.name in key
+        else pc.if_else(is_delete, pa.nulls(len(rows.at), f.type), rows.columns[f.name])
+        for f in schema
+    ]
+    batch = pa.RecordBatch.from_arrays(
+        columns, schema=change_schema(schema, key).remove(len(schema))
+    )
+    return Decoded(with_ops(batch, pa.array(rows.ops, pa.int8()), key), rows.at, dead)
+
+
+def _envelope_dead(record: DeadRecord, mode: ChangeMode) -> DeadRecord:
+    """A decode error inside ``after``/``before`` names the table column; one of the
+    envelope itself (``after`` not an object, ``op`` not a string) is ``bad_change``."""
+    if mode == "keyed" or record.column is None:
+        return record
+    found = _PATH.search(record.error)
+    path = found.group(1).strip("/").split("/") if found else record.column.split(".")
+    if path[:1] == ["payload"]:
+        path = path[1:]
+    envelope = not path or (len(path) == 1 and path[0] in _ENVELOPE)
+    if envelope and (found is not None or path == ["op"]):
+        what = path[0] if path else "payload"
+        return replace(
+            record,
+            reason="bad_change",
+            error=f"the change envelope's {what!r} has the wrong type: {record.error}",
+            column=None,
+        )
+    if envelope:  # inside before/after, where pyarrow did not say
+        return replace(record, column=None)
+    column = ".".join(path[1:])
+    error = record.error.removeprefix(f"column {record.column!r}: ")
+    return replace(record, column=column, error=f"column {column!r}: {error}")
+
+
+def _select(
+    table: pa.Table | None,
+    at: npt.NDArray[np.int64],
+    schema: pa.Schema,
+    key: Sequence[str],
+    mode: ChangeMode,
+    dead: list[DeadRecord],
+) -> _Rows:
+    if table is None or not table.num_rows:
+        return _Rows(np.empty(0, np.int64), np.empty(0, np.int8), _empty_columns(schema))
+    if mode == "keyed":
+        columns = {name: table.column(name).combine_chunks() for name in schema.names}
+        return _Rows(at, np.full(len(at), UPSERT, np.int8), columns)
+    fields = [f.name for f in table.schema if f.name != "payload"]  # op, [before,] after
+    parts = {name: table.column(name).combine_chunks() for name in fields}
+    if "payload" in table.column_names:
+        payload = table.column("payload").combine_chunks()
+        has = pc.is_valid(payload)
+        inner = payload.flatten()
+        parts = {name: pc.if_else(has, inner[i], parts[name]) for i, name in enumerate(fields)}
+    op, after = parts["op"], parts["after"]
+    upsert = pc.fill_null(pc.is_in(op, _UPSERT_OPS), False).to_numpy(zero_copy_only=False)
+    delete = pc.fill_null(pc.equal(op, "d"), False).to_numpy(zero_copy_only=False)
+    no_after = pc.is_null(after).to_numpy(zero_copy_only=False) & upsert
+    ops_py = None
+    bad = ~(upsert | delete) | no_after
+    for j in np.flatnonzero(bad):
+        ops_py = ops_py or op.to_pylist()
+        if no_after[j]:
+            error = f"op {ops_py[j]!r} without an 'after' row"
+        elif ops_py[j] is None:
+            error = "the change has no 'op' (expected c, r, u or d, or a Debezium envelope)"
+        else:
+            error = f"unknown op {ops_py[j]!r}: expected c, r, u or d"
+        dead.append(DeadRecord(int(at[j]), "bad_change", error))
+    keep = pa.array(~bad)
+    values = after.filter(keep).flatten()  # flatten: a null `after` gives null columns
+    columns = {name: values[i] for i, name in enumerate(schema.names)}
+    if key:  # a delete's key comes from `before` (else, later, from the Kafka key)
+        is_delete = pa.array(delete[~bad])
+        before = parts["before"].filter(keep)
+        flat = before.flatten()
+        for k in key:
+            found = flat[before.type.get_field_index(k)]
+            columns[k] = pc.if_else(is_delete, found, columns[k])
+    ops = np.where(upsert, UPSERT, DELETE).astype(np.int8)[~bad]
+    return _Rows(at[~bad], ops, columns)
+
+
+def _empty_columns(schema: pa.Schema) -> dict[str, pa.Array]:
+    return {f.name: pa.array([], f.type) for f in schema}
+
+
+def _with_tombstones(rows: _Rows, tombs: npt.NDArray[np.int64], schema: pa.Schema) -> _Rows:
+    if not len(tombs):
+        return rows
+    at = np.concatenate([rows.at, tombs])
+    order = np.argsort(at, kind="stable")
+    take = pa.array(order)
+    columns = {
+        f.name: pa.concat_arrays([rows.columns[f.name], pa.nulls(len(tombs), f.type)]).take(take)
+        for f in schema
+    }
+    ops = np.concatenate([rows.ops, np.full(len(tombs), DELETE, np.int8)])[order]
+    return _Rows(at[order], ops, columns)
+
+
+def _keep(rows: _Rows, mask: npt.NDArray[np.bool_]) -> _Rows:
+    if mask.all():
+        return rows
+    keep = pa.array(mask)
+    return _Rows(
+        rows.at[mask], rows.ops[mask], {k: v.filter(keep) for k, v in rows.columns.items()}
+    )
+
+
+def _append_only(rows: _Rows, schema: pa.Schema, dead: list[DeadRecord]) -> Decoded:
+    """A table without a key: upserts are appended as rows, deletes cannot apply."""
+    deletes = rows.ops == DELETE
+    dead += [
+        DeadRecord(
+            int(i),
+            "not_upsert",
+            "a delete for a table without a key: declare the table's key ([[tables]] key) "
+            "to apply deletes",
+        )
+        for i in rows.at[deletes]
+    ]
+    rows = _keep(rows, ~deletes)
+    rows = _check_required(rows, schema, (), dead)
+    dead.sort(key=lambda d: d.index)
+    if not len(rows.at):
+        return Decoded(None, np.empty(0, np.int64), dead)
+    batch = pa.RecordBatch.from_arrays([rows.columns[f.name] for f in schema], schema=schema)
+    return Decoded(batch, rows.at, dead)
+
+
+def _complete_keys(
+    rows: _Rows,
+    keys: pa.BinaryArray,
+    schema: pa.Schema,
+    key: Sequence[str],
+    key_rows: KeyRows,
+    dead: list[DeadRecord],
+) -> _Rows:
+    """Key columns the row lacks (tombstones, deletes without ``before``, keyed rows
+    without them) from the Kafka key; a record with neither is ``missing_key``."""
+    if not len(rows.at):
+        return rows
+    lacking = np.zeros(len(rows.at), dtype=bool)
+    for k in key:
+        lacking |= pc.is_null(rows.columns[k]).to_numpy(zero_copy_only=False)
+    if not lacking.any():
+        return rows
+    need = rows.at[lacking]
+    no_key = pc.is_null(keys.take(pa.array(need))).to_numpy(zero_copy_only=False)
+    failed = np.zeros(len(rows.at), dtype=bool)
+    where = np.flatnonzero(lacking)
+    for j in where[no_key]:
+        failed[j] = True
+        dead.append(
+            DeadRecord(
+                int(rows.at[j]),
+                "missing_key",
+                "no key: the record has no Kafka key and its value lacks "
+                + _missing(rows, key, int(j)),
+            )
+        )
+    ask = need[~no_key]
+    if len(ask):
+        table, got, bad = key_rows(keys, ask, key_schema(schema, key))
+        for record in bad:
+            failed[int(np.searchsorted(rows.at, record.index))] = True  # rows.at ascends
+            reason = record.reason if record.reason in ("missing_key", "bad_key") else "bad_key"
+            dead.append(replace(record, reason=reason, error=f"Kafka key: {record.error}"))
+        if table is not None and len(got):
+            # Positions of the decoded keys among the rows (both ascending).
+            slots = np.searchsorted(rows.at, got)
+            for k in key:
+                filled = _scatter(table.column(k).combine_chunks(), slots, len(rows.at))
+                rows.columns[k] = pc.coalesce(rows.columns[k], filled)
+    still = np.zeros(len(rows.at), dtype=bool)
+    for k in key:
+        still |= pc.is_null(rows.columns[k]).to_numpy(zero_copy_only=False)
+    for j in np.flatnonzero(still & ~failed):
+        failed[j] = True
+        dead.append(
+            DeadRecord(
+                int(rows.at[j]),
+                "missing_key",
+                f"no key: neither the value nor the Kafka key has {_missing(rows, key, int(j))}",
+                next(k for k in key if not rows.columns[k][j].is_valid),
+            )
+        )
+    return _keep(rows, ~failed)
+
+
+def _missing(rows: _Rows, key: Sequence[str], j: int) -> str:
+    names = [k for k in key if not rows.columns[k][j].is_valid]
+    return "key column " + ", ".join(repr(k) for k in names)
+
+
+def _scatter(values: pa.Array, slots: npt.NDArray[np.int64], size: int) -> pa.Array:
+    """``values`` placed at ``slots`` of an array of ``size`` nulls."""
+    index = np.full(size, -1, dtype=np.int64)
+    index[slots] = np.arange(len(slots))
+    mask = index < 0
+    return (
+        values.take(pa.array(np.where(mask, 0, index), mask=mask))
+        if len(values)
+        else (pa.nulls(size, values.type))
+    )
+
+
+def _check_required(
+    rows: _Rows, schema: pa.Schema, key: Sequence[str], dead: list[DeadRecord]
+) -> _Rows:
+    """Upserts with a required (non-key) column null are dead letters naming it."""
+    upsert = rows.ops == UPSERT
+    failed = np.zeros(len(rows.at), dtype=bool)
+    for f in schema:
+        if f.nullable or f.name in key:
+            continue
+        nulls = pc.is_null(rows.columns[f.name]).to_numpy(zero_copy_only=False) & upsert & ~failed
+        for j in np.flatnonzero(nulls):
+            failed[j] = True
+            dead.append(
+                DeadRecord(
+                    int(rows.at[j]),
+                    "invalid",
+                    f"column {f.name!r}: required column is missing or null",
+                    f.name,
+                )
+            )
+    return _keep(rows, ~failed)
+
+
+# ------------------------------------------------------------------ one fetch
+
+
+def decode_fetch_changes(
+    fetch: Fetch,
+    schema: pa.Schema,
+    key: Sequence[str],
+    config: KafkaConfig,
+    *,
+    options: JsonOptions,
+    avro: AvroSchemas | None,
+    subset: npt.NDArray[np.int64] | None = None,
+) -> Decoded:
+    """The source's entry (``changes`` set): ``fetch``'s records (or its ``subset``
+    positions) for one table whose Arrow schema is ``schema`` and key ``key``, with
+    the source's metadata columns filled as for plain rows."""
+    positions = subset if subset is not None else np.arange(len(fetch.offsets), dtype=np.int64)
+    view = fetch.take(positions) if subset is not None else fetch
+    columns = config.metadata_columns
+    value_schema = pa.schema([f for f in schema if f.name not in columns])
+    mode: ChangeMode = "debezium" if config.changes == "debezium" else "keyed"
+    clash = [k for k in key if k in columns]
+    if clash:  # refused by the config for declared tables; a table created otherwise
+        error = f"the key column {clash[0]!r} is a Kafka metadata column, not in the record"
+        return Decoded(
+            None,
+            np.empty(0, np.int64),
+            [DeadRecord(int(p), "bad_key", error, clash[0]) for p in positions],
+        )
+    envelopes: Envelopes
+    if config.format == "avro":
+        assert avro is not None, "format avro: the caller loads the schemas"
+        envelopes = avro_rows(avro, options.max_depth, ignore_unknown=mode == "debezium")
+    else:
+        envelopes = json_envelopes(options, ignore_unknown=mode == "debezium")
+    key_rows: KeyRows
+    if config.key_format == "avro":
+        assert avro is not None, "key_format avro needs format avro (config check)"
+        key_rows = avro_rows(avro, options.max_depth, ignore_unknown=True)
+    elif config.key_format == "string":
+        key_rows = string_keys(key, value_schema)
+    else:
+        key_rows = json_keys(key, value_schema, options)
+    decoded = decode_changes(
+        _binary(view.values),
+        _binary(view.keys),
+        value_schema,
+        key,
+        mode=mode,
+        envelopes=envelopes,
+        key_rows=key_rows,
+        max_record_bytes=config.max_record_bytes,
+        payload=config.format == "json",
+        before_row=config.format == "avro",
+    )
+    dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
+    if decoded.batch is None:
+        return Decoded(None, np.empty(0, np.int64), dead)
+    batch = decoded.batch
+    if columns:
+        rows = pa.Table.from_batches([batch.select(value_schema.names)])
+        # A delete has only its key: the other columns are nullable, as in change_schema.
+        target = change_schema(schema, key).remove(len(schema)) if key else schema
+        plain = _with_metadata(rows, view.take(decoded.rows), target, columns)
+        batch = with_ops(plain, batch.column(OP_COLUMN), key) if key else plain
+    return Decoded(batch, positions[decoded.rows], dead)
