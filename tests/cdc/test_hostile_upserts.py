@@ -5,6 +5,7 @@ key), a bad request is refused alone naming the problem, and the daemon stays up
 
 from __future__ import annotations
 
+import asyncio
 import io
 import signal
 from pathlib import Path
@@ -15,16 +16,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from aiokafka import AIOKafkaProducer
 from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic
+from support.service_helpers import table_rows
 
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
 from daemon.config import validate_config
 from daemon.errors import ConfigError
 from daemon.iceberg import SEGMENTS_SUMMARY_KEY, commit_files, encode_equality_deletes
+from daemon.service import Icespool
 
 _ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
@@ -370,3 +376,76 @@ def test_a_declared_column_named_like_the_op_column_is_a_config_error(key: list[
         validate_config(raw)
     assert caught.value.key == "tables[0].schema[1].name"
     assert "reserved for the op column" in caught.value.problem
+
+
+async def test_a_kafka_value_holding_the_op_column_is_a_dead_letter_not_a_column(
+    make_config: Any, broker: Broker
+) -> None:
+    """Keyed Kafka records evolve an upsert table for new fields (`evolve`): a value
+    holding ``_icespool_op`` made it a table column and the fetch's changes vanished.
+    The record is a dead letter naming the column; its neighbours apply; key values
+    of the wrong type (1.5, "1", true, 2^63) are `bad_key` and delete nothing."""
+    topic = "hostile-keyed"
+    await create_topic(broker.bootstrap, topic, 1)
+    records = [
+        (b'{"id": 1}', b'{"id": 1, "v": "a"}', None),
+        (b'{"id": 5}', b'{"id": 5, "v": "x", "_icespool_op": 1}', "invalid"),
+        (b'{"id": 1.5}', None, "bad_key"),
+        (b'{"id": "1"}', None, "bad_key"),
+        (b'{"id": true}', None, "bad_key"),
+        (b'{"id": 9223372036854775808}', None, "bad_key"),
+        (b"-9223372036854775808", b'{"v": "min"}', None),
+        (b'{"id": 2}', b'{"v": "b"}', None),
+        (b'{"id": 2}', None, None),
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        for key, value, _ in records:
+            await (await producer.send(topic, key=key, value=value, partition=0))
+    finally:
+        await producer.stop()
+    schema = [{"name": "id", "type": "long", "required": True}, {"name": "v", "type": "string"}]
+    source = {
+        "bootstrap_servers": broker.bootstrap,
+        "topics": [topic],
+        "session_timeout": SESSION_TIMEOUT,
+        "table": "k.t",
+        "changes": "keyed",
+    }
+    config = make_config(
+        tables=[
+            {
+                "name": "k.t",
+                "create": True,
+                "schema": schema,
+                "key": ["id"],
+                "evolve": "add-columns",
+            }
+        ],
+        defaults={"batch_timeout": "0.5s"},
+        kafka=[source],
+    )
+    expected_dead = {i: reason for i, (_, _, reason) in enumerate(records) if reason}
+    async with Icespool(config) as service:
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            writer = service.writer("k.t")
+            await writer.flush()
+            assert service._catalog is not None
+            try:
+                dead = await asyncio.to_thread(table_rows, service, "k.t_dead_letter")
+            except NoSuchTableError:
+                dead = []
+            table = await asyncio.to_thread(service._catalog.load_table, "k.t")
+            merged = await asyncio.to_thread(read_merged, table)
+            if len(dead) >= len(expected_dead) and merged.num_rows >= 2:
+                break
+            assert asyncio.get_running_loop().time() < deadline, (dead, merged.to_pylist())
+            await asyncio.sleep(0.3)
+    assert table.schema().column_names == ["id", "v"]
+    assert {d["offset"]: d["reason"] for d in dead} == expected_dead
+    assert len(dead) == len(expected_dead)
+    assert OP_COLUMN in next(d["error"] for d in dead if d["offset"] == 1)
+    got = sorted((r["id"], r["v"]) for r in merged.to_pylist())
+    assert got == [(-(2**63), "min"), (1, "a")]
