@@ -105,9 +105,10 @@ def _partition_problem(table: Table, key: Sequence[str], name: str) -> str | Non
 
 
 def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
-    """Raise `TableLayoutError` when the daemon's equality deletes (written in the
-    table's current partition spec) would miss live rows of their keys (blocking;
-    reads the manifest list only).
+    """Raise `TableLayoutError` when the table lacks a key column (renamed by another
+    writer: changes could not be resolved, and quarantining them would blame the
+    rows) or the daemon's equality deletes (written in the table's current partition
+    spec) would miss live rows of their keys (blocking; reads the manifest list only).
 
     Iceberg applies an equality delete only to data files of its own spec and
     partition, or to every data file when its spec is unpartitioned. Another writer
@@ -115,6 +116,17 @@ def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
     column, or any partitioned spec while data files of another spec are live, would
     let upserts leave old rows of their keys (Spark shows the key twice).
     """
+    schema = table.schema()
+    for column in key:
+        try:
+            schema.find_field(column)
+        except ValueError:
+            raise TableLayoutError(
+                f"table {name!r} has no column {column!r} of its key {list(key)} (renamed "
+                "or dropped by another writer?); rename it back, or set [[tables]] key to "
+                f"the table's identifier fields {sorted(schema.identifier_field_names())} "
+                "and restart"
+            ) from None
     if (problem := _partition_problem(table, key, name)) is not None:
         raise TableLayoutError(problem)
     spec = table.spec()

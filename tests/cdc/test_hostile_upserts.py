@@ -58,6 +58,15 @@ schema = [
   { name = "id", type = "long", required = true },
   { name = "v", type = "string" },
 ]
+
+[[tables]]
+name = "h.renamed"
+create = true
+key = ["id"]
+schema = [
+  { name = "id", type = "long", required = true },
+  { name = "v", type = "string" },
+]
 """
 
 
@@ -85,6 +94,22 @@ async def _post(
     # A stream, not bytes: aiohttp warns (an error here) about large byte bodies.
     async with session.post(url, data=io.BytesIO(body), headers=headers) as resp:
         return resp.status, await resp.text()
+
+
+async def _flush(session: aiohttp.ClientSession, daemon: Daemon, name: str, status: int) -> str:
+    async with session.post(daemon.flush_url(name)) as resp:
+        text = await resp.text()
+        assert resp.status == status, text
+        return text
+
+
+def _rename(home: DaemonDir, name: str, old: str, new: str) -> None:
+    catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
+    try:
+        with catalog.load_table(name).update_schema() as update:
+            update.rename_column(old, new)
+    finally:
+        catalog.engine.dispose()
 
 
 def _table(home: DaemonDir, name: str) -> Any:
@@ -237,6 +262,32 @@ async def test_another_writer_repartitioning_an_upsert_table_holds_it_back_namin
                 assert read_merged(table).sort_by("id").column("v").to_pylist() == [
                     f"a{i}" for i in keys
                 ]
+            # Another writer renames the key column while a change is spooled: the
+            # table is held back naming the key column, its segments are not quarantined
+            # (3 attempts and more), and renaming it back lets the change through.
+            url = daemon.records_url("h.renamed")
+            for ids, tag in ((keys, "a"), (np.array([100]), "spooled")):
+                body = _changes(ids, [f"{tag}{i}" for i in ids], [UPSERT] * len(ids))
+                status, text = await _post(session, url, body, _ARROW)
+                assert status == 200, text
+                if tag == "a":
+                    await _flush(session, daemon, "h.renamed", 200)
+            _rename(home, "h.renamed", "id", "user_id")
+            for _ in range(4):
+                text = await _flush(session, daemon, "h.renamed", 503)
+                assert "no column 'id' of its key" in text, text
+            # Changes sent meanwhile: 503 naming the key column (was a 500).
+            body = _changes([1], [None], [DELETE])
+            status, text = await _post(session, url, body, _ARROW)
+            assert status == 503 and "no column 'id' of its key" in text, text
+            _rename(home, "h.renamed", "user_id", "id")
+            await _flush(session, daemon, "h.renamed", 200)
+            renamed = read_merged(_table(home, "h.renamed")).to_pylist()
+            assert {r["id"]: r["v"] for r in renamed} == {
+                **{i: f"a{i}" for i in keys},
+                100: "spooled100",
+            }
+
             # The fix for the first: the rows rewritten into the current spec (what
             # Spark's rewrite_data_files does; pyiceberg here). Then the held-back
             # changes commit, once.
