@@ -6,8 +6,11 @@ key), a bad request is refused alone naming the problem, and the daemon stays up
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 import signal
+import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -500,3 +503,52 @@ async def test_a_kafka_value_holding_the_op_column_is_a_dead_letter_not_a_column
     assert OP_COLUMN in next(d["error"] for d in dead if d["offset"] == 1)
     got = sorted((r["id"], r["v"]) for r in merged.to_pylist())
     assert got == [(-(2**63), "min"), (1, "a")]
+
+
+_EDGE_KEYS: dict[str, list[Any]] = {
+    "long": [-(2**63), 2**63 - 1, 0],
+    "string": ["", "\U0010ffff" * 40, "e\u0301", "\u00e9", "a\x00b"],
+    "binary": [b"", b"\xff" * 40, b"\x00"],
+    "uuid": [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1), uuid.UUID(int=7)],
+    "decimal(38,0)": [Decimal("9" * 38), Decimal("-" + "9" * 38), Decimal(0)],
+    "date": [dt.date(1, 1, 1), dt.date(9999, 12, 31), dt.date(1970, 1, 1)],
+    "timestamptz": [
+        dt.datetime(1, 1, 1, tzinfo=dt.UTC),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+    ],
+}
+
+
+async def test_keys_at_their_type_edges_update_and_delete_exactly(
+    make_config: Any, run_daemon: Any
+) -> None:
+    """Keys at the edges of their types (and NFC/NFD spellings, which differ): each
+    update and delete hits its key and no other, over three commits."""
+    tables = [
+        {
+            "name": f"edge.t{i}",
+            "create": True,
+            "key": ["k"],
+            "schema": [
+                {"name": "k", "type": type_, "required": True},
+                {"name": "v", "type": "long"},
+            ],
+        }
+        for i, type_ in enumerate(_EDGE_KEYS)
+    ]
+    async with run_daemon(make_config(tables=tables)) as (service, _):
+        for i, (type_, keys) in enumerate(_EDGE_KEYS.items()):
+            table = service.writer(f"edge.t{i}")
+            await table.upsert([{"k": k, "v": 1} for k in keys])
+            await table.flush()
+            await table.upsert([{"k": k, "v": 2} for k in keys[:-1]])
+            await table.delete([{"k": keys[-1]}])
+            await table.flush()
+            await table.upsert([{"k": keys[0], "v": 3}])
+            await table.delete([{"k": keys[1]}, {"k": keys[-1]}])
+            await table.flush()
+            rows = read_merged(table.writer._table).to_pylist()
+            got = sorted(((r["k"], r["v"]) for r in rows), key=repr)
+            want = sorted([(keys[0], 3), *((k, 2) for k in keys[2:-1])], key=repr)
+            assert got == want, type_
