@@ -17,6 +17,7 @@ __all__ = [
     "SchemaError",
     "ShuttingDownError",
     "SparkConfError",
+    "TableLayoutError",
     "TablePropertyError",
     "UnknownTableError",
 ]
@@ -114,6 +115,13 @@ class TablePropertyError(CatalogError):
     "512MB"``, set by another engine): the table's fault, not its rows'. Its flushes fail
     and are retried with backoff, nothing is quarantined; fixing the property lets them
     through."""
+
+
+class TableLayoutError(CatalogError):
+    """An upsert table's layout, changed by another writer, lets the daemon's equality
+    deletes miss rows (a partition on a non-key column, live rows of an older
+    partition spec): the table's fault, not its rows'. Its flushes fail and are
+    retried with backoff, nothing is quarantined; fixing the table lets them through."""
 
 
 class CommitError(IcespoolError):

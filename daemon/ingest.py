@@ -178,6 +178,7 @@ class Ingest:
         if content_type == NDJSON:
             return await self._records(name, writer, body)
         raw = await asyncio.to_thread(decode_arrow_stream, body)
+        _refuse_changes(name, raw.schema, writer)
         if writer is None:
             writer = await self.create(name, lambda: raw.schema)
         # An upsert table takes rows (upserts) or, in Arrow, change batches as they are.
@@ -312,6 +313,7 @@ class Ingest:
         elif writer.key:
             batch = await self.conformed_changes(writer, data)
         else:
+            _refuse_changes(writer.name, data.schema, writer)
             batch = await self.conformed(writer, data)
         return await writer.append(batch, meta)
 
@@ -537,6 +539,18 @@ def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) ->
     if len(lengths) > 1:
         raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
     return conform(pa.table(arrays), schema)
+
+
+def _refuse_changes(name: str, schema: pa.Schema, writer: TableWriter | None) -> None:
+    """A change batch (op column) for a table without a key is refused before any
+    schema change: evolving or creating the table for it would make the op a column
+    and keep every delete as a row."""
+    if OP_COLUMN in schema.names and (writer is None or not writer.key):
+        raise BadInputError(
+            f"column {OP_COLUMN!r} marks keyed changes (upserts and deletes), but table "
+            f"{name} has no key (an append table); declare key = [...] in its [[tables]] "
+            f"entry to make it an upsert table, or send rows without {OP_COLUMN!r}"
+        )
 
 
 def _without_op(schema: pa.Schema) -> pa.Schema:

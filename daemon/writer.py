@@ -42,6 +42,7 @@ from daemon.iceberg import (
     DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
+    check_upsert_layout,
     commit_files,
     commit_properties,
     delete_rows,
@@ -320,6 +321,12 @@ class TableWriter:
         `arrow_schema` is the evolved one.
         """
         policy = self.evolve_policy
+        # The op column of a change batch is never a table column, whatever the
+        # input (an NDJSON field, a Kafka value): as a column it would shadow the ops.
+        if OP_COLUMN in incoming.names:
+            incoming = incoming.remove(incoming.get_field_index(OP_COLUMN))
+        if only is not None:
+            only = [column for column in only if column != OP_COLUMN]
         future: asyncio.Future[EvolutionPlan] = self._lane.submit(
             lambda: asyncio.to_thread(
                 apply_plan, self._table, incoming, policy, only=only, exact=exact
@@ -712,6 +719,9 @@ class TableWriter:
                     f"{self.name} has no key now; restore its [[tables]] key and replay"
                 )
             return _encode_rows(self._table, rows, prefix, *size)
+        # Another writer may have repartitioned the table: deletes that would miss
+        # rows hold the table back (retried, nothing quarantined) instead.
+        check_upsert_layout(self._table, self.key, self.name)
         resolved = last_changes(rows, self.arrow_schema, self.key)
         data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, *size)
         try:

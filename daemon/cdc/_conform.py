@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema
-from daemon.errors import BadInputError, SchemaError
+from daemon.errors import BackpressureError, BadInputError, SchemaError
 from daemon.schema import conform
 
 __all__ = ["conform_changes"]
@@ -26,6 +26,16 @@ def conform_changes(
     key, or the op column when an op is neither UPSERT nor DELETE; `SchemaError`
     naming the column when an upsert lacks a required column (as an append would).
     """
+    absent = [column for column in key if column not in schema.names]
+    if absent:
+        # The table's fault (another writer renamed or dropped a key column), not the
+        # input's: refused as unavailable until the table or the key is fixed.
+        raise BackpressureError(
+            f"the table has no column {absent[0]!r} of its key {list(key)} (renamed or "
+            "dropped by another writer?); rename it back, or change [[tables]] key and "
+            "restart",
+            retry_after=10.0,
+        )
     names = data.schema.names
     for column in key:
         if column in names and (nulls := data.column(column).null_count):

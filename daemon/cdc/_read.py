@@ -3,7 +3,8 @@
 pyiceberg 0.12's scan refuses tables with equality deletes, so the daemon's own
 readers (tests, tools, the `icespool` CLI one day) read through this instead. It
 follows Iceberg's rules: an equality delete of sequence number N removes the rows of
-matching key in data files of sequence number < N; a position delete of sequence
+matching key in data files of sequence number < N of its own spec and partition (any
+data file, from an unpartitioned spec); a position delete of sequence
 number N removes a (file, position) of a data file of sequence number <= N.
 Blocking; the whole table is read into memory (a reader for checks and small tables,
 not a query engine).
@@ -29,6 +30,7 @@ _SEQ = "_icespool_seq"
 _ROW = "_icespool_row"
 _FILE = "_icespool_file"
 _POS = "_icespool_pos"
+_PART = "_icespool_part"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,11 @@ def read_merged(table: Table) -> pa.Table:
     keep = np.ones(merged.num_rows, dtype=bool)
     rows = np.arange(merged.num_rows, dtype=np.int64)
     _apply_positions(table, data, positions, files, rows - starts, seqs, keep)
-    _apply_equality(table, merged, equality, seqs, rows, keep)
+    # Iceberg applies an equality delete only to data files of its own spec and
+    # partition, or to every data file when its spec is unpartitioned (global).
+    places: dict[tuple[int, tuple[object, ...]], int] = {}
+    data_places = np.repeat(np.array([_place(live, places) for live in data], np.int64), counts)
+    _apply_equality(table, merged, equality, seqs, data_places, places, rows, keep)
     return merged.filter(pa.array(keep))
 
 
@@ -87,11 +93,23 @@ def _read(table: Table, path: str) -> pa.RecordBatch:
     return read.combine_chunks().to_batches()[0]
 
 
+def _place(live: _Live, places: dict[tuple[int, tuple[object, ...]], int]) -> int:
+    """A number per (spec id, partition) a data file lives in."""
+    return places.setdefault(_where(live), len(places))
+
+
+def _where(live: _Live) -> tuple[int, tuple[object, ...]]:
+    record = live.file.partition
+    return live.file.spec_id, tuple(record[i] for i in range(len(record)))
+
+
 def _apply_equality(
     table: Table,
     merged: pa.Table,
     deletes: list[_Live],
     seqs: np.ndarray,
+    parts: np.ndarray,
+    places: dict[tuple[int, tuple[object, ...]], int],
     rows: np.ndarray,
     keep: np.ndarray,
 ) -> None:
@@ -109,17 +127,32 @@ def _apply_equality(
         for live in group:
             read = pa.Table.from_batches([_read(table, live.file.file_path)])
             keys = conform(read, key_schema, match_field_ids=True, drop_extra=True)
+            spec = table.specs()[live.file.spec_id]
+            # -1: global (unpartitioned spec); -2: a partition no data file is in.
+            place = -1 if spec.is_unpartitioned() else places.get(_where(live), -2)
             pieces.append(
-                pa.Table.from_batches([keys]).append_column(
+                pa.Table.from_batches([keys])
+                .append_column(
                     _SEQ, pa.array(np.full(keys.num_rows, live.sequence_number, np.int64))
                 )
+                .append_column(_PART, pa.array(np.full(keys.num_rows, place, np.int64)))
             )
         right = pa.concat_tables(pieces)
         left = merged.select(columns).append_column(_ROW, pa.array(rows))
         left = left.append_column("_data_seq", pa.array(seqs))
+        left = left.append_column("_data_part", pa.array(parts))
         hits = left.join(right, keys=columns, join_type="inner", use_threads=False)
-        # Iceberg: an equality delete applies to data of a LOWER sequence number.
-        applied = hits.filter(pc.greater(hits.column(_SEQ), hits.column("_data_seq")))
+        # Iceberg: an equality delete applies to data of a LOWER sequence number, in
+        # its own partition (or anywhere, from an unpartitioned spec).
+        applied = hits.filter(
+            pc.and_(
+                pc.greater(hits.column(_SEQ), hits.column("_data_seq")),
+                pc.or_(
+                    pc.equal(hits.column(_PART), -1),
+                    pc.equal(hits.column(_PART), hits.column("_data_part")),
+                ),
+            )
+        )
         keep[applied.column(_ROW).to_numpy()] = False
 
 

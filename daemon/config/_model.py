@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.cdc import key_type_problem
+from daemon.cdc import OP_COLUMN, key_type_problem
 from daemon.config._catalog_keys import (
     SECRET_FILE_SUFFIX,
     canonical_catalog_keys,
@@ -1228,6 +1228,14 @@ def _check_table(i: int, table: TableConfig) -> None:
         folded: dict[str, int] = {}
         for j, column in enumerate(table.columns):
             key = column.name.casefold()
+            if key == OP_COLUMN:
+                # Reserved: a change batch's trailing op column would shadow it (and
+                # spooled rows holding it are taken for keyed changes).
+                raise ConfigError(
+                    f"tables[{i}].schema[{j}].name",
+                    f"{column.name!r} is reserved for the op column of keyed changes "
+                    "(0 upsert, 1 delete); rename the column",
+                )
             if key in folded:
                 raise ConfigError(
                     f"tables[{i}].schema[{j}].name",

@@ -59,6 +59,7 @@ from daemon.iceberg._refresh import refresh_table
 from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._tables import (
     check_key,
+    check_upsert_layout,
     create_inferred,
     create_with,
     existing_table,
@@ -96,6 +97,7 @@ __all__ = [
     "check_catalog",
     "check_compatible",
     "check_key",
+    "check_upsert_layout",
     "commit_expiry",
     "commit_files",
     "commit_properties",

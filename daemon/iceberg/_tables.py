@@ -15,18 +15,20 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from daemon.cdc import key_type_problem
 from daemon.config import TableConfig
-from daemon.errors import CatalogError
+from daemon.errors import CatalogError, TableLayoutError
 from daemon.iceberg._catalog import ensure_table
 from daemon.iceberg._defaults import TABLE_DEFAULTS
 from daemon.schema import infer_schema, parse_partition_spec, parse_schema, parse_sort_order
 
 __all__ = [
     "check_key",
+    "check_upsert_layout",
     "create_inferred",
     "create_with",
     "existing_table",
@@ -87,6 +89,70 @@ def load_declared(
     return check_key(table, key, name) if key else table
 
 
+def _partition_problem(table: Table, key: Sequence[str], name: str) -> str | None:
+    schema = table.schema()
+    key_ids = {schema.find_field(column).field_id for column in key}
+    for partition_field in table.spec().fields:
+        if partition_field.source_id not in key_ids:
+            source = schema.find_column_name(partition_field.source_id)
+            return (
+                f"table {name!r} is partitioned by {partition_field.name} of column "
+                f"{source!r}, which is not a key column; an upsert table's partition must be "
+                f"determined by its key {list(key)} (a key's rows would move between "
+                "partitions, out of reach of its equality deletes)"
+            )
+    return None
+
+
+def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
+    """Raise `TableLayoutError` when the table lacks a key column (renamed by another
+    writer: changes could not be resolved, and quarantining them would blame the
+    rows) or the daemon's equality deletes (written in the table's current partition
+    spec) would miss live rows of their keys (blocking; reads the manifest list only).
+
+    Iceberg applies an equality delete only to data files of its own spec and
+    partition, or to every data file when its spec is unpartitioned. Another writer
+    may change the partitioning while the daemon runs: a partition on a non-key
+    column, or any partitioned spec while data files of another spec are live, would
+    let upserts leave old rows of their keys (Spark shows the key twice).
+    """
+    schema = table.schema()
+    for column in key:
+        try:
+            schema.find_field(column)
+        except ValueError:
+            raise TableLayoutError(
+                f"table {name!r} has no column {column!r} of its key {list(key)} (renamed "
+                "or dropped by another writer?); rename it back, or set [[tables]] key to "
+                f"the table's identifier fields {sorted(schema.identifier_field_names())} "
+                "and restart"
+            ) from None
+    if (problem := _partition_problem(table, key, name)) is not None:
+        raise TableLayoutError(problem)
+    spec = table.spec()
+    snapshot = table.metadata.current_snapshot()
+    if spec.is_unpartitioned() or snapshot is None:
+        return
+    older = sorted(
+        {
+            manifest.partition_spec_id
+            for manifest in snapshot.manifests(table.io)
+            if manifest.content == ManifestContent.DATA
+            and manifest.partition_spec_id != spec.spec_id
+            and (manifest.added_files_count or 0) + (manifest.existing_files_count or 0) > 0
+        }
+    )
+    if older:
+        raise TableLayoutError(
+            f"table {name!r} is now partitioned by spec {spec.spec_id}, but data files of "
+            f"partition spec(s) {older} are live; equality deletes of spec {spec.spec_id} "
+            "do not apply to them, so upserts would keep old rows of their keys. Rewrite "
+            f"the table into the current spec (Spark: CALL <catalog>.system."
+            f"rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))"
+            "); the held-back changes then commit"
+        )
+
+
 def check_key(table: Table, key: Sequence[str], name: str) -> Table:
     """``table`` as an upsert table with ``key``, or `CatalogError` naming the table.
 
@@ -118,15 +184,8 @@ def check_key(table: Table, key: Sequence[str], name: str) -> Table:
             )
         if (problem := key_type_problem(field.field_type)) is not None:
             raise CatalogError(f"table {name!r}: key column {column!r}: {problem}")
-    key_ids = {schema.find_field(column).field_id for column in key}
-    for partition_field in table.spec().fields:
-        if partition_field.source_id not in key_ids:
-            source = schema.find_column_name(partition_field.source_id)
-            raise CatalogError(
-                f"table {name!r} is partitioned by {partition_field.name} of column "
-                f"{source!r}, which is not a key column; an upsert table's partition must be "
-                f"determined by its key {list(key)}"
-            )
+    if (problem := _partition_problem(table, key, name)) is not None:
+        raise CatalogError(problem)
     current = set(schema.identifier_field_names())
     if current == set(key):
         return table
