@@ -458,12 +458,18 @@ def _select(
     upsert = pc.fill_null(pc.is_in(op, _UPSERT_OPS), False).to_numpy(zero_copy_only=False)
     delete = pc.fill_null(pc.equal(op, "d"), False).to_numpy(zero_copy_only=False)
     no_after = pc.is_null(after).to_numpy(zero_copy_only=False) & upsert
+    moved = _key_moved(op, parts.get("before"), after, key)
     ops_py = None
-    bad = ~(upsert | delete) | no_after
+    bad = ~(upsert | delete) | no_after | moved
     for j in np.flatnonzero(bad):
         ops_py = ops_py or op.to_pylist()
         if no_after[j]:
             error = f"op {ops_py[j]!r} without an 'after' row"
+        elif moved[j]:
+            error = (
+                "an update that changes the key ('before' and 'after' keys differ): send a "
+                "delete of the old key and a create of the new one, as Debezium does"
+            )
         elif ops_py[j] is None:
             error = "the change has no 'op' (expected c, r, u or d, or a Debezium envelope)"
         else:
@@ -481,6 +487,27 @@ def _select(
             columns[k] = pc.if_else(is_delete, found, columns[k])
     ops = np.where(upsert, UPSERT, DELETE).astype(np.int8)[~bad]
     return _Rows(at[~bad], ops, columns)
+
+
+def _key_moved(
+    op: pa.Array, before: pa.Array | None, after: pa.Array, key: Sequence[str]
+) -> npt.NDArray[np.bool_]:
+    """Updates whose complete ``before`` key differs from the ``after`` key. Applied
+    as an upsert, the old key's row would stay live; one Kafka record is one change,
+    so such an update is refused instead of split into a delete and an upsert."""
+    n = len(op)
+    if not key or before is None or n == 0:
+        return np.zeros(n, np.bool_)
+    update = pc.fill_null(pc.equal(op, "u"), False)
+    differs = pa.array(np.zeros(n, np.bool_))
+    complete = pa.array(np.ones(n, np.bool_))
+    for k in key:
+        old = pc.struct_field(before, k)
+        new = pc.struct_field(after, k)
+        complete = pc.and_(complete, pc.is_valid(old))
+        differs = pc.or_(differs, pc.fill_null(pc.not_equal(old, new), False))
+    moved = pc.and_(pc.and_(update, complete), differs)
+    return np.asarray(pc.fill_null(moved, False).to_numpy(zero_copy_only=False), np.bool_)
 
 
 def _empty_columns(schema: pa.Schema) -> dict[str, pa.Array]:

@@ -660,3 +660,33 @@ def test_keyed_avro_rows_from_a_schema_file(
     assert [d.reason for d in decoded.dead] == ["invalid"] * 3
     assert "column 'name': Avro field is not a column of the table" in decoded.dead[0].error
     assert decoded.rows.tolist() == [2]  # the tombstone needs no value
+
+
+def test_an_update_that_changes_the_key_is_a_bad_change_not_a_stale_row() -> None:
+    # Applied as an upsert of the new key, key 1's row would stay live for ever.
+    values = [
+        j({"op": "c", "after": {"id": 1, "name": "a", "qty": 1}}),
+        j({"op": "u", "before": {"id": 1}, "after": {"id": 10, "name": "a", "qty": 1}}),
+        j(
+            {
+                "payload": {
+                    "op": "u",
+                    "before": {"id": 1},
+                    "after": {"id": 11, "name": "b", "qty": 2},
+                }
+            }
+        ),
+        j({"op": "u", "before": {"id": 1}, "after": {"id": 1, "name": "same", "qty": 2}}),
+        j({"op": "u", "before": None, "after": {"id": 12, "name": "x", "qty": 3}}),
+        j({"op": "u", "after": {"id": 13, "name": "y", "qty": 4}}),
+    ]
+    decoded = decode(values, [j({"id": 1})] * 6)
+    assert dead(decoded) == [(1, "bad_change"), (2, "bad_change")]
+    assert all("changes the key" in d.error for d in decoded.dead)
+    assert rows(decoded) == [
+        change(1, "a", 1, U),
+        change(1, "same", 2, U),  # same key: an update
+        change(12, "x", 3, U),  # no before (REPLICA IDENTITY without the key): upsert
+        change(13, "y", 4, U),
+    ]
+    assert decoded.rows.tolist() == [0, 3, 4, 5]
