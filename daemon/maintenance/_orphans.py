@@ -3,7 +3,9 @@
 The daemon knows its own file names: a flush writes
 ``{segment_uuid7}-{partition:05d}-{file:05d}.parquet`` (``iceberg/_parquet.py``, the
 prefix is the first spool segment's id) and a compaction writes
-``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``). A uuid7 carries
+``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``), and the equality
+delete files of upsert tables are ``d-{uuid7}-...`` (any 1-3 letter kind marker
+before or after the uuid7 is accepted, see ``_NAME``). A uuid7 carries
 its creation time in milliseconds. ``remove_orphans`` deletes a file under the table's
 data location only when ALL of these hold:
 
@@ -66,6 +68,7 @@ from spool import new_uuid7
 __all__ = [
     "COMPACTION_PREFIX",
     "DEFAULT_ORPHAN_AGE_S",
+    "DELETE_FILE_PREFIX",
     "OrphanResult",
     "compaction_file_prefix",
     "daemon_file_id",
@@ -83,8 +86,14 @@ DEFAULT_ORPHAN_AGE_S: Final = 3600.0
 COMPACTION_PREFIX: Final = "c-"
 
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+#: Delete files the daemon writes (equality deletes of upsert tables) are named
+#: ``d-{uuid7}-{partition:05d}-{file:05d}.parquet``.
+DELETE_FILE_PREFIX: Final = "d-"
+# A kind marker of 1-3 lowercase letters may come before the uuid7 ("c-" compaction,
+# "d-" delete files) or right after it ("{uuid7}-eq-..."): every file the daemon
+# names after a uuid7 it made is its own, whatever kind of file it is.
 _NAME: Final = re.compile(
-    rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"^(?:[a-z]{{1,3}}-)?(?P<id>{_UUID7})(?:-[a-z]{{1,3}})?-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 
@@ -96,7 +105,8 @@ def daemon_file_id(path: str) -> str | None:
 
 
 def is_daemon_file(path: str) -> bool:
-    """Whether ``path`` names a data file the daemon wrote (a flush's or a compaction's)."""
+    """Whether ``path`` names a file the daemon wrote: a flush's or a compaction's data
+    file, or a delete file (``DELETE_FILE_PREFIX``)."""
     return daemon_file_id(path) is not None
 
 
