@@ -9,7 +9,9 @@ table's merged state is read by the test's own row-by-row reader (``merged_rows`
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +27,28 @@ from support.cdc_tables import (
     delete_files,
     merged_rows,
 )
-from support.maintenance_helpers import ENCODE, sql_catalog
+from support.maintenance_helpers import ENCODE, local_path, sql_catalog, uuid7_at
 
+from daemon.iceberg import commit_expiry
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import (
     CompactionPlan,
     IoBudget,
     commit_rewrite,
+    find_garbage,
+    is_daemon_file,
     plan_compaction,
+    remove_orphans,
     rewrite,
 )
 from daemon.maintenance._compact import CompactionResult
 from daemon.maintenance._deletes import live_files
+from daemon.maintenance._expire import DATA_FILE
+from daemon.maintenance._expire import delete_files as delete_files_on_disk
 from daemon.retry import Backoff
 from daemon.schema import parse_partition_spec, parse_schema
 
+HOUR = 3600.0
 TARGET = 256 * 1024
 FAST = Backoff(attempts=4, base=0.001, cap=0.01)
 WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
@@ -229,3 +238,168 @@ def merged_positions(table: Table, path: str) -> list[tuple[int, tuple[str, int]
         for pos, row in enumerate(rows)
         if live.get((row["region"], row["id"])) == row
     ]
+
+
+def test_a_delete_committed_during_the_rewrite_still_applies(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """An upsert commit lands between the rewrite and its commit, deleting and
+    re-upserting keys the rewrite read: the replace commits, and the new equality
+    deletes apply to the rewritten rows (they carry the older data sequence number)."""
+    table = _table(catalog)
+    state: State = {}
+    _change_rounds(table, state, commits=15, keys=100, per_commit=20, regions=("eu",))
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
+    new = rewrite(table, plan, budget=UNLIMITED, **WRITER)
+
+    other = sql_catalog(tmp_path).load_table("m.upserts")  # the ingest lane's Table
+    live = sorted(state)[:10]
+    commit_changes(other, _rows(live[:4], 99), _keys(live[4:]), ("region", "id"))
+    for r, i in live[:4]:
+        state[(r, i)] = {"region": r, "id": i, "payload": f"{r}-{i}-v99", "version": 99}
+    for k in live[4:]:
+        state.pop(k)
+
+    result = commit_rewrite(table, plan, new, retry=FAST)
+    assert result.outcome == "committed"
+    assert merged_rows(table, ("region", "id")) == state
+    # The one delete file left is the late one (it still applies to the new files).
+    (late,) = delete_files(table)
+    assert late.file_path not in plan.known_deletes
+
+
+def test_a_position_delete_committed_during_the_rewrite_is_a_conflict(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """A position delete (another engine's row delete) naming an input after planning
+    would be lost by the replace: ``conflict``, the new files deleted, nothing lost."""
+    table = _table(catalog)
+    state: State = {}
+    _change_rounds(table, state, commits=10, keys=100, per_commit=20, regions=("eu",))
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
+    new = rewrite(table, plan, budget=UNLIMITED, **WRITER)
+
+    other = sql_catalog(tmp_path).load_table("m.upserts")
+    victim = plan.files[-1].file_path
+    (pos, key), *_ = merged_positions(other, victim)
+    commit_position_deletes(other, {victim: [pos]})
+    state.pop(key)
+
+    result = commit_rewrite(table, plan, new, retry=FAST)
+    assert result.outcome == "conflict" and "applies to files being replaced" in result.detail
+    assert all(not local_path(f.file_path).exists() for f in new)
+    assert merged_rows(table, ("region", "id")) == state
+    # The next run plans again on the table as it is and succeeds.
+    _, again = _compact(table)
+    assert again.outcome == "committed"
+    assert merged_rows(table, ("region", "id")) == state
+    assert delete_files(table) == []
+
+
+def test_delete_files_stay_while_a_file_the_compaction_keeps_needs_them(
+    catalog: Catalog,
+) -> None:
+    """Another writer's data file (not the daemon's: never rewritten) holds rows that
+    later equality deletes apply to: those delete files stay, every other one goes,
+    and the merged state is exact."""
+    table = _table(catalog)
+    state: State = {}
+    foreign_keys = [("eu", i) for i in range(1000, 1010)]
+    table.append(_rows(foreign_keys, -1).cast(table.schema().as_arrow()))  # pyiceberg's file
+    for k in foreign_keys:
+        state[k] = {"region": k[0], "id": k[1], "payload": f"{k[0]}-{k[1]}-v-1", "version": -1}
+    _change_rounds(table, state, commits=10, keys=100, per_commit=20, regions=("eu",))
+    commit_changes(table, _rows(foreign_keys[:3], 50), _keys(foreign_keys[3:5]), ("region", "id"))
+    for r, i in foreign_keys[:3]:
+        state[(r, i)] = {"region": r, "id": i, "payload": f"{r}-{i}-v50", "version": 50}
+    for k in foreign_keys[3:5]:
+        state.pop(k)
+    _change_rounds(table, state, commits=5, keys=100, per_commit=20, regions=("eu",), start=11)
+    assert merged_rows(table, ("region", "id")) == state
+
+    _, result = _compact(table)
+    assert result.outcome == "committed"
+    assert merged_rows(table, ("region", "id")) == state
+    # Every delete file committed after the foreign append applies to it: all stay.
+    assert len(delete_files(table)) == 16
+    foreign = [d for d in _data_files(table) if not is_daemon_file(d.file.file_path)]
+    assert len(foreign) == 1
+
+
+def test_delete_files_that_apply_to_nothing_are_dropped_alone(catalog: Catalog) -> None:
+    """The first upsert commit into a partition: its equality delete applies to no
+    older row. A run with nothing to rewrite drops it (and nothing else changes)."""
+    table = _table(catalog, ["region"])
+    commit_changes(table, _rows([("eu", 1), ("eu", 2)], 0), None, ("region", "id"))
+    commit_changes(table, _rows([("us", 1)], 0), None, ("region", "id"))
+    commit_changes(table, _rows([("us", 2)], 1), _keys([("us", 1)]), ("region", "id"))
+    assert len(delete_files(table)) == 3
+    state = merged_rows(table, ("region", "id"))
+    assert sorted(state) == [("eu", 1), ("eu", 2), ("us", 2)]
+    data_before = {d.file.file_path for d in _data_files(table)}
+
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30, min_input_files=5)
+    # us: the 2nd commit's delete applies to the 1st commit's file (seq 2 < 3): kept
+    # unless rewritten; the dirty us files are rewritten, both us deletes dropped.
+    assert {piece.partition[0] for piece in plan.bins} == {"us"}
+    new = rewrite(table, plan, budget=UNLIMITED, **WRITER)
+    result = commit_rewrite(table, plan, new, retry=FAST)
+    assert result.outcome == "committed" and result.delete_files_removed == 3
+    assert delete_files(table) == []
+    assert merged_rows(table, ("region", "id")) == state
+    assert {d.file.file_path for d in _data_files(table)} & data_before == {
+        f for f in data_before if "region=eu" in f
+    }
+
+
+def test_expiry_and_orphan_sweep_handle_delete_files(catalog: Catalog) -> None:
+    """After a compaction dropped delete files, expiring the older snapshots deletes
+    them (reached only through expired delete manifests) and keeps the live ones; the
+    orphan sweep removes an uncommitted daemon delete file and keeps committed ones."""
+    table = _table(catalog)
+    state: State = {}
+    _change_rounds(table, state, commits=8, keys=100, per_commit=20, regions=("eu",))
+    dropped = {d.file_path for d in delete_files(table)}
+    _, result = _compact(table)
+    assert result.outcome == "committed"
+    _change_rounds(table, state, commits=2, keys=100, per_commit=20, regions=("eu",), start=8)
+    kept = {d.file_path for d in delete_files(table)}
+    assert len(kept) == 2 and not kept & dropped
+
+    table.refresh()
+    current = table.metadata.current_snapshot()
+    assert current is not None
+    older = {
+        s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current.snapshot_id
+    }
+    expired = commit_expiry(table, lambda metadata: older)
+    assert expired is not None
+    garbage = find_garbage(
+        table.io, expired.snapshots, table.metadata, deadline=time.monotonic() + 60
+    )
+    found = {path for kind, path in garbage.files if kind == DATA_FILE}
+    assert dropped <= found and not kept & found
+    outcome = delete_files_on_disk(
+        table.io, garbage.files, limit=10_000, deadline=time.monotonic() + 60
+    )
+    assert not outcome.failed
+    assert all(not local_path(p).exists() for p in dropped)
+    assert all(local_path(p).exists() for p in kept)
+    assert merged_rows(table, ("region", "id")) == state
+
+    # An uncommitted delete file of a segment written hours ago, and the live ones.
+    stray = local_path(next(iter(kept))).with_name(
+        f"d-{uuid7_at(time.time() - 3 * HOUR)}-00000-00000.parquet"
+    )
+    stray.write_bytes(local_path(next(iter(kept))).read_bytes())
+    for path in [stray, *(local_path(p) for p in kept)]:
+        then = time.time() - 3 * HOUR
+        os.utime(path, (then, then))
+    assert is_daemon_file(str(stray))
+    swept = remove_orphans(table, older_than_s=HOUR, is_spooled=lambda _: False)
+    assert swept.removed == 1 and not stray.exists()
+    assert all(local_path(p).exists() for p in kept)
+    assert merged_rows(table, ("region", "id")) == state
