@@ -1,23 +1,41 @@
-"""Compaction: bin-pack the small data files the daemon wrote, in ONE ``replace`` snapshot.
+"""Compaction: bin-pack the small data files the daemon wrote and apply the delete files
+that apply to them, in ONE ``replace`` snapshot.
 
 Three steps, so the scheduler can run each where it belongs:
 
 - ``plan_compaction`` (any thread, reads manifests): the live data files of ``main``
-  that are small (under ``small_file_fraction`` x the target size), daemon-written
-  (``own_file``) and of the table's CURRENT partition spec (files of older specs are
-  left alone: rewriting them means re-partitioning, which is Spark's job), grouped per
-  partition, in bins of at most the target size, at most ``max_bytes`` in all.
+  that are small (under ``small_file_fraction`` x the target size) or that delete
+  files apply to, daemon-written (``own_file``) and of the table's CURRENT partition
+  spec (files of older specs are left alone: rewriting them means re-partitioning,
+  which is Spark's job), grouped per partition, in bins of at most the target size,
+  at most ``max_bytes`` in all. Which delete file applies to which data file follows
+  Iceberg's rules (``_deletes.py``).
 - ``rewrite`` (a thread, outside the table's lane, under an ``IoBudget``): reads each
-  bin's files with pyarrow through ``table.io`` and writes them again with
-  ``encode_data_files``, the daemon's one Parquet writer (same codec, row groups,
-  statistics and table write properties as a flush), sorted by the table's sort order
-  if it has one. Output names are ``c-{uuid7}-{partition:05d}-{file:05d}.parquet``,
-  the uuid7 fixed in the plan: a retried rewrite of a plan overwrites its own files,
-  and the orphan sweep (``_orphans.py``) knows them.
+  bin's files with pyarrow through ``table.io``, applies the equality and position
+  deletes that apply to each file (vectorized, ``daemon/cdc/_merge.py``) and writes
+  the rows left with ``encode_data_files``, the daemon's one Parquet writer (same
+  codec, row groups, statistics and table write properties as a flush), sorted by the
+  table's sort order if it has one. Output names are
+  ``c-{uuid7}-{partition:05d}-{file:05d}.parquet``, the uuid7 fixed in the plan: a
+  retried rewrite of a plan overwrites its own files, and the orphan sweep
+  (``_orphans.py``) knows them.
 - ``commit_rewrite`` (the table's lane, serialised with ingest commits): one
   ``replace`` snapshot through ``iceberg/_commit.commit_replace``, validated on every
   attempt against the refreshed table; another writer's rewrite or delete of the
   inputs ends it as ``conflict`` with the new files deleted and nothing committed.
+
+Sequence numbers. Upsert commits keep adding equality deletes while a rewrite runs
+(planning and rewriting happen outside the table's lane). The new files therefore
+carry the data sequence number of the snapshot the plan read (Iceberg's
+``use-starting-sequence-number``, what Spark's rewrites do): an equality delete
+committed after it has a higher sequence number and still applies to the rewritten
+rows, so it needs no conflict. What does conflict (checked at commit time on the
+refreshed table): an input no longer live, and a position delete (or any delete the
+plan did not see with a sequence number at most the plan's) naming or scoping an
+input: the rewrite could not have applied it. The same commit removes every delete
+file of sequence number at most the plan's that then applies to no live data file
+(``_deletes.droppable``), so the number of delete files, and with it the read cost,
+stays bounded by what arrived since the last run.
 
 Why the inputs are read with pyarrow and not pyiceberg's scan: pyiceberg 0.12 reads a
 null list or map of structs back as an empty one; compaction must keep every value.

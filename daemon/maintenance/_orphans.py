@@ -4,12 +4,12 @@ The daemon knows its own file names: a flush writes
 ``{segment_uuid7}-{partition:05d}-{file:05d}.parquet`` (``iceberg/_parquet.py``, the
 prefix is the first spool segment's id) and a compaction writes
 ``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``), and the equality
-delete files of upsert tables are ``d-{uuid7}-...`` (any 1-3 letter kind marker
-before or after the uuid7 is accepted, see ``_NAME``). A uuid7 carries
+delete files of upsert tables are ``d-{uuid7}-{partition:05d}-{file:05d}.parquet``
+(the uuid7 their segment's, as for its data files). A uuid7 carries
 its creation time in milliseconds. ``remove_orphans`` deletes a file under the table's
 data location only when ALL of these hold:
 
-1. its name is one of the two shapes above: files of other writers (Spark's
+1. its name is one of the three shapes above: files of other writers (Spark's
    ``00000-0-<uuid>-00001.parquet``, pyiceberg's ``<uuid>.parquet``, anything an
    operator copied in) never match;
 2. it is older than ``older_than_s`` both by modification time and by the time in
@@ -89,11 +89,9 @@ _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f
 #: Delete files the daemon writes (equality deletes of upsert tables) are named
 #: ``d-{uuid7}-{partition:05d}-{file:05d}.parquet``.
 DELETE_FILE_PREFIX: Final = "d-"
-# A kind marker of 1-3 lowercase letters may come before the uuid7 ("c-" compaction,
-# "d-" delete files) or right after it ("{uuid7}-eq-..."): every file the daemon
-# names after a uuid7 it made is its own, whatever kind of file it is.
 _NAME: Final = re.compile(
-    rf"^(?:[a-z]{{1,3}}-)?(?P<id>{_UUID7})(?:-[a-z]{{1,3}})?-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"^(?:{re.escape(COMPACTION_PREFIX)}|{re.escape(DELETE_FILE_PREFIX)})?"
+    rf"(?P<id>{_UUID7})-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 

@@ -242,12 +242,16 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
         state.compact_max_files = None if doubled >= _compact.DEFAULT_MAX_FILES else doubled
     if result.outcome == "conflict":
         return TaskResult(detail=f"conflict: {result.detail}", conflict=True)
-    return TaskResult(
-        detail=(
-            f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "
-            f"{result.files_added} ({result.bytes_added} B), {result.records} rows"
-        )
+    detail = (
+        f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "
+        f"{result.files_added} ({result.bytes_added} B), {result.records} rows"
     )
+    if result.rows_removed or result.delete_files_removed:
+        detail += (
+            f"; deletes applied to {result.rows_removed} rows, "
+            f"{result.delete_files_removed} delete files removed"
+        )
+    return TaskResult(detail=detail)
 
 
 async def _orphans_task(ctx: RunContext) -> TaskResult:

@@ -43,7 +43,7 @@ from daemon.maintenance import (
 )
 from daemon.maintenance._compact import CompactionResult
 from daemon.maintenance._deletes import live_files
-from daemon.maintenance._expire import DATA_FILE
+from daemon.maintenance._expire import DATA_FILE, DELETE_FILE
 from daemon.maintenance._expire import delete_files as delete_files_on_disk
 from daemon.retry import Backoff
 from daemon.schema import parse_partition_spec, parse_schema
@@ -380,8 +380,9 @@ def test_expiry_and_orphan_sweep_handle_delete_files(catalog: Catalog) -> None:
     garbage = find_garbage(
         table.io, expired.snapshots, table.metadata, deadline=time.monotonic() + 60
     )
-    found = {path for kind, path in garbage.files if kind == DATA_FILE}
+    found = {path for kind, path in garbage.files if kind == DELETE_FILE}
     assert dropped <= found and not kept & found
+    assert not dropped & {path for kind, path in garbage.files if kind == DATA_FILE}
     outcome = delete_files_on_disk(
         table.io, garbage.files, limit=10_000, deadline=time.monotonic() + 60
     )
