@@ -328,6 +328,7 @@ def plan_compaction(
     own_file: Callable[[str], bool] = is_daemon_file,
     small_file_fraction: float = DEFAULT_SMALL_FILE_FRACTION,
     delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD,
+    rewrite_foreign: bool = True,
 ) -> list[CompactionPlan]:
     """The compaction worth doing on ``table`` as loaded (refresh it first): at most one plan.
 
@@ -337,9 +338,13 @@ def plan_compaction(
     Two kinds of partitions, those with deletes first:
 
     - a partition where delete files (equality or position, the partition's own or
-      global ones) apply to daemon-written files: its small files and every file with
-      at least ``delete_file_threshold`` delete files applying (Spark's option of the
-      same name) are rewritten with the deletes applied, whatever their number;
+      global ones) apply to files: its small daemon files and every file with at least
+      ``delete_file_threshold`` delete files applying (Spark's option of the same name)
+      are rewritten with the deletes applied, whatever their number. Files of other
+      writers (Spark's rewrite outputs) count too, with ``rewrite_foreign``, when they
+      are at most twice the target size (bigger ones are left to Spark's
+      ``rewrite_data_files``, which splits them): left alone, every later equality
+      delete of their partition would apply to them and stay for ever;
     - otherwise, as before: ``min_input_files`` small files of one tier at least.
 
     A bin holds at most the target size of compressed column data (``payload_bytes``)
@@ -390,10 +395,15 @@ def plan_compaction(
             data.spec_id != spec_id
             or data_file.content != DataFileContent.DATA
             or data_file.file_format != FileFormat.PARQUET
-            or not own_file(data_file.file_path)
         ):
             continue
         deletes = tuple(live.deletes_for(data)) if live.deletes else ()
+        if not own_file(data_file.file_path) and not (
+            # Another writer's file (Spark's rewrite outputs) that deletes apply to: left
+            # alone, every later equality delete of its partition would stay for ever.
+            deletes and rewrite_foreign and payload_bytes(data_file) <= 2 * target
+        ):
+            continue
         is_small = data_file.file_size_in_bytes < small
         if not is_small and len(deletes) < delete_file_threshold:
             continue

@@ -301,9 +301,9 @@ def test_a_position_delete_committed_during_the_rewrite_is_a_conflict(
 def test_delete_files_stay_while_a_file_the_compaction_keeps_needs_them(
     catalog: Catalog,
 ) -> None:
-    """Another writer's data file (not the daemon's: never rewritten) holds rows that
-    later equality deletes apply to: those delete files stay, every other one goes,
-    and the merged state is exact."""
+    """Another writer's data file holds rows that later equality deletes apply to. Kept
+    (``rewrite_foreign=False``), those delete files stay and every other one goes;
+    rewritten (the default), they go too. The merged state is exact throughout."""
     table = _table(catalog)
     state: State = {}
     foreign_keys = [("eu", i) for i in range(1000, 1010)]
@@ -319,13 +319,20 @@ def test_delete_files_stay_while_a_file_the_compaction_keeps_needs_them(
     _change_rounds(table, state, commits=5, keys=100, per_commit=20, regions=("eu",), start=11)
     assert merged_rows(table, ("region", "id")) == state
 
-    _, result = _compact(table)
+    _, result = _compact(table, rewrite_foreign=False)
     assert result.outcome == "committed"
     assert merged_rows(table, ("region", "id")) == state
     # Every delete file committed after the foreign append applies to it: all stay.
     assert len(delete_files(table)) == 16
     foreign = [d for d in _data_files(table) if not is_daemon_file(d.file.file_path)]
     assert len(foreign) == 1
+
+    plan, result = _compact(table)
+    assert result.outcome == "committed" and result.delete_files_removed == 16
+    assert foreign[0].file in plan.files
+    assert merged_rows(table, ("region", "id")) == state
+    assert delete_files(table) == []
+    assert all(is_daemon_file(d.file.file_path) for d in _data_files(table))
 
 
 def test_delete_files_that_apply_to_nothing_are_dropped_alone(catalog: Catalog) -> None:
