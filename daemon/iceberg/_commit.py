@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, cast
 
 from pydantic import Field
+from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
@@ -71,6 +72,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
+    DEFAULT_READ_VERSION,
     DataFile,
     ManifestContent,
     ManifestEntry,
@@ -79,6 +81,7 @@ from pyiceberg.manifest import (
     ManifestWriter,
     ManifestWriterV2,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
@@ -104,6 +107,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.utils.properties import property_as_bool
 
 from daemon.errors import CommitError
@@ -997,6 +1001,47 @@ class _DeleteManifestWriter(ManifestWriterV2):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+    def new_writer(self) -> AvroOutputFile[ManifestEntry]:
+        # pyiceberg 0.12 declares equality_ids (field 135) a list of long; the spec says
+        # int, and Java reads the declared type: Spark fails on every delete manifest
+        # pyiceberg writes with "Long cannot be cast to Integer". Avro encodes int and
+        # long alike (zigzag varints), so declaring int is all it takes.
+        return AvroOutputFile[ManifestEntry](
+            output_file=self._output_file,
+            file_schema=_equality_ids_as_int(self._with_partition(self.version)),
+            # The in-memory side too: pyiceberg refuses to write a long as an int.
+            record_schema=_equality_ids_as_int(self._with_partition(DEFAULT_READ_VERSION)),
+            schema_name="manifest_entry",
+            metadata=self._meta,
+        )
+
+
+_EQUALITY_IDS_FIELD: Final = 135
+
+
+def _equality_ids_as_int(schema: Schema) -> Schema:
+    def fix(nested: NestedField) -> NestedField:
+        field_type = nested.field_type
+        if nested.field_id == _EQUALITY_IDS_FIELD and isinstance(field_type, ListType):
+            return NestedField(
+                nested.field_id,
+                nested.name,
+                ListType(field_type.element_id, IntegerType(), field_type.element_required),
+                required=nested.required,
+                doc=nested.doc,
+            )
+        if isinstance(field_type, StructType):
+            return NestedField(
+                nested.field_id,
+                nested.name,
+                StructType(*[fix(child) for child in field_type.fields]),
+                required=nested.required,
+                doc=nested.doc,
+            )
+        return nested
+
+    return Schema(*[fix(f) for f in schema.fields], schema_id=schema.schema_id)
 
 
 class _ReplaceFiles(_OverwriteFiles):

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
-from pyiceberg.manifest import DataFileContent
+from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from support.cdc_tables import (
     commit_changes,
@@ -153,6 +153,7 @@ def test_equality_deletes_over_200_commits_unpartitioned(catalog: Catalog) -> No
     )
     assert merged_rows(table, ("id",)) == state
     assert len(delete_files(table)) == 200
+    _assert_equality_ids_declared_int(table)
     with pytest.raises(ValueError, match="does not yet support equality deletes"):
         table.scan().to_arrow()  # pyiceberg 0.12 cannot apply equality deletes
 
@@ -411,3 +412,15 @@ def test_expiry_and_orphan_sweep_handle_delete_files(catalog: Catalog) -> None:
     assert swept.removed == 1 and not stray.exists()
     assert all(local_path(p).exists() for p in kept)
     assert merged_rows(table, ("region", "id")) == state
+
+
+def _assert_equality_ids_declared_int(table: Table) -> None:
+    """Delete manifests declare equality_ids list<int> as the spec does (pyiceberg 0.12
+    writes long, which Spark cannot read: "Long cannot be cast to Integer")."""
+    snapshot = table.metadata.current_snapshot()
+    assert snapshot is not None
+    manifest = next(m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DELETES)
+    with table.io.new_input(manifest.manifest_path).open() as stream:
+        header = stream.read(64 * 1024)
+    declared = header[header.index(b'"name": "equality_ids"') :][:200]
+    assert b'"items": "int"' in declared, declared

@@ -88,7 +88,7 @@ class _Changes:
 
     def run_until(self, done: threading.Event, errors: list[BaseException]) -> None:
         try:
-            while not done.wait(0.15):
+            while not done.wait(0.3):
                 self.commit_one()
         except BaseException as exc:  # surfaced by the test
             errors.append(exc)
@@ -130,7 +130,12 @@ def test_spark_rewrites_beside_changes_and_the_daemons_compaction(
     assert _spark_state(spark, name) == changes.state
 
     # Position deletes from Spark (merge-on-read DELETE), folded into the state.
-    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('write.delete.mode' = 'merge-on-read')")
+    # Spark's commits retry on the daemon's concurrent ones (4 retries by default are
+    # too few beside commits every fraction of a second).
+    spark.sql(
+        f"ALTER TABLE {name} SET TBLPROPERTIES ('write.delete.mode' = 'merge-on-read', "
+        "'commit.retry.num-retries' = '30')"
+    )
     spark.sql(f"DELETE FROM {name} WHERE id % 37 = 0")
     for key in [k for k in changes.state if k[1] % 37 == 0]:
         changes.state.pop(key)
