@@ -27,9 +27,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from daemon.cdc import DELETE, OP_COLUMN, UPSERT, conform_changes, with_ops
 from daemon.config import Config
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import BadInputError, ReadOnlyTableError, SchemaError
@@ -155,7 +157,9 @@ class Ingest:
         raw = await asyncio.to_thread(decode_arrow_stream, body)
         if writer is None:
             writer = await self.create(name, lambda: raw.schema)
-        table = await self.conformed(writer, raw)
+        # An upsert table takes rows (upserts) or, in Arrow, change batches as they are.
+        conformed = self.conformed_changes if writer.key else self.conformed
+        table = await conformed(writer, raw)
         # Shielded: a client that hangs up must not cancel a half-done spool append.
         return await asyncio.shield(writer.append(table))
 
@@ -217,9 +221,26 @@ class Ingest:
         self._refuse_daemon_tables(writer.name)
         if isinstance(data, Mapping):
             batch = await asyncio.to_thread(_columns_to_batch, data, writer.arrow_schema)
+        elif writer.key:
+            batch = await self.conformed_changes(writer, data)
         else:
             batch = await self.conformed(writer, data)
         return await writer.append(batch, meta)
+
+    async def conformed_changes(
+        self, writer: TableWriter, data: pa.RecordBatch | pa.Table
+    ) -> pa.RecordBatch:
+        """Rows (upserts) or a change batch (`daemon.cdc`) cast for ``writer``'s upsert
+        table (`conform_changes`), evolving the table first for columns it lacks where
+        the policy allows (as `conformed` does for rows)."""
+        key = writer.key
+        return await self._whole(
+            writer,
+            lambda schema: conform_changes(data, schema, key),
+            lambda error: Wants(
+                frozenset({error.column}), lambda: _without_op(data.schema), exact=True
+            ),
+        )
 
     async def conformed(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
@@ -332,6 +353,37 @@ class TableInput:
         """
         return await self._ingest.append(self.writer, data, meta)
 
+    async def upsert(self, rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> int:
+        """Upsert rows of an upsert table (``[[tables]] key``): each row replaces the
+        table's row of the same key, or adds it. All or nothing; returns the count
+        once acked. Raises `BadInputError` on an append table or for a row without
+        its key, `SchemaError` as `append` does."""
+        return await self.append(self._changes(rows, UPSERT, "upsert"))
+
+    async def delete(self, keys: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> int:
+        """Delete rows of an upsert table by key: each item holds the key columns
+        (other columns are ignored). Deleting a key the table does not hold is a
+        no-op. All or nothing; returns the count once acked."""
+        return await self.append(self._changes(keys, DELETE, "delete"))
+
+    def _changes(
+        self, rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]], op: int, what: str
+    ) -> pa.RecordBatch:
+        """``rows`` as one change batch of ``op`` (a delete keeps only the key columns)."""
+        key = self.writer.key
+        if not key:
+            raise BadInputError(
+                f"table {self.writer.name!r} has no key, so it cannot {what} rows; declare "
+                "key = [...] in its [[tables]] entry to make it an upsert table"
+            )
+        data = _as_table(rows)
+        missing = [column for column in key if column not in data.schema.names]
+        if missing:
+            raise BadInputError(f"a {what} needs the key columns {list(key)}; missing {missing}")
+        if op == DELETE:
+            data = data.select(list(key))
+        return with_ops(data, _ops(data.num_rows, op), key)
+
     async def queue(self, record: Mapping[str, object]) -> None:
         """Spool one record (a mapping of column to value)."""
         await self.queue_all([record])
@@ -384,3 +436,24 @@ def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) ->
     if len(lengths) > 1:
         raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
     return conform(pa.table(arrays), schema)
+
+
+def _without_op(schema: pa.Schema) -> pa.Schema:
+    # The op column is the change batch's, never a column to evolve the table for.
+    index = schema.get_field_index(OP_COLUMN)
+    return schema if index < 0 else schema.remove(index)
+
+
+def _as_table(rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    try:
+        return pa.Table.from_pylist(list(rows))
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise BadInputError(f"records cannot be converted: {exc}") from exc
+
+
+def _ops(count: int, op: int) -> pa.Array:
+    return pa.array(np.full(count, op, dtype=np.int8))

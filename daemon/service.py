@@ -435,6 +435,7 @@ class Icespool:
             self.metrics,
             evolve=evolve or (table_config.evolve if table_config else "none"),
             claims=self._book(name).claims,
+            key=table_config.key if table_config else (),
         )
         self._writers[name] = writer
         self.maintenance.add(name)

@@ -25,6 +25,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
+from daemon.cdc import OP_COLUMN, change_schema, conform_changes, last_changes
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
 from daemon.errors import (
@@ -37,14 +38,17 @@ from daemon.errors import (
     ShuttingDownError,
 )
 from daemon.iceberg import (
+    DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
     commit_files,
     commit_properties,
     delete_rows,
     encode_data_files,
+    encode_equality_deletes,
     find_committed_segments,
     refresh_table,
+    remove_files,
     unavailable,
 )
 from daemon.lanes import Lane
@@ -129,9 +133,14 @@ class TableWriter:
         metrics: Metrics,
         evolve: Policy = "none",
         claims: ClaimsFactory = NO_CLAIMS,
+        key: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.arrow_schema = arrow_schema
+        # An upsert table's key columns (empty: an append table). Its spooled batches
+        # are plain rows (all upserts) or change batches (`daemon.cdc`); each commit
+        # keeps the last change per key (`_encode_and_commit`).
+        self.key: tuple[str, ...] = tuple(key)
         self.evolve_policy: Policy = evolve
         self._schema_id = table.metadata.current_schema_id
         self.settings = settings
@@ -198,6 +207,10 @@ class TableWriter:
     ) -> int:
         """Spool a batch in the table's schema; returns the record count once acked.
 
+        On an upsert table (``key``) the batch is rows (each an upsert) or a change
+        batch in `change_schema` (`daemon.cdc.conform_changes`: a row without its key
+        is a `BadInputError` naming the key column).
+
         The way in (`daemon.ingest`) decodes and evolves first; this only conforms
         (a cheap re-check: the schema may have changed since) and raises
         `SchemaError` naming the column when the data does not fit (nothing of it
@@ -205,13 +218,18 @@ class TableWriter:
         """
         if self._closing:
             raise ShuttingDownError(f"table {self.name} is closing; retry elsewhere or later")
-        batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+        if self.key:
+            batch = await asyncio.to_thread(conform_changes, data, self.arrow_schema, self.key)
+        else:
+            batch = await asyncio.to_thread(conform, data, self.arrow_schema)
         rows: int = batch.num_rows
         if rows == 0:
             return 0
         # HTTP and Kafka refused such values per record at decode; this is the one
         # check the in-process API passes through (one min/max per temporal leaf).
         for name, values in zip(batch.schema.names, batch.columns, strict=True):
+            if name == OP_COLUMN:
+                continue
             found = find_out_of_range(values)
             if found is not None:
                 raise SchemaError(found.column(name), found.problem)
@@ -256,6 +274,14 @@ class TableWriter:
         self.adopt([info])
         self._strikes[info.id] = SEGMENT_ATTEMPTS - 1
         return await self.flush("replay")
+
+    @property
+    def change_schema(self) -> pa.Schema:
+        """An upsert table's change-batch schema (`daemon.cdc.change_schema`) for the
+        table's current Arrow schema; ValueError on an append table."""
+        if not self.key:
+            raise ValueError(f"table {self.name} has no key: it takes appends, not changes")
+        return change_schema(self.arrow_schema, self.key)
 
     @property
     def pending_records(self) -> int:
@@ -627,15 +653,7 @@ class TableWriter:
             return None
         encode_started = time.perf_counter()
         try:
-            files = await asyncio.to_thread(
-                encode_data_files,
-                self._table,
-                rows,
-                target_file_size=self.settings.target_file_size,
-                row_group_records=self.settings.row_group_records,
-                compression=self.settings.compression,
-                file_prefix=seg_ids[0],
-            )
+            files = await asyncio.to_thread(self._encode, rows, seg_ids[0])
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
@@ -671,6 +689,39 @@ class TableWriter:
                 claims=claims,
             ) from exc
         return commit, files, sum(b.num_rows for b in rows)
+
+    def _encode(self, rows: list[pa.RecordBatch], prefix: str) -> list[Any]:
+        """The files of one commit (blocking). An upsert table's rows are changes:
+        the last change per key wins, its upserts become data files, and every key
+        touched gets an equality delete (files ``{prefix}-eq-...``), so every older row
+        of the key goes while the ones added in the same snapshot stay."""
+        s = self.settings
+        size = (s.target_file_size, s.row_group_records, s.compression)
+        if not self.key:
+            if any(OP_COLUMN in batch.schema.names for batch in rows):
+                # Spooled while the table had a key: appending them would turn deletes
+                # into rows. The segment's strikes quarantine it, naming the fix.
+                raise BadInputError(
+                    f"the spooled rows are keyed changes ({OP_COLUMN}), but table "
+                    f"{self.name} has no key now; restore its [[tables]] key and replay"
+                )
+            return _encode_rows(self._table, rows, prefix, *size)
+        resolved = last_changes(rows, self.arrow_schema, self.key)
+        data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, *size)
+        try:
+            deletes = encode_equality_deletes(
+                self._table,
+                resolved.keys.to_batches(),
+                self.key,
+                target_file_size=s.target_file_size,
+                row_group_records=s.row_group_records,
+                compression=s.compression,
+                file_prefix=f"{prefix}{DELETE_FILE_MARK}",
+            )
+        except BaseException:
+            remove_files(self._table, data)  # written by this attempt, never committed
+            raise
+        return [*data, *deletes]
 
     def _find_committed(self, ids: list[str]) -> dict[str, int]:
         refresh_table(self._table)
@@ -732,6 +783,24 @@ class TableWriter:
         m.queue_records.labels(table=self.name).set(self._pending.records)
         m.queue_bytes.labels(table=self.name).set(self._pending.bytes)
         m.oldest_pending_age.labels(table=self.name).set(self.oldest_pending_age())
+
+
+def _encode_rows(
+    table: Table,
+    rows: Sequence[pa.RecordBatch],
+    prefix: str,
+    target_file_size: int,
+    row_group_records: int,
+    compression: str,
+) -> list[Any]:
+    return encode_data_files(
+        table,
+        rows,
+        target_file_size=target_file_size,
+        row_group_records=row_group_records,
+        compression=compression,
+        file_prefix=prefix,
+    )
 
 
 def _combine(earlier: FlushResult, later: FlushResult) -> FlushResult:

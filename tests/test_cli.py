@@ -244,6 +244,7 @@ def test_check_config_without_file_shows_the_embedded_default(tmp_path: Path) ->
                 {"name": "kind", "type": "string", "required": False},
             ],
             "partition_by": ["day(ts)"],
+            "key": [],
             "sort_by": [],
             "properties": {},
             "infer": False,

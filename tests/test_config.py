@@ -392,7 +392,8 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             lambda r: r["tables"][0].update(partition=["day(ts)"]),
             "tables[0].partition",
             "unknown key; did you mean 'partition_by'? valid keys here: name, create, schema, "
-            "partition_by, sort_by, properties, infer, timestamp_unit, evolve, max_batch_records, "
+            "partition_by, key, sort_by, properties, infer, timestamp_unit, evolve, "
+            "max_batch_records, "
             "max_batch_bytes, batch_timeout, "
             "target_file_size, compression, row_group_records, max_queue_bytes, max_nesting_depth, "
             "maintenance",

@@ -1,98 +1,126 @@
-"""The merged state of rows that Iceberg delete files apply to, vectorized.
+"""Keyed changes -> the state they leave: last change per key, equality deletes applied.
 
-Readers that apply deletes themselves (the daemon's compaction; pyiceberg 0.12's
-``scan()`` refuses equality deletes) use these two masks, whole-batch pyarrow:
-
-- `equality_delete_mask`: rows of data files (each row with its file's data sequence
-  number) that equality deletes remove: a delete row of sequence number N removes the
-  rows with equal values in its equality columns whose data sequence number is
-  below N (Iceberg's rule; the scoping by partition is the caller's). Null equals null
-  in equality deletes, as in Iceberg's Java readers.
-- `position_delete_mask`: rows of ONE data file that position deletes name.
-
-Both return a boolean "keep" mask the caller filters with.
+Both are whole-batch pyarrow (group-by and joins), never a Python loop per row: a
+flush of a million changes resolves in the time Arrow hashes its keys.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["DELETE_SEQUENCE_COLUMN", "equality_delete_mask", "position_delete_mask"]
+from daemon.cdc._changes import OP_COLUMN, UPSERT, change_schema
+from daemon.schema import conform
 
-#: Column of the delete table passed to `equality_delete_mask`: each delete row's
-#: sequence number (int64).
-DELETE_SEQUENCE_COLUMN: Final = "_icespool_delete_seq"
-_ROW: Final = "_icespool_row"
-_DATA_SEQ: Final = "_icespool_data_seq"
-_NULL_FLAG: Final = "_icespool_null_"
+__all__ = ["Resolved", "apply_equality_deletes", "last_changes"]
+
+_ROW = "_icespool_row"
 
 
-def _null_safe_keys(
-    data: pa.Table, deletes: pa.Table, key: Sequence[str]
-) -> tuple[pa.Table, pa.Table, list[str]]:
-    """Key columns a hash join can match null to null with: a column holding nulls on
-    either side becomes (null flag, value filled with some value of the column)."""
-    keys: list[str] = []
-    for name in key:
-        left, right = data.column(name), deletes.column(name)
-        if not (left.null_count or right.null_count):
-            keys.append(name)
-            continue
-        flag = f"{_NULL_FLAG}{name}"
-        data = data.append_column(flag, pc.is_null(left))
-        deletes = deletes.append_column(flag, pc.is_null(right))
-        keys.append(flag)
-        filler = pc.min(pa.chunked_array([*left.chunks, *right.chunks], type=left.type))
-        if filler.is_valid:  # else every value is null: the flag alone is the key
-            at = data.schema.get_field_index(name)
-            data = data.set_column(at, name, pc.fill_null(left, filler))
-            at = deletes.schema.get_field_index(name)
-            deletes = deletes.set_column(at, name, pc.fill_null(right, filler))
-            keys.append(name)
-    return data, deletes, keys
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What one commit of an upsert table writes.
+
+    ``upserts``: the surviving upserts (the last change of their key was an upsert),
+    in the table's columns, in spool order of their last change. ``keys``: the key
+    columns of EVERY key the changes touched, one row per key (each gets an equality
+    delete, so every older row of the key goes, whatever its last change).
+    ``changes``: how many changes were resolved (what the commit counts as records).
+    """
+
+    upserts: pa.Table
+    keys: pa.Table
+    changes: int
 
 
-def equality_delete_mask(
-    data: pa.Table, data_sequence: pa.Array, deletes: pa.Table, key: Sequence[str]
-) -> pa.Array:
-    """Keep-mask of ``data`` (whose row i has data sequence number ``data_sequence[i]``)
-    after the equality deletes ``deletes`` (columns ``key`` plus
-    `DELETE_SEQUENCE_COLUMN`). Key columns must have the same types on both sides."""
-    if len(data_sequence) != data.num_rows:
-        raise ValueError(f"{len(data_sequence)} sequence numbers for {data.num_rows} rows")
-    if not data.num_rows or not deletes.num_rows:
-        return pa.array(np.ones(data.num_rows, dtype=bool))
-    left = data.select(list(key)).append_column(_ROW, pa.array(np.arange(data.num_rows)))
-    left = left.append_column(_DATA_SEQ, data_sequence.cast(pa.int64()))
-    right = deletes.select([*key, DELETE_SEQUENCE_COLUMN])
-    left, right, keys = _null_safe_keys(left, right, key)
-    # One row per deleted key (its newest delete): the join then yields at most one
-    # match per data row, whatever the number of delete files naming the key.
-    newest = right.group_by(keys, use_threads=False).aggregate([(DELETE_SEQUENCE_COLUMN, "max")])
-    newest = newest.rename_columns(
-        [DELETE_SEQUENCE_COLUMN if c.endswith("_max") else c for c in newest.column_names]
+def last_changes(
+    batches: Sequence[pa.RecordBatch], schema: pa.Schema, key: Sequence[str]
+) -> Resolved:
+    """Resolve ``batches`` (in spool order; rows of the table = upserts, or change
+    batches) of an upsert table with Arrow ``schema`` and ``key``: per key, the last
+    change wins.
+
+    Batches spooled before a schema change are conformed by field id first (as the
+    encoder does), so batches of several schema versions resolve together.
+    """
+    target = change_schema(schema, key)
+    conformed = [
+        conform(_with_op(batch), target, match_field_ids=True, drop_extra=True)
+        for batch in batches
+        if batch.num_rows
+    ]
+    changes = pa.Table.from_batches(conformed, schema=target)
+    count = changes.num_rows
+    if count == 0:
+        empty = changes.drop_columns([OP_COLUMN])
+        return Resolved(empty, empty.select(list(key)), 0)
+    grouping = pa.table(
+        {
+            **{f"_k{i}": _groupable(changes.column(column)) for i, column in enumerate(key)},
+            _ROW: _positions(count),
+        }
     )
-    joined = left.select([*keys, _ROW, _DATA_SEQ]).join(
-        newest, keys, join_type="inner", use_threads=False
+    names = [f"_k{i}" for i in range(len(key))]
+    last = grouping.group_by(names, use_threads=False).aggregate([(_ROW, "max")])
+    # Sorted: the output keeps spool order (deterministic files for a retried encode).
+    rows = last.column(f"{_ROW}_max")
+    winners = changes.take(rows.take(pc.sort_indices(rows)))
+    upserts = winners.filter(pc.equal(winners.column(OP_COLUMN), UPSERT))
+    return Resolved(
+        upserts=upserts.drop_columns([OP_COLUMN]),
+        keys=winners.select(list(key)),
+        changes=count,
     )
-    hit = pc.greater(joined.column(DELETE_SEQUENCE_COLUMN), joined.column(_DATA_SEQ))
-    removed = pc.filter(joined.column(_ROW), hit).to_numpy()
-    keep = np.ones(data.num_rows, dtype=bool)
-    keep[removed] = False
-    return pa.array(keep)
 
 
-def position_delete_mask(num_rows: int, positions: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Keep-mask of a data file of ``num_rows`` rows after deleting row ``positions``
-    (0-based positions in the file; out-of-range ones are ignored, as Iceberg does)."""
-    keep = np.ones(num_rows, dtype=bool)
-    if len(positions):
-        values = np.asarray(positions.to_numpy(zero_copy_only=False), dtype=np.int64)
-        values = values[(values >= 0) & (values < num_rows)]
-        keep[values] = False
-    return pa.array(keep)
+def apply_equality_deletes(data: pa.Table, deletes: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The rows of ``data`` whose ``key`` columns match no row of ``deletes``.
+
+    Only the set logic: which deletes apply to which data (Iceberg: equality deletes
+    of sequence number N apply to data files of sequence number < N, in the same
+    partition or anywhere for an unpartitioned spec) is the caller's choice. Key
+    columns are required, so null-safe matching is not needed. Row order of ``data``
+    is kept.
+    """
+    if data.num_rows == 0 or deletes.num_rows == 0:
+        return data
+    names = [f"_k{i}" for i in range(len(key))]
+    left = pa.table(
+        {
+            **{n: _groupable(data.column(c)) for n, c in zip(names, key, strict=True)},
+            _ROW: _positions(data.num_rows),
+        }
+    )
+    right = pa.table(
+        {
+            n: _groupable(deletes.column(c)).cast(left.column(n).type)
+            for n, c in zip(names, key, strict=True)
+        }
+    )
+    kept = left.join(right, keys=names, join_type="left anti", use_threads=False)
+    # A mask rather than take(kept rows): the join does not keep row order.
+    survivors = pc.is_in(left.column(_ROW), value_set=kept.column(_ROW).combine_chunks())
+    return data.filter(survivors)
+
+
+def _with_op(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A spooled batch as a change batch: rows without an op column are upserts."""
+    if OP_COLUMN in batch.schema.names:
+        return batch
+    ops = pa.array(np.full(batch.num_rows, UPSERT, dtype=np.int8))
+    return batch.append_column(pa.field(OP_COLUMN, pa.int8(), nullable=False), ops)
+
+
+def _positions(count: int) -> pa.Array:
+    return pa.array(np.arange(count, dtype=np.int64))
+
+
+def _groupable(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    # Hash kernels have no extension-type (uuid) kernels; the storage compares the same.
+    if isinstance(column.type, pa.BaseExtensionType):
+        return pa.chunked_array([c.storage for c in column.chunks], column.type.storage_type)
+    return column

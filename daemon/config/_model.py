@@ -13,7 +13,7 @@ import re
 import stat
 import types
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from daemon.cdc import key_type_problem
 from daemon.config._catalog_keys import (
     SECRET_FILE_SUFFIX,
     canonical_catalog_keys,
@@ -707,6 +708,9 @@ class TableConfig(_Section):
     # "schema" would shadow a BaseModel attribute, hence the alias.
     columns: list[ColumnConfig] | None = Field(default=None, alias="schema")
     partition_by: list[PartitionBy] = Field(default_factory=list)
+    # Makes the table an upsert table: its key columns (Iceberg identifier fields).
+    # Each change is an upsert or a delete by key; the last change per key wins.
+    key: list[NonEmptyStr] = Field(default_factory=list)
     sort_by: list[Annotated[str, AfterValidator(_check_sort)]] = Field(default_factory=list)
     # Table properties set when the table is created (an existing table keeps its own).
     properties: Annotated[dict[str, str], BeforeValidator(_table_properties)] = Field(
@@ -1185,6 +1189,7 @@ def _check_table(i: int, table: TableConfig) -> None:
                 "use a transform that fits the type (year/month/day: date or timestamp, "
                 "hour: timestamp, truncate: int/long/string/binary/decimal)",
             )
+    _check_key(i, table, types_by_name)
     for j, sort in enumerate(table.sort_by):
         sort_column = parse_partition(parse_sort(sort)[0]).column
         if table.columns is not None and sort_column not in types_by_name:
@@ -1192,6 +1197,63 @@ def _check_table(i: int, table: TableConfig) -> None:
                 f"tables[{i}].sort_by[{j}]",
                 f"column {sort_column!r} is not in the schema; use one of "
                 f"{', '.join(types_by_name)}",
+            )
+
+
+def _check_key(i: int, table: TableConfig, types_by_name: Mapping[str, str]) -> None:
+    """An upsert table's key: declared required, of a type Iceberg allows as an
+    identifier field, and covering every partition source column (the key must
+    determine the partition, as Flink requires: a key's rows then live in one
+    partition, and its equality delete is written to that partition only)."""
+    if not table.key:
+        return
+    where = f"tables[{i}].key"
+    seen: set[str] = set()
+    for j, name in enumerate(table.key):
+        if name in seen:
+            raise ConfigError(
+                f"{where}[{j}]", f"{name!r} is listed twice; list each key column once"
+            )
+        seen.add(name)
+    version = table.properties.get("format-version")
+    if version is not None and version != "2":
+        raise ConfigError(
+            f"tables[{i}].properties.format-version",
+            f"an upsert table (key = {table.key}) is format version 2 (equality deletes); "
+            f"remove format-version = {version!r}",
+        )
+    if table.columns is None:
+        if table.infer:
+            raise ConfigError(
+                where,
+                "an upsert table needs a declared schema: infer = true creates optional "
+                "columns, and key columns must be required; declare the schema with the key "
+                "columns required = true",
+            )
+        return  # an existing table: its own schema is checked when it is loaded
+    required = {column.name: column.required for column in table.columns}
+    for j, name in enumerate(table.key):
+        if name not in types_by_name:
+            raise ConfigError(
+                f"{where}[{j}]",
+                f"key column {name!r} is not in the schema; use one of {', '.join(types_by_name)}",
+            )
+        if not required[name]:
+            raise ConfigError(
+                f"{where}[{j}]",
+                f"key column {name!r} must be declared required = true (a row without its "
+                "key could never be updated or deleted)",
+            )
+        problem = key_type_problem(parse_type_string(types_by_name[name]))
+        if problem is not None:
+            raise ConfigError(f"{where}[{j}]", f"key column {name!r}: {problem}")
+    for j, field in enumerate(table.partition_fields):
+        if field.column not in seen:
+            raise ConfigError(
+                f"tables[{i}].partition_by[{j}]",
+                f"partition source column {field.column!r} is not a key column; an upsert "
+                "table's partition must be determined by its key (add it to key, or "
+                f"partition by key columns only: {', '.join(table.key)})",
             )
 
 

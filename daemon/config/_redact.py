@@ -130,6 +130,11 @@ def redacted(config: Config) -> dict[str, Any]:
     """The effective config as plain data (the spelling a config file uses), secrets hidden."""
     data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
     result: dict[str, Any] = redact_value(data)
+    # A table's ``key`` is its list of key columns (an upsert table), not a secret
+    # such as a catalog's bare ``key`` property.
+    for table, declared in zip(result.get("tables", []), data.get("tables", []), strict=True):
+        if "key" in declared:
+            table["key"] = declared["key"]
     return result
 
 

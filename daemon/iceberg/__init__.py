@@ -47,10 +47,18 @@ from daemon.iceberg._defaults import (
     table_defaults,
 )
 from daemon.iceberg._health import CatalogHealth
-from daemon.iceberg._parquet import COMPRESSION_CODECS, encode_data_files, partition_transform
+from daemon.iceberg._parquet import (
+    COMPRESSION_CODECS,
+    DELETE_FILE_MARK,
+    encode_data_files,
+    encode_equality_deletes,
+    partition_transform,
+    remove_files,
+)
 from daemon.iceberg._refresh import refresh_table
 from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._tables import (
+    check_key,
     create_inferred,
     create_with,
     existing_table,
@@ -66,6 +74,7 @@ from daemon.iceberg._timeouts import (
 
 __all__ = [
     "COMPRESSION_CODECS",
+    "DELETE_FILE_MARK",
     "MAX_SNAPSHOT_AGE_MS",
     "MIN_SNAPSHOTS_TO_KEEP",
     "SEGMENTS_SUMMARY_KEY",
@@ -86,6 +95,7 @@ __all__ = [
     "catalog_tables",
     "check_catalog",
     "check_compatible",
+    "check_key",
     "commit_expiry",
     "commit_files",
     "commit_properties",
@@ -94,6 +104,7 @@ __all__ = [
     "create_with",
     "delete_rows",
     "encode_data_files",
+    "encode_equality_deletes",
     "ensure_table",
     "existing_table",
     "find_committed_segments",
@@ -102,6 +113,7 @@ __all__ = [
     "load_declared",
     "partition_transform",
     "refresh_table",
+    "remove_files",
     "short_error",
     "split_identifier",
     "startup_timeout",

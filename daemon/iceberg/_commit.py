@@ -59,7 +59,6 @@ from dataclasses import dataclass
 from typing import Final, Literal, cast
 
 from pydantic import Field
-from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
@@ -72,8 +71,8 @@ from pyiceberg.exceptions import (
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
-    DEFAULT_READ_VERSION,
     DataFile,
+    DataFileContent,
     ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
@@ -106,7 +105,7 @@ from pyiceberg.table.update import (
     ValidatableTableRequirement,
 )
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.typedef import EMPTY_DICT, TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.utils.properties import property_as_bool
 
@@ -520,12 +519,16 @@ class _MergeAppend(_MergeAppendFiles):
     """
 
     def __init__(
-        self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]
+        self,
+        transaction: Transaction,
+        io: FileIO,
+        snapshot_properties: dict[str, str],
+        operation: Operation = Operation.APPEND,
     ) -> None:
         # _MergeAppendFiles.__init__ is this, then its strict parsing of the three.
         _FastAppendFiles.__init__(
             self,
-            operation=Operation.APPEND,
+            operation=operation,
             transaction=transaction,
             io=io,
             snapshot_properties=snapshot_properties,
@@ -547,6 +550,112 @@ class _MergeAppend(_MergeAppendFiles):
         )
 
 
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of delete files (pyiceberg 0.12 writes data manifests only).
+
+    pyiceberg 0.12 declares ``equality_ids`` (field 135) as ``list<long>``; the spec
+    (and Java, which casts the values to Integer) says ``list<int>``: Spark fails
+    with a ClassCastException on such a manifest. Avro writes int and long alike
+    (zig-zag varints), so only the declared type changes.
+    """
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        schema = super()._with_partition(format_version)
+        return Schema(
+            *[
+                NestedField(2, "data_file", _int_equality_ids(field.field_type), required=True)
+                if field.field_id == 2 and isinstance(field.field_type, StructType)
+                else field
+                for field in schema.fields
+            ]
+        )
+
+
+def _int_equality_ids(data_file: StructType) -> StructType:
+    return StructType(
+        *[
+            NestedField(
+                field.field_id,
+                field.name,
+                ListType(element_id=136, element_type=IntegerType(), element_required=True),
+                required=False,
+                doc=field.doc,
+            )
+            if field.field_id == _EQUALITY_IDS_FIELD
+            else field
+            for field in data_file.fields
+        ]
+    )
+
+
+_EQUALITY_IDS_FIELD: Final = 135
+
+
+class _MergeRowDelta(_MergeAppend):
+    """`_MergeAppend` that also adds delete files (an upsert table's equality deletes)
+    in the same snapshot, as Iceberg's RowDelta does.
+
+    Data files go through the merge append as always; delete files get a manifest of
+    their own (content DELETES). pyiceberg's merge manager merges data manifests only
+    and carries delete manifests over as they are, so older delete manifests stay
+    listed until maintenance rewrites them. Every file of the snapshot gets its
+    sequence number: an equality delete applies to data files of LOWER sequence
+    numbers only, so the rows added in the same snapshot survive it.
+    """
+
+    def _manifests(self) -> list[ManifestFile]:
+        files = self._added_data_files
+        deletes = [f for f in files if f.content != DataFileContent.DATA]
+        # The summary (computed after this) counts every file; the data manifest
+        # written by the merge append must hold the data files only.
+        self._added_data_files = [f for f in files if f.content == DataFileContent.DATA]
+        try:
+            manifests = super()._manifests()
+        finally:
+            self._added_data_files = files
+        if deletes:
+            manifests = [*manifests, self._delete_manifest(deletes)]
+        return manifests
+
+    def _delete_manifest(self, deletes: Sequence[DataFile]) -> ManifestFile:
+        writer = _DeleteManifestWriter(
+            self._transaction.table_metadata.spec(),
+            self.schema(),
+            self.new_manifest_output(),  # tracked: abandoned and tidied like the others
+            self._snapshot_id,
+            self._compression,
+        )
+        with writer:
+            for delete_file in deletes:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=delete_file,
+                    )
+                )
+        return writer.to_manifest_file()
+
+
+def _operation(files: Sequence[DataFile]) -> Operation:
+    """Iceberg's operation for a commit adding ``files`` (RowDelta's rule): delete
+    files with data files overwrite, delete files alone delete, data files append."""
+    deletes = any(f.content != DataFileContent.DATA for f in files)
+    data = any(f.content == DataFileContent.DATA for f in files)
+    if not deletes:
+        return Operation.APPEND
+    return Operation.OVERWRITE if data else Operation.DELETE
+
+
 def _stage(
     table: Table,
     data_files: Sequence[DataFile],
@@ -559,13 +668,18 @@ def _stage(
     table's choice; unset: true, Iceberg's default) the new manifest is merged with the
     existing small ones once ``commit.manifest.min-count-to-merge`` of them are due,
     bin-packed to ``commit.manifest.target-size-bytes``; disabled, it adds one manifest
-    like a fast append. Nothing is committed here; a failure deletes what was written.
+    like a fast append. With delete files among ``data_files`` (an upsert table's
+    equality deletes) the same merge append also writes a delete manifest
+    (``_MergeRowDelta``) and the operation is ``overwrite`` (``delete`` when only delete
+    files are added). Nothing is committed here; a failure deletes what was written.
     """
     transaction = _Staging(table)
     try:
         if table_properties:
             transaction.set_properties(dict(table_properties))
-        with _MergeAppend(transaction, table.io, summary) as append:
+        operation = _operation(data_files)
+        producer = _MergeAppend if operation == Operation.APPEND else _MergeRowDelta
+        with producer(transaction, table.io, summary, operation) as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
             snapshot_id: int = append.snapshot_id
@@ -854,6 +968,9 @@ def commit_files(
 ) -> CommitResult:
     """Commit ``data_files`` as ONE append snapshot tagged with ``segment_ids``.
 
+    ``data_files`` may include equality-delete files (content EQUALITY_DELETES): the
+    snapshot then adds both (operation ``overwrite``, or ``delete`` without data files).
+
     Idempotent per segment set: if the table already has a snapshot covering
     ``segment_ids``, nothing is committed and that snapshot is returned with
     ``already_committed=True``. Conflicts with other writers are retried on a
@@ -984,64 +1101,6 @@ def commit_files(
 
 
 # ---------------------------------------------------------------- replace (compaction)
-
-
-class _DeleteManifestWriter(ManifestWriterV2):
-    """pyiceberg 0.12's v2 manifest writer, writing a manifest of delete files.
-
-    pyiceberg only ever writes data manifests (``ManifestWriterV2.content`` is DATA):
-    a rewrite that removes delete files must record them (and the ones it keeps from a
-    rewritten delete manifest) in a manifest whose content is DELETES, or readers
-    would take the delete files for data files.
-    """
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
-
-    def new_writer(self) -> AvroOutputFile[ManifestEntry]:
-        # pyiceberg 0.12 declares equality_ids (field 135) a list of long; the spec says
-        # int, and Java reads the declared type: Spark fails on every delete manifest
-        # pyiceberg writes with "Long cannot be cast to Integer". Avro encodes int and
-        # long alike (zigzag varints), so declaring int is all it takes.
-        return AvroOutputFile[ManifestEntry](
-            output_file=self._output_file,
-            file_schema=_equality_ids_as_int(self._with_partition(self.version)),
-            # The in-memory side too: pyiceberg refuses to write a long as an int.
-            record_schema=_equality_ids_as_int(self._with_partition(DEFAULT_READ_VERSION)),
-            schema_name="manifest_entry",
-            metadata=self._meta,
-        )
-
-
-_EQUALITY_IDS_FIELD: Final = 135
-
-
-def _equality_ids_as_int(schema: Schema) -> Schema:
-    def fix(nested: NestedField) -> NestedField:
-        field_type = nested.field_type
-        if nested.field_id == _EQUALITY_IDS_FIELD and isinstance(field_type, ListType):
-            return NestedField(
-                nested.field_id,
-                nested.name,
-                ListType(field_type.element_id, IntegerType(), field_type.element_required),
-                required=nested.required,
-                doc=nested.doc,
-            )
-        if isinstance(field_type, StructType):
-            return NestedField(
-                nested.field_id,
-                nested.name,
-                StructType(*[fix(child) for child in field_type.fields]),
-                required=nested.required,
-                doc=nested.doc,
-            )
-        return nested
-
-    return Schema(*[fix(f) for f in schema.fields], schema_id=schema.schema_id)
 
 
 class _ReplaceFiles(_OverwriteFiles):

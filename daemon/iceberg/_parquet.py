@@ -73,7 +73,14 @@ from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_m
 from daemon.errors import CatalogError, SchemaError, TablePropertyError
 from daemon.schema import arrow_schema_for, conform, fill_masked_children
 
-__all__ = ["COMPRESSION_CODECS", "encode_data_files", "partition_transform"]
+__all__ = [
+    "COMPRESSION_CODECS",
+    "DELETE_FILE_MARK",
+    "encode_data_files",
+    "encode_equality_deletes",
+    "partition_transform",
+    "remove_files",
+]
 
 _log = logging.getLogger("icespool.parquet")
 
@@ -103,6 +110,10 @@ _RAW_TEMPORAL: Final[dict[type, Callable[[Any], int]]] = {
     TimestampType: datetime_to_micros,
     TimestamptzType: datetime_to_micros,
 }
+
+#: Appended to a segment's id to name its equality-delete files
+#: (``{segment}-eq-{partition:05d}-{file:05d}.parquet``): the orphan sweep knows the shape.
+DELETE_FILE_MARK: Final = "-eq"
 
 _FILE_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # A file is closed once it is this close to the target: one more row group would
@@ -498,6 +509,8 @@ class _Context:
     written: list[str]
     bytes_per_row: float = 0.0
     use_dictionary: bool | list[str] = True
+    content: DataFileContent = DataFileContent.DATA
+    equality_ids: list[int] | None = None
 
 
 def _open_writer(context: _Context, stream: Any) -> pq.ParquetWriter:
@@ -623,14 +636,14 @@ def _write_one_file(
         stream.close()
     statistics = _file_statistics(context, writer.writer.metadata, path)
     data_file = DataFile.from_args(
-        content=DataFileContent.DATA,
+        content=context.content,
         file_path=path,
         file_format=FileFormat.PARQUET,
         partition=partition.record,
         file_size_in_bytes=size,
         sort_order_id=None,
         spec_id=context.spec_id,
-        equality_ids=None,
+        equality_ids=context.equality_ids,
         key_metadata=None,
         **statistics.to_serialized_dict(),
     )
@@ -702,13 +715,75 @@ def encode_data_files(
     segment ids) never collide. Callers must therefore not re-encode a prefix whose
     files are already committed (check ``find_committed_segments`` first).
     """
+    schema = table.metadata.schema()
+    return _encode(
+        table,
+        schema,
+        batches,
+        target_file_size=target_file_size,
+        row_group_records=row_group_records,
+        compression=compression,
+        file_prefix=file_prefix,
+        content=DataFileContent.DATA,
+        equality_ids=None,
+    )
+
+
+def encode_equality_deletes(
+    table: Table,
+    keys: Sequence[pa.RecordBatch],
+    key: Sequence[str],
+    *,
+    target_file_size: int,
+    row_group_records: int,
+    compression: str,
+    file_prefix: str,
+) -> list[DataFile]:
+    """Write ``keys`` (rows of the ``key`` columns) as equality-delete files of ``table``.
+
+    Each file holds the key columns only, written with their Iceberg field ids, and
+    is a DataFile of content EQUALITY_DELETES with ``equality_ids`` = the key's field
+    ids, one set per partition of the current spec (the key determines the partition,
+    so a key's delete lands in the partition of its rows). Sizing, codec and naming
+    as `encode_data_files`; callers pass a prefix of their own
+    (``{segment}-eq``) so delete and data files of one segment never share a name.
+    """
+    schema = table.metadata.schema()
+    ids = [schema.find_field(column).field_id for column in key]
+    projected = schema.select(*key)
+    return _encode(
+        table,
+        projected,
+        keys,
+        target_file_size=target_file_size,
+        row_group_records=row_group_records,
+        compression=compression,
+        file_prefix=file_prefix,
+        content=DataFileContent.EQUALITY_DELETES,
+        equality_ids=ids,
+    )
+
+
+def _encode(
+    table: Table,
+    schema: Schema,
+    batches: Sequence[pa.RecordBatch],
+    *,
+    target_file_size: int,
+    row_group_records: int,
+    compression: str,
+    file_prefix: str,
+    content: DataFileContent,
+    equality_ids: list[int] | None,
+) -> list[DataFile]:
+    """Files of ``content`` holding ``batches`` in ``schema`` (the table's, or the
+    key columns' projection of it for equality deletes)."""
     if not _FILE_PREFIX_RE.match(file_prefix):
         raise ValueError(
             f"file_prefix {file_prefix!r} must be 1-200 characters of letters, digits, '.', '_' "
             "or '-', starting with a letter or digit"
         )
     metadata = table.metadata
-    schema = metadata.schema()
     properties = dict(metadata.properties)
     settings = _settings(properties, target_file_size, row_group_records, compression)
     file_schema = sanitize_column_names(schema)
@@ -723,7 +798,9 @@ def encode_data_files(
     if not conformed:
         return []
     data = _fill_masked(pa.Table.from_batches(conformed, schema=target_schema))
-    partitions = _split_partitions(metadata.spec(), schema, data)
+    # Partition source columns are found by name in ``data``: for a key projection
+    # they are key columns (an upsert table's partition is determined by its key).
+    partitions = _split_partitions(metadata.spec(), metadata.schema(), data)
 
     # Parquet leaf paths from the Iceberg schema, never from an Arrow table built for
     # the schema: pyarrow cannot build even an empty array of a uuid inside a struct.
@@ -739,6 +816,8 @@ def encode_data_files(
         column_mapping=column_mapping,
         written=[],
         use_dictionary=_dictionary_columns(data, write_schema, column_mapping),
+        content=content,
+        equality_ids=equality_ids,
     )
     data_files: list[DataFile] = []
     try:
@@ -791,6 +870,11 @@ def _storage(column: pa.ChunkedArray) -> pa.ChunkedArray:
     if not isinstance(column.type, pa.BaseExtensionType):
         return column
     return pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
+
+
+def remove_files(table: Table, files: Iterable[DataFile]) -> None:
+    """Delete files written for ``table`` that will never be committed (best effort)."""
+    _remove_quietly(table.io, [f.file_path for f in files])
 
 
 def _remove_quietly(io: FileIO, paths: list[str]) -> None:

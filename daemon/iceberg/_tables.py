@@ -9,21 +9,33 @@ old metadata removal, the retention policy) under its declared properties.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
+from daemon.cdc import key_type_problem
 from daemon.config import TableConfig
 from daemon.errors import CatalogError
 from daemon.iceberg._catalog import ensure_table
 from daemon.iceberg._defaults import TABLE_DEFAULTS
 from daemon.schema import infer_schema, parse_partition_spec, parse_schema, parse_sort_order
 
-__all__ = ["create_inferred", "create_with", "existing_table", "load_declared", "table_names"]
+__all__ = [
+    "check_key",
+    "create_inferred",
+    "create_with",
+    "existing_table",
+    "load_declared",
+    "table_names",
+]
+
+_log = logging.getLogger("icespool.tables")
+_FORMAT_VERSION = "format-version"
 
 
 def existing_table(catalog: Catalog, name: str) -> Table | None:
@@ -42,25 +54,101 @@ def load_declared(
 ) -> Table:
     """A table as ``[[tables]]`` declares it: created when missing and ``create = true``,
     checked against the declared schema; without a schema, it must exist."""
+    key = tuple(declared.key) if declared is not None else ()
     if declared is None or declared.columns is None:
         try:
-            return catalog.load_table(name)
+            table = catalog.load_table(name)
         except Exception as exc:
             raise CatalogError(
                 f"table {name!r} cannot be loaded ({exc}); declare its schema with "
                 "create = true (or infer = true), or create it in the catalog"
             ) from exc
+        return check_key(table, key, name) if key else table
     schema = parse_schema([c.model_dump() for c in declared.columns])
-    return ensure_table(
+    properties: Mapping[str, str] = declared.properties
+    if key:
+        # Equality deletes need format v2; the key is the table's identifier fields.
+        schema = Schema(
+            *schema.fields,
+            schema_id=schema.schema_id,
+            identifier_field_ids=[schema.find_field(column).field_id for column in key],
+        )
+        properties = {**properties, _FORMAT_VERSION: "2"}
+    table = ensure_table(
         catalog,
         name,
         schema,
         parse_partition_spec(schema, declared.partition_by),
-        declared.properties,
+        properties,
         declared.create,
         sort_order=parse_sort_order(schema, declared.sort_by),
         defaults=defaults,
     )
+    return check_key(table, key, name) if key else table
+
+
+def check_key(table: Table, key: Sequence[str], name: str) -> Table:
+    """``table`` as an upsert table with ``key``, or `CatalogError` naming the table.
+
+    The table must be format v2 (equality deletes), its key columns required, of a
+    type Iceberg allows as an identifier field, and its partition source columns key
+    columns. Its identifier fields must be the key; a table without any gets the key
+    as its identifier fields here (one schema commit, logged), so Spark and other
+    engines see the same key the daemon upserts by.
+    """
+    version = table.metadata.format_version
+    if version < 2:
+        raise CatalogError(
+            f"table {name!r} is format v{version}, but an upsert table (key = "
+            f"{list(key)}) needs format v2 for its equality deletes; upgrade it (Spark: "
+            f"ALTER TABLE {name} SET TBLPROPERTIES ('format-version'='2')) or remove key"
+        )
+    schema = table.schema()
+    for column in key:
+        try:
+            field = schema.find_field(column)
+        except ValueError:
+            raise CatalogError(
+                f"table {name!r} has no column {column!r} of its key {list(key)}; fix key"
+            ) from None
+        if not field.required:
+            raise CatalogError(
+                f"table {name!r}: key column {column!r} is optional in the table; key "
+                "columns must be required (make it NOT NULL, or choose another key)"
+            )
+        if (problem := key_type_problem(field.field_type)) is not None:
+            raise CatalogError(f"table {name!r}: key column {column!r}: {problem}")
+    key_ids = {schema.find_field(column).field_id for column in key}
+    for partition_field in table.spec().fields:
+        if partition_field.source_id not in key_ids:
+            source = schema.find_column_name(partition_field.source_id)
+            raise CatalogError(
+                f"table {name!r} is partitioned by {partition_field.name} of column "
+                f"{source!r}, which is not a key column; an upsert table's partition must be "
+                f"determined by its key {list(key)}"
+            )
+    current = set(schema.identifier_field_names())
+    if current == set(key):
+        return table
+    if current:
+        raise CatalogError(
+            f"table {name!r} has identifier fields {sorted(current)}, but its [[tables]] key "
+            f"is {list(key)}; make them the same (Spark: ALTER TABLE {name} SET IDENTIFIER "
+            "FIELDS ...)"
+        )
+    try:
+        with table.update_schema() as update:
+            update.set_identifier_fields(*key)
+    except CommitFailedException:
+        table.refresh()  # another replica set them first: check what it set
+        return check_key(table, key, name)
+    _log.info(
+        "table %s had no identifier fields; set them to its key %s",
+        name,
+        ", ".join(key),
+        extra={"table": name},
+    )
+    return table
 
 
 def create_inferred(

@@ -12,7 +12,7 @@ Three steps, so the scheduler can run each where it belongs:
   Iceberg's rules (``_deletes.py``).
 - ``rewrite`` (a thread, outside the table's lane, under an ``IoBudget``): reads each
   bin's files with pyarrow through ``table.io``, applies the equality and position
-  deletes that apply to each file (vectorized, ``daemon/cdc/_merge.py``) and writes
+  deletes that apply to each file (whole-file pyarrow, ``daemon/cdc/_merge.py``) and writes
   the rows left with ``encode_data_files``, the daemon's one Parquet writer (same
   codec, row groups, statistics and table write properties as a flush), sorted by the
   table's sort order if it has one. Output names are
@@ -85,11 +85,7 @@ from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.table.update import ValidatableTableRequirement
 from pyiceberg.typedef import Record
 
-from daemon.cdc._merge import (
-    DELETE_SEQUENCE_COLUMN,
-    equality_delete_mask,
-    position_delete_mask,
-)
+from daemon.cdc._merge import apply_equality_deletes
 from daemon.errors import CommitError, IcespoolError
 from daemon.iceberg._commit import (
     CommitOutcomeUnknownError,
@@ -593,9 +589,6 @@ class _DeleteReader:
             data = self._equality_columns(delete, data)
         else:
             data = data.select([_POSITION_PATH, _POSITION_POS])
-        data = data.append_column(
-            DELETE_SEQUENCE_COLUMN, pa.array(np.full(data.num_rows, delete.sequence_number))
-        )
         self._cache[delete.path] = data
         return data
 
@@ -633,6 +626,16 @@ def _read_conformed(
     return pa.Table.from_batches(conformed, schema=target)
 
 
+def _position_mask(num_rows: int, positions: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Keep-mask of a file of ``num_rows`` rows after deleting row ``positions``
+    (out-of-range positions are ignored, as Iceberg's readers do)."""
+    keep = np.ones(num_rows, dtype=bool)
+    if len(positions):
+        values = np.asarray(positions.to_numpy(zero_copy_only=False), dtype=np.int64)
+        keep[values[(values >= 0) & (values < num_rows)]] = False
+    return pa.array(keep)
+
+
 def _merged_bin(
     table: Table,
     piece: CompactionBin,
@@ -642,14 +645,15 @@ def _merged_bin(
     deadline: float | None,
 ) -> tuple[list[pa.RecordBatch], int]:
     """The bin's rows with its delete files applied, each to the files Iceberg's rules
-    scope it to (``_deletes.applies``); and the number of rows read."""
+    scope it to (``_deletes.applies``: per file, by its data sequence number); and the
+    number of rows read. Whole-file pyarrow: position masks, then equality deletes
+    as one anti-join per file and key (``daemon.cdc.apply_equality_deletes``)."""
     metadata = table.metadata
     schema = metadata.schema()
+    spec_id = metadata.default_spec_id
     target = arrow_schema_for(schema)
     reader.for_partition(piece.partition)
-    positions = [d for d in piece.deletes if not d.is_equality]
     pieces: list[pa.Table] = []
-    sequences: list[np.ndarray] = []
     read = 0
     for data_file, sequence in zip(piece.files, piece.sequences, strict=True):
         if deadline is not None and time.monotonic() > deadline:
@@ -661,32 +665,23 @@ def _merged_bin(
                 f"rows, its manifest entry counts {data_file.record_count}; not rewritten"
             )
         read += data.num_rows
-        named = [
-            reader.read(d)
-            for d in positions
-            if applies(d, data_file, sequence, metadata.default_spec_id)
-        ]
+        applying = [d for d in piece.deletes if applies(d, data_file, sequence, spec_id)]
+        named = [reader.read(d) for d in applying if not d.is_equality]
         if named:
             rows = pa.concat_tables(named)
-            mine = pc.filter(
-                rows.column(_POSITION_POS),
-                pc.equal(rows.column(_POSITION_PATH), data_file.file_path),
+            mine = pc.equal(rows.column(_POSITION_PATH), data_file.file_path)
+            data = data.filter(
+                _position_mask(data.num_rows, pc.filter(rows.column(_POSITION_POS), mine))
             )
-            data = data.filter(position_delete_mask(data.num_rows, mine))
+        by_key: dict[tuple[int, ...], list[pa.Table]] = defaultdict(list)
+        for delete in applying:
+            if delete.is_equality:
+                by_key[tuple(delete.file.equality_ids or ())].append(reader.read(delete))
+        for ids, tables in by_key.items():
+            key = [schema.find_column_name(field_id) or "" for field_id in ids]
+            data = apply_equality_deletes(data, pa.concat_tables(tables), key)
         pieces.append(data)
-        sequences.append(np.full(data.num_rows, sequence, dtype=np.int64))
     merged = pa.concat_tables(pieces) if pieces else target.empty_table()
-    data_sequence = pa.array(np.concatenate(sequences) if sequences else np.zeros(0, np.int64))
-    by_key: dict[tuple[int, ...], list[pa.Table]] = defaultdict(list)
-    for delete in piece.deletes:
-        if delete.is_equality:
-            by_key[tuple(delete.file.equality_ids or ())].append(reader.read(delete))
-    for ids, tables in by_key.items():
-        key = [schema.find_column_name(field_id) or "" for field_id in ids]
-        deletes = pa.concat_tables(tables)
-        keep = equality_delete_mask(merged, data_sequence, deletes, key)
-        merged = merged.filter(keep)
-        data_sequence = pc.filter(data_sequence, keep)
     return merged.to_batches(), read
 
 

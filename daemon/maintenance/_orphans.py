@@ -2,14 +2,13 @@
 
 The daemon knows its own file names: a flush writes
 ``{segment_uuid7}-{partition:05d}-{file:05d}.parquet`` (``iceberg/_parquet.py``, the
-prefix is the first spool segment's id) and a compaction writes
-``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``), and the equality
-delete files of upsert tables are ``d-{uuid7}-{partition:05d}-{file:05d}.parquet``
-(the uuid7 their segment's, as for its data files). A uuid7 carries
+prefix is the first spool segment's id; an upsert table's equality deletes are
+``{segment_uuid7}-eq-{partition:05d}-{file:05d}.parquet``) and a compaction writes
+``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``). A uuid7 carries
 its creation time in milliseconds. ``remove_orphans`` deletes a file under the table's
 data location only when ALL of these hold:
 
-1. its name is one of the three shapes above: files of other writers (Spark's
+1. its name is one of the two shapes above: files of other writers (Spark's
    ``00000-0-<uuid>-00001.parquet``, pyiceberg's ``<uuid>.parquet``, anything an
    operator copied in) never match;
 2. it is older than ``older_than_s`` both by modification time and by the time in
@@ -62,13 +61,12 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from daemon.iceberg import refresh_table
+from daemon.iceberg import DELETE_FILE_MARK, refresh_table
 from spool import new_uuid7
 
 __all__ = [
     "COMPACTION_PREFIX",
     "DEFAULT_ORPHAN_AGE_S",
-    "DELETE_FILE_PREFIX",
     "OrphanResult",
     "compaction_file_prefix",
     "daemon_file_id",
@@ -86,12 +84,10 @@ DEFAULT_ORPHAN_AGE_S: Final = 3600.0
 COMPACTION_PREFIX: Final = "c-"
 
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
-#: Delete files the daemon writes (equality deletes of upsert tables) are named
-#: ``d-{uuid7}-{partition:05d}-{file:05d}.parquet``.
-DELETE_FILE_PREFIX: Final = "d-"
+# An upsert table's flush also writes equality deletes: ``{segment}-eq-...``.
 _NAME: Final = re.compile(
-    rf"^(?:{re.escape(COMPACTION_PREFIX)}|{re.escape(DELETE_FILE_PREFIX)})?"
-    rf"(?P<id>{_UUID7})-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:{re.escape(DELETE_FILE_MARK)})?"
+    r"-[0-9]{5,}-[0-9]{5,}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 
@@ -103,8 +99,7 @@ def daemon_file_id(path: str) -> str | None:
 
 
 def is_daemon_file(path: str) -> bool:
-    """Whether ``path`` names a file the daemon wrote: a flush's or a compaction's data
-    file, or a delete file (``DELETE_FILE_PREFIX``)."""
+    """Whether ``path`` names a data file the daemon wrote (a flush's or a compaction's)."""
     return daemon_file_id(path) is not None
 
 

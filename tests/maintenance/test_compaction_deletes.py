@@ -401,7 +401,7 @@ def test_expiry_and_orphan_sweep_handle_delete_files(catalog: Catalog) -> None:
 
     # An uncommitted delete file of a segment written hours ago, and the live ones.
     stray = local_path(next(iter(kept))).with_name(
-        f"d-{uuid7_at(time.time() - 3 * HOUR)}-00000-00000.parquet"
+        f"{uuid7_at(time.time() - 3 * HOUR)}-eq-00000-00000.parquet"
     )
     stray.write_bytes(local_path(next(iter(kept))).read_bytes())
     for path in [stray, *(local_path(p) for p in kept)]:

@@ -1,11 +1,12 @@
 """Upsert tables with equality and position deletes, and their merged state, for tests.
 
-``commit_changes`` commits one change set the way an upsert commit does (design: CDC.md):
-data files of the surviving upserts plus equality-delete files on the key columns for
-EVERY key the change set touched, in ONE snapshot, so the set's own rows survive (same
-sequence number) and every older row of those keys is deleted. Files are written with
-pyarrow (Parquet field ids, pyiceberg statistics) and named as the daemon names them.
-``commit_position_deletes`` commits a position-delete file naming rows of data files.
+``commit_changes`` commits one change set the way an upsert commit does (design: CDC.md),
+through the daemon's own encoders and ``commit_files``: data files of the surviving
+upserts plus equality-delete files on the key columns for EVERY key the change set
+touched, in ONE snapshot, so the set's own rows survive (same sequence number) and
+every older row of those keys is deleted. ``commit_position_deletes`` commits a
+position-delete file (written here with pyarrow: the daemon writes none) naming rows
+of data files.
 
 ``merged_rows`` is the test's independent reader: plain Python over every live file,
 applying Iceberg's rules row by row (no code shared with the daemon's vectorized
@@ -30,21 +31,20 @@ from pyiceberg.manifest import (
     DataFileContent,
     FileFormat,
     ManifestContent,
-    ManifestEntry,
-    ManifestEntryStatus,
-    ManifestFile,
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from daemon.iceberg import refresh_table
-from daemon.iceberg._commit import _commit_once, _DeleteManifestWriter, _MergeAppend, _Staging
-from daemon.iceberg._parquet import _split_partitions, encode_data_files
+from daemon.iceberg import (
+    DELETE_FILE_MARK,
+    commit_files,
+    encode_data_files,
+    encode_equality_deletes,
+    refresh_table,
+)
 from daemon.maintenance._deletes import live_files
-from daemon.maintenance._orphans import DELETE_FILE_PREFIX
 from daemon.schema import arrow_schema_for, conform
 from spool import new_uuid7
 from support.maintenance_helpers import ENCODE
@@ -65,48 +65,10 @@ _POSITION_SCHEMA = Schema(
 )
 
 
-class _RowDelta(_MergeAppend):
-    """The daemon's merge append plus a delete manifest for the added delete files."""
-
-    delete_files: list[DataFile]
-
-    def _manifests(self) -> list[ManifestFile]:
-        manifests = super()._manifests()
-        by_spec: dict[int, list[DataFile]] = defaultdict(list)
-        for delete_file in self.delete_files:
-            by_spec[delete_file.spec_id].append(delete_file)
-        for spec_id, files in by_spec.items():
-            with _DeleteManifestWriter(
-                spec=self.spec(spec_id),
-                schema=self.schema(),
-                output_file=self.new_manifest_output(),
-                snapshot_id=self._snapshot_id,
-                avro_compression=self._compression,
-            ) as writer:
-                for delete_file in files:
-                    writer.add_entry(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            data_file=delete_file,
-                        )
-                    )
-            manifests.append(writer.to_manifest_file())
-        return manifests
-
-
-def _commit(table: Table, data_files: Sequence[DataFile], deletes: Sequence[DataFile]) -> int:
+def _commit(table: Table, files: Sequence[DataFile], segment: str) -> int:
+    """One snapshot adding ``files`` (data and delete files) through the daemon's commit."""
     refresh_table(table)
-    transaction = _Staging(table)
-    producer = _RowDelta(transaction, table.io, {})
-    producer._operation = Operation.OVERWRITE
-    producer.delete_files = list(deletes)
-    with producer as delta:
-        for data_file in data_files:
-            delta.append_data_file(data_file)
-        snapshot_id: int = delta.snapshot_id
-    _commit_once(transaction)  # updates ``table`` in place
-    return snapshot_id
+    return commit_files(table, list(files), segment_ids=[segment], summary={}).snapshot_id
 
 
 def _write_delete_file(
@@ -154,54 +116,31 @@ def commit_changes(
     deletes: pa.Table | None,
     key: Sequence[str],
 ) -> int:
-    """Commit upserts (full rows) and deletes (key columns) as one upsert snapshot;
-    return its id. A key in both counts as upserted (the upsert came last)."""
-    metadata = table.metadata
-    schema = metadata.schema()
+    """Commit upserts (full rows) and deletes (key columns) as one upsert snapshot, the
+    way the daemon's upsert commit does (its encoders and ``commit_files``); return its
+    id. A key in both counts as upserted (the upsert came last)."""
+    schema = table.metadata.schema()
     target = arrow_schema_for(table)
     segment = new_uuid7()
-    data_files: list[DataFile] = []
+    files: list[DataFile] = []
     touched: list[pa.Table] = []
     if upserts is not None and upserts.num_rows:
         upserts = pa.Table.from_batches([conform(upserts, target)])
-        data_files = encode_data_files(table, upserts.to_batches(), file_prefix=segment, **ENCODE)
+        files += encode_data_files(table, upserts.to_batches(), file_prefix=segment, **ENCODE)
         touched.append(upserts.select(list(key)))
     if deletes is not None and deletes.num_rows:
         touched.append(deletes.select(list(key)))
-    key_schema = Schema(*[schema.find_field(name) for name in key])
-    key_arrow = arrow_schema_for(key_schema)
-    delete_rows = (
-        pa.concat_tables([pa.Table.from_batches([conform(t, key_arrow)]) for t in touched])
-        .group_by(list(key), use_threads=False)
-        .aggregate([])
+    key_arrow = arrow_schema_for(schema.select(*key))
+    keys = pa.concat_tables([pa.Table.from_batches([conform(t, key_arrow)]) for t in touched])
+    keys = keys.group_by(list(key), use_threads=False).aggregate([])
+    files += encode_equality_deletes(
+        table,
+        [conform(keys, key_arrow)],
+        key,
+        file_prefix=f"{segment}{DELETE_FILE_MARK}",
+        **ENCODE,
     )
-    delete_rows = pa.Table.from_batches([conform(delete_rows, key_arrow)], schema=key_arrow)
-    # Partitions from the key columns (the key determines the partition).
-    padded = pa.table(
-        {
-            f.name: delete_rows.column(f.name)
-            if f.name in key
-            else pa.nulls(delete_rows.num_rows, f.type)
-            for f in target
-        }
-    )
-    equality_ids = [schema.find_field(name).field_id for name in key]
-    deletes_written: list[DataFile] = []
-    for index, part in enumerate(_split_partitions(metadata.spec(), schema, padded)):
-        rows = pa.Table.from_arrays([part.rows.column(n) for n in key], schema=key_arrow)
-        deletes_written.append(
-            _write_delete_file(
-                table,
-                rows,
-                key_schema,
-                content=DataFileContent.EQUALITY_DELETES,
-                partition=part.record,
-                partition_key=part.key,
-                name=f"{DELETE_FILE_PREFIX}{segment}-{index:05d}-00000.parquet",
-                equality_ids=equality_ids,
-            )
-        )
-    return _commit(table, data_files, deletes_written)
+    return _commit(table, files, segment)
 
 
 def write_position_delete(table: Table, data_file: DataFile, positions: Iterable[int]) -> DataFile:
@@ -232,7 +171,7 @@ def write_position_delete(table: Table, data_file: DataFile, positions: Iterable
         content=DataFileContent.POSITION_DELETES,
         partition=data_file.partition,
         partition_key=key,
-        name=f"{DELETE_FILE_PREFIX}{new_uuid7()}-00000-00000.parquet",
+        name=f"{new_uuid7()}{DELETE_FILE_MARK}-00000-00000.parquet",
         equality_ids=None,
     )
 
@@ -242,7 +181,7 @@ def commit_position_deletes(table: Table, deletes: Mapping[str, Iterable[int]]) 
     table.refresh()
     live = live_files(table.io, table.metadata, table.metadata.current_snapshot())  # type: ignore[arg-type]
     written = [write_position_delete(table, live.data[p].file, pos) for p, pos in deletes.items()]
-    return _commit(table, [], written)
+    return _commit(table, written, new_uuid7())
 
 
 def delete_files(table: Table) -> list[DataFile]:
