@@ -137,6 +137,7 @@ _DIRTY: Final = -1  # the group of a partition's files that deletes apply to
 _SORT_ORDER_ID_POSITION: Final = 15  # DataFile.sort_order_id reads _data[15]
 _POSITION_PATH: Final = "file_path"  # a position delete file's columns
 _POSITION_POS: Final = "pos"
+_SEQUENCE: Final = "_icespool_delete_seq"
 
 
 class CompactionError(IcespoolError):
@@ -570,10 +571,31 @@ class _DeleteReader:
         self._deadline = deadline
         self._partition: Record | None = None
         self._cache: dict[str, pa.Table] = {}
+        self._newest: dict[tuple[tuple[int, ...], frozenset[str]], pa.Table] = {}
 
     def for_partition(self, partition: Record) -> None:
         if partition != self._partition:
-            self._partition, self._cache = partition, {}
+            self._partition, self._cache, self._newest = partition, {}, {}
+
+    def newest(self, ids: tuple[int, ...], deletes: list[LiveDelete]) -> pa.Table:
+        """The keys (columns of field ``ids``) that ``deletes`` delete, once each, with
+        the highest sequence number deleting it (``_SEQUENCE``): a file of data sequence
+        number d loses the keys whose newest delete is above d, so each file joins
+        against distinct keys instead of every delete file's rows."""
+        wanted = (ids, frozenset(d.path for d in deletes))
+        cached = self._newest.get(wanted)
+        if cached is not None:
+            return cached
+        tables = []
+        for delete in deletes:
+            rows = self.read(delete)
+            sequence = pa.array(np.full(rows.num_rows, delete.sequence_number, dtype=np.int64))
+            tables.append(rows.append_column(_SEQUENCE, sequence))
+        keys = [c for c in tables[0].column_names if c != _SEQUENCE]
+        newest = pa.concat_tables(tables).group_by(keys, use_threads=False)
+        newest = newest.aggregate([(_SEQUENCE, "max")]).rename_columns([*keys, _SEQUENCE])
+        self._newest[wanted] = newest
+        return newest
 
     def read(self, delete: LiveDelete) -> pa.Table:
         cached = self._cache.get(delete.path)
@@ -665,21 +687,30 @@ def _merged_bin(
                 f"rows, its manifest entry counts {data_file.record_count}; not rewritten"
             )
         read += data.num_rows
-        applying = [d for d in piece.deletes if applies(d, data_file, sequence, spec_id)]
-        named = [reader.read(d) for d in applying if not d.is_equality]
+        named = [
+            reader.read(d)
+            for d in piece.deletes
+            if not d.is_equality and applies(d, data_file, sequence, spec_id)
+        ]
         if named:
             rows = pa.concat_tables(named)
             mine = pc.equal(rows.column(_POSITION_PATH), data_file.file_path)
             data = data.filter(
                 _position_mask(data.num_rows, pc.filter(rows.column(_POSITION_POS), mine))
             )
-        by_key: dict[tuple[int, ...], list[pa.Table]] = defaultdict(list)
-        for delete in applying:
+        by_key: dict[tuple[int, ...], list[LiveDelete]] = defaultdict(list)
+        for delete in piece.deletes:  # the bin's: one newest-key table per bin and key
             if delete.is_equality:
-                by_key[tuple(delete.file.equality_ids or ())].append(reader.read(delete))
-        for ids, tables in by_key.items():
+                by_key[tuple(delete.file.equality_ids or ())].append(delete)
+        for ids, group in by_key.items():
+            if not any(d.sequence_number > sequence for d in group):
+                continue
+            newest = reader.newest(ids, group)
+            # Scoping by partition is the bin's (one partition, or global deletes);
+            # by sequence number here: deletes newer than this file's rows.
+            keys = newest.filter(pc.greater(newest.column(_SEQUENCE), sequence))
             key = [schema.find_column_name(field_id) or "" for field_id in ids]
-            data = apply_equality_deletes(data, pa.concat_tables(tables), key)
+            data = apply_equality_deletes(data, keys.drop_columns([_SEQUENCE]), key)
         pieces.append(data)
     merged = pa.concat_tables(pieces) if pieces else target.empty_table()
     return merged.to_batches(), read

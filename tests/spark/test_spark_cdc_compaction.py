@@ -1,97 +1,122 @@
-"""Spark's maintenance and the daemon's compaction on an upsert table with equality deletes,
-while change sets keep committing.
+"""Spark's maintenance beside the daemon ingesting keyed changes into an upsert table and
+compacting it with its own scheduled maintenance.
 
-The table (key (region, id), identity partitions on region, format v2) gets change sets
-committed as an upsert commit commits them (support/cdc_tables.py: data files plus
-equality deletes for every touched key, one snapshot each), and a Spark merge-on-read
-DELETE adds position deletes. Then, while a thread keeps committing change sets:
+A real `Icespool` service owns an upsert table (key (region, id), identity partitions on
+region): a feeder appends change batches (upserts and deletes by key, at random) and
+flushes, each flush one snapshot of data files plus equality deletes. Maintenance runs
+every second; its compaction is held at its first read by a gate the test holds (the
+scheduler's I/O budget), so Spark certainly wins the race:
 
-1. the daemon plans and rewrites its compaction; Spark's ``rewrite_data_files`` with
-   ``delete-file-threshold = 1`` and ``rewrite_position_delete_files`` run; the daemon's
-   commit reports ``conflict`` (Spark rewrote its inputs first) with its files deleted;
-2. the daemon compacts again on the table Spark left and commits.
-
-After each step Spark's view equals the state the test computed itself, key by key:
-no change lost, none applied twice, no key live twice.
+1. the daemon's compaction planned and waits in its rewrite; Spark's merge-on-read
+   ``DELETE`` (position deletes), ``rewrite_data_files`` with ``delete-file-threshold = 1``
+   and ``rewrite_position_delete_files`` run while changes keep committing;
+2. the gate opens: the daemon's run reports ``conflict`` (its inputs were rewritten), and
+   a later run compacts what Spark left and commits;
+3. changes stop: Spark's view equals the state the test computed itself, key by key (no
+   change lost, none applied twice, no key live twice), and so does the daemon's merged
+   read; on the quiet table maintenance leaves no delete file.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
-from pyiceberg.table import Table
-from support.cdc_tables import commit_changes, delete_files, merged_rows
-from support.maintenance_helpers import ENCODE, local_path
 
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
-from daemon.retry import Backoff
-from daemon.schema import parse_partition_spec, parse_schema
+from daemon.cdc import DELETE, UPSERT, read_merged, with_ops
+from daemon.iceberg._catalog import load_catalog
+from daemon.maintenance import IoBudget
+from daemon.service import Icespool
 
-TARGET = 1 << 20
-WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
-FAST = Backoff(attempts=6, base=0.01, cap=0.1)
-KEY = ("region", "id")
+TABLE = "m.upserts"
+SCHEMA = [
+    {"name": "region", "type": "string", "required": True},
+    {"name": "id", "type": "long", "required": True},
+    {"name": "payload", "type": "string"},
+    {"name": "version", "type": "long"},
+]
+KEY = ["region", "id"]
 REGIONS = ("eu", "us")
 KEYS = 400
 
 State = dict[tuple[Any, ...], dict[str, Any]]
 
 
-class _Changes:
-    """Random change sets over ``KEYS`` keys per region; ``state`` follows them."""
+class _GatedBudget(IoBudget):
+    """The scheduler's I/O budget with a gate: a compaction's rewrite waits at its first
+    read while the gate is shut (``entered`` says one got there)."""
 
-    def __init__(self, table: Table, seed: int) -> None:
-        self.table = table
-        self.rng = random.Random(seed)
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.open = threading.Event()
+        self.entered = threading.Event()
+
+    def acquire(self, nbytes: int, *, deadline: float | None = None) -> float:
+        if not self.open.is_set():
+            self.entered.set()
+            self.open.wait()
+        return super().acquire(nbytes, deadline=deadline)
+
+    def close(self) -> None:
+        self.open.set()
+        super().close()
+
+
+class _Feeder:
+    """Random change batches over ``KEYS`` keys per region, a flush each; ``state``
+    follows every flushed batch (the last change per key wins)."""
+
+    def __init__(self, service: Icespool) -> None:
+        self.writer = service.writer(TABLE)
+        self.rng = random.Random(16)
         self.state: State = {}
-        self.version = 0
-        self.lock = threading.Lock()
+        self.commits = 0
+        self.running = asyncio.Event()
+        self.running.set()
+        self.idle = asyncio.Event()
 
-    def commit_one(self) -> None:
+    async def once(self) -> None:
         universe = [(r, i) for r in REGIONS for i in range(KEYS)]
         touched = self.rng.sample(universe, 40)
-        cut = self.rng.randrange(len(touched) + 1)
-        upserts, deletes = touched[:cut], touched[cut:]
-        with self.lock:
-            self.version += 1
-            n = self.version
-            commit_changes(
-                self.table,
-                pa.table(
-                    {
-                        "region": [r for r, _ in upserts],
-                        "id": [i for _, i in upserts],
-                        "payload": [f"{r}-{i}-v{n}" for r, i in upserts],
-                        "version": [n] * len(upserts),
-                    }
-                )
-                if upserts
-                else None,
-                pa.table({"region": [r for r, _ in deletes], "id": [i for _, i in deletes]})
-                if deletes
-                else None,
-                KEY,
-            )
-            for r, i in upserts:
+        ops = [DELETE if self.rng.random() < 0.3 else UPSERT for _ in touched]
+        n = self.commits + 1
+        rows = pa.table(
+            {
+                "region": [r for r, _ in touched],
+                "id": [i for _, i in touched],
+                "payload": [f"{r}-{i}-v{n}" for r, i in touched],
+                "version": [n] * len(touched),
+            }
+        )
+        await self.writer.append(with_ops(rows, pa.array(ops, pa.int8()), KEY))
+        result = await self.writer.flush()
+        assert result.records == len(touched), result
+        self.commits = n
+        for (r, i), op in zip(touched, ops, strict=True):
+            if op == UPSERT:
                 self.state[(r, i)] = {
                     "region": r,
                     "id": i,
                     "payload": f"{r}-{i}-v{n}",
                     "version": n,
                 }
-            for k in deletes:
-                self.state.pop(k, None)
+            else:
+                self.state.pop((r, i), None)
 
-    def run_until(self, done: threading.Event, errors: list[BaseException]) -> None:
-        try:
-            while not done.wait(0.3):
-                self.commit_one()
-        except BaseException as exc:  # surfaced by the test
-            errors.append(exc)
+    async def run(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            if not self.running.is_set():
+                self.idle.set()
+                await self.running.wait()
+                self.idle.clear()
+            await self.once()
+            # A commit a second (the default flush interval is a minute): Spark's commit
+            # retries must get a chance to land between the daemon's commits.
+            await asyncio.sleep(1.0)
 
 
 def _spark_state(spark: Any, name: str) -> State:
@@ -104,88 +129,111 @@ def _spark_state(spark: Any, name: str) -> State:
     return state
 
 
-def test_spark_rewrites_beside_changes_and_the_daemons_compaction(
-    make_config: Any, spark: Any, register: Any, catalog_name: str
+def _runs(service: Icespool, outcome: str) -> float:
+    value = service.metrics.registry.get_sample_value(
+        "icespool_maintenance_runs_total", {"table": TABLE, "task": "compact", "outcome": outcome}
+    )
+    return value or 0.0
+
+
+async def _eventually(check: Any, what: Any, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what()
+        await asyncio.sleep(0.1)
+
+
+async def test_spark_rewrites_beside_changes_and_the_daemons_compaction(
+    make_config: Any, run_daemon: Any, spark: Any, register: Any, catalog_name: str
 ) -> None:
-    config = make_config(catalog={"name": catalog_name})
-    catalog = load_catalog(config.catalog.name, config.catalog.properties())
-    schema = parse_schema(
-        [
-            {"name": "region", "type": "string", "required": True},
-            {"name": "id", "type": "long", "required": True},
-            {"name": "payload", "type": "string"},
-            {"name": "version", "type": "long"},
-        ]
+    config = make_config(
+        catalog={"name": catalog_name},
+        tables=[
+            {
+                "name": TABLE,
+                "create": True,
+                "schema": SCHEMA,
+                "key": KEY,
+                "partition_by": ["region"],
+                # Spark's commits retry on the daemon's (4 retries run out beside
+                # commits every fraction of a second).
+                "properties": {
+                    "write.delete.mode": "merge-on-read",
+                    "commit.retry.num-retries": "30",
+                },
+            }
+        ],
+        maintenance={"interval": "1s", "lease_ttl": "120s", "compaction_min_files": 2},
     )
-    spec = parse_partition_spec(schema, ["region"])
-    table = ensure_table(catalog, "m.upserts", schema, spec, {}, True)
-    ingest_table = load_catalog(config.catalog.name, config.catalog.properties()).load_table(
-        "m.upserts"
-    )
-    name = f"{register(config)}.m.upserts"
-    procedures = f"{name.rsplit('.', 2)[0]}.system"
-    changes = _Changes(ingest_table, seed=11)
-    for _ in range(30):
-        changes.commit_one()
-    assert _spark_state(spark, name) == changes.state
+    catalog = register(config)
+    name = f"{catalog}.{TABLE}"
+    procedures = f"{catalog}.system"
 
-    # Position deletes from Spark (merge-on-read DELETE), folded into the state.
-    # Spark's commits retry on the daemon's concurrent ones (4 retries by default are
-    # too few beside commits every fraction of a second).
-    spark.sql(
-        f"ALTER TABLE {name} SET TBLPROPERTIES ('write.delete.mode' = 'merge-on-read', "
-        "'commit.retry.num-retries' = '30')"
-    )
-    spark.sql(f"DELETE FROM {name} WHERE id % 37 = 0")
-    for key in [k for k in changes.state if k[1] % 37 == 0]:
-        changes.state.pop(key)
-    assert _spark_state(spark, name) == changes.state == merged_rows(table, KEY)
+    async with run_daemon(config) as (service, _):
+        gate = _GatedBudget()
+        service.maintenance.budget = gate
+        feeder = _Feeder(service)
+        done = asyncio.Event()
+        feeding = asyncio.create_task(feeder.run(done))
+        try:
+            # 1. The daemon's compaction waits in its rewrite; Spark goes first.
+            await _eventually(gate.entered.is_set, lambda: "no compaction started", 60)
+            feeder.running.clear()
+            await feeder.idle.wait()
+            await asyncio.to_thread(spark.sql, f"DELETE FROM {name} WHERE id % 37 = 0")
+            for key in [k for k in feeder.state if k[1] % 37 == 0]:
+                feeder.state.pop(key)
+            feeder.running.set()
+            before_spark = feeder.commits
+            await asyncio.to_thread(
+                lambda: spark.sql(
+                    f"CALL {procedures}.rewrite_data_files(table => '{TABLE}', "
+                    "options => map('delete-file-threshold', '1', 'min-input-files', '2'))"
+                ).collect()
+            )
+            await asyncio.to_thread(
+                lambda: spark.sql(
+                    f"CALL {procedures}.rewrite_position_delete_files(table => '{TABLE}')"
+                ).collect()
+            )
+            during_spark = feeder.commits - before_spark
+            # 2. The daemon's run gives up; a later one compacts what Spark left.
+            gate.open.set()
+            await _eventually(
+                lambda: _runs(service, "conflict") >= 1,
+                lambda: service.maintenance.status(TABLE),
+                60,
+            )
+            committed = _runs(service, "ok")
+            await _eventually(
+                lambda: (
+                    _runs(service, "ok") > committed
+                    and "replaced" in str(service.maintenance.status(TABLE))
+                ),
+                lambda: service.maintenance.status(TABLE),
+                60,
+            )
+        finally:
+            done.set()
+            await feeding
+        assert during_spark >= 1  # changes kept committing while Spark rewrote
+        assert _runs(service, "failed") == 0, service.maintenance.status(TABLE)
 
-    done = threading.Event()
-    errors: list[BaseException] = []
-    feeder = threading.Thread(target=changes.run_until, args=(done, errors), daemon=True)
-    feeder.start()
-    try:
-        # 1. The daemon's rewrite is done; Spark rewrites the same files first.
-        table.refresh()
-        (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
-        assert plan.applies_deletes
-        new = rewrite(table, plan, budget=IoBudget(None), **WRITER)
-        spark.sql(
-            f"CALL {procedures}.rewrite_data_files(table => 'm.upserts', "
-            "options => map('delete-file-threshold', '1', 'min-input-files', '2'))"
-        ).collect()
-        spark.sql(
-            f"CALL {procedures}.rewrite_position_delete_files(table => 'm.upserts')"
-        ).collect()
-        result = commit_rewrite(table, plan, new, retry=FAST)
-        assert result.outcome == "conflict", result
-        assert not any(local_path(f.file_path).exists() for f in new)
+        # 3. Spark's view, the daemon's merged read and the test's state agree.
+        await asyncio.to_thread(spark.sql, f"REFRESH TABLE {name}")
+        assert await asyncio.to_thread(_spark_state, spark, name) == feeder.state
+        table = load_catalog(config.catalog.name, config.catalog.properties()).load_table(TABLE)
+        merged = read_merged(table).to_pylist()
+        assert {(r["region"], r["id"]): r for r in merged} == feeder.state
+        assert len(merged) == len(feeder.state)
 
-        # 2. The daemon compacts what Spark left, changes still arriving.
-        table.refresh()
-        plans = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
-        if plans:
-            new = rewrite(table, plans[0], budget=IoBudget(None), **WRITER)
-            assert commit_rewrite(table, plans[0], new, retry=FAST).outcome == "committed"
-    finally:
-        done.set()
-        feeder.join(timeout=60)
-    assert not errors, errors
-    assert changes.version > 30  # changes kept committing all along
+        # The quiet table: maintenance leaves no delete file, and a few data files.
+        def deletes() -> int:
+            return int(spark.sql(f"SELECT count(*) AS n FROM {name}.delete_files").first().n)
 
-    with changes.lock:
-        expected = dict(changes.state)
-    spark.sql(f"REFRESH TABLE {name}")
-    assert _spark_state(spark, name) == expected == merged_rows(table, KEY)
-
-    # Quiet table: one more daemon run leaves no delete file and few data files.
-    table.refresh()
-    plans = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
-    if plans:
-        new = rewrite(table, plans[0], budget=IoBudget(None), **WRITER)
-        assert commit_rewrite(table, plans[0], new, retry=FAST).outcome == "committed"
-    assert delete_files(table) == []
-    files = spark.sql(f"SELECT count(*) AS n FROM {name}.data_files").collect()[0].n
-    assert files <= 2 * len(REGIONS)
-    assert _spark_state(spark, name) == expected
+        deadline = time.monotonic() + 60
+        while await asyncio.to_thread(deletes):
+            assert time.monotonic() < deadline, service.maintenance.status(TABLE)
+            await asyncio.sleep(1)
+            await asyncio.to_thread(spark.sql, f"REFRESH TABLE {name}")
+        assert await asyncio.to_thread(_spark_state, spark, name) == feeder.state
