@@ -9,6 +9,7 @@ table's merged state is read by the test's own row-by-row reader (``merged_rows`
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -29,6 +30,7 @@ from support.cdc_tables import (
 )
 from support.maintenance_helpers import ENCODE, local_path, sql_catalog, uuid7_at
 
+from daemon.cdc import DELETE, UPSERT, read_merged, with_ops
 from daemon.iceberg import commit_expiry
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import (
@@ -47,6 +49,7 @@ from daemon.maintenance._expire import DATA_FILE, DELETE_FILE
 from daemon.maintenance._expire import delete_files as delete_files_on_disk
 from daemon.retry import Backoff
 from daemon.schema import parse_partition_spec, parse_schema
+from daemon.service import Icespool
 
 HOUR = 3600.0
 TARGET = 256 * 1024
@@ -60,6 +63,7 @@ COLUMNS: list[dict[str, object]] = [
     {"name": "version", "type": "long"},
 ]
 
+KEY = ("region", "id")
 State = dict[tuple[Any, ...], dict[str, Any]]
 
 
@@ -424,3 +428,49 @@ def _assert_equality_ids_declared_int(table: Table) -> None:
         header = stream.read(64 * 1024)
     declared = header[header.index(b'"name": "equality_ids"') :][:200]
     assert b'"items": "int"' in declared, declared
+
+
+async def test_the_daemons_scheduled_maintenance_keeps_an_upsert_table_bounded(
+    make_config: Any,
+) -> None:
+    """A real `Icespool` ingesting change batches into an upsert table, maintenance every
+    half second: runs apply the deletes and drop the delete files while changes arrive;
+    once they stop, no delete file is left and the merged state is exact."""
+    config = make_config(
+        tables=[
+            {
+                "name": "m.upserts",
+                "create": True,
+                "schema": COLUMNS,
+                "key": ["region", "id"],
+                "partition_by": ["region"],
+            }
+        ],
+        maintenance={"interval": "500ms", "lease_ttl": "30s", "compaction_min_files": 2},
+    )
+    rng = random.Random(3)
+    state: State = {}
+    async with Icespool(config) as service:
+        writer = service.writer("m.upserts")
+        for n in range(40):
+            touched = rng.sample([(r, i) for r in ("eu", "us") for i in range(150)], 30)
+            ops = [DELETE if rng.random() < 0.3 else UPSERT for _ in touched]
+            await writer.append(with_ops(_rows(touched, n), pa.array(ops, pa.int8()), KEY))
+            await writer.flush()
+            for key, op in zip(touched, ops, strict=True):
+                if op == UPSERT:
+                    state[key] = _rows([key], n).to_pylist()[0]
+                else:
+                    state.pop(key, None)
+            await asyncio.sleep(0.05)
+        assert service._catalog is not None
+        table = service._catalog.load_table("m.upserts")
+        deadline = time.monotonic() + 30
+        while delete_files(table):
+            assert time.monotonic() < deadline, service.maintenance.status("m.upserts")
+            await asyncio.sleep(0.2)
+        status = service.maintenance.status("m.upserts")
+        assert status is not None and status["last_run"]["outcome"] == "ok", status
+        assert merged_rows(table, KEY) == state
+        assert {(r["region"], r["id"]): r for r in read_merged(table).to_pylist()} == state
+        assert len(_data_files(table)) <= 4
