@@ -1240,8 +1240,8 @@ def _check_replace(table: Table, deleted: Sequence[DataFile], added: Sequence[Da
     is Iceberg's scoping of deletes: a delete file applies to data files of its own
     spec and partition, or to every file when its spec is unpartitioned (global
     equality deletes). Any such delete file fails the check, whenever it was added:
-    the planner never selects files that deletes already apply to, so any found here
-    was added since.
+    the strict rule for callers that rewrite files as they are on disk. Compaction,
+    which applies deletes itself, passes its own ``check`` to ``commit_replace``.
     """
     name = _name(table)
     metadata = table.metadata

@@ -175,8 +175,9 @@ class _Outputs:
 
 
 async def _compact_task(ctx: RunContext) -> TaskResult:
-    """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
-    shared I/O budget), commit the one ``replace`` snapshot in the lane."""
+    """Bin-pack the daemon's small files and apply the delete files that apply to a
+    table's files (dropping the ones nothing live needs then): plan and rewrite off the
+    lane (under the shared I/O budget), commit the one ``replace`` snapshot in the lane."""
     settings, table, state = ctx.settings, ctx.table, ctx.state
     writer = ctx.config.table_settings(ctx.name)
     now = ctx.clock()
