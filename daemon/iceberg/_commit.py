@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, cast
@@ -76,6 +77,7 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
     ManifestWriterV2,
 )
 from pyiceberg.schema import Schema
@@ -1107,16 +1109,126 @@ class _ReplaceFiles(_OverwriteFiles):
     A rewrite that keeps every row must be a ``replace``: Spark Structured Streaming
     skips ``replace`` snapshots but fails on ``overwrite`` ones. pyiceberg 0.12's
     ``update_snapshot_summaries`` refuses REPLACE, so the summary (totals, partition
-    summaries) is computed as for an overwrite, then relabelled. Everything else is
-    ``_OverwriteFiles``: manifests holding removed files are rewritten without them,
-    and "Missing required files to delete" is raised when one is not live in the
-    parent snapshot (pinned <0.13; tests/maintenance cover it).
+    summaries) is computed as for an overwrite, then relabelled.
+
+    What it changes in ``_OverwriteFiles`` (pinned <0.13; tests/maintenance cover it):
+
+    - files to remove may be delete files: their entries go to delete manifests, and a
+      delete manifest holding one is rewritten as a delete manifest (pyiceberg writes
+      every manifest as a data manifest and only removes data files);
+    - the added files may carry an explicit data sequence number
+      (``data_sequence_number``, what Iceberg's ``use-starting-sequence-number`` does
+      for Spark's rewrites): the sequence number of the snapshot the rewrite read, so
+      equality deletes committed since still apply to the rewritten rows;
+    - every manifest is read (no partition pruning: pyiceberg's prunes everything away
+      on an unpartitioned spec once a delete file is removed), and manifests left with
+      only removed entries by an earlier rewrite are not carried on.
+
+    "Missing required files to delete" (ValidationException) is raised when a file to
+    remove is not live in the parent snapshot.
     """
+
+    data_sequence_number: int | None = None
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         overwrite = super()._summary(snapshot_properties).model_dump()
         overwrite.pop(OPERATION)
         return Summary(Operation.REPLACE, **overwrite)
+
+    def _writer(self, spec_id: int, content: ManifestContent) -> ManifestWriter:
+        if content == ManifestContent.DATA:
+            return self.new_manifest_writer(self.spec(spec_id))
+        metadata = self._transaction.table_metadata
+        return (
+            _DeleteManifestWriter(
+                spec=self.spec(spec_id),
+                schema=self.schema(),
+                output_file=self.new_manifest_output(),
+                snapshot_id=self._snapshot_id,
+                avro_compression=self._compression,
+            )
+            if metadata.format_version == 2
+            else self.new_manifest_writer(self.spec(spec_id))
+        )
+
+    def _live_manifests(self) -> list[ManifestFile]:
+        snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+        if snapshot is None:
+            return []
+        return [
+            m
+            for m in snapshot.manifests(io=self._io)
+            if m.has_added_files() or m.has_existing_files()
+        ]
+
+    def _manifests(self) -> list[ManifestFile]:
+        manifests = self._live_manifests()
+        kept: list[ManifestFile] = []
+        removed: dict[tuple[int, ManifestContent], list[ManifestEntry]] = defaultdict(list)
+        for manifest in manifests:
+            entries = manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
+            staying = [e for e in entries if e.data_file not in self._deleted_data_files]
+            if len(staying) == len(entries):
+                kept.append(manifest)
+                continue
+            key = (manifest.partition_spec_id, manifest.content)
+            removed[key] += [e for e in entries if e.data_file in self._deleted_data_files]
+            if staying:
+                with self._writer(*key) as writer:
+                    for entry in staying:
+                        writer.add_entry(
+                            ManifestEntry.from_args(
+                                status=ManifestEntryStatus.EXISTING,
+                                snapshot_id=entry.snapshot_id,
+                                sequence_number=entry.sequence_number,
+                                file_sequence_number=entry.file_sequence_number,
+                                data_file=entry.data_file,
+                            )
+                        )
+                kept.append(writer.to_manifest_file())
+        found = {entry.data_file.file_path for entries in removed.values() for entry in entries}
+        if missing := sorted(
+            f.file_path for f in self._deleted_data_files if f.file_path not in found
+        ):
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
+        written: list[ManifestFile] = []
+        if self._added_data_files:
+            with self.new_manifest_writer(self._transaction.table_metadata.spec()) as writer:
+                for data_file in self._added_data_files:
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=self.data_sequence_number,
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
+                    )
+            written.append(writer.to_manifest_file())
+        for (spec_id, content), entries in removed.items():
+            with self._writer(spec_id, content) as writer:
+                for entry in entries:
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.DELETED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=entry.sequence_number,
+                            file_sequence_number=entry.file_sequence_number,
+                            data_file=entry.data_file,
+                        )
+                    )
+            written.append(writer.to_manifest_file())
+        return written + kept
+
+
+def _check_added_spec(table: Table, added: Sequence[DataFile]) -> None:
+    current_spec = table.metadata.default_spec_id
+    for data_file in added:
+        if data_file.spec_id != current_spec:
+            raise ReplaceConflictError(
+                f"table {_name(table)}: the partition spec changed to {current_spec} since "
+                f"{data_file.file_path} was written for spec {data_file.spec_id}"
+            )
 
 
 def _check_replace(table: Table, deleted: Sequence[DataFile], added: Sequence[DataFile]) -> None:
@@ -1128,18 +1240,12 @@ def _check_replace(table: Table, deleted: Sequence[DataFile], added: Sequence[Da
     is Iceberg's scoping of deletes: a delete file applies to data files of its own
     spec and partition, or to every file when its spec is unpartitioned (global
     equality deletes). Any such delete file fails the check, whenever it was added:
-    the planner never selects files that deletes already apply to, so any found here
-    was added since.
+    the strict rule for callers that rewrite files as they are on disk. Compaction,
+    which applies deletes itself, passes its own ``check`` to ``commit_replace``.
     """
     name = _name(table)
     metadata = table.metadata
-    current_spec = metadata.default_spec_id
-    for data_file in added:
-        if data_file.spec_id != current_spec:
-            raise ReplaceConflictError(
-                f"table {name}: the partition spec changed to {current_spec} since "
-                f"{data_file.file_path} was written for spec {data_file.spec_id}"
-            )
+    _check_added_spec(table, added)
     snapshot = metadata.snapshot_by_name(MAIN_BRANCH)
     if snapshot is None:
         raise ReplaceConflictError(f"table {name}: main has no snapshot any more")
@@ -1174,6 +1280,7 @@ def _stage_replace(
     deleted: Sequence[DataFile],
     added: Sequence[DataFile],
     summary: Mapping[str, str],
+    data_sequence_number: int | None = None,
 ) -> tuple[Transaction, int]:
     transaction = _Staging(table)
     producer = _ReplaceFiles(
@@ -1183,6 +1290,7 @@ def _stage_replace(
         snapshot_properties=dict(summary),
         branch=MAIN_BRANCH,
     )
+    producer.data_sequence_number = data_sequence_number
     for data_file in deleted:
         producer.delete_data_file(data_file)
     for data_file in added:
@@ -1208,8 +1316,17 @@ def commit_replace(
     summary: Mapping[str, str],
     retry: Backoff = CONFLICTS,
     requirements: Sequence[ValidatableTableRequirement] = (),
+    data_sequence_number: int | None = None,
+    check: Callable[[Table], Sequence[DataFile]] | None = None,
 ) -> CommitResult:
     """Replace ``deleted`` by ``added`` in ``main`` as ONE snapshot with operation ``replace``.
+
+    ``data_sequence_number``: the data sequence number the added files carry (None:
+    the new snapshot's). ``check``: the caller's validation of the refreshed table on
+    every attempt instead of ``_check_replace`` (which refuses any delete file applying
+    to ``deleted``); it raises ReplaceConflictError or returns more files to remove in
+    the same snapshot (delete files nothing live needs any more). The added files'
+    partition spec is checked either way.
 
     For rewrites that keep every row (compaction): the caller guarantees ``added``
     holds exactly the rows of ``deleted``. Every attempt refreshes the table, looks for
@@ -1227,7 +1344,7 @@ def commit_replace(
     after ``retry.attempts`` conflicts or for a table that cannot be loaded (nothing
     committed), ``CommitRejectedError`` when Iceberg refuses the commit itself.
     """
-    if not deleted:
+    if not deleted and check is None:
         raise ValueError("commit_replace needs at least one file to remove")
     paths = [data_file.file_path for data_file in deleted]
     if len(set(paths)) != len(paths):
@@ -1255,9 +1372,18 @@ def commit_replace(
             raise _OutcomeUnknown(refresh_error)
         if (mine := landed()) is not None:
             return _result_from_snapshot(table, mine, attempts=count, ours=True)
-        _check_replace(table, deleted, added)
+        if check is None:
+            _check_replace(table, deleted, added)
+            removing = list(deleted)
+        else:
+            _check_added_spec(table, added)
+            removing = [*deleted, *check(table)]
+            if not removing:
+                raise ReplaceConflictError(f"table {name}: nothing left to replace")
         try:
-            transaction, snapshot_id = _stage_replace(table, deleted, added, summary)
+            transaction, snapshot_id = _stage_replace(
+                table, removing, added, summary, data_sequence_number
+            )
         except ValidationException as exc:  # "Missing required files to delete"
             raise ReplaceConflictError(f"table {name}: {exc}") from exc
         attempted.add(snapshot_id)

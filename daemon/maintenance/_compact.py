@@ -1,23 +1,41 @@
-"""Compaction: bin-pack the small data files the daemon wrote, in ONE ``replace`` snapshot.
+"""Compaction: bin-pack the small data files the daemon wrote and apply the delete files
+that apply to them, in ONE ``replace`` snapshot.
 
 Three steps, so the scheduler can run each where it belongs:
 
 - ``plan_compaction`` (any thread, reads manifests): the live data files of ``main``
-  that are small (under ``small_file_fraction`` x the target size), daemon-written
-  (``own_file``) and of the table's CURRENT partition spec (files of older specs are
-  left alone: rewriting them means re-partitioning, which is Spark's job), grouped per
-  partition, in bins of at most the target size, at most ``max_bytes`` in all.
+  that are small (under ``small_file_fraction`` x the target size) or that delete
+  files apply to, daemon-written (``own_file``) and of the table's CURRENT partition
+  spec (files of older specs are left alone: rewriting them means re-partitioning,
+  which is Spark's job), grouped per partition, in bins of at most the target size,
+  at most ``max_bytes`` in all. Which delete file applies to which data file follows
+  Iceberg's rules (``_deletes.py``).
 - ``rewrite`` (a thread, outside the table's lane, under an ``IoBudget``): reads each
-  bin's files with pyarrow through ``table.io`` and writes them again with
-  ``encode_data_files``, the daemon's one Parquet writer (same codec, row groups,
-  statistics and table write properties as a flush), sorted by the table's sort order
-  if it has one. Output names are ``c-{uuid7}-{partition:05d}-{file:05d}.parquet``,
-  the uuid7 fixed in the plan: a retried rewrite of a plan overwrites its own files,
-  and the orphan sweep (``_orphans.py``) knows them.
+  bin's files with pyarrow through ``table.io``, applies the equality and position
+  deletes that apply to each file (whole-file pyarrow, ``daemon/cdc/_merge.py``) and writes
+  the rows left with ``encode_data_files``, the daemon's one Parquet writer (same
+  codec, row groups, statistics and table write properties as a flush), sorted by the
+  table's sort order if it has one. Output names are
+  ``c-{uuid7}-{partition:05d}-{file:05d}.parquet``, the uuid7 fixed in the plan: a
+  retried rewrite of a plan overwrites its own files, and the orphan sweep
+  (``_orphans.py``) knows them.
 - ``commit_rewrite`` (the table's lane, serialised with ingest commits): one
   ``replace`` snapshot through ``iceberg/_commit.commit_replace``, validated on every
   attempt against the refreshed table; another writer's rewrite or delete of the
   inputs ends it as ``conflict`` with the new files deleted and nothing committed.
+
+Sequence numbers. Upsert commits keep adding equality deletes while a rewrite runs
+(planning and rewriting happen outside the table's lane). The new files therefore
+carry the data sequence number of the snapshot the plan read (Iceberg's
+``use-starting-sequence-number``, what Spark's rewrites do): an equality delete
+committed after it has a higher sequence number and still applies to the rewritten
+rows, so it needs no conflict. What does conflict (checked at commit time on the
+refreshed table): an input no longer live, and a position delete (or any delete the
+plan did not see with a sequence number at most the plan's) naming or scoping an
+input: the rewrite could not have applied it. The same commit removes every delete
+file of sequence number at most the plan's that then applies to no live data file
+(``_deletes.droppable``), so the number of delete files, and with it the read cost,
+stays bounded by what arrived since the last run.
 
 Why the inputs are read with pyarrow and not pyiceberg's scan: pyiceberg 0.12 reads a
 null list or map of structs back as an empty one; compaction must keep every value.
@@ -54,11 +72,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.refs import MAIN_BRANCH
@@ -66,6 +85,7 @@ from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.table.update import ValidatableTableRequirement
 from pyiceberg.typedef import Record
 
+from daemon.cdc._merge import apply_equality_deletes
 from daemon.errors import CommitError, IcespoolError
 from daemon.iceberg._commit import (
     CommitOutcomeUnknownError,
@@ -78,6 +98,7 @@ from daemon.iceberg._parquet import (
     encode_data_files,
     partition_transform,
 )
+from daemon.maintenance._deletes import LiveDelete, applies, droppable, live_files
 from daemon.maintenance._orphans import (
     COMPACTION_PREFIX,
     compaction_file_prefix,
@@ -109,8 +130,14 @@ COMPACTION_SUMMARY_KEY: Final = "icespool.compaction"
 DEFAULT_SMALL_FILE_FRACTION: Final = 0.75
 #: Input files per run: bounds the plan's memory and the replace commit's manifests.
 DEFAULT_MAX_FILES: Final = 10_000
+#: Delete files that must apply to a file that is not small before it is rewritten.
+DEFAULT_DELETE_FILE_THRESHOLD: Final = 1
 _ROW_LINEAGE_FORMAT: Final = 3
+_DIRTY: Final = -1  # the group of a partition's files that deletes apply to
 _SORT_ORDER_ID_POSITION: Final = 15  # DataFile.sort_order_id reads _data[15]
+_POSITION_PATH: Final = "file_path"  # a position delete file's columns
+_POSITION_POS: Final = "pos"
+_SEQUENCE: Final = "_icespool_delete_seq"
 
 
 class CompactionError(IcespoolError):
@@ -197,11 +224,16 @@ class IoBudget:
 
 @dataclass(frozen=True)
 class CompactionBin:
-    """Small files of one partition, rewritten together into files named after ``file_id``."""
+    """Files of one partition, rewritten together into files named after ``file_id``:
+    small files, and files that delete files apply to. ``sequences`` are the files'
+    data sequence numbers, ``deletes`` the live delete files that apply to any of them
+    (applied by the rewrite, each to the files Iceberg's rules scope it to)."""
 
     file_id: str
     partition: Record
     files: tuple[DataFile, ...]
+    sequences: tuple[int, ...] = ()
+    deletes: tuple[LiveDelete, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -219,17 +251,35 @@ class CompactionBin:
 @dataclass(frozen=True)
 class CompactionPlan:
     """What one run rewrites: bins per partition of spec ``spec_id``, planned on
-    ``main``'s snapshot ``snapshot_id``; committed as ONE replace snapshot."""
+    ``main``'s snapshot ``snapshot_id`` of sequence number ``sequence_number``;
+    committed as ONE replace snapshot whose new files carry that data sequence number
+    (so equality deletes committed after the planned snapshot still apply to them),
+    removing the inputs and the delete files nothing live needs any more (``drops``
+    as planned; the commit decides again on the refreshed table)."""
 
     plan_id: str
     snapshot_id: int
     spec_id: int
     target_file_size: int
     bins: tuple[CompactionBin, ...]
+    sequence_number: int = 0
+    drops: tuple[LiveDelete, ...] = ()
     files: tuple[DataFile, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(f for b in self.bins for f in b.files))
+
+    @property
+    def applies_deletes(self) -> bool:
+        """Whether the rewrite removes rows (delete files apply to its inputs)."""
+        return any(b.deletes for b in self.bins)
+
+    @property
+    def known_deletes(self) -> frozenset[str]:
+        """Paths of every delete file the plan saw applying to its inputs or dropped."""
+        return frozenset(
+            {d.path for b in self.bins for d in b.deletes} | {d.path for d in self.drops}
+        )
 
     @property
     def bytes(self) -> int:
@@ -274,20 +324,38 @@ def plan_compaction(
     max_files: int = DEFAULT_MAX_FILES,
     own_file: Callable[[str], bool] = is_daemon_file,
     small_file_fraction: float = DEFAULT_SMALL_FILE_FRACTION,
+    delete_file_threshold: int = DEFAULT_DELETE_FILE_THRESHOLD,
+    rewrite_foreign: bool = True,
 ) -> list[CompactionPlan]:
     """The compaction worth doing on ``table`` as loaded (refresh it first): at most one plan.
 
     ``target_file_size`` is the daemon's setting; the table's
-    ``write.target-file-size-bytes`` wins, as it does for the encoder. Partitions that
-    delete files apply to are skipped (the rewrite reads files as they are on disk),
-    and nothing is planned while a global (unpartitioned-spec) delete file is live.
+    ``write.target-file-size-bytes`` wins, as it does for the encoder.
+
+    Two kinds of partitions, those with deletes first:
+
+    - a partition where delete files (equality or position, the partition's own or
+      global ones) apply to files: its small daemon files and every file with at least
+      ``delete_file_threshold`` delete files applying (Spark's option of the same name)
+      are rewritten with the deletes applied, whatever their number. Files of other
+      writers (Spark's rewrite outputs) count too, with ``rewrite_foreign``, when they
+      are at most twice the target size (bigger ones are left to Spark's
+      ``rewrite_data_files``, which splits them): left alone, every later equality
+      delete of their partition would apply to them and stay for ever;
+    - otherwise, as before: ``min_input_files`` small files of one tier at least.
+
     A bin holds at most the target size of compressed column data (``payload_bytes``)
-    and so makes one output file; ``max_bytes`` bounds the input files' sizes (the
-    I/O) and ``max_files`` the input files (the plan's memory and the size of the
-    commit, whose manifests list every replaced file). Bins follow commit order
-    (sequence number, then path), so a bin holds rows that arrived together: tight
-    column bounds for readers' pruning. Partitions with the most small files come
-    first when ``max_bytes`` cannot take them all.
+    and so makes one output file (a bin of one file only when deletes apply to it);
+    ``max_bytes`` bounds the bytes read (input files, and the delete files a
+    partition's rewrite reads) and ``max_files`` the input files (the plan's memory and
+    the size of the commit, whose manifests list every replaced file). Bins follow
+    commit order (sequence number, then path), so a bin holds rows that arrived
+    together: tight column bounds for readers' pruning. Partitions with the most files
+    to rewrite come first when ``max_bytes`` cannot take them all.
+
+    The plan also lists the delete files that would apply to no live data file once
+    its inputs are replaced (``drops``, among those of sequence number <= the planned
+    snapshot's); a plan may hold only drops (delete files that apply to nothing).
 
     Format v3 tables are left alone: their rows carry lineage ids (``_row_id``) that a
     rewrite must keep, which this rewrite cannot (pyiceberg 0.12 cannot write v3 at all
@@ -303,6 +371,8 @@ def plan_compaction(
         raise ValueError(f"max_files must be at least 2, got {max_files}")
     if not 0 < small_file_fraction <= 1:
         raise ValueError(f"small_file_fraction must be in (0, 1], got {small_file_fraction}")
+    if delete_file_threshold < 1:
+        raise ValueError(f"delete_file_threshold must be at least 1, got {delete_file_threshold}")
     metadata = table.metadata
     snapshot = metadata.snapshot_by_name(MAIN_BRANCH)
     if snapshot is None or metadata.format_version >= _ROW_LINEAGE_FORMAT:
@@ -311,66 +381,91 @@ def plan_compaction(
         dict(metadata.properties), TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, target_file_size
     )
     spec_id = metadata.default_spec_id
-    specs = metadata.specs()
     small = small_file_fraction * target
-    io = table.io
-    blocked: set[Record] = set()
-    groups: dict[tuple[Record, int], list[tuple[int, str, DataFile]]] = defaultdict(list)
-    for manifest in snapshot.manifests(io):
-        if manifest.content == ManifestContent.DELETES:
-            entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
-            if entries and specs[manifest.partition_spec_id].is_unpartitioned():
-                return []  # a global delete applies to every file
-            if manifest.partition_spec_id == spec_id:
-                blocked.update(entry.data_file.partition for entry in entries)
+    live = live_files(table.io, metadata, snapshot)
+    sequence = snapshot.sequence_number or 0
+    # (partition, tier) -> small files; partition -> files deletes apply to (tier -1).
+    groups: dict[tuple[Record, int], list[_Candidate]] = defaultdict(list)
+    for data in live.data.values():
+        data_file = data.file
+        if (
+            data.spec_id != spec_id
+            or data_file.content != DataFileContent.DATA
+            or data_file.file_format != FileFormat.PARQUET
+        ):
             continue
-        if manifest.partition_spec_id != spec_id:
+        deletes = tuple(live.deletes_for(data)) if live.deletes else ()
+        if not own_file(data_file.file_path) and not (
+            # Another writer's file (Spark's rewrite outputs) that deletes apply to: left
+            # alone, every later equality delete of its partition would stay for ever.
+            deletes and rewrite_foreign and payload_bytes(data_file) <= 2 * target
+        ):
             continue
-        for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
-            data_file = entry.data_file
-            if (
-                data_file.content != DataFileContent.DATA
-                or data_file.file_format != FileFormat.PARQUET
-                or data_file.file_size_in_bytes >= small
-                or not own_file(data_file.file_path)
-            ):
-                continue
-            key = (data_file.partition, _tier(data_file.file_path))
-            groups[key].append((entry.sequence_number or 0, data_file.file_path, data_file))
+        is_small = data_file.file_size_in_bytes < small
+        if not is_small and len(deletes) < delete_file_threshold:
+            continue
+        tier = _DIRTY if deletes else _tier(data_file.file_path)
+        groups[(data_file.partition, tier)].append(
+            _Candidate(data.sequence_number, data_file.file_path, data_file, deletes)
+        )
+    # A partition with deletes to apply rewrites its small clean files with them.
+    for partition, tier in list(groups):
+        if tier != _DIRTY and (partition, _DIRTY) in groups:
+            groups[(partition, _DIRTY)] += groups.pop((partition, tier))
 
     eligible = [
-        (key, sorted(items, key=lambda item: (item[0], item[1])))
+        (key, sorted(items, key=lambda c: (c.sequence, c.path)))
         for key, items in groups.items()
-        if key[0] not in blocked and len(items) >= min_input_files
+        if key[1] == _DIRTY or len(items) >= min_input_files
     ]
-    eligible.sort(key=lambda group: (-len(group[1]), group[1][0][0], group[1][0][1]))
+    eligible.sort(
+        key=lambda group: (
+            group[0][1] != _DIRTY,
+            -len(group[1]),
+            group[1][0].sequence,
+            group[1][0].path,
+        )
+    )
     bins: list[CompactionBin] = []
-    room = max_bytes
+    room = max_bytes - live.paths_read
     files_left = max_files
-    for (partition, _), items in eligible:
-        chunks: list[list[DataFile]] = [[]]
+    for (partition, tier), items in eligible:
+        if room <= 0 or files_left <= 0:
+            break
+        dirty = tier == _DIRTY
+        if dirty:
+            # The partition's delete files are read by every bin of it: charged once.
+            delete_bytes = sum(
+                d.file.file_size_in_bytes
+                for d in {d.path: d for c in items for d in c.deletes}.values()
+            )
+            if delete_bytes > room:
+                continue
+            room -= delete_bytes
+        chunks: list[list[_Candidate]] = [[]]
         size = 0
-        for _, _, data_file in items:
-            length = data_file.file_size_in_bytes
+        for candidate in items:
+            length = candidate.file.file_size_in_bytes
             if length > room or files_left == 0:
                 break
-            payload = payload_bytes(data_file)
+            payload = payload_bytes(candidate.file)
             if chunks[-1] and size + payload > target:
                 chunks.append([])
                 size = 0
-            chunks[-1].append(data_file)
+            chunks[-1].append(candidate)
             size += payload
             room -= length
             files_left -= 1
         for chunk in chunks:
-            if len(chunk) >= 2:  # a bin of one file would only copy it
-                bins.append(CompactionBin(new_file_id(), partition, tuple(chunk)))
+            # A bin of one clean file would only copy it.
+            if len(chunk) >= 2 or (chunk and chunk[0].deletes):
+                bins.append(_bin(partition, chunk))
             else:
-                room += sum(f.file_size_in_bytes for f in chunk)
+                room += sum(c.file.file_size_in_bytes for c in chunk)
                 files_left += len(chunk)
-        if room <= 0 or files_left <= 0:
-            break
-    if not bins:
+    removed = {data_file.file_path for piece in bins for data_file in piece.files}
+    drops = tuple(d for d in droppable(live, removed) if d.sequence_number <= sequence)
+    if not bins and not drops:
         return []
     return [
         CompactionPlan(
@@ -379,8 +474,29 @@ def plan_compaction(
             spec_id=spec_id,
             target_file_size=target,
             bins=tuple(bins),
+            sequence_number=sequence,
+            drops=drops,
         )
     ]
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    sequence: int
+    path: str
+    file: DataFile
+    deletes: tuple[LiveDelete, ...]
+
+
+def _bin(partition: Record, chunk: list[_Candidate]) -> CompactionBin:
+    deletes = {d.path: d for c in chunk for d in c.deletes}
+    return CompactionBin(
+        new_file_id(),
+        partition,
+        tuple(c.file for c in chunk),
+        sequences=tuple(c.sequence for c in chunk),
+        deletes=tuple(deletes.values()),
+    )
 
 
 # ---------------------------------------------------------------- the rewrite
@@ -438,6 +554,168 @@ def _sorted(
     return ordered
 
 
+def _gone(table: Table, path: str, exc: FileNotFoundError) -> CompactionConflictError:
+    return CompactionConflictError(
+        f"table {'.'.join(table.name())}: {path} is gone "
+        "(another writer's rewrite and expiry removed it)"
+    )
+
+
+class _DeleteReader:
+    """Reads delete files for a rewrite, each once (cached until the partition changes:
+    bins follow partitions, and a partition's bins share its delete files)."""
+
+    def __init__(self, table: Table, budget: IoBudget, deadline: float | None) -> None:
+        self._table = table
+        self._budget = budget
+        self._deadline = deadline
+        self._partition: Record | None = None
+        self._cache: dict[str, pa.Table] = {}
+        self._newest: dict[tuple[tuple[int, ...], frozenset[str]], pa.Table] = {}
+
+    def for_partition(self, partition: Record) -> None:
+        if partition != self._partition:
+            self._partition, self._cache, self._newest = partition, {}, {}
+
+    def newest(self, ids: tuple[int, ...], deletes: list[LiveDelete]) -> pa.Table:
+        """The keys (columns of field ``ids``) that ``deletes`` delete, once each, with
+        the highest sequence number deleting it (``_SEQUENCE``): a file of data sequence
+        number d loses the keys whose newest delete is above d, so each file joins
+        against distinct keys instead of every delete file's rows."""
+        wanted = (ids, frozenset(d.path for d in deletes))
+        cached = self._newest.get(wanted)
+        if cached is not None:
+            return cached
+        tables = []
+        for delete in deletes:
+            rows = self.read(delete)
+            sequence = pa.array(np.full(rows.num_rows, delete.sequence_number, dtype=np.int64))
+            tables.append(rows.append_column(_SEQUENCE, sequence))
+        keys = [c for c in tables[0].column_names if c != _SEQUENCE]
+        newest = pa.concat_tables(tables).group_by(keys, use_threads=False)
+        newest = newest.aggregate([(_SEQUENCE, "max")]).rename_columns([*keys, _SEQUENCE])
+        self._newest[wanted] = newest
+        return newest
+
+    def read(self, delete: LiveDelete) -> pa.Table:
+        cached = self._cache.get(delete.path)
+        if cached is not None:
+            return cached
+        self._budget.acquire(delete.file.file_size_in_bytes, deadline=self._deadline)
+        try:
+            with self._table.io.new_input(delete.path).open() as stream:
+                data = pq.read_table(stream)
+        except FileNotFoundError as exc:
+            raise _gone(self._table, delete.path, exc) from exc
+        if delete.is_equality:
+            data = self._equality_columns(delete, data)
+        else:
+            data = data.select([_POSITION_PATH, _POSITION_POS])
+        self._cache[delete.path] = data
+        return data
+
+    def _equality_columns(self, delete: LiveDelete, data: pa.Table) -> pa.Table:
+        schema = self._table.metadata.schema()
+        ids = list(delete.file.equality_ids or ())
+        try:
+            fields = [schema.find_field(field_id) for field_id in ids]
+        except ValueError as exc:
+            raise CompactionError(
+                f"table {'.'.join(self._table.name())}: equality delete {delete.path} names "
+                f"field ids {ids}, not all in the current schema; not rewritten"
+            ) from exc
+        if not ids:
+            raise CompactionError(
+                f"table {'.'.join(self._table.name())}: equality delete {delete.path} has no "
+                "equality field ids; not rewritten"
+            )
+        target = arrow_schema_for(Schema(*fields))
+        batch = conform(data, target, match_field_ids=True, drop_extra=True)
+        return pa.Table.from_batches([batch], schema=target)
+
+
+def _read_conformed(
+    table: Table, data_file: DataFile, budget: IoBudget, deadline: float | None, target: pa.Schema
+) -> pa.Table:
+    budget.acquire(data_file.file_size_in_bytes, deadline=deadline)
+    try:
+        batches = _read(table.io, data_file)
+    except FileNotFoundError as exc:
+        raise _gone(table, data_file.file_path, exc) from exc
+    conformed = [
+        conform(b, target, match_field_ids=True, drop_extra=True) for b in batches if b.num_rows
+    ]
+    return pa.Table.from_batches(conformed, schema=target)
+
+
+def _position_mask(num_rows: int, positions: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Keep-mask of a file of ``num_rows`` rows after deleting row ``positions``
+    (out-of-range positions are ignored, as Iceberg's readers do)."""
+    keep = np.ones(num_rows, dtype=bool)
+    if len(positions):
+        values = np.asarray(positions.to_numpy(zero_copy_only=False), dtype=np.int64)
+        keep[values[(values >= 0) & (values < num_rows)]] = False
+    return pa.array(keep)
+
+
+def _merged_bin(
+    table: Table,
+    piece: CompactionBin,
+    reader: _DeleteReader,
+    *,
+    budget: IoBudget,
+    deadline: float | None,
+) -> tuple[list[pa.RecordBatch], int]:
+    """The bin's rows with its delete files applied, each to the files Iceberg's rules
+    scope it to (``_deletes.applies``: per file, by its data sequence number); and the
+    number of rows read. Whole-file pyarrow: position masks, then equality deletes
+    as one anti-join per file and key (``daemon.cdc.apply_equality_deletes``)."""
+    metadata = table.metadata
+    schema = metadata.schema()
+    spec_id = metadata.default_spec_id
+    target = arrow_schema_for(schema)
+    reader.for_partition(piece.partition)
+    pieces: list[pa.Table] = []
+    read = 0
+    for data_file, sequence in zip(piece.files, piece.sequences, strict=True):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("compaction rewrite passed its deadline")
+        data = _read_conformed(table, data_file, budget, deadline, target)
+        if data.num_rows != data_file.record_count:
+            raise CompactionError(
+                f"table {'.'.join(table.name())}: {data_file.file_path} holds {data.num_rows} "
+                f"rows, its manifest entry counts {data_file.record_count}; not rewritten"
+            )
+        read += data.num_rows
+        named = [
+            reader.read(d)
+            for d in piece.deletes
+            if not d.is_equality and applies(d, data_file, sequence, spec_id)
+        ]
+        if named:
+            rows = pa.concat_tables(named)
+            mine = pc.equal(rows.column(_POSITION_PATH), data_file.file_path)
+            data = data.filter(
+                _position_mask(data.num_rows, pc.filter(rows.column(_POSITION_POS), mine))
+            )
+        by_key: dict[tuple[int, ...], list[LiveDelete]] = defaultdict(list)
+        for delete in piece.deletes:  # the bin's: one newest-key table per bin and key
+            if delete.is_equality:
+                by_key[tuple(delete.file.equality_ids or ())].append(delete)
+        for ids, group in by_key.items():
+            if not any(d.sequence_number > sequence for d in group):
+                continue
+            newest = reader.newest(ids, group)
+            # Scoping by partition is the bin's (one partition, or global deletes);
+            # by sequence number here: deletes newer than this file's rows.
+            keys = newest.filter(pc.greater(newest.column(_SEQUENCE), sequence))
+            key = [schema.find_column_name(field_id) or "" for field_id in ids]
+            data = apply_equality_deletes(data, keys.drop_columns([_SEQUENCE]), key)
+        pieces.append(data)
+    merged = pa.concat_tables(pieces) if pieces else target.empty_table()
+    return merged.to_batches(), read
+
+
 def _rewrite_bin(
     table: Table,
     plan: CompactionPlan,
@@ -447,26 +725,30 @@ def _rewrite_bin(
     deadline: float | None,
     row_group_records: int,
     compression: str,
+    reader: _DeleteReader,
 ) -> list[DataFile]:
     batches: list[pa.RecordBatch] = []
-    for data_file in piece.files:
-        # Per file: thousands of small files slow to open take time the budget never sees.
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError("compaction rewrite passed its deadline")
-        budget.acquire(data_file.file_size_in_bytes, deadline=deadline)
-        try:
-            batches += _read(table.io, data_file)
-        except FileNotFoundError as exc:
-            raise CompactionConflictError(
-                f"table {'.'.join(table.name())}: input {data_file.file_path} is gone "
-                "(another writer's rewrite and expiry removed it)"
-            ) from exc
-    read = sum(batch.num_rows for batch in batches)
+    if piece.deletes:
+        batches, read = _merged_bin(table, piece, reader, budget=budget, deadline=deadline)
+    else:
+        for data_file in piece.files:
+            # Per file: thousands of small files slow to open take time the budget never sees.
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("compaction rewrite passed its deadline")
+            budget.acquire(data_file.file_size_in_bytes, deadline=deadline)
+            try:
+                batches += _read(table.io, data_file)
+            except FileNotFoundError as exc:
+                raise _gone(table, data_file.file_path, exc) from exc
+        read = sum(batch.num_rows for batch in batches)
     if read != piece.records:
         raise CompactionError(
             f"table {'.'.join(table.name())}: bin {piece.file_id} read {read} rows, its "
             f"manifest entries count {piece.records}; not rewritten"
         )
+    expected = sum(batch.num_rows for batch in batches)
+    if not expected:
+        return []  # every row deleted: the inputs go, nothing replaces them
     metadata = table.metadata
     order = metadata.sort_order()
     sorted_batches = None if order.is_unsorted else _sorted(batches, metadata.schema(), order)
@@ -489,10 +771,10 @@ def _rewrite_bin(
                 # DataFile exposes sort_order_id read-only; its slot is position 15.
                 data_file[_SORT_ORDER_ID_POSITION] = order.order_id
         out = sum(data_file.record_count for data_file in written)
-        if out != piece.records:
+        if out != expected:
             raise CompactionError(
                 f"table {'.'.join(table.name())}: bin {piece.file_id} wrote {out} rows "
-                f"of {piece.records}; not committed"
+                f"of {expected}; not committed"
             )
     except BaseException:
         _remove_quietly(table.io, [f.file_path for f in written])
@@ -522,6 +804,7 @@ def rewrite(
             f"table {'.'.join(table.name())}: the partition spec changed since planning"
         )
     written: list[DataFile] = []
+    reader = _DeleteReader(table, budget, deadline)
     try:
         for piece in plan.bins:
             if deadline is not None and time.monotonic() > deadline:
@@ -534,6 +817,7 @@ def rewrite(
                 deadline=deadline,
                 row_group_records=row_group_records,
                 compression=compression,
+                reader=reader,
             )
     except BaseException:
         _remove_quietly(table.io, [f.file_path for f in written])
@@ -559,6 +843,58 @@ class CompactionResult:
     records: int
     attempts: int = 1
     detail: str = ""
+    delete_files_removed: int = 0  # delete files nothing live needed any more
+    rows_removed: int = 0  # rows the applied deletes removed
+
+
+def _validator(plan: CompactionPlan) -> Callable[[Table], list[DataFile]]:
+    """The commit-time check of a plan against the refreshed table; returns the delete
+    files the replace removes too (those nothing live needs once the inputs are gone)."""
+    known = plan.known_deletes
+    positions = {
+        d.path: d.paths for b in plan.bins for d in (*b.deletes, *plan.drops) if not d.is_equality
+    }
+    inputs = {data_file.file_path for data_file in plan.files}
+
+    def check(table: Table) -> list[DataFile]:
+        name = ".".join(table.name())
+        metadata = table.metadata
+        if metadata.default_spec_id != plan.spec_id:
+            raise ReplaceConflictError(f"table {name}: the partition spec changed since planning")
+        snapshot = metadata.snapshot_by_name(MAIN_BRANCH)
+        if snapshot is None:
+            raise ReplaceConflictError(f"table {name}: main has no snapshot any more")
+        live = live_files(table.io, metadata, snapshot, known_paths=positions)
+        missing = sorted(inputs.difference(live.data))
+        if missing:
+            shown = ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else "")
+            raise ReplaceConflictError(
+                f"table {name}: {len(missing)} file(s) to replace are no longer live in main "
+                f"(removed by another writer's rewrite or delete): {shown}"
+            )
+        for delete in live.deletes:
+            if delete.path in known:
+                continue  # applied by the rewrite, or applying to nothing
+            if delete.is_equality and delete.sequence_number > plan.sequence_number:
+                continue  # applies to the new files (older data sequence number) as well
+            if delete.is_equality:
+                hit = any(
+                    applies(delete, data.file, data.sequence_number, data.spec_id)
+                    for data in (live.data[path] for path in inputs)
+                )
+            else:
+                hit = not delete.paths.isdisjoint(inputs)
+            if hit:
+                raise ReplaceConflictError(
+                    f"table {name}: delete file {delete.path} (sequence number "
+                    f"{delete.sequence_number}) was added since planning and applies to "
+                    "files being replaced"
+                )
+        return [
+            d.file for d in droppable(live, inputs) if d.sequence_number <= plan.sequence_number
+        ]
+
+    return check
 
 
 def commit_rewrite(
@@ -584,7 +920,9 @@ def commit_rewrite(
     name = ".".join(table.name())
     paths = [data_file.file_path for data_file in new_files]
     records = sum(data_file.record_count for data_file in new_files)
-    if records != plan.records:
+    # Deletes applied: fewer rows (the rewrite checked each bin's count against its
+    # deletes); none applied: exactly the inputs' rows.
+    if records > plan.records or (records != plan.records and not plan.applies_deletes):
         _remove_quietly(table.io, paths)
         raise CompactionError(
             f"table {name}: the new files hold {records} rows, the plan's inputs "
@@ -598,6 +936,8 @@ def commit_rewrite(
             summary={COMPACTION_SUMMARY_KEY: plan.plan_id},
             retry=retry,
             requirements=requirements,
+            data_sequence_number=plan.sequence_number,
+            check=_validator(plan),
         )
     except ReplaceConflictError as exc:
         _remove_quietly(table.io, paths)
@@ -618,15 +958,20 @@ def commit_rewrite(
         _remove_quietly(table.io, paths)
         raise
     added = sum(data_file.file_size_in_bytes for data_file in new_files)
+    snapshot = table.metadata.snapshot_by_id(result.snapshot_id)
+    summary = snapshot.summary if snapshot is not None else None
+    dropped = int((summary.get("removed-delete-files") if summary is not None else None) or 0)
     _log.info(
         "table %s: compacted %d files (%d bytes) into %d (%d bytes) in %d partition(s), "
-        "snapshot %d",
+        "%d rows deleted, %d delete files removed, snapshot %d",
         name,
         len(plan.files),
         plan.bytes,
         len(new_files),
         added,
         plan.partitions,
+        plan.records - records,
+        dropped,
         result.snapshot_id,
     )
     return CompactionResult(
@@ -638,4 +983,6 @@ def commit_rewrite(
         bytes_added=added,
         records=records,
         attempts=result.attempts,
+        delete_files_removed=dropped,
+        rows_removed=plan.records - records,
     )

@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import ManifestFile
+from pyiceberg.manifest import DataFileContent, ManifestFile
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
 __all__ = [
     "DATA_FILE",
+    "DELETE_FILE",
     "MANIFEST",
     "MANIFEST_LIST",
     "DeleteOutcome",
@@ -57,6 +58,8 @@ __all__ = [
 MANIFEST_LIST: Final = "manifest_list"
 MANIFEST: Final = "manifest"
 DATA_FILE: Final = "data_file"
+#: Equality and position delete files (reached through delete manifests).
+DELETE_FILE: Final = "delete_file"
 
 
 class ExpiryConflictError(Exception):
@@ -201,8 +204,10 @@ def find_garbage(
     if not unreferenced:
         return garbage
 
-    # Data and delete files of the unreferenced manifests, with their data sequence number.
+    # Data and delete files of the unreferenced manifests, with their data sequence number
+    # (delete manifests are manifests like any other: listed, read and removed alike).
     files: dict[str, int] = {}
+    deletes: set[str] = set()
     for path in sorted(unreferenced):
         check()
         garbage.manifests_read += 1
@@ -220,6 +225,8 @@ def find_garbage(
             sequence = entry.sequence_number or 0
             file_path = entry.data_file.file_path
             files[file_path] = max(files.get(file_path, 0), sequence)
+            if entry.data_file.content != DataFileContent.DATA:
+                deletes.add(file_path)
         garbage.files.append((MANIFEST, path))
     newest = max(files.values(), default=0)
     for manifest in retained_manifests.values():
@@ -242,7 +249,7 @@ def find_garbage(
         for entry in entries:
             files.pop(entry.data_file.file_path, None)
     # Data files first: they are what costs storage if a run is cut short.
-    garbage.files[:0] = [(DATA_FILE, path) for path in files]
+    garbage.files[:0] = [(DELETE_FILE if path in deletes else DATA_FILE, path) for path in files]
     return garbage
 
 

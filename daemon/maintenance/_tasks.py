@@ -175,8 +175,9 @@ class _Outputs:
 
 
 async def _compact_task(ctx: RunContext) -> TaskResult:
-    """Bin-pack the daemon's small files: plan and rewrite off the lane (under the
-    shared I/O budget), commit the one ``replace`` snapshot in the lane."""
+    """Bin-pack the daemon's small files and apply the delete files that apply to a
+    table's files (dropping the ones nothing live needs then): plan and rewrite off the
+    lane (under the shared I/O budget), commit the one ``replace`` snapshot in the lane."""
     settings, table, state = ctx.settings, ctx.table, ctx.state
     writer = ctx.config.table_settings(ctx.name)
     now = ctx.clock()
@@ -242,12 +243,16 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
         state.compact_max_files = None if doubled >= _compact.DEFAULT_MAX_FILES else doubled
     if result.outcome == "conflict":
         return TaskResult(detail=f"conflict: {result.detail}", conflict=True)
-    return TaskResult(
-        detail=(
-            f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "
-            f"{result.files_added} ({result.bytes_added} B), {result.records} rows"
-        )
+    detail = (
+        f"replaced {result.files_replaced} files ({result.bytes_replaced} B) by "
+        f"{result.files_added} ({result.bytes_added} B), {result.records} rows"
     )
+    if result.rows_removed or result.delete_files_removed:
+        detail += (
+            f"; deletes applied to {result.rows_removed} rows, "
+            f"{result.delete_files_removed} delete files removed"
+        )
+    return TaskResult(detail=detail)
 
 
 async def _orphans_task(ctx: RunContext) -> TaskResult:

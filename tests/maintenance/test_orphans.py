@@ -186,6 +186,7 @@ def test_daemon_file_names_and_their_times() -> None:
     assert daemon_file_id(f"s3://b/t/data/kind=a/{segment}-00003-00012.parquet") == segment
     assert daemon_file_id(f"/w/t/data/c-{segment}-00000-00000.parquet") == segment
     assert daemon_file_id(f"/w/{segment}-123456-00000.parquet") == segment  # > 99,999 parts
+    assert daemon_file_id(f"/w/t/data/{segment}-eq-00001-00000.parquet") == segment  # deletes
     assert daemon_file_time(f"/w/c-{segment}-00000-00001.parquet") == pytest.approx(at, abs=0.001)
     for foreign in (
         f"/w/00000-0-{uuid.uuid4()}.parquet",  # Spark / pyiceberg

@@ -1,6 +1,7 @@
 """Spark and the daemon's compaction on one table: Spark reads the compacted table exactly,
 sees a `replace` snapshot, and a Spark rewrite or merge-on-read delete of the inputs between
-the daemon's rewrite and its commit ends the compaction as a conflict with nothing lost."""
+the daemon's rewrite and its commit ends the compaction as a conflict with nothing lost;
+the next compaction applies the position delete and drops its file."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def test_spark_reads_a_compacted_table_and_its_rewrites_and_deletes_win_over_our
     expected = [*range(120), *range(1_000, 1_120)]
     assert _spark_ids(spark, name) == expected == table_ids(table)
 
-    # 3. A merge-on-read delete (a position delete file) applying to our inputs: ours
-    #    gives up, and no compaction is planned while the delete file is live.
+    # 3. A merge-on-read delete (a position delete file) applying to our inputs after we
+    #    planned: ours gives up. The next plan applies the delete and drops its file.
     _append(table, 2_000)
     table.refresh()
     (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
@@ -85,7 +86,15 @@ def test_spark_reads_a_compacted_table_and_its_rewrites_and_deletes_win_over_our
     result = commit_rewrite(table, plan, new, retry=FAST)
     assert result.outcome == "conflict" and "delete file" in result.detail
     assert not any(local_path(f.file_path).exists() for f in new)
-    table.refresh()
-    assert plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30) == []
     expected += [i for i in range(2_000, 2_120) if i != 2005]
     assert _spark_ids(spark, name) == expected == table_ids(table)
+    table.refresh()
+    (plan,) = plan_compaction(table, target_file_size=TARGET, max_bytes=1 << 30)
+    assert plan.applies_deletes
+    new = rewrite(table, plan, budget=budget, **WRITER)
+    result = commit_rewrite(table, plan, new, retry=FAST)
+    assert result.outcome == "committed" and result.rows_removed == 1
+    assert result.delete_files_removed == 1
+    assert _spark_ids(spark, name) == expected == table_ids(table)
+    deletes = spark.sql(f"SELECT count(*) AS n FROM {name}.delete_files").collect()[0].n
+    assert deletes == 0
