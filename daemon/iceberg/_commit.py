@@ -56,7 +56,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, cast
+from typing import Any, Final, Literal, cast
 
 from pydantic import Field
 from pyiceberg.catalog import Catalog
@@ -80,6 +80,7 @@ from pyiceberg.manifest import (
     ManifestWriter,
     ManifestWriterV2,
 )
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
@@ -104,7 +105,12 @@ from pyiceberg.table.update import (
     TableUpdate,
     ValidatableTableRequirement,
 )
-from pyiceberg.table.update.snapshot import _FastAppendFiles, _MergeAppendFiles, _OverwriteFiles
+from pyiceberg.table.update.snapshot import (
+    _FastAppendFiles,
+    _ManifestMergeManager,
+    _MergeAppendFiles,
+    _OverwriteFiles,
+)
 from pyiceberg.typedef import EMPTY_DICT, TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.utils.properties import property_as_bool
@@ -604,10 +610,12 @@ class _MergeRowDelta(_MergeAppend):
 
     Data files go through the merge append as always; delete files get a manifest of
     their own (content DELETES). pyiceberg's merge manager merges data manifests only
-    and carries delete manifests over as they are, so older delete manifests stay
-    listed until maintenance rewrites them. Every file of the snapshot gets its
-    sequence number: an equality delete applies to data files of LOWER sequence
-    numbers only, so the rows added in the same snapshot survive it.
+    and carries delete manifests over as they are: one more manifest per commit until
+    a compaction drops the deletes (or for ever where none runs). The delete manifests
+    are therefore merged by the same rules, through a manager whose writer writes
+    delete manifests. Every file of the snapshot gets its sequence number: an
+    equality delete applies to data files of LOWER sequence numbers only, so the rows
+    added in the same snapshot survive it.
     """
 
     def _manifests(self) -> list[ManifestFile]:
@@ -620,18 +628,30 @@ class _MergeRowDelta(_MergeAppend):
             manifests = super()._manifests()
         finally:
             self._added_data_files = files
-        if deletes:
-            manifests = [*manifests, self._delete_manifest(deletes)]
-        return manifests
+        data = [m for m in manifests if m.content == ManifestContent.DATA]
+        old = [m for m in manifests if m.content != ManifestContent.DATA]
+        if not deletes:
+            return manifests  # nothing new: the delete manifests stay as they were
+        # The new manifest first: the manager treats the first one as this commit's.
+        merging = _ManifestMergeManager(
+            target_size_bytes=self._target_size_bytes,
+            min_count_to_merge=self._min_count_to_merge,
+            merge_enabled=self._merge_enabled,
+            snapshot_producer=cast(Any, _DeleteMerging(self)),
+        )
+        return [*data, *merging.merge_manifests([self._delete_manifest(deletes), *old])]
 
-    def _delete_manifest(self, deletes: Sequence[DataFile]) -> ManifestFile:
-        writer = _DeleteManifestWriter(
-            self._transaction.table_metadata.spec(),
+    def delete_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        return _DeleteManifestWriter(
+            spec,
             self.schema(),
             self.new_manifest_output(),  # tracked: abandoned and tidied like the others
             self._snapshot_id,
             self._compression,
         )
+
+    def _delete_manifest(self, deletes: Sequence[DataFile]) -> ManifestFile:
+        writer = self.delete_manifest_writer(self._transaction.table_metadata.spec())
         with writer:
             for delete_file in deletes:
                 writer.add(
@@ -644,6 +664,20 @@ class _MergeRowDelta(_MergeAppend):
                     )
                 )
         return writer.to_manifest_file()
+
+
+class _DeleteMerging:
+    """The row delta as pyiceberg's manifest merge manager sees it, except that the
+    manifests it writes are delete manifests (the manager only asks for a writer)."""
+
+    def __init__(self, producer: _MergeRowDelta) -> None:
+        self._producer = producer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        return self._producer.delete_manifest_writer(spec)
 
 
 def _operation(files: Sequence[DataFile]) -> Operation:
