@@ -242,6 +242,36 @@ def avro_schemas(config: KafkaConfig) -> AvroSchemas:
 # ------------------------------------------------------------------ decoding
 
 
+def _frame(
+    schemas: AvroSchemas,
+    index: int,
+    value: bytes,
+    groups: dict[int | None, list[int]],
+    dead: list[DeadRecord],
+) -> None:
+    """Group a value by its writer schema: the Confluent wire format's schema id, or
+    None for the one fixed schema; a value without the wire header is a dead letter."""
+    if not schemas.framed:
+        groups.setdefault(None, []).append(index)
+    elif len(value) < 5 or value[0] != 0:
+        dead.append(DeadRecord(index, "invalid", _bad_header(value)))
+    else:
+        groups.setdefault(int.from_bytes(value[1:5], "big"), []).append(index)
+
+
+def _writer_schema(
+    schemas: AvroSchemas, schema_id: int | None, indices: list[int], dead: list[DeadRecord]
+) -> tuple[WriterSchema, int] | None:
+    """The writer schema of a group and where its values' Avro starts (after the wire
+    header); None, with the group dead-lettered, when the schema is unavailable."""
+    try:
+        writer = schemas.fixed() if schema_id is None else schemas.get(schema_id)
+    except SchemaUnavailable as exc:
+        dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in indices)
+        return None
+    return writer, 0 if schema_id is None else 5
+
+
 def decode_avro(
     fetch: Fetch,
     schema: pa.Schema,
@@ -274,21 +304,14 @@ def decode_avro(
                     f"value of {len(value)} bytes exceeds max_record_bytes ({max_record_bytes})",
                 )
             )
-        elif not schemas.framed:
-            groups.setdefault(None, []).append(i)
-        elif len(value) < 5 or value[0] != 0:
-            dead.append(DeadRecord(i, "invalid", _bad_header(value)))
         else:
-            groups.setdefault(int.from_bytes(value[1:5], "big"), []).append(i)
+            _frame(schemas, i, value, groups, dead)
     tables: list[tuple[pa.RecordBatch, list[int]]] = []
     for schema_id, indices in groups.items():
-        try:
-            writer = schemas.fixed() if schema_id is None else schemas.get(schema_id)
-        except SchemaUnavailable as exc:
-            dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in indices)
-            continue
-        start = 0 if schema_id is None else 5
-        _decode_group(values, indices, start, writer, value_schema, max_depth, tables, dead)
+        found = _writer_schema(schemas, schema_id, indices, dead)
+        if found is not None:
+            writer, start = found
+            _decode_group(values, indices, start, writer, value_schema, max_depth, tables, dead)
     dead = sorted(
         (DeadRecord(int(positions[d.index]), d.reason, d.error, d.column) for d in dead),
         key=lambda d: d.index,
@@ -727,20 +750,13 @@ def avro_rows(
         for i in indices.tolist():
             value = raw[i]
             assert value is not None, "null values are tombstones, never decoded"
-            if not schemas.framed:
-                groups.setdefault(None, []).append(i)
-            elif len(value) < 5 or value[0] != 0:
-                dead.append(DeadRecord(i, "invalid", _bad_header(value)))
-            else:
-                groups.setdefault(int.from_bytes(value[1:5], "big"), []).append(i)
+            _frame(schemas, i, value, groups, dead)
         tables: list[tuple[pa.RecordBatch, list[int]]] = []
         for schema_id, group in groups.items():
-            try:
-                writer = schemas.fixed() if schema_id is None else schemas.get(schema_id)
-            except SchemaUnavailable as exc:
-                dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in group)
+            found = _writer_schema(schemas, schema_id, group, dead)
+            if found is None:
                 continue
-            start = 0 if schema_id is None else 5
+            writer, start = found
             _decode_group(
                 raw, group, start, writer, schema, max_depth, tables, dead, ignore_unknown
             )
