@@ -11,6 +11,7 @@ change per key (`last_changes`). Readers of the merged state (`read_merged`,
     _key       which columns Iceberg allows as a key (identifier fields)
     _conform   an upsert table's input checked whole-batch before it is acked
     _merge     last change per key; equality deletes applied to rows
+    _deletes   which delete files apply to which data files (Iceberg's scoping rules)
     _read      a table's merged state (data files minus the deletes that apply)
     _body      HTTP change bodies (rows plus ``"_op": "upsert" | "delete"``) into change
                batches (`body_schema`, `to_changes`)
@@ -29,6 +30,7 @@ from daemon.cdc._body import (
 )
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.cdc._conform import conform_changes
+from daemon.cdc._deletes import LiveData, LiveDelete, LiveFiles, applies, droppable, live_files
 from daemon.cdc._key import key_type_problem
 from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
 from daemon.cdc._read import read_merged
@@ -39,15 +41,21 @@ __all__ = [
     "OP_COLUMN",
     "OP_NAMES",
     "UPSERT",
+    "LiveData",
+    "LiveDelete",
+    "LiveFiles",
     "Resolved",
+    "applies",
     "apply_equality_deletes",
     "body_schema",
     "change_schema",
     "conform_changes",
+    "droppable",
     "key_error",
     "key_type_problem",
     "last_changes",
     "line_of",
+    "live_files",
     "no_key",
     "read_merged",
     "row_of",

@@ -1,42 +1,31 @@
 """A table's merged state as Spark reads it: data files minus the deletes that apply.
 
 pyiceberg 0.12's scan refuses tables with equality deletes, so the daemon's own
-readers (tests, tools, the `icespool` CLI one day) read through this instead. It
-follows Iceberg's rules: an equality delete of sequence number N removes the rows of
-matching key in data files of sequence number < N of its own spec and partition (any
-data file, from an unpartitioned spec); a position delete of sequence
-number N removes a (file, position) of a data file of sequence number <= N.
-Blocking; the whole table is read into memory (a reader for checks and small tables,
-not a query engine).
+readers (tests, tools) read through this instead. Which delete applies to which data
+file is `daemon.cdc._deletes`' (Iceberg's scoping rules, shared with compaction);
+this applies them to the rows: position deletes by (file, position), equality
+deletes by key, each as one join over the whole table. Blocking; the whole table is
+read into memory (a reader for checks and small tables, not a query engine).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import Table
 
+from daemon.cdc._deletes import LiveData, LiveDelete, live_files
 from daemon.schema import arrow_schema_for, conform
 
 __all__ = ["read_merged"]
 
-_SEQ = "_icespool_seq"
 _ROW = "_icespool_row"
-_FILE = "_icespool_file"
+_DATA = "_icespool_data"
+_DELETE = "_icespool_delete"
 _POS = "_icespool_pos"
-_PART = "_icespool_part"
-
-
-@dataclass(frozen=True, slots=True)
-class _Live:
-    file: DataFile
-    sequence_number: int
 
 
 def read_merged(table: Table) -> pa.Table:
@@ -46,42 +35,42 @@ def read_merged(table: Table) -> pa.Table:
     snapshot = table.metadata.current_snapshot()
     if snapshot is None:
         return schema.empty_table()
-    data: list[_Live] = []
-    equality: list[_Live] = []
-    positions: list[_Live] = []
-    for manifest in snapshot.manifests(table.io):
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            sequence = entry.sequence_number
-            if sequence is None:  # pragma: no cover - committed entries have one
-                raise ValueError(f"{entry.data_file.file_path} has no sequence number")
-            live = _Live(entry.data_file, sequence)
-            content = entry.data_file.content
-            if content == DataFileContent.DATA:
-                data.append(live)
-            elif content == DataFileContent.EQUALITY_DELETES:
-                equality.append(live)
-            else:
-                positions.append(live)
+    live = live_files(table.io, table.metadata, snapshot)
+    data = list(live.data.values())
     if not data:
         return schema.empty_table()
     batches = [
-        conform(_read(table, live.file.file_path), schema, match_field_ids=True, drop_extra=True)
-        for live in data
+        conform(_read(table, d.file.file_path), schema, match_field_ids=True, drop_extra=True)
+        for d in data
     ]
-    parts = [pa.Table.from_batches([batch], schema=schema) for batch in batches]
-    merged = pa.concat_tables(parts)
-    counts = [batch.num_rows for batch in batches]
-    seqs = np.repeat(np.array([live.sequence_number for live in data], np.int64), counts)
-    files = np.repeat(np.arange(len(data), dtype=np.int64), counts)
-    starts = np.repeat(np.cumsum([0, *counts[:-1]]), counts)
+    merged = pa.concat_tables([pa.Table.from_batches([b], schema=schema) for b in batches])
+    counts = [b.num_rows for b in batches]
+    rows = pa.table(
+        {
+            _DATA: pa.array(np.repeat(np.arange(len(data), dtype=np.int64), counts)),
+            _POS: pa.array(
+                np.arange(merged.num_rows) - np.repeat(np.cumsum([0, *counts[:-1]]), counts)
+            ),
+            _ROW: pa.array(np.arange(merged.num_rows, dtype=np.int64)),
+        }
+    )
+    index = {d.path: j for j, d in enumerate(live.deletes)}
+    # The (data file, delete file) pairs Iceberg's rules say apply.
+    pairs = [(i, index[d.path]) for i, one in enumerate(data) for d in live.deletes_for(one)]
+    if not pairs:
+        return merged
+    applying = pa.table(
+        {
+            _DATA: pa.array([i for i, _ in pairs], pa.int64()),
+            _DELETE: pa.array([j for _, j in pairs], pa.int64()),
+        }
+    )
     keep = np.ones(merged.num_rows, dtype=bool)
-    rows = np.arange(merged.num_rows, dtype=np.int64)
-    _apply_positions(table, data, positions, files, rows - starts, seqs, keep)
-    # Iceberg applies an equality delete only to data files of its own spec and
-    # partition, or to every data file when its spec is unpartitioned (global).
-    places: dict[tuple[int, tuple[object, ...]], int] = {}
-    data_places = np.repeat(np.array([_place(live, places) for live in data], np.int64), counts)
-    _apply_equality(table, merged, equality, seqs, data_places, places, rows, keep)
+    used = sorted({j for _, j in pairs})
+    positions = [j for j in used if not live.deletes[j].is_equality]
+    equality = [j for j in used if live.deletes[j].is_equality]
+    _apply_positions(table, data, live.deletes, positions, rows, applying, keep)
+    _apply_equality(table, merged, live.deletes, equality, rows, applying, keep)
     return merged.filter(pa.array(keep))
 
 
@@ -93,30 +82,55 @@ def _read(table: Table, path: str) -> pa.RecordBatch:
     return read.combine_chunks().to_batches()[0]
 
 
-def _place(live: _Live, places: dict[tuple[int, tuple[object, ...]], int]) -> int:
-    """A number per (spec id, partition) a data file lives in."""
-    return places.setdefault(_where(live), len(places))
+def _drop(hits: pa.Table, applying: pa.Table, keep: np.ndarray) -> None:
+    """Unkeep the rows of ``hits`` whose (data file, delete file) pair applies."""
+    applied = hits.join(applying, keys=[_DATA, _DELETE], join_type="inner", use_threads=False)
+    keep[applied.column(_ROW).to_numpy()] = False
 
 
-def _where(live: _Live) -> tuple[int, tuple[object, ...]]:
-    record = live.file.partition
-    return live.file.spec_id, tuple(record[i] for i in range(len(record)))
+def _apply_positions(
+    table: Table,
+    data: list[LiveData],
+    deletes: list[LiveDelete],
+    which: list[int],
+    rows: pa.Table,
+    applying: pa.Table,
+    keep: np.ndarray,
+) -> None:
+    if not which:
+        return
+    files = {d.file.file_path: i for i, d in enumerate(data)}
+    pieces = []
+    for j in which:
+        read = pa.Table.from_batches([_read(table, deletes[j].path)])
+        paths = read.column("file_path").to_pylist()  # per delete, tests and tools only
+        pieces.append(
+            pa.table(
+                {
+                    _DATA: pa.array([files.get(p, -1) for p in paths], pa.int64()),
+                    _POS: read.column("pos").cast(pa.int64()),
+                    _DELETE: pa.array(np.full(read.num_rows, j, np.int64)),
+                }
+            )
+        )
+    named = pa.concat_tables(pieces)
+    hits = rows.join(named, keys=[_DATA, _POS], join_type="inner", use_threads=False)
+    _drop(hits, applying, keep)
 
 
 def _apply_equality(
     table: Table,
     merged: pa.Table,
-    deletes: list[_Live],
-    seqs: np.ndarray,
-    parts: np.ndarray,
-    places: dict[tuple[int, tuple[object, ...]], int],
-    rows: np.ndarray,
+    deletes: list[LiveDelete],
+    which: list[int],
+    rows: pa.Table,
+    applying: pa.Table,
     keep: np.ndarray,
 ) -> None:
     schema = table.schema()
-    by_ids: dict[tuple[int, ...], list[_Live]] = defaultdict(list)
-    for live in deletes:
-        by_ids[tuple(live.file.equality_ids or ())].append(live)
+    by_ids: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for j in which:
+        by_ids[tuple(deletes[j].file.equality_ids or ())].append(j)
     for ids, group in by_ids.items():
         names = [schema.find_column_name(field_id) for field_id in ids]
         columns = [name for name in names if name is not None]
@@ -124,73 +138,18 @@ def _apply_equality(
             raise ValueError(f"equality delete columns {ids} are not all in the table")
         key_schema = pa.schema([merged.schema.field(c) for c in columns])
         pieces = []
-        for live in group:
-            read = pa.Table.from_batches([_read(table, live.file.file_path)])
+        for j in group:
+            read = pa.Table.from_batches([_read(table, deletes[j].path)])
             keys = conform(read, key_schema, match_field_ids=True, drop_extra=True)
-            spec = table.specs()[live.file.spec_id]
-            # -1: global (unpartitioned spec); -2: a partition no data file is in.
-            place = -1 if spec.is_unpartitioned() else places.get(_where(live), -2)
             pieces.append(
-                pa.Table.from_batches([keys])
-                .append_column(
-                    _SEQ, pa.array(np.full(keys.num_rows, live.sequence_number, np.int64))
+                pa.Table.from_batches([keys]).append_column(
+                    _DELETE, pa.array(np.full(keys.num_rows, j, np.int64))
                 )
-                .append_column(_PART, pa.array(np.full(keys.num_rows, place, np.int64)))
             )
-        right = pa.concat_tables(pieces)
-        left = merged.select(columns).append_column(_ROW, pa.array(rows))
-        left = left.append_column("_data_seq", pa.array(seqs))
-        left = left.append_column("_data_part", pa.array(parts))
-        hits = left.join(right, keys=columns, join_type="inner", use_threads=False)
-        # Iceberg: an equality delete applies to data of a LOWER sequence number, in
-        # its own partition (or anywhere, from an unpartitioned spec).
-        applied = hits.filter(
-            pc.and_(
-                pc.greater(hits.column(_SEQ), hits.column("_data_seq")),
-                pc.or_(
-                    pc.equal(hits.column(_PART), -1),
-                    pc.equal(hits.column(_PART), hits.column("_data_part")),
-                ),
-            )
+        left = merged.select(columns)
+        for name in (_DATA, _ROW):
+            left = left.append_column(name, rows.column(name))
+        hits = left.join(
+            pa.concat_tables(pieces), keys=columns, join_type="inner", use_threads=False
         )
-        keep[applied.column(_ROW).to_numpy()] = False
-
-
-def _apply_positions(
-    table: Table,
-    data: list[_Live],
-    deletes: list[_Live],
-    files: np.ndarray,
-    positions: np.ndarray,
-    seqs: np.ndarray,
-    keep: np.ndarray,
-) -> None:
-    if not deletes:
-        return
-    index = {live.file.file_path: i for i, live in enumerate(data)}
-    pieces = []
-    for live in deletes:
-        read = pa.Table.from_batches([_read(table, live.file.file_path)])
-        paths = read.column("file_path").to_pylist()  # per delete, tests and tools only
-        pieces.append(
-            pa.table(
-                {
-                    _FILE: pa.array([index.get(p, -1) for p in paths], pa.int64()),
-                    _POS: read.column("pos").cast(pa.int64()),
-                    _SEQ: pa.array(np.full(read.num_rows, live.sequence_number, np.int64)),
-                }
-            )
-        )
-    right = pa.concat_tables(pieces)
-    left = pa.table(
-        {
-            _FILE: pa.array(files),
-            _POS: pa.array(positions),
-            _ROW: pa.array(np.arange(len(files), dtype=np.int64)),
-            "_data_seq": pa.array(seqs),
-        }
-    )
-    hits = left.join(right, keys=[_FILE, _POS], join_type="inner", use_threads=False)
-    # A position delete applies to data of a lower or EQUAL sequence number.
-    applied = hits.filter(pc.greater_equal(hits.column(_SEQ), hits.column("_data_seq")))
-    keep[applied.column(_ROW).to_numpy()] = False
+        _drop(hits.select([_DATA, _DELETE, _ROW]), applying, keep)

@@ -85,6 +85,7 @@ from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.table.update import ValidatableTableRequirement
 from pyiceberg.typedef import Record
 
+from daemon.cdc import LiveDelete, applies, droppable, live_files
 from daemon.cdc._merge import apply_equality_deletes
 from daemon.errors import CommitError, IcespoolError
 from daemon.iceberg._commit import (
@@ -98,7 +99,6 @@ from daemon.iceberg._parquet import (
     encode_data_files,
     partition_transform,
 )
-from daemon.maintenance._deletes import LiveDelete, applies, droppable, live_files
 from daemon.maintenance._orphans import (
     COMPACTION_PREFIX,
     compaction_file_prefix,

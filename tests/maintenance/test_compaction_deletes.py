@@ -30,7 +30,7 @@ from support.cdc_tables import (
 )
 from support.maintenance_helpers import ENCODE, local_path, sql_catalog, uuid7_at
 
-from daemon.cdc import DELETE, UPSERT, read_merged, with_ops
+from daemon.cdc import DELETE, UPSERT, live_files, read_merged, with_ops
 from daemon.iceberg import commit_expiry
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import (
@@ -44,7 +44,6 @@ from daemon.maintenance import (
     rewrite,
 )
 from daemon.maintenance._compact import CompactionResult
-from daemon.maintenance._deletes import live_files
 from daemon.maintenance._expire import DATA_FILE, DELETE_FILE
 from daemon.maintenance._expire import delete_files as delete_files_on_disk
 from daemon.retry import Backoff

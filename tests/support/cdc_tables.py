@@ -37,6 +37,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
+from daemon.cdc import live_files
 from daemon.iceberg import (
     DELETE_FILE_MARK,
     commit_files,
@@ -44,7 +45,6 @@ from daemon.iceberg import (
     encode_equality_deletes,
     refresh_table,
 )
-from daemon.maintenance._deletes import live_files
 from daemon.schema import arrow_schema_for, conform
 from spool import new_uuid7
 from support.maintenance_helpers import ENCODE

@@ -1,4 +1,5 @@
-"""Which delete files apply to which data files (Iceberg's scoping rules), for compaction.
+"""Which delete files apply to which data files (Iceberg's scoping rules), for compaction
+and the merged-state reader.
 
 A snapshot's live files (`live_files`): every data file with its data sequence number,
 every delete file with its sequence number and scope. The rules (Iceberg spec, "Scan
