@@ -759,16 +759,20 @@ async def run_http(
 
 @dataclass
 class LatencyRun:
-    """One run of the latency mode: bare limit, peak, then half of that peak."""
+    """One run of the latency mode: bare limit, peak, then paced loads below that peak."""
 
     bare: Measured
     committed: Measured
-    half: Measured
+    paced: dict[float, Measured]  # fraction of the peak request rate -> acks at that load
     notes: list[str] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         return self.committed.rows_per_s / self.bare.rows_per_s
+
+    @property
+    def half(self) -> Measured:
+        return self.paced[0.5]
 
 
 async def run_http_latency(
@@ -791,29 +795,39 @@ async def run_http_latency(
                 _, committed, peak = await ingest_and_flush(
                     daemon, session, bodies, args.clients, args.seconds, None, "peak"
                 )
-                half_rate = 0.5 * peak.requests / peak.ack_seconds
+                peak_rate = peak.requests / peak.ack_seconds
                 last = trial == args.trials - 1
-                profile = Path(args.profile) if args.profile and last else None
-                profiler = Profiler(daemon.pid, args.seconds, profile)
-                half, half_done, half_load = await ingest_and_flush(
-                    daemon, session, bodies, args.clients, args.seconds, half_rate, "half load"
-                )
-                profiler.report()
-                half.label = f"half peak ({half_rate:.1f} req/s), acked"
-                half.note += f"; {half_done.note}"
-                run = LatencyRun(bare, committed, half)
-                windows = daemon.commit_windows()
-                run.notes.append("at half load, " + latency_split(half_load, windows))
+                run = LatencyRun(bare, committed, {})
+                for fraction in args.loads:
+                    rate = fraction * peak_rate
+                    profiled = args.profile and last and fraction == 0.5
+                    profiler = Profiler(
+                        daemon.pid, args.seconds, Path(args.profile) if profiled else None
+                    )
+                    acked, done, load = await ingest_and_flush(
+                        daemon, session, bodies, args.clients, args.seconds, rate, f"{fraction:.0%}"
+                    )
+                    profiler.report()
+                    acked.label = f"{fraction:.0%} of peak ({rate:.1f} req/s), acked"
+                    acked.note += f"; {done.note}"
+                    run.paced[fraction] = acked
+                    windows = daemon.commit_windows()
+                    run.notes.append(f"at {fraction:.0%} of peak, " + latency_split(load, windows))
                 runs.append(run)
-                p50, p99 = half.quantile_ms(0.5), half.quantile_ms(0.99)
                 print(
                     f"  run {trial + 1}: bare {bare.rows_per_s:,.0f} rows/s, committed "
-                    f"{committed.rows_per_s:,.0f} rows/s ({run.ratio:.2f}x); half load "
-                    f"{half_rate:.1f} req/s: ack p50 {p50:.1f} ms, p99 {p99:.1f} ms, max "
-                    f"{max(half.latencies) * 1e3:.1f} ms ({len(half.latencies)} requests)\n"
-                    f"    {run.notes[-1]}\n    peak: {committed.note}\n    half: {half.note}",
+                    f"{committed.rows_per_s:,.0f} rows/s ({run.ratio:.2f}x); peak "
+                    f"{peak_rate:.1f} req/s\n    peak: {committed.note}",
                     flush=True,
                 )
+                for (fraction, acked), note in zip(run.paced.items(), run.notes, strict=True):
+                    print(
+                        f"    {fraction:.0%} of peak: ack p50 {acked.quantile_ms(0.5):.1f} ms, "
+                        f"p99 {acked.quantile_ms(0.99):.1f} ms, max "
+                        f"{max(acked.latencies) * 1e3:.1f} ms ({len(acked.latencies)} requests); "
+                        f"{note.split(', ', 1)[1]}\n      {acked.note}",
+                        flush=True,
+                    )
             await asyncio.to_thread(daemon.stop)
         except Exception:
             daemon.kill()
@@ -830,7 +844,6 @@ def print_latency_summary(runs: Sequence[LatencyRun], args: argparse.Namespace) 
         mid = ordered[len(ordered) // 2]
         return " / ".join(format(v, fmt) for v in (ordered[0], mid, ordered[-1]))
 
-    half = [r.half for r in runs]
     rows = [
         ("bare limit rows/s", spread([r.bare.rows_per_s for r in runs], ",.0f"), ""),
         ("icespool committed rows/s", spread([r.committed.rows_per_s for r in runs], ",.0f"), ""),
@@ -846,17 +859,21 @@ def print_latency_summary(runs: Sequence[LatencyRun], args: argparse.Namespace) 
             spread([r.bare.quantile_ms(0.99) or 0 for r in runs], ".1f"),
             "",
         ),
-        ("ack p50 ms at half load", spread([h.quantile_ms(0.5) or 0 for h in half], ".1f"), ""),
-        (
-            "ack p99 ms at half load",
-            spread([h.quantile_ms(0.99) or 0 for h in half], ".1f"),
-            "<= 20",
-        ),
-        ("ack max ms at half load", spread([max(h.latencies) * 1e3 for h in half], ".1f"), ""),
     ]
+    for fraction in args.loads:
+        paced = [r.paced[fraction] for r in runs]
+        target = "<= 20" if fraction == 0.5 else ""
+        for q in (0.5, 0.99):
+            rows.append(
+                (
+                    f"ack p{q * 100:.0f} ms at {fraction:.0%} of peak",
+                    spread([h.quantile_ms(q) or 0 for h in paced], ".1f"),
+                    target if q == 0.99 else "",
+                )
+            )
     print(
         f"\n== HTTP latency mode: {len(runs)} runs, {args.clients} clients, "
-        f"{ROWS_PER_REQUEST:,} events/request, batch_timeout {args.batch_timeout}, "
+        f"{args.rows_per_request:,} events/request, batch_timeout {args.batch_timeout}, "
         f"{args.seconds:.0f}s phases =="
     )
     print(f"{'':32} {'min / median / max':>36}  target")
@@ -1046,9 +1063,21 @@ async def main() -> int:
         "peak and half-peak ack latency, min/median/max",
     )
     parser.add_argument(
+        "--loads",
+        default="0.1,0.25,0.5",
+        help="--http-only: fractions of the peak request rate to measure ack latency at",
+    )
+    parser.add_argument(
+        "--rows-per-request",
+        type=int,
+        default=ROWS_PER_REQUEST,
+        help="--http-only: events per request body",
+    )
+    parser.add_argument(
         "--batch-timeout", help="the daemon's batch_timeout (default 5s; 1s with --http-only)"
     )
     args = parser.parse_args()
+    args.loads = sorted({float(f) for f in args.loads.split(",")} | {0.5})
     quick = args.quick
     args.batch_timeout = args.batch_timeout or ("1s" if args.http_only else "5s")
     if args.http_only:
@@ -1208,7 +1237,7 @@ async def main_http_only(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        bodies = [ndjson_body(ROWS_PER_REQUEST, seed) for seed in range(20)]
+        bodies = [ndjson_body(args.rows_per_request, seed) for seed in range(20)]
         runs = await run_http_latency(directory / "http", bodies, args)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
