@@ -644,6 +644,58 @@ class HttpResults:
     notes: list[str] = field(default_factory=list)
 
 
+class BareServer:
+    """tests/bench/_bare_server.py in a subprocess: pyarrow.json per body, then the ack."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.base = ""
+
+    async def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        port_file = self.directory / "port"
+        script = Path(__file__).with_name("_bare_server.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(port_file), str(self.directory)],
+            start_new_session=True,
+        )
+        _LIVE.add(self.proc)
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bare server did not start")
+            await asyncio.sleep(0.05)
+        self.base = f"http://127.0.0.1:{port_file.read_text()}"
+
+    async def paced(
+        self,
+        session: aiohttp.ClientSession,
+        bodies: Sequence[bytes],
+        clients: int,
+        seconds: float,
+        rate: float,
+    ) -> Measured:
+        assert self.proc is not None
+        cpu = CpuShare(self.proc.pid)
+        load = await http_load(session, f"{self.base}/records", bodies, clients, seconds, rate)
+        async with session.post(f"{self.base}/flush") as resp:
+            await resp.read()
+        cores = cpu.text().replace("daemon", "server", 1)
+        return Measured(
+            "bare server, acked",
+            load.accepted,
+            load.ack_seconds,
+            load.latencies,
+            note=f"{load.requests / load.ack_seconds:.1f} req/s; {cores}",
+        )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 async def ingest_and_flush(
     daemon: DaemonProcess,
     session: aiohttp.ClientSession,
@@ -764,6 +816,7 @@ class LatencyRun:
     bare: Measured
     committed: Measured
     paced: dict[float, Measured]  # fraction of the peak request rate -> acks at that load
+    bare_paced: dict[float, Measured]  # the bare server at the same request rates
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -783,11 +836,13 @@ async def run_http_latency(
     half of that run's peak request rate (paced), flushes running (batch_timeout)."""
     runs: list[LatencyRun] = []
     daemon = DaemonProcess(directory, args.batch_timeout)
+    server = BareServer(directory / "bare-server")
     connector = aiohttp.TCPConnector(limit=args.clients * 2)
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         daemon.start()
         try:
+            await server.start()
             await daemon.wait_ready(session)
             await ingest_and_flush(daemon, session, bodies, args.clients, 1.0, None, "warm-up")
             for trial in range(args.trials):
@@ -797,7 +852,7 @@ async def run_http_latency(
                 )
                 peak_rate = peak.requests / peak.ack_seconds
                 last = trial == args.trials - 1
-                run = LatencyRun(bare, committed, {})
+                run = LatencyRun(bare, committed, {}, {})
                 for fraction in args.loads:
                     rate = fraction * peak_rate
                     profiled = args.profile and last and fraction == 0.5
@@ -811,6 +866,9 @@ async def run_http_latency(
                     acked.label = f"{fraction:.0%} of peak ({rate:.1f} req/s), acked"
                     acked.note += f"; {done.note}"
                     run.paced[fraction] = acked
+                    run.bare_paced[fraction] = await server.paced(
+                        session, bodies, args.clients, args.seconds, rate
+                    )
                     windows = daemon.commit_windows()
                     run.notes.append(f"at {fraction:.0%} of peak, " + latency_split(load, windows))
                 runs.append(run)
@@ -828,6 +886,13 @@ async def run_http_latency(
                         f"{note.split(', ', 1)[1]}\n      {acked.note}",
                         flush=True,
                     )
+                    floor = run.bare_paced[fraction]
+                    print(
+                        f"      bare server at the same rate: ack p50 "
+                        f"{floor.quantile_ms(0.5):.1f} ms, p99 {floor.quantile_ms(0.99):.1f} ms; "
+                        f"{floor.note}",
+                        flush=True,
+                    )
             await asyncio.to_thread(daemon.stop)
         except Exception:
             daemon.kill()
@@ -835,6 +900,7 @@ async def run_http_latency(
             raise
         finally:
             daemon.kill()
+            server.kill()
     return runs
 
 
@@ -863,12 +929,20 @@ def print_latency_summary(runs: Sequence[LatencyRun], args: argparse.Namespace) 
     for fraction in args.loads:
         paced = [r.paced[fraction] for r in runs]
         target = "<= 20" if fraction == 0.5 else ""
+        floors = [r.bare_paced[fraction] for r in runs]
         for q in (0.5, 0.99):
             rows.append(
                 (
                     f"ack p{q * 100:.0f} ms at {fraction:.0%} of peak",
                     spread([h.quantile_ms(q) or 0 for h in paced], ".1f"),
                     target if q == 0.99 else "",
+                )
+            )
+            rows.append(
+                (
+                    "  bare server, same rate",
+                    spread([h.quantile_ms(q) or 0 for h in floors], ".1f"),
+                    "",
                 )
             )
     print(
