@@ -7,8 +7,9 @@ meanwhile and took an equal share of the cores, so a request overlapping an enco
 waited for it (ack p99 116-149 ms at half load, issue #17), although nothing in
 the ack path needs the encode.
 
-Here the encode and commit calls run in their own threads, each lowered by
-`NICENESS` (Linux keeps a nice value per thread), so when a request's decode and an
+Here the encode and commit calls run in their own threads (and so do the spool's
+reads of a flush's segments and their deletion, through `flush_executor`), each
+lowered by `NICENESS` (Linux keeps a nice value per thread), so when a request's decode and an
 encode both want a core, the decode gets it and the encode uses what is left:
 throughput is the same (the encode still gets every idle cycle), acks stop paying
 for flushes. The pool is separate from the default executor so the lowered
@@ -32,7 +33,7 @@ from typing import Final, ParamSpec, TypeVar
 
 from daemon.blocking import TrackedExecutor
 
-__all__ = ["NICENESS", "flush_calls", "in_flush_thread"]
+__all__ = ["NICENESS", "flush_calls", "flush_executor", "in_flush_thread"]
 
 #: How much lower than the daemon a flush thread runs (nice +10: about a tenth of a
 #: core's share when a nice-0 thread of the daemon wants the same core).
@@ -56,7 +57,9 @@ def _lower_priority() -> None:
         setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS)
 
 
-def _pool() -> TrackedExecutor:
+def flush_executor() -> TrackedExecutor:
+    """The flush threads, for work that serves a flush but is called elsewhere (the
+    spool reads a flush's segments back and deletes them there)."""
     global _executor
     with _lock:
         if _executor is None:
@@ -69,7 +72,7 @@ async def in_flush_thread(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.
     propagation, in the lower-priority flush threads."""
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    result: _T = await loop.run_in_executor(_pool(), call)
+    result: _T = await loop.run_in_executor(flush_executor(), call)
     return result
 
 

@@ -25,6 +25,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from daemon.config import Config, KafkaConfig, TableConfig
+from daemon.encode_pool import flush_executor
 from daemon.errors import (
     BackpressureError,
     CatalogError,
@@ -116,6 +117,8 @@ class Icespool:
             max_bytes=config.spool.max_bytes,
             segment_max_bytes=config.spool.segment_max_bytes,
             fs=fs,
+            # A flush's reads and deletes of segments run at its lower priority.
+            commit_executor=flush_executor(),
         )
         self._pool = LanePool(config.encode.resolved_workers)
         # Maintains every table that has a writer; starts after recovery, stops first.

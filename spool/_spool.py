@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -165,6 +165,7 @@ class Spool:
         segment_max_bytes: int = 128 << 20,
         io_threads: int = 8,
         fs: FileSystem | None = None,
+        commit_executor: Executor | None = None,
     ) -> None:
         if durability not in ("page-cache", "fsync"):
             raise ValueError(f"durability must be 'page-cache' or 'fsync', not {durability!r}")
@@ -180,6 +181,11 @@ class Spool:
         self._fs = fs or REAL  # tests pass one that makes the disk misbehave
         self._io_threads = io_threads
         self._executor: ThreadPoolExecutor | None = None
+        # Reading sealed segments back and deleting them serve commits, not acks:
+        # the owner may run them elsewhere (the daemon: its lower-priority flush
+        # threads), so a flush's checksum pass and page-cache copies of a whole
+        # segment never take a core from an append. None: the spool's own threads.
+        self._commit_executor = commit_executor
         self._lock = DirectoryLock(self.directory)
         self._lanes: dict[str, _Lane] = {}
         self._owner: dict[str, str] = {}  # sealed segment id -> table
@@ -409,14 +415,14 @@ class Spool:
         """
         info = self._sealed_info(segment_id)
         try:
-            data = await self._in_thread(self._fs.read_bytes, info.path)
+            data = await self._for_commit(self._fs.read_bytes, info.path)
         except OSError as exc:
             raise SpoolIOError(f"reading segment {segment_id}", exc) from exc
         if not info.sealed:
             data = data[: info.bytes]  # an unsealable segment: its verified prefix only
         # Every checksum of a segment of up to segment_max_bytes: tens of ms that
         # would stall the event loop (and so every ack) at the start of each flush.
-        result = await self._in_thread(scan, data)
+        result = await self._for_commit(scan, data)
         reason = _unverified(info, result, len(data))
         if reason is not None:
             await self._in_thread(
@@ -425,7 +431,7 @@ class Spool:
             self._forget(info)
             self._count_quarantined(1, info.bytes)
             raise SegmentCorruptError(f"segment {segment_id} failed verification: {reason}")
-        decoded = await self._in_thread(decode, data, len(data))
+        decoded = await self._for_commit(decode, data, len(data))
         return SegmentData(info, decoded.batches, decoded.metas)
 
     async def quarantine(self, segment_id: str, reason: str) -> QuarantinedSegment:
@@ -474,7 +480,7 @@ class Spool:
     async def delete(self, segment_id: str) -> None:
         """Remove a sealed segment; call only after its records are committed."""
         info = self._sealed_info(segment_id)
-        await self._in_thread(_unlink, info.path, self.directory, self._fs)
+        await self._for_commit(_unlink, info.path, self.directory, self._fs)
         self._forget(info)
 
     @property
@@ -588,6 +594,12 @@ class Spool:
         # Arrow IPC encoding and file I/O block; they run in the spool's threads.
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    async def _for_commit(self, fn: Callable[..., _T], *args: Any) -> _T:
+        if self._commit_executor is None:
+            return await self._in_thread(fn, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._commit_executor, functools.partial(fn, *args))
 
 
 def _sealed_in_background(
