@@ -152,8 +152,8 @@ lint: $(STAMP_TEST)
 # The suite runs on PYTEST_WORKERS processes (pytest-xdist): most of its time is spent
 # waiting on child processes (daemons, brokers, JVMs), so two workers on two cores take
 # well under the serial time. `make pytest PYTEST_WORKERS=0` runs it in one process.
-# --dist loadgroup: tests are handed out one by one, except those marked
-# xdist_group(name) which run on one worker (see tests/conftest.py).
+# --dist loadgroup: tests are handed out one by one, except those under
+# tests/spark/, which run on one worker, one JVM (see tests/support/xdist_groups.py).
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 

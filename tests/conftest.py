@@ -27,6 +27,17 @@ settings.register_profile("icespool", deadline=None)
 settings.load_profile("icespool")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` groups the Spark tests onto one worker (support/xdist_groups.py
+    says why the xdist_group mark cannot); other modes keep xdist's own scheduler."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from support.xdist_groups import DirectoryGroupScheduling
+
+    return DirectoryGroupScheduling(config, log)
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     merged = copy.deepcopy(base)
     for key, value in extra.items():

@@ -55,10 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.path).parents:
             item.add_marker(pytest.mark.filterwarnings(_PYSPARK_SOCKET_LEAK))
-            # Under pytest-xdist (--dist loadgroup) every Spark test runs on one worker:
-            # one JVM and Spark session for the run instead of one per worker (each takes
-            # seconds of CPU to start and a GB of memory), for about a minute of tests.
-            item.add_marker(pytest.mark.xdist_group("spark"))
+    # Under pytest-xdist (--dist loadgroup) every Spark test runs on one worker, one JVM
+    # for the run: tests/support/xdist_groups.py (an xdist_group mark is ignored there).
 
 
 @pytest.fixture(scope="session")
