@@ -6,15 +6,14 @@ import asyncio
 import contextvars
 import os
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support.witness_fs import WitnessFileSystem
 from test_writer import TABLE, _batch, _config, _rows
 
 from daemon import Icespool
 from daemon.encode_pool import NICENESS, flush_calls, in_flush_thread
-from spool import FileSystem
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("_var", default="unset")
 
@@ -66,35 +65,11 @@ async def test_errors_propagate_and_running_calls_are_listed() -> None:
         await in_flush_thread(fail)
 
 
-class _Witness(FileSystem):
-    """The spool's real syscalls, noting the thread and its nice value (the seam)."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, set[tuple[str, int]]] = {}
-
-    def _saw(self, call: str) -> None:
-        tid = threading.get_native_id()
-        name = threading.current_thread().name.split("_")[0]
-        self.seen.setdefault(call, set()).add((name, os.getpriority(os.PRIO_PROCESS, tid)))
-
-    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:  # type: ignore[override]
-        self._saw("writev")
-        return os.writev(fd, buffers)
-
-    def read_bytes(self, path: Path) -> bytes:
-        self._saw("read_bytes")
-        return super().read_bytes(path)
-
-    def unlink(self, path: str | os.PathLike[str]) -> None:  # type: ignore[override]
-        self._saw("unlink")
-        os.unlink(path)
-
-
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
 async def test_a_flush_reads_and_deletes_its_segments_in_the_flush_threads(tmp_path: Path) -> None:
     """A flush's spool work (reading its segments back, verifying every checksum,
     deleting them) runs at the flush's lower priority; appends keep the daemon's."""
-    fs = _Witness()
+    fs = WitnessFileSystem()
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     config = _config(tmp_path)
     async with Icespool(config, fs=fs) as ice:  # fs: the spool's seam (tests only)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support.spool_helpers import batch, read_all
+from support.witness_fs import WitnessFileSystem
 
 from spool import FileSystem, Spool
 
@@ -63,32 +62,10 @@ async def test_page_cache_mode_never_fsyncs_on_append(tmp_path: Path) -> None:
         assert fs.n == before and spool.stats().fsyncs == 0
 
 
-class _Witness(FileSystem):
-    """The real syscalls, noting which thread made each (through the seam)."""
-
-    def __init__(self) -> None:
-        self.threads: dict[str, set[str]] = {}
-
-    def _saw(self, call: str) -> None:
-        self.threads.setdefault(call, set()).add(threading.current_thread().name)
-
-    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:  # type: ignore[override]
-        self._saw("writev")
-        return os.writev(fd, buffers)
-
-    def read_bytes(self, path: Path) -> bytes:
-        self._saw("read_bytes")
-        return super().read_bytes(path)
-
-    def unlink(self, path: str | os.PathLike[str]) -> None:  # type: ignore[override]
-        self._saw("unlink")
-        os.unlink(path)
-
-
 async def test_reads_and_deletes_for_commits_run_in_the_owners_executor(tmp_path: Path) -> None:
     """Appends (the ack path) stay in the spool's threads; reading a sealed segment
     back (its checksums, its decode) and deleting it run where the owner said."""
-    fs = _Witness()
+    fs = WitnessFileSystem()
     commit = ThreadPoolExecutor(2, thread_name_prefix="commit-side")
     try:
         async with Spool(tmp_path, fs=fs, commit_executor=commit) as spool:
@@ -102,6 +79,6 @@ async def test_reads_and_deletes_for_commits_run_in_the_owners_executor(tmp_path
             assert spool.segments("ns.t") == []
     finally:
         commit.shutdown()
-    assert {n.split("_")[0] for n in fs.threads["writev"]} == {"icespool-spool"}
-    assert {n.split("_")[0] for n in fs.threads["read_bytes"]} == {"commit-side"}
-    assert {n.split("_")[0] for n in fs.threads["unlink"]} == {"commit-side"}
+    assert fs.threads("writev") == {"icespool-spool"}
+    assert fs.threads("read_bytes") == {"commit-side"}
+    assert fs.threads("unlink") == {"commit-side"}
