@@ -9,12 +9,12 @@ the ack path needs the encode.
 
 Here the encode and commit calls run in their own threads (and so do the spool's
 reads of a flush's segments and their deletion, through `flush_executor`), each
-lowered by `NICENESS` (Linux keeps a nice value per thread), so when a request's decode and an
-encode both want a core, the decode gets it and the encode uses what is left:
-throughput is the same (the encode still gets every idle cycle), acks stop paying
-for flushes. The pool is separate from the default executor so the lowered
-threads never run an ack's work, and so the decode of a request never queues
-behind flush work for a thread either.
+lowered by `NICENESS` (Linux keeps a nice value per thread), so when a request's
+decode and an encode both want a core, the decode gets it and the encode uses what
+is left: throughput is the same (the encode still gets every idle cycle), acks stop
+paying for flushes. The pool is separate from the default executor so the lowered
+threads never run an ack's work, and so the decode of a request never queues behind
+flush work for a thread either.
 
 The executor is tracked like the default one (`TrackedExecutor`): the daemon names
 calls still running when its shutdown grace is over and exits without joining them.
