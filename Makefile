@@ -112,8 +112,11 @@ $(AZURITE_STAMP): tests/support/azurite/package.json tests/support/azurite/packa
 	npm ci --prefix $(AZURITE_DIR) --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
 
+# The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
+# started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
 test-deps: $(AZURITE_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
+	bash tests/support/postgres_up.sh
 
 spark-deps:
 	$(call install_debs,$(SPARK_DEB_PACKAGES))
