@@ -52,6 +52,10 @@ class Claims(Protocol):
     def withhold(self) -> None:
         """The commit's segments were quarantined: their positions are not held."""
 
+    def positional(self, meta: Mapping[str, object] | None) -> bool:
+        """Whether `filter` drops the rows of a batch with ``meta`` that the table holds,
+        by their source positions (then the writer need not drop them itself)."""
+
 
 ClaimsFactory = Callable[[], Claims]
 
@@ -75,6 +79,10 @@ class _NoClaims:
 
     def withhold(self) -> None:
         pass
+
+    def positional(self, meta: Mapping[str, object] | None) -> bool:
+        del meta
+        return False
 
 
 def NO_CLAIMS() -> Claims:

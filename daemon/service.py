@@ -43,6 +43,7 @@ from daemon.iceberg import (
     load_catalog,
     load_declared,
     short_error,
+    split_identifier,
     startup_timeout,
     table_names,
     unavailable,
@@ -57,7 +58,12 @@ from daemon.kafka import (
     dead_letter_schema,
 )
 from daemon.lanes import LanePool
-from daemon.maintenance import DEFAULT_TASKS, MaintenanceScheduler, created_table_properties
+from daemon.maintenance import (
+    DEFAULT_TASKS,
+    FileOwner,
+    MaintenanceScheduler,
+    created_table_properties,
+)
 from daemon.metrics import Metrics
 from daemon.progress import Progress
 from daemon.retry import Backoff
@@ -65,6 +71,7 @@ from daemon.schema import (
     Policy,
     arrow_schema_for,
 )
+from daemon.spool_claim import SpoolClaim
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import FileSystem, QuarantinedSegment, Spool
 
@@ -145,6 +152,7 @@ class Icespool:
         self._waiting_sources: list[KafkaSource] = []
         self._replaying: set[str] = set()  # dead-letter tables with a replay running
         self._state = "new"
+        self._claim: SpoolClaim | None = None
         self._health: CatalogHealth | None = None
         self._starting = "starting (spool recovery)"
         self._progress_line = progress_line
@@ -178,6 +186,7 @@ class Icespool:
             self._starting = "starting (spool recovery)"
             await self._pool.start()
             await self._load_tables()
+            await self._claim_spool()
             await self._recover()
         except BaseException:
             await self._abort()
@@ -195,7 +204,18 @@ class Icespool:
         )
         self._health.start()
         # Tables with maintenance off are still measured (read-only) for the gauges.
-        await self.maintenance.start(self._catalog, self._spool.id)
+        await self.maintenance.start(
+            self._catalog,
+            self._spool.id,
+            FileOwner(
+                self._spool.incarnation.tag,
+                frozenset(
+                    earlier.tag
+                    for earlier in self._spool.earlier_incarnations
+                    if earlier.gone(self._spool.incarnation)
+                ),
+            ),
+        )
         # Sources start last: recovered segments are committed, so the offsets the
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
@@ -289,6 +309,8 @@ class Icespool:
             await self._pool.stop(drain=not pending)
             for task in pending:
                 task.cancel()
+        if self._claim is not None:
+            await self._claim.release()
         await self._spool.close()
         return self._spool.stats().segments
 
@@ -439,6 +461,7 @@ class Icespool:
             evolve=evolve or (table_config.evolve if table_config else "none"),
             claims=self._book(name).claims,
             key=table_config.key if table_config else (),
+            commit_refusal=self._commit_refusal,
         )
         self._writers[name] = writer
         self.maintenance.add(name)
@@ -563,6 +586,30 @@ class Icespool:
         # on every fetch: O(1), not a walk of every table's segments.
         used = self._spool.used_bytes + self._spool.quarantine_bytes
         return used < 0.9 * self.config.spool.max_bytes
+
+    async def _claim_spool(self) -> None:
+        """Claim the spool's identity in the catalog (``spool_claim.py``) before
+        committing anything: a copy of a running daemon's directory stops here."""
+        assert self._catalog is not None
+        if not self.config.tables:
+            _log.warning(
+                "no [[tables]] entry: the spool's identity is not claimed in the catalog, "
+                "so a copy of this data directory running elsewhere is not recognised"
+            )
+            return
+        namespace = split_identifier(self.config.tables[0].name)[0]
+        self._claim = SpoolClaim(
+            self._catalog,
+            namespace,
+            self._spool.id,
+            self._spool.incarnation,
+            ttl=self.config.spool.claim_ttl,
+            request_timeout=self.config.timeouts.catalog_request,
+        )
+        await self._claim.acquire()
+
+    def _commit_refusal(self) -> str | None:
+        return None if self._claim is None else self._claim.commit_refusal()
 
     async def _recover(self) -> None:
         """Commit leftover segments before any new record is accepted.

@@ -45,10 +45,10 @@ from daemon.iceberg import (
     check_upsert_layout,
     commit_files,
     commit_properties,
+    committed_marks,
     delete_rows,
     encode_data_files,
     encode_equality_deletes,
-    find_committed_segments,
     refresh_table,
     remove_files,
     unavailable,
@@ -64,7 +64,14 @@ from daemon.schema import (
     conform,
     find_out_of_range,
 )
-from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, SpoolIOError
+from spool import (
+    SegmentCorruptError,
+    SegmentData,
+    SegmentInfo,
+    Spool,
+    SpoolFullError,
+    SpoolIOError,
+)
 
 __all__ = ["SEGMENT_ATTEMPTS", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 
@@ -136,8 +143,11 @@ class TableWriter:
         evolve: Policy = "none",
         claims: ClaimsFactory = NO_CLAIMS,
         key: Sequence[str] = (),
+        commit_refusal: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.name = name
+        # Why this process must not commit now (its spool claim: daemon/spool_claim.py).
+        self._commit_refusal = commit_refusal
         self.arrow_schema = arrow_schema
         # An upsert table's key columns (empty: an append table). Its spooled batches
         # are plain rows (all upserts) or change batches (`daemon.cdc`); each commit
@@ -573,13 +583,15 @@ class TableWriter:
         self, chunk: list[SegmentInfo], reason: str, started: float
     ) -> FlushResult:
         ids = [s.id for s in chunk]
-        committed = await asyncio.to_thread(self._find_committed, ids)
+        marks = await asyncio.to_thread(self._committed_marks, ids)
         self._sync_schema()  # columns renamed or dropped elsewhere apply from now on
         fresh: list[SegmentInfo] = []
         for info in chunk:
-            if info.id in committed:
-                # Committed before a crash, not yet deleted: never commit twice.
-                snapshot = committed[info.id]
+            mark = marks.get(info.id)
+            if mark is not None and (mark[1] is None or mark[1] >= info.rows):
+                # Committed before a crash (or by a copy of this spool), not yet deleted:
+                # never commit twice.
+                snapshot = mark[0]
                 _log.warning(
                     "%s: segment %s already in snapshot %s; deleting it from the spool",
                     self.name,
@@ -592,45 +604,39 @@ class TableWriter:
             else:
                 fresh.append(info)
         if not fresh:
-            return FlushResult(self.name, reason, None, 0, already_committed=bool(committed))
-        batches: list[pa.RecordBatch] = []
-        metas: list[dict[str, object] | None] = []
-        readable: list[SegmentInfo] = []
+            return FlushResult(self.name, reason, None, 0, already_committed=bool(marks))
+        readable: list[SegmentData] = []
         for info in fresh:
             try:
-                data = await self._spool.read(info.id)
+                readable.append(await self._spool.read(info.id))
             except SegmentCorruptError:
                 self._metrics.quarantined_segments.inc()
                 self._settled(info)
-                continue
-            batches.extend(data.batches)
-            metas.extend(data.metas)
-            readable.append(info)
         if not readable:
             return FlushResult(self.name, reason, None, 0)
-        seg_ids = [s.id for s in readable]
+        seg_ids = [data.info.id for data in readable]
         for attempt in range(1, _REFILTER_ATTEMPTS + 1):
             try:
-                outcome = await self._encode_and_commit(batches, metas, seg_ids, reason)
+                outcome = await self._encode_and_commit(readable, marks, reason)
                 break
             except ClaimsMovedError as exc:
                 if attempt == _REFILTER_ATTEMPTS:
                     raise
                 _log.warning("%s: %s; filtering again", self.name, exc)
-                await asyncio.to_thread(refresh_table, self._table)
+                marks = await asyncio.to_thread(self._committed_marks, seg_ids)
         if outcome is None:  # every row was already in the table
-            for info in readable:
-                await self._spool.delete(info.id)
-                self._settled(info)
+            for data in readable:
+                await self._spool.delete(data.info.id)
+                self._settled(data.info)
             return FlushResult(self.name, reason, None, 0)
         commit, files, records = outcome
         if commit.unknown_outcomes:
             self._metrics.commit_unknown_outcomes.labels(table=self.name).inc(
                 commit.unknown_outcomes
             )
-        for info in readable:
-            await self._spool.delete(info.id)
-            self._settled(info)
+        for data in readable:
+            await self._spool.delete(data.info.id)
+            self._settled(data.info)
         duration_ms = (time.perf_counter() - started) * 1000
         result = FlushResult(
             table=self.name,
@@ -648,13 +654,36 @@ class TableWriter:
 
     async def _encode_and_commit(
         self,
-        batches: list[pa.RecordBatch],
-        metas: list[dict[str, object] | None],
-        seg_ids: list[str],
+        segments: list[SegmentData],
+        marks: Mapping[str, tuple[int, int | None]],
         reason: str,
     ) -> tuple[CommitResult, list[Any], int] | None:
         """Encode and commit the rows the table does not hold yet (None: all held)."""
         claims = self._claims()
+        seg_ids = [data.info.id for data in segments]
+        batches: list[pa.RecordBatch] = []
+        metas: list[dict[str, object] | None] = []
+        spans: dict[str, tuple[int, int]] = {}
+        for data in segments:
+            # A copy of this spool may have committed the first part of a segment that
+            # grew here afterwards: commit the rest (claims drop positioned rows).
+            mark = marks.get(data.info.id)
+            start = (mark[1] or 0) if mark is not None else 0
+            kept, kept_metas, total = _skip_rows(data, start, claims.positional)
+            batches.extend(kept)
+            metas.extend(kept_metas)
+            spans[data.info.id] = (min(start, total), total)
+            if start:
+                _log.warning(
+                    "%s: segment %s has %d of its %d records in the table already (committed "
+                    "by a copy of this spool); committing the other %d",
+                    self.name,
+                    data.info.id,
+                    start,
+                    total,
+                    max(0, total - start),
+                    extra={"table": self.name, "segment": data.info.id},
+                )
         # The table was refreshed just before (segment check or ClaimsMovedError).
         try:
             rows = claims.filter(batches, metas, self._table.metadata.properties)
@@ -666,7 +695,7 @@ class TableWriter:
             return None
         encode_started = time.perf_counter()
         try:
-            files = await in_flush_thread(self._encode, rows, seg_ids[0])
+            files = await in_flush_thread(self._encode, rows, self._file_prefix(seg_ids[0]))
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
@@ -685,6 +714,9 @@ class TableWriter:
         )
         if not files:
             return None
+        if (refusal := self._commit_refusal()) is not None:
+            await in_flush_thread(remove_files, self._table, files)  # never committed
+            raise CommitError(refusal)
         try:
             commit = await in_flush_thread(
                 commit_files,
@@ -694,6 +726,7 @@ class TableWriter:
                 summary={"icespool.reason": reason, **claims.summary()},
                 update_properties=claims.properties,
                 spool_id=self._spool.id,
+                segment_spans=spans,
             )
         except CommitRejectedError as exc:
             raise UncommittableSegmentError(
@@ -739,9 +772,16 @@ class TableWriter:
             raise
         return [*data, *deletes]
 
-    def _find_committed(self, ids: list[str]) -> dict[str, int]:
+    def _committed_marks(self, ids: list[str]) -> dict[str, tuple[int, int | None]]:
         refresh_table(self._table)
-        return find_committed_segments(self._table, ids, self._spool.id)
+        return committed_marks(self._table, ids, self._spool.id)
+
+    def _file_prefix(self, segment_id: str) -> str:
+        """Data file names of a commit: its first segment's id, then this process's
+        incarnation, so that no two processes ever write a file of the same name (a
+        copy of this spool encodes the same segments) and the orphan sweep can tell
+        this spool's files from other writers'."""
+        return f"{segment_id}-{self._spool.incarnation.tag}"
 
     def _settled(self, info: SegmentInfo) -> None:
         """The segment left the spool (committed or quarantined): stop counting it."""
@@ -854,3 +894,24 @@ def _take_chunk(segments: list[SegmentInfo], max_bytes: int) -> list[SegmentInfo
         chunk.append(info)
         size += info.bytes
     return chunk
+
+
+def _skip_rows(
+    data: SegmentData, start: int, positional: Callable[[Mapping[str, object] | None], bool]
+) -> tuple[list[pa.RecordBatch], list[dict[str, object] | None], int]:
+    """The segment's batches without its first ``start`` records, and its record count.
+    Batches whose rows the claims place by source position are kept whole: the claims
+    drop the rows the table holds, and a cut batch would no longer match its positions."""
+    total = sum(batch.num_rows for batch in data.batches)
+    if start <= 0:
+        return list(data.batches), list(data.metas), total
+    batches: list[pa.RecordBatch] = []
+    metas: list[dict[str, object] | None] = []
+    seen = 0
+    for batch, meta in zip(data.batches, data.metas, strict=True):
+        cut = 0 if positional(meta) else min(batch.num_rows, max(0, start - seen))
+        seen += batch.num_rows
+        if cut < batch.num_rows:
+            batches.append(batch.slice(cut) if cut else batch)
+            metas.append(meta)
+    return batches, metas, total

@@ -13,6 +13,7 @@ from ._errors import (
     UnknownSegmentError,
 )
 from ._fs import FileSystem
+from ._incarnation import Incarnation
 from ._names import new_segment_id as new_uuid7
 from ._names import segment_file_name
 from ._recovery import QuarantinedSegment, RecoveryReport, SegmentInfo
@@ -22,6 +23,7 @@ __all__ = [
     "AppendAck",
     "Durability",
     "FileSystem",
+    "Incarnation",
     "QuarantinedSegment",
     "RecoveryReport",
     "SegmentCorruptError",

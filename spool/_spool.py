@@ -27,6 +27,7 @@ from ._errors import (
 )
 from ._format import Scan, decode, encode_meta, scan
 from ._fs import REAL, FileSystem
+from ._incarnation import Incarnation
 from ._lock import DirectoryLock
 from ._names import new_segment_id
 from ._recovery import (
@@ -43,6 +44,8 @@ from ._segment import OpenSegment
 
 Durability = Literal["page-cache", "fsync"]
 _ID_FILE = "spool-id"
+_INCARNATIONS_FILE = "incarnations"
+_INCARNATIONS_KEPT = 1000
 _T = TypeVar("_T")
 _log = logging.getLogger("icespool.spool")
 
@@ -198,6 +201,10 @@ class Spool:
         self._state: Literal["new", "open", "closed"] = "new"
         self._acking: set[asyncio.Task[None]] = set()
         self.id = ""  # set by open(): this directory's identity (see _spool_id)
+        # Set by open(): this process (see _incarnation.py), and the earlier processes
+        # this directory recorded, oldest first.
+        self.incarnation = Incarnation("", "-", "-", "-", 0, "-")
+        self.earlier_incarnations: tuple[Incarnation, ...] = ()
 
     async def __aenter__(self) -> Spool:
         await self.open()
@@ -215,6 +222,10 @@ class Spool:
         self._executor = ThreadPoolExecutor(self._io_threads, thread_name_prefix="icespool-spool")
         try:
             self.id = await self._in_thread(_spool_id, self.directory, self._fs)
+            self.incarnation = Incarnation.current()
+            self.earlier_incarnations = await self._in_thread(
+                _incarnations, self.directory, self._fs, self.incarnation
+            )
             self.recovered = await self._in_thread(recover, self.directory, self._fs)
         except BaseException:
             self._executor.shutdown(wait=False)
@@ -658,6 +669,39 @@ def _spool_id(directory: Path, fs: FileSystem) -> str:
     fs.replace(tmp, path)
     fs.fsync_directory(directory)
     return value
+
+
+def _incarnations(directory: Path, fs: FileSystem, current: Incarnation) -> tuple[Incarnation, ...]:
+    """Record ``current`` among the incarnations of this directory; return the earlier ones.
+
+    An incarnation's tag is part of every data file name it writes: the orphan sweep
+    removes files of this process and of earlier incarnations that have provably ended,
+    never others'. The list keeps its last `_INCARNATIONS_KEPT` entries (an older
+    incarnation's leftovers are then left alone, never mistaken for another's). A
+    volume that cannot take the write (full) still starts: this incarnation's files
+    are then only known as its own while it runs."""
+    path = directory / _INCARNATIONS_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    earlier = [found for line in lines if (found := Incarnation.parse(line)) is not None]
+    earlier = earlier[-(_INCARNATIONS_KEPT - 1) :]
+    try:
+        tmp = directory / (_INCARNATIONS_FILE + ".tmp")
+        text = "".join(f"{i.record}\n" for i in [*earlier, current])
+        fs.write_file(tmp, text.encode())
+        fs.replace(tmp, path)
+        fs.fsync_directory(directory)
+    except OSError as exc:
+        _log.warning(
+            "could not record %s in %s (%s): its data files are swept as orphans only "
+            "while it runs",
+            current.describe(),
+            path,
+            exc,
+        )
+    return tuple(earlier)
 
 
 def _restore(directory: Path, entry: QuarantinedSegment, fs: FileSystem) -> SegmentInfo:

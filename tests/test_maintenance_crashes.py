@@ -27,7 +27,7 @@ import aiohttp
 from support.daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, DaemonError, ndjson
 from support.kafka_harness import Broker, create_topic, produce
 
-from daemon.maintenance import remove_orphans
+from daemon.maintenance import FileOwner, remove_orphans
 
 SEAMS_DIR = Path(__file__).resolve().parent / "support" / "crash_seams"
 SEAMS = ("during-compaction-rewrite", "after-compaction-commit", "during-manifest-merge")
@@ -164,9 +164,14 @@ async def test_kill_9_in_compaction_and_manifest_merge_over_http(tmp_path: Path)
     # stopped, nothing is in flight, so the same sweep with a 1 s age must find every
     # file the crashes left.
     table, catalog = home.load_table()
+    # Every process that ran on the spool is one of its recorded incarnations.
+    incarnations = frozenset((home.spool_dir / "incarnations").read_text().split())
     try:
         swept = await asyncio.to_thread(
-            remove_orphans, table, older_than_s=1.0, is_spooled=lambda _: False
+            remove_orphans,
+            table,
+            owner=FileOwner("", incarnations),
+            is_spooled=lambda _: False,
         )
     finally:
         catalog.engine.dispose()

@@ -420,6 +420,9 @@ class SpoolConfig(_Section):
     durability: Durability = "page-cache"
     max_bytes: Bytes = 10 * 2**30
     segment_max_bytes: Bytes = 128 * 2**20
+    # How long another process's claim on this spool's identity must stay unchanged
+    # before this one adopts the spool (daemon/spool_claim.py); renewed every third.
+    claim_ttl: Seconds = Field(default=30.0, ge=3.0, le=3600.0)
 
 
 def _check_listen(value: str) -> str:

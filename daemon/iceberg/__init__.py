@@ -20,6 +20,7 @@ Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 from daemon.iceberg._catalog import check_compatible, ensure_table, load_catalog, split_identifier
 from daemon.iceberg._check import catalog_tables, check_catalog
 from daemon.iceberg._commit import (
+    SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
     AssertProperty,
     AssertUnreferenced,
@@ -34,6 +35,7 @@ from daemon.iceberg._commit import (
     commit_files,
     commit_properties,
     commit_replace,
+    committed_marks,
     delete_rows,
     find_committed_segments,
     last_segments_key,
@@ -79,6 +81,7 @@ __all__ = [
     "MAX_SNAPSHOT_AGE_MS",
     "MIN_SNAPSHOTS_TO_KEEP",
     "SEGMENTS_SUMMARY_KEY",
+    "SEGMENT_RECORDS_SUMMARY_KEY",
     "TABLE_DEFAULTS",
     "AssertProperty",
     "AssertUnreferenced",
@@ -102,6 +105,7 @@ __all__ = [
     "commit_files",
     "commit_properties",
     "commit_replace",
+    "committed_marks",
     "create_inferred",
     "create_with",
     "delete_rows",

@@ -115,6 +115,7 @@ from pyiceberg.typedef import EMPTY_DICT, TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 from pyiceberg.utils.properties import property_as_bool
 
+from daemon.claims import ClaimsMovedError
 from daemon.errors import CommitError
 from daemon.iceberg._metadata import apply_updates
 from daemon.iceberg._refresh import refresh_table
@@ -122,6 +123,7 @@ from daemon.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = [
     "SEGMENTS_SUMMARY_KEY",
+    "SEGMENT_RECORDS_SUMMARY_KEY",
     "AssertProperty",
     "AssertUnreferenced",
     "CommitOutcomeUnknownError",
@@ -135,8 +137,10 @@ __all__ = [
     "commit_files",
     "commit_properties",
     "commit_replace",
+    "committed_marks",
     "delete_rows",
     "find_committed_segments",
+    "last_segment_records_key",
     "last_segments_key",
     "new_transaction",
     "validates_locally",
@@ -146,6 +150,10 @@ _log = logging.getLogger("icespool.commit")
 
 #: Snapshot summary key listing the spool segment ids a snapshot covers.
 SEGMENTS_SUMMARY_KEY: Final = "icespool.segments"
+# How many records of each segment (aligned with SEGMENTS_SUMMARY_KEY) the table holds
+# after the commit: a segment is committed in order, and a commit of its remainder
+# records the segment's whole count.
+SEGMENT_RECORDS_SUMMARY_KEY: Final = "icespool.segment-records"
 _SPOOL_PREFIX: Final = "icespool.spool."
 # Marks found in table properties have no snapshot left to name.
 _EXPIRED: Final = -1
@@ -154,6 +162,11 @@ _EXPIRED: Final = -1
 def last_segments_key(spool_id: str) -> str:
     """Table property naming the segments of ``spool_id``'s latest commit to the table."""
     return f"{_SPOOL_PREFIX}{spool_id}.last-segments"
+
+
+def last_segment_records_key(spool_id: str) -> str:
+    """Table property with the record counts (aligned) of `last_segments_key`'s ids."""
+    return f"{_SPOOL_PREFIX}{spool_id}.last-segment-records"
 
 
 # Errors that say the request itself is wrong: retrying cannot help, and the commit
@@ -175,6 +188,7 @@ _RESERVED_SUMMARY_KEYS: Final = frozenset(
     {
         OPERATION,
         SEGMENTS_SUMMARY_KEY,
+        SEGMENT_RECORDS_SUMMARY_KEY,
         CHANGED_PARTITION_COUNT_PROP,
         PARTITION_SUMMARY_PROP,
         "added-data-files",
@@ -279,35 +293,85 @@ def _summary_value(snapshot: Snapshot, key: str) -> str | None:
     return summary.get(key)
 
 
-def _segments_of(snapshot: Snapshot) -> list[str]:
-    value = _summary_value(snapshot, SEGMENTS_SUMMARY_KEY)
-    return value.split(",") if value else []
+def _marks(segments: str | None, records: str | None) -> list[tuple[str, int | None]]:
+    """``(segment id, records covered)`` of a commit's segment list and its aligned
+    record counts; None where the count is unknown (written before counts were kept, or
+    a list that does not align): such a mark covers the whole segment, as it always did."""
+    ids = segments.split(",") if segments else []
+    counts = records.split(",") if records else []
+    if len(counts) != len(ids) or not all(count.isdigit() for count in counts):
+        return [(segment, None) for segment in ids]
+    return [(segment, int(count)) for segment, count in zip(ids, counts, strict=True)]
+
+
+def _segments_of(snapshot: Snapshot) -> list[tuple[str, int | None]]:
+    return _marks(
+        _summary_value(snapshot, SEGMENTS_SUMMARY_KEY),
+        _summary_value(snapshot, SEGMENT_RECORDS_SUMMARY_KEY),
+    )
+
+
+def _covers(records: int | None, wanted: int) -> bool:
+    return records is None or records >= wanted
+
+
+def committed_marks(
+    table: Table, segment_ids: Iterable[str], spool_id: str | None = None
+) -> dict[str, tuple[int, int | None]]:
+    """``segment id -> (snapshot id, records covered)`` for each of ``segment_ids`` some
+    commit to ``table`` covers, keeping the mark that covers the most records (None:
+    the whole segment). A segment's records are committed in order, so a mark covering
+    ``n`` records means its first ``n`` records are in the table.
+
+    Looks at every snapshot in the table's metadata as loaded (refresh first for the
+    catalog's current state), not only the current ancestry. With ``spool_id``, the
+    marks of that spool's ``last-segments`` property count too (their snapshot may have
+    expired; the snapshot id is then -1).
+    """
+    wanted = set(segment_ids)
+    found: dict[str, tuple[int, int | None]] = {}
+    if not wanted:
+        return found
+
+    def keep(segment: str, snapshot_id: int, records: int | None) -> None:
+        if segment not in wanted:
+            return
+        best = found.get(segment)
+        if best is None or (best[1] is not None and (records is None or records > best[1])):
+            found[segment] = (snapshot_id, records)
+
+    for snapshot in table.metadata.snapshots:
+        for segment, records in _segments_of(snapshot):
+            keep(segment, snapshot.snapshot_id, records)
+    if spool_id is not None:
+        properties = table.metadata.properties
+        for segment, records in _marks(
+            properties.get(last_segments_key(spool_id)),
+            properties.get(last_segment_records_key(spool_id)),
+        ):
+            keep(segment, _EXPIRED, records)
+    return found
 
 
 def find_committed_segments(
-    table: Table, segment_ids: Iterable[str], spool_id: str | None = None
+    table: Table,
+    segment_ids: Iterable[str],
+    spool_id: str | None = None,
+    *,
+    records: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Map each of ``segment_ids`` that a snapshot of ``table`` covers to that snapshot.
-
-    Looks at every snapshot in the table's metadata as loaded (call ``table.refresh()``
-    first for the catalog's current state), not only the current ancestry. With
-    ``spool_id``, a segment named by that spool's ``last-segments`` property counts
-    too (its snapshot may have expired; it maps to -1).
+    """Map each of ``segment_ids`` that a snapshot of ``table`` covers to that snapshot
+    (-1: its snapshot expired, the spool's ``last-segments`` property says so; see
+    `committed_marks`). With ``records`` (segment id -> its record count), a segment
+    counts only where a commit covered at least that many of its records: a copy of a
+    spool may have committed the first part of a segment that grew afterwards.
     """
-    wanted = set(segment_ids)
-    found: dict[str, int] = {}
-    if not wanted:
-        return found
-    for snapshot in table.metadata.snapshots:
-        for segment in _segments_of(snapshot):
-            if segment in wanted and segment not in found:
-                found[segment] = snapshot.snapshot_id
-    if spool_id is not None:
-        marked = table.metadata.properties.get(last_segments_key(spool_id), "")
-        for segment in marked.split(","):
-            if segment in wanted and segment not in found:
-                found[segment] = _EXPIRED
-    return found
+    wanted = records or {}
+    return {
+        segment: snapshot_id
+        for segment, (snapshot_id, covered) in committed_marks(table, segment_ids, spool_id).items()
+        if _covers(covered, wanted.get(segment, 0))
+    }
 
 
 def _validate(
@@ -357,12 +421,27 @@ def _name(table: Table) -> str:
     return ".".join(table.name())
 
 
-def _check_segments(table: Table, segment_ids: Sequence[str]) -> int | None:
-    """The snapshot already holding all ``segment_ids``, or None if none holds any."""
-    committed = find_committed_segments(table, segment_ids)
+def _check_segments(table: Table, spans: Mapping[str, tuple[int, int]]) -> int | None:
+    """The snapshot already holding all of ``spans``' records (segment id -> the records
+    ``[start, end)`` this commit adds), or None if none holds any.
+
+    Raises `ClaimsMovedError` when another writer (a copy of this spool) committed a
+    part of a segment past ``start`` since the caller read the table: the caller
+    reads the table again and commits what is left."""
+    marks = committed_marks(table, spans)
+    committed: dict[str, int] = {}
+    for segment, (snapshot_id, covered) in marks.items():
+        start, end = spans[segment]
+        if _covers(covered, end):
+            committed[segment] = snapshot_id
+        elif covered is not None and covered > start:
+            raise ClaimsMovedError(
+                f"table {_name(table)}: segment {segment} has {covered} of its records "
+                f"committed now, not {start} as they were when this commit was built"
+            )
     if not committed:
         return None
-    missing = [segment for segment in segment_ids if segment not in committed]
+    missing = [segment for segment in spans if segment not in committed]
     if missing:
         # Committing the files would duplicate the committed segments' rows, and they
         # cannot be told apart inside the encoded files.
@@ -375,7 +454,7 @@ def _check_segments(table: Table, segment_ids: Sequence[str]) -> int | None:
     snapshots = set(committed.values())
     if len(snapshots) > 1:
         raise CommitError(
-            f"table {_name(table)}: segments {list(segment_ids)} were committed by several "
+            f"table {_name(table)}: segments {list(spans)} were committed by several "
             f"snapshots {sorted(snapshots)}; delete them from the spool only after checking"
         )
     return snapshots.pop()
@@ -999,6 +1078,7 @@ def commit_files(
     retry: Backoff = CONFLICTS,
     update_properties: PropertyUpdate | None = None,
     spool_id: str | None = None,
+    segment_spans: Mapping[str, tuple[int, int]] | None = None,
 ) -> CommitResult:
     """Commit ``data_files`` as ONE append snapshot tagged with ``segment_ids``.
 
@@ -1019,11 +1099,26 @@ def commit_files(
 
     ``spool_id`` (the spool the segments come from) records them as that spool's
     latest commit in a table property, in the same commit (see the module doc).
+
+    ``segment_spans`` (segment id -> ``(start, end)``): the files hold records
+    ``[start, end)`` of each segment, whose first ``start`` records an earlier commit
+    holds; the snapshot records ``end`` as the segment's committed count. Without it
+    the count is unknown and the mark covers the whole segment. Raises
+    `ClaimsMovedError` (nothing committed) when another writer committed more of a
+    segment meanwhile.
     """
     policy = retry
     segments = list(segment_ids)
     _validate(data_files, segments, summary)
     properties = {**summary, SEGMENTS_SUMMARY_KEY: ",".join(segments)}
+    counts = ""
+    if segment_spans is not None:
+        if set(segment_spans) != set(segments):
+            raise ValueError(f"segment_spans must name exactly the segments {segments}")
+        counts = ",".join(str(segment_spans[segment][1]) for segment in segments)
+        properties[SEGMENT_RECORDS_SUMMARY_KEY] = counts
+    # Without counts a mark covers the whole segment: any earlier mark holds it.
+    spans = segment_spans or dict.fromkeys(segments, (0, 0))
 
     last_error: BaseException | None = None
     # Snapshot ids of our attempts: a snapshot found later with our segments is ours
@@ -1038,7 +1133,7 @@ def commit_files(
         if (refresh_error := _refresh(table)) is not None:
             last_error = refresh_error
             continue
-        existing = _check_segments(table, segments)
+        existing = _check_segments(table, spans)
         if existing is not None:
             if existing in attempted:
                 _log.info(
@@ -1059,6 +1154,7 @@ def commit_files(
         )
         if spool_id is not None:
             table_properties[last_segments_key(spool_id)] = ",".join(segments)
+            table_properties[last_segment_records_key(spool_id)] = counts
         try:
             transaction, snapshot_id = _stage(table, data_files, properties, table_properties)
         except _PERMANENT_ERRORS as exc:
@@ -1116,7 +1212,7 @@ def commit_files(
     # A last look: the final attempt may have landed despite its error. (If it did
     # not, its files stay: it may still be on its way to the catalog.)
     if _refresh(table) is None:
-        existing = _check_segments(table, segments)
+        existing = _check_segments(table, spans)
         if existing is not None:
             _settle(table, attempted, existing)
             return _result_from_snapshot(

@@ -325,6 +325,9 @@ class OffsetClaims:
             self._book.dropped(dropped)
         return kept
 
+    def positional(self, meta: Mapping[str, object] | None) -> bool:
+        return meta is not None and isinstance(meta.get(META_KEY), list)
+
     def withhold(self) -> None:
         for key, ranges in self.covered().items():
             self._book.withheld[key] = self._book.withheld.get(key, Ranges()).union(ranges)

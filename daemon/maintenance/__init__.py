@@ -29,8 +29,10 @@ from daemon.maintenance._expire import choose_expired, delete_files, find_garbag
 from daemon.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
 from daemon.maintenance._orphans import (
     DEFAULT_ORPHAN_AGE_S,
+    FileOwner,
     OrphanResult,
     daemon_file_id,
+    daemon_file_incarnation,
     daemon_file_time,
     is_daemon_file,
     remove_orphans,
@@ -75,6 +77,7 @@ __all__ = [
     "CompactionError",
     "CompactionPlan",
     "CompactionResult",
+    "FileOwner",
     "IoBudget",
     "Lease",
     "LeaseHeld",
@@ -90,6 +93,7 @@ __all__ = [
     "commit_rewrite",
     "created_table_properties",
     "daemon_file_id",
+    "daemon_file_incarnation",
     "daemon_file_time",
     "delete_files",
     "effective",

@@ -725,6 +725,7 @@ def _rewrite_bin(
     deadline: float | None,
     row_group_records: int,
     compression: str,
+    incarnation: str,
     reader: _DeleteReader,
 ) -> list[DataFile]:
     batches: list[pa.RecordBatch] = []
@@ -760,7 +761,7 @@ def _rewrite_bin(
         target_file_size=plan.target_file_size,
         row_group_records=row_group_records,
         compression=compression,
-        file_prefix=compaction_file_prefix(piece.file_id),
+        file_prefix=compaction_file_prefix(piece.file_id, incarnation),
     )
     try:
         extra = sum(f.file_size_in_bytes for f in written) - piece.payload
@@ -789,6 +790,7 @@ def rewrite(
     budget: IoBudget,
     row_group_records: int,
     compression: str,
+    incarnation: str,
     deadline: float | None = None,
 ) -> list[DataFile]:
     """Write the plan's bins as new data files (not committed) and return them.
@@ -817,6 +819,7 @@ def rewrite(
                 deadline=deadline,
                 row_group_records=row_group_records,
                 compression=compression,
+                incarnation=incarnation,
                 reader=reader,
             )
     except BaseException:

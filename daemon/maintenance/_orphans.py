@@ -1,57 +1,56 @@
-"""Remove data files the daemon wrote but never committed (a crash between encode and commit).
+"""Remove data files this spool's processes wrote but never committed (a crash or a
+commit that gave up between encode and commit).
 
 The daemon knows its own file names: a flush writes
-``{segment_uuid7}-{partition:05d}-{file:05d}.parquet`` (``iceberg/_parquet.py``, the
-prefix is the first spool segment's id; an upsert table's equality deletes are
-``{segment_uuid7}-eq-{partition:05d}-{file:05d}.parquet``) and a compaction writes
-``c-{uuid7}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``). A uuid7 carries
-its creation time in milliseconds. ``remove_orphans`` deletes a file under the table's
-data location only when ALL of these hold:
+``{segment_uuid7}-{incarnation}-{partition:05d}-{file:05d}.parquet`` (``writer.py``; the
+segment is the commit's first spool segment, the incarnation a 12-hex tag of the process,
+recorded in its spool directory; an upsert table's equality deletes are
+``{segment_uuid7}-{incarnation}-eq-...``) and a compaction writes
+``c-{uuid7}-{incarnation}-{partition:05d}-{file:05d}.parquet`` (``_compact.py``). Names
+without an incarnation come from versions that did not write one. ``remove_orphans``
+deletes a file under the table's data location only when ALL of these hold:
 
-1. its name is one of the two shapes above: files of other writers (Spark's
-   ``00000-0-<uuid>-00001.parquet``, pyiceberg's ``<uuid>.parquet``, anything an
-   operator copied in) never match;
-2. it is older than ``older_than_s`` both by modification time and by the time in
-   its uuid7 (a file may be re-written under an old name: an old segment encoded
-   again has a fresh mtime; a copy that kept an old mtime has a fresh name time);
-3. this replica's spool no longer holds the segment its id names (``is_spooled``;
-   the caller also answers true for a compaction it has in flight);
-4. no snapshot in the table's metadata reaches it: every snapshot, on every branch
+1. its name is one of the shapes above AND carries the running process's incarnation
+   or an earlier one of this spool that has provably ended (``FileOwner``): files of
+   other replicas, of other tools (Spark's ``00000-0-<uuid>-00001.parquet``,
+   pyiceberg's ``<uuid>.parquet``) and of versions without incarnations are never
+   removed, whatever their age;
+2. this replica no longer holds the segment (or compaction) its id names
+   (``is_spooled``);
+3. no snapshot in the table's metadata reaches it: every snapshot, on every branch
    and tag, rolled back or staged, and every manifest entry including deleted ones
    (a file an old snapshot still reaches is expiry's to remove, with the snapshot).
 
-Why a file another writer is about to commit cannot be removed. A daemon writes its
-data files immediately before committing them: ``encode_data_files`` and then
-``commit_files``, whose attempts are bounded (12, backoff capped at 5 s, every
-catalog call under a timeout), so the window between a file's write and its commit
-is seconds, minutes at worst. A commit that gives up gives its files up: the next
-flush encodes the segment again, rewriting the same names (deterministic, overwrite)
-with a fresh mtime. A compaction's outputs are committed right after they are
-written, or deleted. So a file that may still be committed is younger than that
-window by mtime, and ``older_than_s`` (1 h by default) is far longer. The listing is
-taken before the table is refreshed, so a commit that landed before a file was
-listed is in the metadata this sweep reads. For this replica's own files the spool
-settles it without any timing: a segment's files can only be committed while the
-spool still holds the segment (it is deleted after the commit), and such files are
-kept. The timing argument covers other replicas writing the same table; the one
-case it does not cover is a replica paused (SIGSTOP, a suspended VM) for longer than
-``older_than_s`` between writing its files and committing them: raise
-``older_than_s`` where that can happen.
+Why no other writer's file is ever at risk: ownership is read from the name, which the
+writing process chose, and from the spool's record of its incarnations, never from a
+clock. Another replica's clock, a paused replica, an object store's server-side
+timestamps: none of them makes a file of another process look like one of ours. Files
+of a replica that is gone for good are left to Spark's ``remove_orphan_files`` (the
+README says which ``older_than`` is safe beside the daemon).
+
+Why this spool's own files can be judged without timing: the files the running process
+writes for a segment can only be committed while the spool holds the segment (it is
+deleted after the commit), and a compaction's while it is in flight (``is_spooled``
+answers for both); the listing is taken before the table is refreshed, so a commit that
+landed before a file was listed is in the metadata this sweep reads. An earlier
+incarnation counts only once it has provably ended (``FileOwner.earlier``: it ran on
+this kernel and its process is gone, ``spool/_incarnation.py``): a process that ended
+commits nothing more. One that may still run elsewhere (a copy of this directory on
+another machine, the previous container of a pod) is treated as another writer.
 
 Only a data location inside the table's own location is swept: a ``write.data.path``
 elsewhere may be shared with other tables, whose files this table's metadata cannot
 vouch for (the result says why nothing was swept).
 
 Everything here blocks; the scheduler runs it in a thread. Cost: one listing of the
-data location per call, and, only when old unreferenced-looking daemon files exist,
-one read of every manifest of every snapshot (deduplicated by path).
+data location per call, and, only when unreferenced-looking files of ours exist, one
+read of every manifest of every snapshot (deduplicated by path).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -67,9 +66,11 @@ from spool import new_uuid7
 __all__ = [
     "COMPACTION_PREFIX",
     "DEFAULT_ORPHAN_AGE_S",
+    "FileOwner",
     "OrphanResult",
     "compaction_file_prefix",
     "daemon_file_id",
+    "daemon_file_incarnation",
     "daemon_file_time",
     "is_daemon_file",
     "new_file_id",
@@ -78,16 +79,17 @@ __all__ = [
 
 _log = logging.getLogger("icespool.maintenance.orphans")
 
-#: Files younger than this are never removed (see the module doc).
+#: How often a table's data location is listed for orphans, by default.
 DEFAULT_ORPHAN_AGE_S: Final = 3600.0
 #: Compaction outputs are named ``c-{uuid7}-...``: told apart from flush files at a glance.
 COMPACTION_PREFIX: Final = "c-"
 
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
-# An upsert table's flush also writes equality deletes: ``{segment}-eq-...``.
+_INCARNATION: Final = r"[0-9a-f]{12}"
+# An upsert table's flush also writes equality deletes: ``{segment}-{incarnation}-eq-...``.
 _NAME: Final = re.compile(
-    rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:{re.escape(DELETE_FILE_MARK)})?"
-    r"-[0-9]{5,}-[0-9]{5,}\.parquet$"
+    rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:-(?P<incarnation>{_INCARNATION}))?"
+    rf"(?:{re.escape(DELETE_FILE_MARK)})?-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 
@@ -96,6 +98,12 @@ def daemon_file_id(path: str) -> str | None:
     """The uuid7 in a daemon-written data file's name (a segment or compaction id), else None."""
     match = _NAME.match(path.rsplit("/", 1)[-1])
     return match.group("id") if match else None
+
+
+def daemon_file_incarnation(path: str) -> str | None:
+    """The incarnation tag in a daemon-written data file's name, else None."""
+    match = _NAME.match(path.rsplit("/", 1)[-1])
+    return match.group("incarnation") if match else None
 
 
 def is_daemon_file(path: str) -> bool:
@@ -111,14 +119,24 @@ def daemon_file_time(path: str) -> float | None:
     return int(file_id.replace("-", "")[:12], 16) / 1000
 
 
+@dataclass(frozen=True)
+class FileOwner:
+    """Whose data files a sweep may remove: the running process's incarnation, and
+    the earlier incarnations its spool directory recorded (``Spool.incarnations``)."""
+
+    current: str
+    earlier: frozenset[str] = frozenset()  # ended: they commit nothing more
+
+
 def new_file_id() -> str:
     """A fresh uuid7 for a compaction's output names (the spool's generator)."""
     return new_uuid7()
 
 
-def compaction_file_prefix(file_id: str) -> str:
-    """``encode_data_files``' ``file_prefix`` for a compaction output with ``file_id``."""
-    return f"{COMPACTION_PREFIX}{file_id}"
+def compaction_file_prefix(file_id: str, incarnation: str) -> str:
+    """``encode_data_files``' ``file_prefix`` for a compaction output with ``file_id``,
+    written by the process ``incarnation``."""
+    return f"{COMPACTION_PREFIX}{file_id}-{incarnation}"
 
 
 @dataclass(frozen=True)
@@ -126,8 +144,7 @@ class OrphanResult:
     """What one sweep saw and did. ``skipped`` names why nothing was swept, if so."""
 
     listed: int = 0
-    foreign: int = 0  # not a daemon name: never touched
-    young: int = 0  # younger than older_than_s by mtime or name time
+    foreign: int = 0  # not a daemon name, or another spool's (or no incarnation): never touched
     spooled: int = 0  # this replica's spool still holds the id
     referenced: int = 0  # reached from a snapshot
     removed: int = 0
@@ -199,53 +216,47 @@ def _delete(filesystem: pafs.FileSystem, listed: _Listed) -> int | None:
 def remove_orphans(
     table: Table,
     *,
-    older_than_s: float = DEFAULT_ORPHAN_AGE_S,
+    owner: FileOwner,
     is_spooled: Callable[[str], bool],
 ) -> OrphanResult:
-    """Delete the daemon's never-committed data files of ``table`` (see the module doc).
+    """Delete this spool's never-committed data files of ``table`` (see the module doc).
 
-    ``is_spooled(file_id)`` gets the uuid7 in a file's name (a spool segment id, or a
-    compaction's id) and answers whether this replica still holds it: such files are
-    kept whatever their age. Refreshes ``table`` (use a Table instance no other thread
-    commits through). An error reading the listing or any manifest deletes nothing.
+    ``owner``: the incarnations whose files are this spool's. ``is_spooled(file_id)``
+    gets the uuid7 in a file's name (a spool segment id, or a compaction's id) and
+    answers whether this replica still holds it: such files are kept. Refreshes
+    ``table`` (use a Table instance no other thread commits through). An error reading
+    the listing or any manifest deletes nothing.
     """
-    if older_than_s <= 0:
-        raise ValueError(f"older_than_s must be positive, got {older_than_s}")
     where = _data_location(table)
     if isinstance(where, str):
         _log.info("table %s: no orphan sweep: %s", ".".join(table.name()), where)
         return OrphanResult(skipped=where)
     filesystem, data_path = where
-    now = time.time()
     infos = filesystem.get_file_info(
         pafs.FileSelector(data_path, recursive=True, allow_not_found=True)
     )
-    listed = foreign = young = spooled = 0
+    listed = foreign = spooled = 0
     candidates: dict[str, _Listed] = {}
     for info in infos:
         if info.type != pafs.FileType.File:
             continue
         listed += 1
-        file_id = daemon_file_id(info.path)
-        if file_id is None:
+        match = _NAME.match(info.path.rsplit("/", 1)[-1])
+        incarnation = match.group("incarnation") if match else None
+        if (
+            match is None
+            or incarnation is None
+            or (incarnation != owner.current and incarnation not in owner.earlier)
+        ):
             foreign += 1
             continue
-        mtime_ns = info.mtime_ns
-        named = daemon_file_time(info.path)
-        if (
-            mtime_ns is None  # unknown age: never old enough
-            or named is None
-            or now - mtime_ns / 1e9 < older_than_s
-            or now - named < older_than_s
-        ):
-            young += 1
-            continue
+        file_id = match.group("id")
         if is_spooled(file_id):
             spooled += 1
             continue
         candidates[info.path] = _Listed(info.path, info.size or 0)
     if not candidates:
-        return OrphanResult(listed=listed, foreign=foreign, young=young, spooled=spooled)
+        return OrphanResult(listed=listed, foreign=foreign, spooled=spooled)
 
     # After the listing: a commit that landed before a file was listed is seen here.
     refresh_table(table)
@@ -270,7 +281,6 @@ def remove_orphans(
     return OrphanResult(
         listed=listed,
         foreign=foreign,
-        young=young,
         spooled=spooled,
         referenced=len(referenced),
         removed=removed,

@@ -48,6 +48,7 @@ from daemon.iceberg import short_error, validates_locally
 from daemon.lanes import LanePool
 from daemon.maintenance._compact import IoBudget
 from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release, unrenewed_for
+from daemon.maintenance._orphans import FileOwner
 from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
@@ -192,6 +193,11 @@ class RunContext:
         """Whether this replica's spool still holds ``segment_id`` of this table."""
         return self._scheduler.is_spooled(self.name, segment_id)
 
+    @property
+    def files(self) -> FileOwner:
+        """Whose data files are this replica's (what its writes are named by)."""
+        return self._scheduler.files
+
     async def in_lane(self, fn: Callable[[], _T]) -> _T:
         """Run blocking ``fn`` (a commit step) in the table's lane: after the table's
         queued flushes, before later ones, never during one. Not started once the
@@ -240,6 +246,7 @@ class MaintenanceScheduler:
         self._loop_task: asyncio.Task[None] | None = None
         self._catalog: Catalog | None = None
         self._owner = ""
+        self.files = FileOwner("")
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._slots = asyncio.Semaphore(config.maintenance.concurrency)
 
@@ -258,12 +265,14 @@ class MaintenanceScheduler:
         self._states[name] = TableState(name, due=due, interval=interval)
         self._push(name, due)
 
-    async def start(self, catalog: Catalog, owner: str) -> None:
-        """Begin maintaining; ``owner``: this replica's lease owner id (its spool id)."""
+    async def start(self, catalog: Catalog, owner: str, files: FileOwner) -> None:
+        """Begin maintaining; ``owner``: this replica's lease owner id (its spool id);
+        ``files``: the incarnations whose data files are this replica's own."""
         if self._loop_task is not None:
             return
         self._catalog = catalog
         self._owner = owner
+        self.files = files
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.config.maintenance.concurrency, thread_name_prefix="maintenance"
         )

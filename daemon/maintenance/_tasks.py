@@ -211,6 +211,7 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
                 row_group_records=writer.row_group_records,
                 compression=writer.compression,
                 deadline=deadline,
+                incarnation=ctx.files.current,
             ),
         )
 
@@ -256,8 +257,8 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
 
 
 async def _orphans_task(ctx: RunContext) -> TaskResult:
-    """Remove never-committed daemon files; at most once per ``orphan_older_than`` (the
-    sweep lists the whole data location, and nothing younger can be removed anyway)."""
+    """Remove this spool's never-committed data files; at most once per
+    ``orphan_older_than`` (the sweep lists the whole data location)."""
     state = ctx.state
     now = ctx.clock()
     recent = ctx.settings.orphan_older_than
@@ -266,7 +267,7 @@ async def _orphans_task(ctx: RunContext) -> TaskResult:
     result = await ctx.off_lane(
         _orphans.remove_orphans,
         ctx.table,
-        older_than_s=ctx.settings.orphan_older_than,
+        owner=ctx.files,
         is_spooled=lambda file_id: file_id in state.compacting or ctx.is_spooled(file_id),
     )
     state.orphans_swept = now

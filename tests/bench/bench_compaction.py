@@ -96,7 +96,14 @@ def main() -> None:
             max_files=args.files,
         )
         t1 = time.perf_counter()
-        new = rewrite(table, plan, budget=budget, row_group_records=2**20, compression="zstd")  # type: ignore[arg-type]
+        new = rewrite(  # type: ignore[arg-type]
+            table,
+            plan,
+            budget=budget,
+            row_group_records=2**20,
+            compression="zstd",
+            incarnation="0" * 12,
+        )
         t2 = time.perf_counter()
         result = commit_rewrite(table, plan, new)  # type: ignore[arg-type]
         t3 = time.perf_counter()

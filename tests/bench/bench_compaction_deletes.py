@@ -124,7 +124,12 @@ def compact(table: Any) -> tuple[float, int, list[str]]:
             break
         plan = plans[0]
         new = rewrite(
-            table, plan, budget=IoBudget(None), row_group_records=1_000_000, compression="zstd"
+            table,
+            plan,
+            budget=IoBudget(None),
+            row_group_records=1_000_000,
+            compression="zstd",
+            incarnation="0" * 12,
         )
         result = commit_rewrite(table, plan, new)
         assert result.outcome == "committed", result

@@ -106,7 +106,8 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
             # The orphan sweep knows every file, and each names the flush's first segment.
             assert all(is_daemon_file(f.file_path) for f in added)
             assert {daemon_file_id(f.file_path) for f in added} == {result.segments[0]}
-            assert {f.file_path.rsplit("/", 1)[-1].split("-")[5] for f in deletes} == {"eq"}
+            # {segment uuid7: 5 parts}-{incarnation}-eq-{partition}-{file}.parquet
+            assert {f.file_path.rsplit("/", 1)[-1].split("-")[6] for f in deletes} == {"eq"}
             # One delete file per partition the flush touched (key -> partition).
             partitions = [f.partition for f in deletes]
             assert len(partitions) == len(set(map(tuple, partitions)))

@@ -31,6 +31,7 @@ from pyiceberg.types import LongType, StringType
 from support.json_values import storage_type
 from support.maintenance_helpers import (
     ENCODE,
+    INCARNATION,
     append_daemon_files,
     encode_daemon_files,
     live_files,
@@ -67,7 +68,11 @@ COLUMNS: list[dict[str, object]] = [
     {"name": "payload", "type": "string"},
     {"name": "kind", "type": "string"},
 ]
-WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
+WRITER = {
+    "row_group_records": ENCODE["row_group_records"],
+    "compression": "zstd",
+    "incarnation": INCARNATION,
+}
 UNLIMITED = IoBudget(None)
 
 

@@ -28,13 +28,14 @@ from support.cdc_tables import (
     delete_files,
     merged_rows,
 )
-from support.maintenance_helpers import ENCODE, local_path, sql_catalog, uuid7_at
+from support.maintenance_helpers import ENCODE, INCARNATION, local_path, sql_catalog, uuid7_at
 
 from daemon.cdc import DELETE, UPSERT, live_files, read_merged, with_ops
 from daemon.iceberg import commit_expiry
 from daemon.iceberg._catalog import ensure_table
 from daemon.maintenance import (
     CompactionPlan,
+    FileOwner,
     IoBudget,
     commit_rewrite,
     find_garbage,
@@ -53,7 +54,11 @@ from daemon.service import Icespool
 HOUR = 3600.0
 TARGET = 256 * 1024
 FAST = Backoff(attempts=4, base=0.001, cap=0.01)
-WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
+WRITER = {
+    "row_group_records": ENCODE["row_group_records"],
+    "compression": "zstd",
+    "incarnation": INCARNATION,
+}
 UNLIMITED = IoBudget(None)
 COLUMNS: list[dict[str, object]] = [
     {"name": "region", "type": "string", "required": True},
@@ -408,14 +413,18 @@ def test_expiry_and_orphan_sweep_handle_delete_files(catalog: Catalog) -> None:
 
     # An uncommitted delete file of a segment written hours ago, and the live ones.
     stray = local_path(next(iter(kept))).with_name(
-        f"{uuid7_at(time.time() - 3 * HOUR)}-eq-00000-00000.parquet"
+        f"{uuid7_at(time.time() - 3 * HOUR)}-{INCARNATION}-eq-00000-00000.parquet"
     )
     stray.write_bytes(local_path(next(iter(kept))).read_bytes())
     for path in [stray, *(local_path(p) for p in kept)]:
         then = time.time() - 3 * HOUR
         os.utime(path, (then, then))
     assert is_daemon_file(str(stray))
-    swept = remove_orphans(table, older_than_s=HOUR, is_spooled=lambda _: False)
+    swept = remove_orphans(
+        table,
+        owner=FileOwner("aaaaaaaaaaaa", frozenset({INCARNATION})),
+        is_spooled=lambda _: False,
+    )
     assert swept.removed == 1 and not stray.exists()
     assert all(local_path(p).exists() for p in kept)
     assert merged_rows(table, ("region", "id")) == state

@@ -16,6 +16,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 from support.maintenance_helpers import (
     ENCODE,
+    INCARNATION,
     append_daemon_files,
     local_path,
     rows,
@@ -51,6 +52,7 @@ def _table(tmp_path: Path) -> tuple[Table, list[Snapshot]]:
         budget=IoBudget(None),
         row_group_records=ENCODE["row_group_records"],
         compression="zstd",
+        incarnation=INCARNATION,
     )
     assert commit_rewrite(table, plan, new).outcome == "committed"
     append_daemon_files(table, [rows(range(30, 40))])

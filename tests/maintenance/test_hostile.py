@@ -30,6 +30,7 @@ from support.failing_io import SlowDataReads
 from support.fixture_types import MakeConfig
 from support.maintenance_helpers import (
     ENCODE,
+    INCARNATION,
     append_daemon_files,
     encode_daemon_files,
     live_files,
@@ -47,6 +48,7 @@ from daemon.iceberg._commit import commit_files
 from daemon.iceberg._metadata import apply_updates
 from daemon.maintenance import (
     LEASE_PROPERTY,
+    FileOwner,
     IoBudget,
     commit_rewrite,
     delete_files,
@@ -265,7 +267,11 @@ def test_compaction_across_nested_renames_drops_and_widenings_keeps_every_value(
     assert nulls[:18] == [(i % 7 == 3, i % 5 == 1, i % 6 == 2) for i in range(18)]
 
 
-_WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
+_WRITER = {
+    "row_group_records": ENCODE["row_group_records"],
+    "compression": "zstd",
+    "incarnation": INCARNATION,
+}
 
 
 def _nested_rows_evolved(ids: range, arrow: pa.Schema) -> pa.Table:
@@ -527,13 +533,16 @@ def test_a_short_orphan_age_never_removes_a_file_another_replica_is_about_to_com
     # The other replica's flush: a segment opened seconds ago, encoded, commit pending
     # (its catalog is slow). Neither this replica's spool nor a snapshot knows it.
     segment = uuid7_at(time.time() - 5)
-    _, files = encode_daemon_files(table, rows(range(10)), prefix=segment)
+    _, files = encode_daemon_files(table, rows(range(10)), segment=segment)
     path = files[0].file_path.removeprefix("file://")
     then = time.time() - 5
     os.utime(path, (then, then))
 
+    # This replica's own incarnations are not the other's.
     swept = remove_orphans(
-        table, older_than_s=settings.orphan_older_than, is_spooled=lambda _: False
+        table,
+        owner=FileOwner("aaaaaaaaaaaa", frozenset({"bbbbbbbbbbbb"})),
+        is_spooled=lambda _: False,
     )
 
     assert swept.removed == 0 and os.path.exists(path)

@@ -1,7 +1,9 @@
-"""The orphan sweep removes exactly the daemon's old, never-committed, unspooled files.
+"""The orphan sweep removes exactly this spool's never-committed, unspooled files.
 
-Real SQLite SQL catalog and local warehouse. Ages are real: files are aged with
-``os.utime`` and named with uuid7s made hours ago (``uuid7_at``).
+Ownership comes from the incarnation in a file's name, never from a clock: another
+replica's files stay whatever their age. Real SQLite SQL catalog and local warehouse.
+Ages are real: files are aged with ``os.utime`` and named with uuid7s made hours ago
+(``uuid7_at``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 from support.maintenance_helpers import (
+    INCARNATION,
     encode_daemon_files,
     local_path,
     rows,
@@ -27,7 +30,9 @@ from support.maintenance_helpers import (
 from daemon.iceberg._catalog import ensure_table
 from daemon.iceberg._commit import commit_files
 from daemon.maintenance import (
+    FileOwner,
     daemon_file_id,
+    daemon_file_incarnation,
     daemon_file_time,
     is_daemon_file,
     remove_orphans,
@@ -36,6 +41,10 @@ from daemon.maintenance._orphans import compaction_file_prefix
 from daemon.schema import parse_partition_spec, parse_schema
 
 HOUR = 3600.0
+RUNNING = "aaaaaaaaaaaa"  # the sweeping process's incarnation
+OTHER = "ffffffffffff"  # another replica's
+#: The sweeping replica: running now, with INCARNATION among its spool's earlier ones.
+OWNER = FileOwner(RUNNING, frozenset({INCARNATION, RUNNING}))
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},
     {"name": "payload", "type": "string"},
@@ -56,10 +65,19 @@ def _age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then))
 
 
-def _write(table: Table, ids: range, *, named_at: float, prefix: str | None = None) -> Path:
+def _write(
+    table: Table,
+    ids: range,
+    *,
+    named_at: float,
+    prefix: str | None = None,
+    incarnation: str = INCARNATION,
+) -> Path:
     """One daemon-named file (not committed) whose name was made at ``named_at``."""
     data = rows(ids, kind=["k"] * len(ids))
-    _, files = encode_daemon_files(table, data, prefix=prefix or uuid7_at(named_at))
+    _, files = encode_daemon_files(
+        table, data, prefix=prefix, segment=uuid7_at(named_at), incarnation=incarnation
+    )
     (data_file,) = files
     return local_path(data_file.file_path)
 
@@ -67,12 +85,12 @@ def _write(table: Table, ids: range, *, named_at: float, prefix: str | None = No
 def _commit(table: Table, ids: range, *, named_at: float) -> tuple[Path, int]:
     segment = uuid7_at(named_at)
     data = rows(ids, kind=["k"] * len(ids))
-    _, files = encode_daemon_files(table, data, prefix=segment)
+    _, files = encode_daemon_files(table, data, segment=segment)
     result = commit_files(table, files, segment_ids=[segment], summary={})
     return local_path(files[0].file_path), result.snapshot_id
 
 
-def test_only_old_unreferenced_unspooled_daemon_files_are_removed(tmp_path: Path) -> None:
+def test_only_this_spools_unreferenced_unspooled_files_are_removed(tmp_path: Path) -> None:
     table = _table(tmp_path)
     old = time.time() - 3 * HOUR
     live, _ = _commit(table, range(10), named_at=old)
@@ -90,42 +108,80 @@ def test_only_old_unreferenced_unspooled_daemon_files_are_removed(tmp_path: Path
 
     orphan = _write(table, range(100, 110), named_at=old)
     compaction = _write(
-        table, range(110, 120), named_at=old, prefix=compaction_file_prefix(uuid7_at(old))
+        table,
+        range(110, 120),
+        named_at=old,
+        prefix=compaction_file_prefix(uuid7_at(old), INCARNATION),
     )
+    # An ended incarnation's files are removed whatever their age.
     young_mtime = _write(table, range(120, 130), named_at=old)
     young_name = _write(table, range(130, 140), named_at=time.time())
     spooled = _write(table, range(140, 150), named_at=old)
     foreign = orphan.with_name(f"00000-0-{uuid.uuid4()}.parquet")
     shutil.copyfile(orphan, foreign)
+    # Another replica's file and one without an incarnation: never ours, however old.
+    other = _write(table, range(150, 160), named_at=old - 48 * HOUR, incarnation=OTHER)
+    legacy = _write(table, range(160, 170), named_at=old, prefix=uuid7_at(old))
     for path in orphan.parent.rglob("*.parquet"):
         if path != young_mtime:
-            _age(path, 2 * HOUR)
-    doomed_bytes = orphan.stat().st_size + compaction.stat().st_size
-    spooled_id = daemon_file_id(str(spooled))
+            _age(path, 50 * HOUR if path == other else 2 * HOUR)
+    # The running process's own files: its spool proves them, their age does not matter.
+    running = _write(table, range(170, 180), named_at=time.time(), incarnation=RUNNING)
+    running_spooled = _write(table, range(180, 190), named_at=time.time(), incarnation=RUNNING)
+    doomed = (orphan, compaction, running, young_mtime, young_name)
+    doomed_bytes = sum(p.stat().st_size for p in doomed)
+    spooled_ids = {daemon_file_id(str(spooled)), daemon_file_id(str(running_spooled))}
     asked: list[str] = []
 
     def is_spooled(file_id: str) -> bool:
         asked.append(file_id)
-        return file_id == spooled_id
+        return file_id in spooled_ids
 
-    result = remove_orphans(table, older_than_s=HOUR, is_spooled=is_spooled)
+    result = remove_orphans(table, owner=OWNER, is_spooled=is_spooled)
 
-    assert not orphan.exists() and not compaction.exists()
-    for kept in (live, replaced, branched, young_mtime, young_name, spooled, foreign):
+    assert not any(path.exists() for path in doomed)
+    for kept in (
+        live,
+        replaced,
+        branched,
+        spooled,
+        foreign,
+        other,
+        legacy,
+        running_spooled,
+    ):
         assert kept.exists(), kept
-    assert result.removed == 2 and result.failed == 0
+    assert result.removed == 5 and result.failed == 0
     assert result.bytes_removed == doomed_bytes
     assert result.referenced == 3
-    assert result.spooled == 1
-    assert result.young == 2
-    assert result.foreign == 2  # the copy and the row delete's pyiceberg-written file
-    assert result.listed == 10
-    assert spooled_id in asked and daemon_file_id(str(young_name)) not in asked
+    assert result.spooled == 2
+    # The copy, the row delete's pyiceberg-written file, the other replica's, the legacy one.
+    assert result.foreign == 4
+    assert result.listed == 14
+    assert spooled_ids <= set(asked)
+    assert daemon_file_id(str(other)) not in asked
     assert table_ids(table) == list(range(10)) + [i for i in range(10, 20) if i != 15]
 
     # A second sweep finds nothing more to remove.
-    again = remove_orphans(table, older_than_s=HOUR, is_spooled=is_spooled)
-    assert again.removed == 0 and again.listed == 8 and again.referenced == 3
+    again = remove_orphans(table, owner=OWNER, is_spooled=is_spooled)
+    assert again.removed == 0 and again.listed == 9 and again.referenced == 3
+
+
+def test_another_replicas_files_survive_any_clock(tmp_path: Path) -> None:
+    """A sweeping replica whose clock runs days ahead sees every file as old: the other
+    replica's fresh, not yet committed files stay, and commit afterwards."""
+    table = _table(tmp_path)
+    segment = uuid7_at(time.time())
+    data = rows(range(50), kind=["k"] * 50)
+    _, files = encode_daemon_files(table, data, segment=segment, incarnation=OTHER)
+    path = local_path(files[0].file_path)
+    _age(path, 30 * 24 * HOUR)  # an object store whose server clock is wrong, say
+
+    result = remove_orphans(table, owner=OWNER, is_spooled=lambda _: False)
+
+    assert path.exists() and result.removed == 0 and result.foreign == 1
+    commit_files(table, files, segment_ids=[segment], summary={})
+    assert table_ids(table) == list(range(50))
 
 
 def test_ten_thousand_candidates_are_swept_in_bounded_time(tmp_path: Path) -> None:
@@ -142,7 +198,7 @@ def test_ten_thousand_candidates_are_swept_in_bounded_time(tmp_path: Path) -> No
     then = time.time() - 2 * HOUR
     for n in range(10_000):
         file_id = uuid7_at(old)
-        path = directories[n % 100] / f"{file_id}-00000-00000.parquet"
+        path = directories[n % 100] / f"{file_id}-{INCARNATION}-00000-00000.parquet"
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.write(descriptor, b"x" * 16)
@@ -155,7 +211,7 @@ def test_ten_thousand_candidates_are_swept_in_bounded_time(tmp_path: Path) -> No
             doomed.append(path)
 
     started = time.monotonic()
-    result = remove_orphans(table, older_than_s=HOUR, is_spooled=spooled.__contains__)
+    result = remove_orphans(table, owner=OWNER, is_spooled=spooled.__contains__)
     elapsed = time.monotonic() - started
 
     assert result.removed == 5_000 and result.bytes_removed == 5_000 * 16
@@ -174,7 +230,7 @@ def test_a_data_location_outside_the_table_is_never_swept(tmp_path: Path) -> Non
     assert shared in orphan.parents
     _age(orphan, 2 * HOUR)
 
-    result = remove_orphans(table, older_than_s=HOUR, is_spooled=lambda _: False)
+    result = remove_orphans(table, owner=OWNER, is_spooled=lambda _: False)
 
     assert result.skipped is not None and "outside the table location" in result.skipped
     assert result.removed == 0 and orphan.exists()
@@ -183,18 +239,28 @@ def test_a_data_location_outside_the_table_is_never_swept(tmp_path: Path) -> Non
 def test_daemon_file_names_and_their_times() -> None:
     at = 1_714_521_600.123
     segment = uuid7_at(at)
-    assert daemon_file_id(f"s3://b/t/data/kind=a/{segment}-00003-00012.parquet") == segment
-    assert daemon_file_id(f"/w/t/data/c-{segment}-00000-00000.parquet") == segment
-    assert daemon_file_id(f"/w/{segment}-123456-00000.parquet") == segment  # > 99,999 parts
-    assert daemon_file_id(f"/w/t/data/{segment}-eq-00001-00000.parquet") == segment  # deletes
-    assert daemon_file_time(f"/w/c-{segment}-00000-00001.parquet") == pytest.approx(at, abs=0.001)
+    inc = INCARNATION
+    assert daemon_file_id(f"s3://b/t/data/kind=a/{segment}-{inc}-00003-00012.parquet") == segment
+    assert daemon_file_id(f"/w/t/data/c-{segment}-{inc}-00000-00000.parquet") == segment
+    assert daemon_file_id(f"/w/{segment}-{inc}-123456-00000.parquet") == segment  # > 99,999
+    assert daemon_file_id(f"/w/t/data/{segment}-{inc}-eq-00001-00000.parquet") == segment
+    assert daemon_file_incarnation(f"/w/t/data/{segment}-{inc}-eq-00001-00000.parquet") == inc
+    assert daemon_file_incarnation(f"/w/c-{segment}-{inc}-00000-00000.parquet") == inc
+    # Names written before incarnations: still the daemon's (compaction rewrites them),
+    # but of no known incarnation (the sweep leaves them).
+    assert daemon_file_id(f"/w/t/data/{segment}-eq-00001-00000.parquet") == segment
+    assert daemon_file_incarnation(f"/w/{segment}-00003-00012.parquet") is None
+    assert daemon_file_time(f"/w/c-{segment}-{inc}-00000-00001.parquet") == pytest.approx(
+        at, abs=0.001
+    )
     for foreign in (
         f"/w/00000-0-{uuid.uuid4()}.parquet",  # Spark / pyiceberg
         f"/w/{uuid.uuid4()}-00000-00000.parquet",  # a uuid4, not a uuid7
-        f"/w/{segment}-00000-00000.parquet.crc",
+        f"/w/{segment}-{inc}-00000-00000.parquet.crc",
         f"/w/{segment}.parquet",
         f"/w/x-{segment}-00000-00000.parquet",
-        f"/w/{segment}-00000-00000.avro",
+        f"/w/{segment}-{inc}-00000-00000.avro",
+        f"/w/{segment}-{inc.upper()}-00000-00000.parquet",
     ):
         assert not is_daemon_file(foreign), foreign
         assert daemon_file_time(foreign) is None

@@ -10,6 +10,7 @@ from typing import Any
 from pyiceberg.table import Table
 from support.maintenance_helpers import (
     ENCODE,
+    INCARNATION,
     append_daemon_files,
     local_path,
     rows,
@@ -22,7 +23,11 @@ from daemon.retry import Backoff
 from daemon.schema import parse_partition_spec, parse_schema
 
 TARGET = 1 << 20
-WRITER = {"row_group_records": ENCODE["row_group_records"], "compression": "zstd"}
+WRITER = {
+    "row_group_records": ENCODE["row_group_records"],
+    "compression": "zstd",
+    "incarnation": INCARNATION,
+}
 FAST = Backoff(attempts=4, base=0.001, cap=0.01)
 
 

@@ -25,6 +25,7 @@ from spool import new_uuid7
 
 __all__ = [
     "ENCODE",
+    "INCARNATION",
     "append_daemon_files",
     "encode_daemon_files",
     "live_files",
@@ -34,6 +35,9 @@ __all__ = [
     "table_ids",
     "uuid7_at",
 ]
+
+#: The incarnation the helpers' daemon-named files carry (a process's 12-hex tag).
+INCARNATION = "0123456789ab"
 
 #: The writer settings the helpers encode with (a flush's, small targets).
 ENCODE = {"target_file_size": 1 << 20, "row_group_records": 10_000, "compression": "zstd"}
@@ -68,12 +72,22 @@ def rows(ids: Iterable[int], **columns: Sequence[object]) -> pa.Table:
 
 
 def encode_daemon_files(
-    table: Table, data: pa.Table, prefix: str | None = None
+    table: Table,
+    data: pa.Table,
+    prefix: str | None = None,
+    *,
+    segment: str | None = None,
+    incarnation: str = INCARNATION,
 ) -> tuple[str, list[DataFile]]:
-    """Encode ``data`` as a flush of one spool segment would; returns (segment id, files)."""
-    segment = prefix or new_uuid7()
+    """Encode ``data`` as a flush of one spool segment (``segment``, default a fresh
+    uuid7) by the process ``incarnation`` would, or under the file name ``prefix``
+    when given; returns (segment id, files)."""
+    segment = segment or new_uuid7()
     files = encode_data_files(
-        table, [conform(data, arrow_schema_for(table))], file_prefix=segment, **ENCODE
+        table,
+        [conform(data, arrow_schema_for(table))],
+        file_prefix=prefix or f"{segment}-{incarnation}",
+        **ENCODE,
     )
     return segment, files
 
