@@ -64,7 +64,14 @@ from daemon.schema import (
     conform,
     find_out_of_range,
 )
-from spool import SegmentCorruptError, SegmentInfo, Spool, SpoolFullError, SpoolIOError
+from spool import (
+    SegmentCorruptError,
+    SegmentInfo,
+    Spool,
+    SpoolError,
+    SpoolFullError,
+    SpoolIOError,
+)
 
 __all__ = ["SEGMENT_ATTEMPTS", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 
@@ -136,7 +143,10 @@ class TableWriter:
         evolve: Policy = "none",
         claims: ClaimsFactory = NO_CLAIMS,
         key: Sequence[str] = (),
+        on_spool_refused: Callable[[str, SpoolError], None] | None = None,
     ) -> None:
+        """``on_spool_refused(table, error)``: told of every append the spool refused
+        (the daemon's `daemon.pressure.PressureRelief` frees room held by other tables)."""
         self.name = name
         self.arrow_schema = arrow_schema
         # An upsert table's key columns (empty: an append table). Its spooled batches
@@ -154,6 +164,8 @@ class TableWriter:
         self._reserved = 0
         self._queued_flush: asyncio.Future[FlushResult] | None = None
         self._queued_reason = ""
+        self._flushing = False  # a flush job of this table is running
+        self._on_spool_refused = on_spool_refused
         self._closing = False
         self._timer: asyncio.Task[None] | None = None
         self._acked = asyncio.Event()  # set when something becomes pending (wakes the timer)
@@ -249,6 +261,10 @@ class TableWriter:
             # fills before any size trigger refuses every append until batch_timeout.
             if self._pending.first_ack:
                 self._background_flush("bytes")
+            # The room may be held by other tables (their bytes, their segments'
+            # inodes) that would commit only at their own triggers.
+            if self._on_spool_refused is not None:
+                self._on_spool_refused(self.name, exc)
             raise BackpressureError(str(exc), retry_after=2.0) from exc
         finally:
             self._reserved -= incoming
@@ -292,6 +308,13 @@ class TableWriter:
     @property
     def pending_bytes(self) -> int:
         return self._pending.bytes
+
+    @property
+    def flush_busy(self) -> bool:
+        """Whether a flush of this table is queued or running (it will commit what is
+        spooled now, or is doing so)."""
+        queued = self._queued_flush is not None and not self._queued_flush.done()
+        return queued or self._flushing
 
     def oldest_pending_age(self) -> float:
         if not self._pending.first_ack:
@@ -452,6 +475,7 @@ class TableWriter:
     async def _flush_job(self) -> FlushResult:
         reason = self._queued_reason
         self._queued_flush = None  # from here on, new triggers queue a new job
+        self._flushing = True
         started = time.perf_counter()
         try:
             seal_error: SpoolIOError | None = None
@@ -501,6 +525,8 @@ class TableWriter:
                 f"flush of {self.name} failed ({type(exc).__name__}: {exc}); the spool keeps "
                 f"every record and the daemon retries in {delay:.0f}s"
             ) from exc
+        finally:
+            self._flushing = False
         self._failures = 0
         self._retry_at = 0.0
         self.degraded = None
