@@ -111,7 +111,8 @@ class PressureRelief:
         ready = [(w, u) for w, u in holding if w.degraded is None and not w.flush_busy]
         chosen = sorted(ready, key=_ranking(reason))[: self._per_round]
         if not chosen:
-            self._log_idle(reason, table, error, len(holding))
+            if not any(w.flush_busy for w, _ in holding):  # else those commits free room
+                self._log_idle(reason, table, error, len(holding))
             return
         self._metrics.pressure_flushes.labels(reason=reason).inc(len(chosen))
         _log.warning(
@@ -149,14 +150,19 @@ class PressureRelief:
         if now - self._idle_logged < _IDLE_LOG_EVERY:
             return
         self._idle_logged = now
+        if holding:
+            why = f"the {holding} tables holding spooled data cannot commit now (degraded)"
+        else:
+            why = (
+                "no table holds spooled data: the room is taken by quarantine/ "
+                f"({human_bytes(self._spool.quarantine_bytes)}) or by other files"
+            )
         _log.warning(
-            "spool pressure (%s): %s was refused (%s); no table to flush early (%d hold "
-            "spooled data, all already committing or degraded); quarantine/ holds %s",
+            "spool pressure (%s): %s was refused (%s); nothing to flush early: %s",
             reason,
             table,
             error,
-            holding,
-            human_bytes(self._spool.quarantine_bytes),
+            why,
             extra={"reason": reason, "table": table},
         )
 
@@ -195,7 +201,8 @@ def _ranking(reason: str) -> Callable[[tuple[TableWriter, TableUsage]], tuple[fl
 
 def _describe(writer: TableWriter, usage: TableUsage) -> str:
     age = human_seconds(writer.oldest_pending_age())
-    return f"{writer.name} ({usage.segments} segments, {human_bytes(usage.bytes)}, oldest {age})"
+    files = f"{usage.segments} segment{'' if usage.segments == 1 else 's'}"
+    return f"{writer.name} ({files}, {human_bytes(usage.bytes)}, oldest {age})"
 
 
 def _retrieve(future: asyncio.Future[FlushResult]) -> None:
