@@ -3,7 +3,7 @@
 Data path of a table::
 
     append/queue -> conform to the table's Arrow schema -> spool append (= ack)
-    trigger (records | bytes | age | manual | shutdown | close | recovery)
+    trigger (records | bytes | age | manual | shutdown | close | recovery | pressure)
       -> job on the table's encode-pool lane: seal, read segments back, encode
          Parquet, ONE append snapshot naming the segments, delete them.
 
