@@ -194,6 +194,15 @@ class Metrics:
             ["table", "reason"],
             registry=r,
         )
+        self.pressure_flushes = Counter(
+            "icespool_pressure_flushes_total",
+            "Tables flushed early because the spool refused an append for lack of room "
+            "(reason: disk_bytes, disk_inodes, max_bytes)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("disk_bytes", "disk_inodes", "max_bytes"):
+            self.pressure_flushes.labels(reason=reason)  # at zero from the start
         self.dead_letters = Counter(
             "icespool_dead_letters_total",
             "Records sent to a dead-letter destination",

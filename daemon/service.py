@@ -65,6 +65,7 @@ from daemon.maintenance import (
     created_table_properties,
 )
 from daemon.metrics import Metrics
+from daemon.pressure import PressureRelief
 from daemon.progress import Progress
 from daemon.retry import Backoff
 from daemon.schema import (
@@ -128,6 +129,14 @@ class Icespool:
             commit_executor=flush_executor(),
         )
         self._pool = LanePool(config.encode.resolved_workers)
+        # An append refused for lack of room flushes the tables holding it, as many at
+        # a time as commits can run at once.
+        self._pressure = PressureRelief(
+            self._spool,
+            self._writers_now,
+            self.metrics,
+            per_round=config.encode.resolved_workers,
+        )
         # Maintains every table that has a writer; starts after recovery, stops first.
         self.maintenance = MaintenanceScheduler(
             config,
@@ -261,6 +270,7 @@ class Icespool:
         self.ready = False
         self.draining = True
         self.metrics.ready.set(0)
+        await self._pressure.stop()  # the final commits flush every table anyway
         # First: no maintenance commit queues behind (or between) the final commits,
         # and this replica's leases are free for the others while it drains.
         await self.maintenance.stop(release_within=min(5.0, grace / 4))
@@ -352,6 +362,7 @@ class Icespool:
 
     async def _abort(self) -> None:
         self._state = "stopped"
+        await self._pressure.stop()
         await self._pool.stop(drain=False)
         await self._spool.close()
 
@@ -402,6 +413,9 @@ class Icespool:
             raise UnknownTableError(
                 f"table {name!r} is not configured; add it to [[tables]]"
             ) from None
+
+    def _writers_now(self) -> list[TableWriter]:
+        return list(self._writers.values())
 
     @property
     def table_names(self) -> list[str]:
@@ -462,6 +476,7 @@ class Icespool:
             claims=self._book(name).claims,
             key=table_config.key if table_config else (),
             commit_refusal=self._commit_refusal,
+            on_spool_refused=self._pressure.refused,
         )
         self._writers[name] = writer
         self.maintenance.add(name)

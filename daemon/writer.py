@@ -3,7 +3,7 @@
 Data path of a table::
 
     append/queue -> conform to the table's Arrow schema -> spool append (= ack)
-    trigger (records | bytes | age | manual | shutdown | close | recovery)
+    trigger (records | bytes | age | manual | shutdown | close | recovery | pressure)
       -> job on the table's encode-pool lane: seal, read segments back, encode
          Parquet, ONE append snapshot naming the segments, delete them.
 
@@ -69,6 +69,7 @@ from spool import (
     SegmentData,
     SegmentInfo,
     Spool,
+    SpoolError,
     SpoolFullError,
     SpoolIOError,
 )
@@ -144,7 +145,10 @@ class TableWriter:
         claims: ClaimsFactory = NO_CLAIMS,
         key: Sequence[str] = (),
         commit_refusal: Callable[[], str | None] = lambda: None,
+        on_spool_refused: Callable[[str, SpoolError], None] | None = None,
     ) -> None:
+        """``on_spool_refused(table, error)``: told of every append the spool refused
+        (the daemon's `daemon.pressure.PressureRelief` frees room held by other tables)."""
         self.name = name
         # Why this process must not commit now (its spool claim: daemon/spool_claim.py).
         self._commit_refusal = commit_refusal
@@ -164,6 +168,8 @@ class TableWriter:
         self._reserved = 0
         self._queued_flush: asyncio.Future[FlushResult] | None = None
         self._queued_reason = ""
+        self._flushing = False  # a flush job of this table is running
+        self._on_spool_refused = on_spool_refused
         self._closing = False
         self._timer: asyncio.Task[None] | None = None
         self._acked = asyncio.Event()  # set when something becomes pending (wakes the timer)
@@ -259,6 +265,10 @@ class TableWriter:
             # fills before any size trigger refuses every append until batch_timeout.
             if self._pending.first_ack:
                 self._background_flush("bytes")
+            # The room may be held by other tables (their bytes, their segments'
+            # inodes) that would commit only at their own triggers.
+            if self._on_spool_refused is not None:
+                self._on_spool_refused(self.name, exc)
             raise BackpressureError(str(exc), retry_after=2.0) from exc
         finally:
             self._reserved -= incoming
@@ -302,6 +312,13 @@ class TableWriter:
     @property
     def pending_bytes(self) -> int:
         return self._pending.bytes
+
+    @property
+    def flush_busy(self) -> bool:
+        """Whether a flush of this table is queued or running (it will commit what is
+        spooled now, or is doing so)."""
+        queued = self._queued_flush is not None and not self._queued_flush.done()
+        return queued or self._flushing
 
     def oldest_pending_age(self) -> float:
         if not self._pending.first_ack:
@@ -462,6 +479,7 @@ class TableWriter:
     async def _flush_job(self) -> FlushResult:
         reason = self._queued_reason
         self._queued_flush = None  # from here on, new triggers queue a new job
+        self._flushing = True
         started = time.perf_counter()
         try:
             seal_error: SpoolIOError | None = None
@@ -511,6 +529,8 @@ class TableWriter:
                 f"flush of {self.name} failed ({type(exc).__name__}: {exc}); the spool keeps "
                 f"every record and the daemon retries in {delay:.0f}s"
             ) from exc
+        finally:
+            self._flushing = False
         self._failures = 0
         self._retry_at = 0.0
         self.degraded = None
