@@ -234,7 +234,8 @@ def create_inferred(
     if existing is not None:
         return existing
     schema = infer_schema(incoming)
-    check_width(name, count_columns(schema.fields), max_columns, schema.fields[0].name)
+    # Every column is new here, so none is named (as for inference's own limits).
+    check_width(name, count_columns(schema.fields), max_columns, "?")
     return ensure_table(
         catalog,
         name,

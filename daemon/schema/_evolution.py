@@ -118,7 +118,7 @@ def type_columns(field_type: IcebergType) -> int:
 
 def check_width(table: str, columns: int, max_columns: int, first: str) -> None:
     """Refuse a table of ``columns`` columns past ``max_columns`` (`SchemaChangeError`
-    naming ``first``, the first column the change brings)."""
+    naming ``first``, the first column the change brings, or ``?``)."""
     if columns > max_columns:
         raise SchemaChangeError(
             first,
