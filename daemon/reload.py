@@ -2,9 +2,9 @@
 
 Applied at once: the writer settings (``[defaults]`` and each table's overrides of
 ``max_batch_records``, ``max_batch_bytes``, ``batch_timeout``, ``target_file_size``,
-``compression``, ``row_group_records``, ``max_queue_bytes``) and ``[log]``. Every
-writer reads its settings at each trigger check and each flush, so swapping the
-settings object is enough.
+``compression``, ``row_group_records``, ``max_queue_bytes``, ``max_nesting_depth``,
+``max_columns``) and ``[log]``. Every writer reads its settings at each trigger
+check, flush and schema change, so swapping the settings object is enough.
 
 Also applied: the HTTP secrets (``http.auth_token_file``, ``http.tokens``,
 ``http.tls_cert_file``/``tls_key_file`` while TLS stays on): the daemon reads the token

@@ -550,6 +550,7 @@ class Icespool:
             if name in self._writers:
                 return self._writers[name]
             table_config = self._awaiting_schema.get(name)
+            settings = self.config.table_settings(name) if table_config else self.config.defaults
             table = await asyncio.to_thread(
                 create_inferred,
                 self._require_catalog(),
@@ -557,6 +558,7 @@ class Icespool:
                 incoming,
                 table_config,
                 created_table_properties(self.config, table_config),
+                max_columns=settings.max_columns,
             )
             writer = await self._add_writer(name, table_config, table=table, evolve=evolve)
             writer.start()

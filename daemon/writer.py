@@ -345,9 +345,11 @@ class TableWriter:
         """Change the table's schema so data shaped like ``incoming`` fits (per policy).
 
         Runs on the table's lane (never during one of its commits); afterwards
-        `arrow_schema` is the evolved one.
+        `arrow_schema` is the evolved one. A change past the table's ``max_columns``
+        is refused (`SchemaChangeError`).
         """
         policy = self.evolve_policy
+        max_columns = self.settings.max_columns  # a SIGHUP may change it
         # The op column of a change batch is never a table column, whatever the
         # input (an NDJSON field, a Kafka value): as a column it would shadow the ops.
         if OP_COLUMN in incoming.names:
@@ -356,7 +358,13 @@ class TableWriter:
             only = [column for column in only if column != OP_COLUMN]
         future: asyncio.Future[EvolutionPlan] = self._lane.submit(
             lambda: asyncio.to_thread(
-                apply_plan, self._table, incoming, policy, only=only, exact=exact
+                apply_plan,
+                self._table,
+                incoming,
+                policy,
+                max_columns=max_columns,
+                only=only,
+                exact=exact,
             )
         )
         plan = await future

@@ -46,6 +46,7 @@ from daemon.schema import (
     parse_type_string,
     render_type,
     transform_accepts,
+    type_columns,
 )
 
 __all__ = [
@@ -541,6 +542,9 @@ class HttpConfig(_Section):
 # Python's json recurses per level and stops near 1,000; pyarrow.json's C parser
 # must stay far from the stack's end.
 NestingDepth = Annotated[int, Ge(1), Le(512)]
+# Every commit writes the whole schema into the table's metadata: 60,001 columns made
+# 22 MiB of metadata per commit and 50 s requests, so even the cap is capped.
+MaxColumns = Annotated[int, Ge(1), Le(100_000)]
 
 
 class WriterSettings(_Section):
@@ -557,6 +561,9 @@ class WriterSettings(_Section):
     # Deepest nesting a JSON record may have; deeper ones are refused (HTTP 400,
     # Kafka dead letter "too_deep") before any parser recurses into them.
     max_nesting_depth: NestingDepth = 64
+    # Columns a table may grow to by schema evolution or inference (nested fields
+    # counted); a change past it is refused (HTTP 400, Kafka dead letter).
+    max_columns: MaxColumns = 1000
 
 
 class EncodeConfig(_Section):
@@ -736,6 +743,7 @@ class TableConfig(_Section):
     row_group_records: PositiveInt | None = None
     max_queue_bytes: Bytes | None = None
     max_nesting_depth: NestingDepth | None = None
+    max_columns: MaxColumns | None = None
     # Overrides of [maintenance] for this table, e.g. { enabled = false }.
     maintenance: MaintenanceOverride | None = None
 
@@ -923,6 +931,7 @@ class Config(_Section):
                 continue
             seen[table.name] = i
             check(functools.partial(_check_table, i, table))
+            check(functools.partial(_check_width, i, table))
             if table.maintenance is not None:
                 check(
                     functools.partial(
@@ -1274,6 +1283,22 @@ def _check_table(i: int, table: TableConfig) -> None:
                 f"column {sort_column!r} is not in the schema; use one of "
                 f"{', '.join(types_by_name)}",
             )
+
+
+def _check_width(i: int, table: TableConfig) -> None:
+    """A table's own max_columns is not below its declared schema's width (such a
+    table could never take a column). The [defaults] cap is not held against a
+    declaration: tables declared wider before the cap existed stay valid."""
+    if table.columns is None or table.max_columns is None:
+        return
+    width = sum(type_columns(parse_type_string(column.type)) for column in table.columns)
+    if width > table.max_columns:
+        raise ConfigError(
+            f"tables[{i}].max_columns",
+            f"{table.max_columns} is less than the {width} columns of the declared schema "
+            "(nested fields counted); raise it to at least that",
+            table=table.name,
+        )
 
 
 def _check_key(i: int, table: TableConfig, types_by_name: Mapping[str, str]) -> None:

@@ -24,7 +24,14 @@ from daemon.config import TableConfig
 from daemon.errors import CatalogError, TableLayoutError
 from daemon.iceberg._catalog import ensure_table
 from daemon.iceberg._defaults import TABLE_DEFAULTS
-from daemon.schema import infer_schema, parse_partition_spec, parse_schema, parse_sort_order
+from daemon.schema import (
+    check_width,
+    count_columns,
+    infer_schema,
+    parse_partition_spec,
+    parse_schema,
+    parse_sort_order,
+)
 
 __all__ = [
     "check_key",
@@ -216,13 +223,19 @@ def create_inferred(
     incoming: pa.Schema,
     declared: TableConfig | None,
     defaults: Mapping[str, str] = TABLE_DEFAULTS,
+    *,
+    max_columns: int,
 ) -> Table:
     """``name`` created for records shaped like ``incoming`` (with the declaration's
-    partitioning, sort order and properties); another replica's table is used as is."""
+    partitioning, sort order and properties); another replica's table is used as is.
+    A schema wider than ``max_columns`` is refused (`SchemaChangeError`), as evolving
+    the table to it would be."""
     existing = existing_table(catalog, name)
     if existing is not None:
         return existing
     schema = infer_schema(incoming)
+    # Every column is new here, so none is named (as for inference's own limits).
+    check_width(name, count_columns(schema.fields), max_columns, "?")
     return ensure_table(
         catalog,
         name,

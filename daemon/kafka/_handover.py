@@ -142,14 +142,22 @@ class Handover:
         self._deferred = 0
         subsets, dead = await asyncio.to_thread(self._router.route, fetch)
         unknown = any(d.reason == "unknown_route" for d, _ in dead)
+        too_wide: dict[str, SchemaChangeError] = {}
         if (
             unknown
             and self.config.auto_create
-            and await self._create_routes(fetch, dead, create_limit)
+            and await self._create_routes(fetch, dead, create_limit, too_wide)
         ):
             subsets, dead = await asyncio.to_thread(self._router.route, fetch)
         if self.config.auto_create:
             self._refused_routes(dead)
+        if too_wide:  # the route's table would be wider than max_columns: not created
+            dead = [
+                (_refused_by(record, too_wide.get(table or "")), table)
+                if record.reason == "unknown_route"
+                else (record, table)
+                for record, table in dead
+            ]
         out: dict[str, Decoded] = {}
         for table, rows in subsets.items():
             writer = self._writer_for(table)
@@ -162,10 +170,8 @@ class Handover:
             )
             out[table] = decoded
             for record in decoded.dead:
-                change = refused.get(record.column or "")
-                if isinstance(change, SchemaChangeError):  # the policy refuses what it needs
-                    record = replace(record, reason="schema_change", error=str(change))
-                dead.append((record, table))
+                # The policy or max_columns refuses the change the record needs.
+                dead.append((_refused_by(record, refused.get(record.column or "")), table))
         dead.sort(key=lambda item: item[0].index)
         return out, dead
 
@@ -211,12 +217,19 @@ class Handover:
         depth = self._ingest.json_options(writer).max_depth
         return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
 
-    async def _create_routes(self, fetch: Fetch, dead: Dead, limit: int | None) -> bool:
+    async def _create_routes(
+        self,
+        fetch: Fetch,
+        dead: Dead,
+        limit: int | None,
+        too_wide: dict[str, SchemaChangeError],
+    ) -> bool:
         """With ``auto_create``: create the tables unknown routes name, from the
         inferred schema of their records, up to the router's room (``max_tables``;
         the records of routes beyond it become ``table_limit`` dead letters when the
         fetch is routed again) and at most ``limit`` now (the rest: ``_deferred``).
-        Returns whether one was created."""
+        Routes whose table would pass ``max_columns`` go in ``too_wide``. Returns
+        whether one was created."""
         wanted: dict[str, list[bytes]] = {}
         for record, table in dead:
             if record.reason == "unknown_route" and table is not None:
@@ -236,6 +249,9 @@ class Handover:
 
             try:
                 await self._ingest.create(table, incoming, evolve=AUTO_CREATED)
+            except SchemaChangeError as exc:
+                too_wide[table] = exc
+                return False
             except (IcespoolError, ValueError) as exc:
                 _log.warning("%s: cannot create %s for its route: %s", self.name, table, exc)
                 return False
@@ -364,3 +380,11 @@ def _set_aside(
     )
     kept.sort(key=lambda item: item[0].index)
     return kept
+
+
+def _refused_by(record: DeadRecord, change: IcespoolError | None) -> DeadRecord:
+    """``record`` as a ``schema_change`` dead letter when ``change`` (a refused schema
+    change it needs) is a `SchemaChangeError`, else as it is."""
+    if isinstance(change, SchemaChangeError):
+        return replace(record, reason="schema_change", error=str(change))
+    return record

@@ -33,7 +33,10 @@ from daemon.schema._evolution import (
     Policy,
     SchemaChangeError,
     apply_plan,
+    check_width,
+    count_columns,
     plan_evolution,
+    type_columns,
 )
 from daemon.schema._grammar import (
     PRIMITIVE_TYPES,
@@ -70,7 +73,9 @@ __all__ = [
     "arrow_schema_for",
     "cast_array",
     "check_required_children",
+    "check_width",
     "conform",
+    "count_columns",
     "fill_masked_children",
     "find_out_of_range",
     "has_huge_exponent",
@@ -88,4 +93,5 @@ __all__ = [
     "render_type",
     "schema_diff",
     "transform_accepts",
+    "type_columns",
 ]

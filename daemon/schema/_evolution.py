@@ -12,16 +12,23 @@ Per table policy (``evolve`` in ``[[tables]]``):
 Anything else (a type change that is not a promotion, a required field missing)
 is refused with `SchemaChangeError`, which names the column and the policy.
 
+Whatever the policy, a table grows to at most ``max_columns`` columns (nested
+fields, list elements and map keys and values counted, as Iceberg gives each one a
+field id): a change past it is refused whole with `SchemaChangeError`, since every
+commit writes the whole schema into the table's metadata.
+
 Planning is pure (an existing Iceberg schema and the Arrow schema of the input);
 applying commits one ``update_schema`` and is safe against replicas racing to add
 the same column: a conflict refreshes the table and plans again, and a plan that
-has become empty means another replica already did it.
+has become empty means another replica already did it. The width is checked on the
+refreshed table each time, so replicas adding different columns cannot pass it
+together.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,7 +58,16 @@ from daemon.retry import retry_conflicts
 from daemon.schema._grammar import render_type
 from daemon.schema._infer import infer_schema
 
-__all__ = ["EvolutionPlan", "Policy", "SchemaChangeError", "apply_plan", "plan_evolution"]
+__all__ = [
+    "EvolutionPlan",
+    "Policy",
+    "SchemaChangeError",
+    "apply_plan",
+    "check_width",
+    "count_columns",
+    "plan_evolution",
+    "type_columns",
+]
 
 _log = logging.getLogger("icespool.evolution")
 
@@ -76,6 +92,40 @@ class EvolutionPlan:
         parts = [f"add {'.'.join(p)} {render_type(t)}" for p, t in self.adds]
         parts += [f"widen {'.'.join(p)} to {render_type(t)}" for p, t in self.widens]
         return ", ".join(parts)
+
+    @property
+    def added_columns(self) -> int:
+        """Columns the plan adds, nested ones counted (widening adds none)."""
+        return sum(type_columns(t) for _, t in self.adds)
+
+
+def count_columns(fields: Iterable[NestedField]) -> int:
+    """Columns of a schema's ``fields``: every field with an Iceberg field id (struct
+    fields, list elements, map keys and values included)."""
+    return sum(type_columns(f.field_type) for f in fields)
+
+
+def type_columns(field_type: IcebergType) -> int:
+    """Columns one field of ``field_type`` counts for: itself and its nested fields."""
+    if isinstance(field_type, StructType):
+        return 1 + count_columns(field_type.fields)
+    if isinstance(field_type, ListType):
+        return 1 + type_columns(field_type.element_type)
+    if isinstance(field_type, MapType):
+        return 1 + type_columns(field_type.key_type) + type_columns(field_type.value_type)
+    return 1
+
+
+def check_width(table: str, columns: int, max_columns: int, first: str) -> None:
+    """Refuse a table of ``columns`` columns past ``max_columns`` (`SchemaChangeError`
+    naming ``first``, the first column the change brings, or ``?``)."""
+    if columns > max_columns:
+        raise SchemaChangeError(
+            first,
+            f"table {table} would have {columns} columns (nested fields counted), more "
+            f"than its max_columns = {max_columns}; raise max_columns for the table or "
+            "send fewer distinct fields",
+        )
 
 
 def _promotion(current: IcebergType, wanted: IcebergType) -> IcebergType | None:
@@ -192,20 +242,27 @@ def apply_plan(
     incoming: pa.Schema,
     policy: Policy,
     *,
+    max_columns: int,
     only: Collection[str] | None = None,
     exact: bool = True,
 ) -> EvolutionPlan:
     """Evolve ``table`` for ``incoming`` (blocking); returns what was changed here.
 
     Re-plans on the refreshed table after a conflict, so two replicas adding the
-    same column converge (the second finds nothing left to do).
+    same column converge (the second finds nothing left to do). A plan that would
+    take the table past ``max_columns`` is refused whole (nothing is added).
     """
+    name = ".".join(table.name())
 
     def attempt() -> EvolutionPlan:
         table.refresh()
-        plan = plan_evolution(table.schema(), incoming, policy, only=only, exact=exact)
+        schema = table.schema()
+        plan = plan_evolution(schema, incoming, policy, only=only, exact=exact)
         if not plan:
             return plan
+        if plan.adds:
+            width = count_columns(schema.fields) + plan.added_columns
+            check_width(name, width, max_columns, ".".join(plan.adds[0][0]))
         with table.update_schema() as update:
             for path, field_type in plan.adds:
                 update.add_column(path, field_type, required=False)
@@ -214,14 +271,14 @@ def apply_plan(
         table.refresh()
         _log.info(
             "%s: schema evolved: %s",
-            ".".join(table.name()),
+            name,
             plan.describe(),
-            extra={"table": ".".join(table.name()), "change": plan.describe()},
+            extra={"table": name, "change": plan.describe()},
         )
         return plan
 
     try:
-        return retry_conflicts(attempt, what=f"table {'.'.join(table.name())}: schema change")
+        return retry_conflicts(attempt, what=f"table {name}: schema change")
     except CommitFailedException:
         raise SchemaChangeError(
             "?", "schema update kept conflicting with other writers; retry"
