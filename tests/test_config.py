@@ -386,7 +386,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             lambda r: r["spool"].update(max_byte="1GiB"),
             "spool.max_byte",
             "unknown key; did you mean 'max_bytes'? valid keys here: dir, durability, "
-            "max_bytes, segment_max_bytes",
+            "max_bytes, segment_max_bytes, claim_ttl",
         ),
         (
             lambda r: r["tables"][0].update(partition=["day(ts)"]),
@@ -838,7 +838,7 @@ def test_env_override_applies_to_embedded_default(
         (
             {"ICESPOOL__SPOOL__NOPE": "1"},
             "spool.nope",
-            "unknown key; valid keys here: dir, durability, max_bytes, segment_max_bytes "
+            "unknown key; valid keys here: dir, durability, max_bytes, segment_max_bytes, claim_ttl "
             "(set by ICESPOOL__SPOOL__NOPE)",
         ),
         (
