@@ -838,8 +838,8 @@ def test_env_override_applies_to_embedded_default(
         (
             {"ICESPOOL__SPOOL__NOPE": "1"},
             "spool.nope",
-            "unknown key; valid keys here: dir, durability, max_bytes, segment_max_bytes, claim_ttl "
-            "(set by ICESPOOL__SPOOL__NOPE)",
+            "unknown key; valid keys here: dir, durability, max_bytes, segment_max_bytes, "
+            "claim_ttl (set by ICESPOOL__SPOOL__NOPE)",
         ),
         (
             {"ICESPOOL__TABLES__5__CREATE": "true"},
