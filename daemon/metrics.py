@@ -228,6 +228,15 @@ class Metrics:
             ["topic"],
             registry=r,
         )
+        self.kafka_partition_changes = Counter(
+            "icespool_kafka_partition_changes_total",
+            "Partitions found changed under the tables' offsets at assignment: "
+            "recreated (a topic deleted and re-created, or a log truncated: read from its "
+            "start), retention (records deleted before they were read: skipped to the "
+            "first kept offset)",
+            ["topic", "kind"],
+            registry=r,
+        )
         self.kafka_duplicates = Counter(
             "icespool_kafka_duplicates_dropped_total",
             "Kafka records dropped because the table already holds their offset",

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from daemon.decode import JsonOptions, LenientResult, RecordError, decode_ndjson_lenient
+from daemon.kafka._offsets import RecordMark
 from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from daemon.schema import conform
 
@@ -187,6 +188,17 @@ class Fetch:
         if self._headers is None:
             self._headers = list(map(_HEADERS, self._source()))
         return self._headers
+
+    def last_mark(self) -> RecordMark:
+        """What identifies the fetch's last record (read from it alone)."""
+        index = len(self.offsets) - 1
+        if self._timestamps is not None or self._records is None:
+            timestamp = int(self.timestamps[index])
+        else:
+            timestamp = int(_TIMESTAMP(self._source()[-1]))
+        return RecordMark.of(
+            int(self.offsets[index]), timestamp, self.key(index), self.value(index)
+        )
 
     def value(self, index: int) -> bytes | None:
         """One record's value (for the few records a dead letter or an error names)."""

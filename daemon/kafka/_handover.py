@@ -41,7 +41,7 @@ from daemon.kafka._decode import (
     decode_raw,
     with_metadata_fields,
 )
-from daemon.kafka._offsets import Ranges, batch_meta
+from daemon.kafka._offsets import Ranges, RecordMark, batch_meta
 from daemon.kafka._partitions import Partition
 from daemon.kafka._routing import Router
 from daemon.metrics import Metrics
@@ -121,11 +121,13 @@ class Handover:
         try:
             # Dead letters first: the tables' offset claims cover the dead records too,
             # so with a dead-letter topic a crash must find them sent already.
+            mark = fetch.last_mark()
             if dead:
-                await self._dead_letters(part, fetch, dead, last)
+                await self._dead_letters(part, fetch, dead, last, mark)
             for table, decoded in per_table.items():
                 if decoded.batch is not None:
-                    await self._hand(part, table, decoded.batch, fetch.offsets[decoded.rows], last)
+                    rows = fetch.offsets[decoded.rows]
+                    await self._hand(part, table, decoded.batch, rows, last, mark)
         except (BackpressureError, KafkaError) as exc:
             # What was handed stays handed (and is skipped on the re-read).
             _log.info("%s: pausing %s: %s", self.name, tp, exc)
@@ -300,9 +302,10 @@ class Handover:
         batch: pa.RecordBatch,
         offsets: npt.NDArray[np.int64],
         last: int,
+        mark: RecordMark,
     ) -> npt.NDArray[np.bool_]:
         """Spool the rows ``table`` has not got yet, claiming the fetch's range up to
-        ``last``; returns which rows were new."""
+        ``last`` (whose record is ``mark``); returns which rows were new."""
         handed = part.handed.get(table, -1)
         fresh = part.fresh(table, offsets)
         dropped = int(offsets.size - fresh.sum())
@@ -317,17 +320,20 @@ class Handover:
                 part.tp.partition,
                 Ranges.of([(handed + 1, last)]),
                 Ranges.runs(offsets),
+                mark,
             )
             await self._writer_for(table).append(batch, meta)
         part.hand(table, last)
         return fresh
 
-    async def _dead_letters(self, part: Partition, fetch: Fetch, dead: Dead, last: int) -> None:
+    async def _dead_letters(
+        self, part: Partition, fetch: Fetch, dead: Dead, last: int, mark: RecordMark
+    ) -> None:
         offsets = fetch.offsets[np.asarray([d.index for d, _ in dead], dtype=np.int64)]
         dlt = self.dead_letter_table
         if dlt is not None:
             batch = dead_letter_batch(fetch, dead, self._writer_for(dlt).arrow_schema)
-            fresh = await self._hand(part, dlt, batch, offsets, last)
+            fresh = await self._hand(part, dlt, batch, offsets, last, mark)
         else:
             # At least once: a crash between send and the next offset commit re-sends.
             producer = self._producer()

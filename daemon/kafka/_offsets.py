@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -33,6 +34,7 @@ from daemon.errors import CommitError
 from daemon.metrics import Metrics
 
 __all__ = [
+    "MARKS_PREFIX",
     "META_KEY",
     "OFFSETS_PREFIX",
     "SUMMARY_KEY",
@@ -40,7 +42,9 @@ __all__ = [
     "OffsetClaims",
     "OffsetsMovedError",
     "Ranges",
+    "RecordMark",
     "batch_meta",
+    "mark_key",
     "offsets_key",
     "parse_offsets_key",
     "ranges_from_properties",
@@ -52,8 +56,12 @@ _log = logging.getLogger("icespool.kafka")
 OFFSETS_PREFIX: Final = "icespool.kafka."
 #: Snapshot summary key: "<group>/<topic>/<partition>=<ranges>;..." of the commit.
 SUMMARY_KEY: Final = "icespool.kafka-offsets"
-#: Spool batch metadata key: [group, topic, partition, claimed ranges, row offsets].
+#: Spool batch metadata key: [group, topic, partition, claimed ranges, row offsets,
+#: the last claimed record's mark (optional)].
 META_KEY: Final = "kafka"
+#: Table property prefix of the partitions' marks (`RecordMark`): which record the
+#: table's ranges end with, so a topic re-created under the same name is told apart.
+MARKS_PREFIX: Final = "icespool.kafka-mark."
 
 
 class OffsetsMovedError(ClaimsMovedError):
@@ -68,6 +76,41 @@ def offsets_key(group: str, topic: str, partition: int) -> str:
     # Topic names cannot contain '/' (Kafka allows [a-zA-Z0-9._-]); the group id can
     # contain anything, so it is the part that is escaped.
     return f"{OFFSETS_PREFIX}{group.replace('/', '%2F')}/{topic}/{partition}"
+
+
+def mark_key(group: str, topic: str, partition: int) -> str:
+    """The table property holding the `RecordMark` of one (group, topic, partition)."""
+    return MARKS_PREFIX + offsets_key(group, topic, partition)[len(OFFSETS_PREFIX) :]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMark:
+    """One Kafka record, told apart from another at the same offset: its timestamp and
+    a CRC-32 of its key and value. A topic deleted and re-created under the same name
+    (or a log truncated and written again) has other records at the old offsets."""
+
+    offset: int
+    timestamp: int
+    crc: int
+
+    @classmethod
+    def of(cls, offset: int, timestamp: int, key: bytes | None, value: bytes | None) -> RecordMark:
+        crc = zlib.crc32(value or b"", zlib.crc32(key or b""))
+        return cls(offset, timestamp, crc)
+
+    @classmethod
+    def parse(cls, text: str | None) -> RecordMark | None:
+        """A mark as `__str__` writes it; None when absent or not a mark."""
+        parts = (text or "").split(":")
+        if len(parts) != 3:
+            return None
+        try:
+            return cls(int(parts[0]), int(parts[1]), int(parts[2]))
+        except ValueError:
+            return None
+
+    def __str__(self) -> str:
+        return f"{self.offset}:{self.timestamp}:{self.crc}"
 
 
 def parse_offsets_key(key: str) -> tuple[str, str, int] | None:
@@ -209,20 +252,30 @@ def resume_position(ranges: Iterable[Ranges]) -> int | None:
 
 
 def batch_meta(
-    group: str, topic: str, partition: int, claim: Ranges, rows: Ranges
+    group: str,
+    topic: str,
+    partition: int,
+    claim: Ranges,
+    rows: Ranges,
+    mark: RecordMark | None = None,
 ) -> dict[str, object]:
-    """Spool metadata of one batch: its rows' offsets and the range it covers.
+    """Spool metadata of one batch: its rows' offsets, the range it covers, and the
+    mark of the range's last record.
 
     ``claim`` may be wider than ``rows``: records of the range that were routed to
     another table, dead-lettered, or dropped as duplicates are covered too.
     """
-    return {META_KEY: [group, topic, partition, str(claim), str(rows)]}
+    info: list[object] = [group, topic, partition, str(claim), str(rows)]
+    if mark is not None:
+        info.append(str(mark))
+    return {META_KEY: info}
 
 
 @dataclass(slots=True)
 class _Claim:
     covers: Ranges
     rows: Ranges
+    mark: RecordMark | None = None
 
 
 class OffsetBook:
@@ -299,7 +352,7 @@ class OffsetClaims:
             if not isinstance(info, list):
                 kept.append(batch)
                 continue
-            group, topic, partition, covers, rows = info
+            group, topic, partition, covers, rows = info[:5]
             key = offsets_key(str(group), str(topic), int(partition))
             row_offsets = Ranges.parse(str(rows)).offsets()
             if row_offsets.size != batch.num_rows:
@@ -319,6 +372,9 @@ class OffsetClaims:
                 row_offsets = row_offsets[keep]
             claim.covers = claim.covers.union(Ranges.parse(str(covers)))
             claim.rows = claim.rows.union(Ranges.runs(row_offsets))
+            mark = RecordMark.parse(str(info[5])) if len(info) > 5 else None
+            if mark is not None and (claim.mark is None or mark.offset > claim.mark.offset):
+                claim.mark = mark
             if batch.num_rows:
                 kept.append(batch)
         if dropped:
@@ -364,4 +420,9 @@ class OffsetClaims:
             merged = committed.union(claim.covers)
             if str(merged) != current.get(key):
                 updated[key] = str(merged)
+            if claim.mark is not None:
+                marked = MARKS_PREFIX + key[len(OFFSETS_PREFIX) :]
+                known = RecordMark.parse(current.get(marked))
+                if known is None or claim.mark.offset > known.offset:
+                    updated[marked] = str(claim.mark)
         return updated

@@ -127,13 +127,18 @@ class Assignment:
         return [p for p in self._parts.values() if p.state is PartitionState.FETCHING]
 
     def start_fetching(
-        self, consumer: AIOKafkaConsumer, part: Partition, committed: dict[str, Ranges]
+        self,
+        consumer: AIOKafkaConsumer,
+        part: Partition,
+        committed: dict[str, Ranges],
+        at: int | None = None,
     ) -> int | None:
-        """WAITING -> FETCHING at the lowest position ``committed`` (per table) needs;
-        returns it (None: the group's position, no table knows the partition)."""
+        """WAITING -> FETCHING at ``at``, else at the lowest position ``committed`` (per
+        table) needs; returns it (None: the group's position, no table knows the
+        partition)."""
         part.committed = committed
         part.epoch += 1
-        resume = resume_position(committed.values())
+        resume = at if at is not None else resume_position(committed.values())
         if resume is not None:
             consumer.seek(part.tp, resume)
             part.start = resume

@@ -48,10 +48,19 @@ from daemon.kafka._commit import OffsetCommitter
 from daemon.kafka._decode import Decoded, Fetch
 from daemon.kafka._diagnose import connect_problem
 from daemon.kafka._handover import Dead, Handover
-from daemon.kafka._offsets import OffsetBook, Ranges, ranges_from_properties
+from daemon.kafka._offsets import (
+    OffsetBook,
+    Ranges,
+    RecordMark,
+    mark_key,
+    offsets_key,
+    ranges_from_properties,
+    resume_position,
+)
 from daemon.kafka._partitions import Assignment, Partition, PartitionState
 from daemon.kafka._raw_fetch import fetch_raw
 from daemon.kafka._routing import Router, router_for
+from daemon.kafka._topic_life import Resuming, find_changes
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
 from daemon.writer import TableWriter
@@ -117,6 +126,7 @@ class KafkaSource:
             max_nesting_depth=max_nesting_depth,
         )
         self._handover.on_new_table = self._new_table
+        self._book_for = book_for
         self._offsets = OffsetCommitter(
             source=name,
             group_id=config.group_id,
@@ -427,12 +437,60 @@ class KafkaSource:
             )
             return
         group = self.config.group_id
+        committed: dict[TopicPartition, dict[str, Ranges]] = {}
+        resuming: list[Resuming] = []
         for part in waiting:
             tp = part.tp
-            committed = {
+            committed[tp] = {
                 t: ranges_from_properties(props[t], group, tp.topic, tp.partition) for t in tables
             }
-            resume = self._parts.start_fetching(consumer, part, committed)
+            position = resume_position(committed[tp].values())
+            marks = [
+                found
+                for t in tables
+                if (found := RecordMark.parse(props[t].get(mark_key(group, *tp)))) is not None
+            ]
+            if position is not None:
+                mark = max(marks, key=lambda m: m.offset) if marks else None
+                resuming.append(Resuming(tp, position, mark))
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT * 2):
+                changes = await find_changes(consumer, consumer._client, resuming, PROBE_TIMEOUT)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self._init_retry_at = time.monotonic() + _INIT_RETRY
+            _log.warning(
+                "%s: cannot compare the partitions with the tables' offsets (%s: %s); they "
+                "stay paused until Kafka answers",
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        for part in waiting:
+            tp = part.tp
+            at: int | None = None
+            change = changes.get(tp)
+            if change is not None:
+                self._metrics.kafka_partition_changes.labels(topic=tp.topic, kind=change.kind).inc()
+                if change.kind == "recreated" and not await self._forget(tp, change.detail):
+                    self._init_retry_at = time.monotonic() + _INIT_RETRY
+                    continue  # stays waiting: tried again
+                if change.kind == "recreated":
+                    committed[tp] = {t: Ranges() for t in tables}
+                at = change.start
+                _log.warning(
+                    "%s: %s[%d] changed under the tables: %s; %s",
+                    self.name,
+                    tp.topic,
+                    tp.partition,
+                    change.detail,
+                    "the topic was re-created (or its log truncated): reading it from its "
+                    f"start, offset {change.start}"
+                    if change.kind == "recreated"
+                    else f"those records are lost to the tables; reading on at {change.start}",
+                    extra={"topic": tp.topic, "partition": tp.partition, "kind": change.kind},
+                )
+            resume = self._parts.start_fetching(consumer, part, committed[tp], at)
             _log.info(
                 "%s: assigned %s[%d], resuming at %s",
                 self.name,
@@ -441,6 +499,33 @@ class KafkaSource:
                 "the group's offset" if resume is None else resume,
                 extra={"topic": tp.topic, "partition": tp.partition},
             )
+
+    async def _forget(self, tp: TopicPartition, why: str) -> bool:
+        """Reset every table's offsets and mark of ``tp`` (a re-created topic) after
+        committing what the spool holds: those rows keep their old offsets, which must
+        not cover the new topic's records. False when a commit failed (retried)."""
+        group = self.config.group_id
+        keys = (offsets_key(group, *tp), mark_key(group, *tp))
+        try:
+            for table in self.tables:
+                writer = self._writer_for(table)
+                if writer.pending_records:
+                    await writer.flush("topic-changed")
+                self._book_for(table).withheld.pop(keys[0], None)
+                await writer.update_properties(
+                    lambda current: {k: "" for k in keys if current.get(k)}
+                )
+        except Exception as exc:
+            _log.warning(
+                "%s: %s[%d] (%s): resetting the tables' offsets failed, retrying: %s",
+                self.name,
+                tp.topic,
+                tp.partition,
+                why,
+                exc,
+            )
+            return False
+        return True
 
     async def revoked(self, partitions: Sequence[TopicPartition]) -> None:
         consumer = self._consumer

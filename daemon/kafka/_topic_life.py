@@ -1,0 +1,112 @@
+"""What happened to a partition while the tables were not looking at it.
+
+The tables hold the offsets they cover (`daemon.kafka._offsets`), and the mark of the
+last record they cover (`RecordMark`: its offset, timestamp and a CRC of its key and
+value). Offsets alone cannot tell a partition from another one of the same name: a
+topic deleted and re-created starts again at offset 0, and resuming at the old
+position would skip every new record below it, silently. So at assignment, before a
+partition is fetched, its edges are read and the marked record is fetched again:
+
+- ``recreated``: the tables' position is beyond the partition's end, or the record at
+  the marked offset is another one. The topic was deleted and re-created (or its log
+  truncated and written again); its offsets mean nothing any more, so the partition is
+  read from its start and the tables' ranges of it are reset.
+- ``retention``: the tables' position is before the partition's first offset: records
+  were deleted (retention, ``kafka-delete-records``) before anyone read them. They are
+  gone; reading goes on at the first kept offset.
+
+A marked record that is no longer there (compacted away, or deleted by retention)
+cannot be compared: that alone is not a change. Each finding is logged at warning by
+the source and counted in ``icespool_kafka_partition_changes_total{topic,kind}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from daemon.fanout import fan_out
+from daemon.kafka._offsets import RecordMark
+from daemon.kafka._raw_fetch import fetch_raw
+
+__all__ = ["PartitionChange", "Resuming", "find_changes"]
+
+#: One fetch of the marked record's batch (a batch is at most a broker's max.message.bytes).
+_FETCH_BYTES = 4 << 20
+_FETCH_CONCURRENCY = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Resuming:
+    """A partition about to be fetched: where the tables resume, and their mark."""
+
+    tp: TopicPartition
+    position: int
+    mark: RecordMark | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionChange:
+    kind: Literal["recreated", "retention"]
+    start: int  # the partition's first offset: where reading goes on
+    detail: str
+
+
+async def find_changes(
+    consumer: AIOKafkaConsumer, client: Any, resuming: Sequence[Resuming], seconds: float
+) -> dict[TopicPartition, PartitionChange]:
+    """The partitions of ``resuming`` that changed under the tables (see the module
+    doc); ``seconds`` bounds each fetch. Raises what Kafka raised (the caller retries
+    the assignment later)."""
+    if not resuming:
+        return {}
+    tps = [r.tp for r in resuming]
+    first = await consumer.beginning_offsets(tps)
+    end = await consumer.end_offsets(tps)
+
+    async def check(item: Resuming) -> PartitionChange | None:
+        start, stop = int(first[item.tp]), int(end[item.tp])
+        if item.position > stop:
+            return PartitionChange(
+                "recreated",
+                start,
+                f"the tables resume at offset {item.position} but the partition ends at {stop}",
+            )
+        mark = item.mark
+        if mark is not None and start <= mark.offset < stop:
+            records, _ = await fetch_raw(client, item.tp, mark.offset, _FETCH_BYTES, seconds)
+            found = next((r for r in records if r.offset == mark.offset), None)
+            if found is not None:
+                now = RecordMark.of(found.offset, found.timestamp, found.key, found.value)
+                if now != mark:
+                    return PartitionChange(
+                        "recreated",
+                        start,
+                        f"the record at offset {mark.offset} is not the one the tables "
+                        f"hold (timestamp {now.timestamp}, crc {now.crc}; the tables have "
+                        f"timestamp {mark.timestamp}, crc {mark.crc})",
+                    )
+        if item.position < start:
+            return PartitionChange(
+                "retention",
+                start,
+                f"offsets {item.position}-{start - 1} were deleted before they were read",
+            )
+        return None
+
+    outcomes = await fan_out(
+        "checking partitions against the tables' marks",
+        resuming,
+        check,
+        limit=_FETCH_CONCURRENCY,
+    )
+    changes: dict[TopicPartition, PartitionChange] = {}
+    for item, outcome in zip(resuming, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome is not None:
+            changes[item.tp] = outcome
+    return changes
