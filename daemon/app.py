@@ -107,30 +107,10 @@ async def _serve(
     # Started before recovery so the watchdog is fed while a large spool replays.
     systemd = SystemdNotifier.from_environ(lambda: status_line(service))
     systemd.start()
-    starting = asyncio.ensure_future(service.start(wait_for_catalog=True))
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
-        deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
-        _log.info("stopping before start-up finished; the spool keeps every acked record")
-        starting.cancel()  # start() aborts: pool stopped, spool closed
-        await asyncio.wait({starting}, timeout=grace)
-        await systemd.stop()
-        await _exit_if_stuck(executor, deadline)
-        _log.info("stopped")
-        return 0
-    stopped.cancel()
     try:
-        starting.result()
-    except SpoolLockedError as exc:
-        _log.error("%s", exc)
-        await systemd.stop()
-        return _EXIT_FAILED
-    except (IcespoolError, OSError) as exc:
-        _log.error("cannot start: %s", exc)
-        await systemd.stop()
-        return _EXIT_FAILED
-    try:
+        # Listening before the start: while it waits (a catalog that does not answer, a
+        # long recovery) /healthz, /readyz (saying what it waits for), /metrics and
+        # /v1/status answer, and the record endpoints answer 503 + Retry-After.
         http = await start_http(
             service,
             config.http.host,
@@ -146,7 +126,42 @@ async def _serve(
         )
     except OSError as exc:
         _log.error("cannot listen on %s: %s", config.http.listen, exc)
-        await service.stop()
+        await systemd.stop()
+        return _EXIT_FAILED
+    scheme = "https" if http.tls else "http"
+    _log.info(
+        "icespool listening: %s://%s:%d (not ready until the spool is recovered and the "
+        "catalog and tables are loaded)",
+        scheme,
+        config.http.host,
+        http.port,
+        extra={"port": http.port},
+    )
+    starting = asyncio.ensure_future(service.start(wait_for_catalog=True))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
+        _log.info("stopping before start-up finished; the spool keeps every acked record")
+        service.draining = True  # the record endpoints say so while it stops
+        starting.cancel()  # start() aborts: pool stopped, spool closed
+        await asyncio.wait({starting}, timeout=grace)
+        await http.stop()
+        await systemd.stop()
+        await _exit_if_stuck(executor, deadline)
+        _log.info("stopped")
+        return 0
+    stopped.cancel()
+    try:
+        starting.result()
+    except SpoolLockedError as exc:
+        _log.error("%s", exc)
+        await http.stop()
+        await systemd.stop()
+        return _EXIT_FAILED
+    except (IcespoolError, OSError) as exc:
+        _log.error("cannot start: %s", exc)
+        await http.stop()
         await systemd.stop()
         return _EXIT_FAILED
     # Everything alive now (modules, catalog, schemas) lives as long as the process;
@@ -159,7 +174,7 @@ async def _serve(
         listed += f" and {len(names) - _READY_LISTS} more ({len(names)} tables)"
     _log.info(
         "icespool ready: %s://%s:%d, tables %s, spool %s",
-        "https" if http.tls else "http",
+        scheme,
         config.http.host,
         http.port,
         listed,

@@ -164,6 +164,13 @@ class Metrics:
             "Bytes of quarantined segment files (they count against spool.max_bytes)",
             registry=r,
         )
+        self.spool_unreadable = Gauge(
+            "icespool_spool_unreadable",
+            "1 while a spool directory cannot be read (path, errno name); /v1/status "
+            "spool.problem and the log give the error text",
+            ["path", "error"],
+            registry=r,
+        )
         self.quarantined_segments = Counter(
             "icespool_quarantined_segments_total",
             "Spool segments moved to quarantine/: failed verification, or rows the table "

@@ -186,6 +186,8 @@ def status_line(service: Icespool) -> str:
         recovery = service.recovery
         if recovery is not None and not recovery.finished:  # a large spool: how far it is
             return f"starting: {recovery.text()}"
+        if service.start_wait is not None:  # e.g. the catalog does not answer
+            return service.start_wait.reason()
         return "starting: recovering the spool, loading the catalog and tables"
     totals = service.totals()
     return (

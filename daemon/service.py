@@ -28,7 +28,6 @@ from daemon.config import Config, KafkaConfig, TableConfig
 from daemon.encode_pool import flush_executor
 from daemon.errors import (
     BackpressureError,
-    CatalogError,
     CommitError,
     ReplayInProgressError,
     ShuttingDownError,
@@ -40,11 +39,9 @@ from daemon.iceberg import (
     create_inferred,
     create_with,
     existing_table,
-    load_catalog,
     load_declared,
     short_error,
     split_identifier,
-    startup_timeout,
     table_names,
     unavailable,
 )
@@ -73,14 +70,14 @@ from daemon.schema import (
     arrow_schema_for,
 )
 from daemon.spool_claim import SpoolClaim
+from daemon.spool_watch import SpoolWatch
+from daemon.startup import StartWait, load_catalog_waiting
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import FileSystem, QuarantinedSegment, Spool
 
 __all__ = ["Icespool", "Totals"]
 
 _log = logging.getLogger("icespool.service")
-# An unreachable catalog at start-up: retried from about a second up to 30 s apart.
-_CATALOG_RETRY = Backoff(attempts=1, base=1.0, cap=30.0)
 # A final commit that meets an outage: retried within the shutdown grace.
 _FINAL_COMMIT = Backoff(attempts=1, base=0.5, cap=5.0)
 # How often tables that could not be loaded are tried again.
@@ -137,6 +134,7 @@ class Icespool:
             self.metrics,
             per_round=config.encode.resolved_workers,
         )
+        self._watch = SpoolWatch(self._spool, self.metrics)
         # Maintains every table that has a writer; starts after recovery, stops first.
         self.maintenance = MaintenanceScheduler(
             config,
@@ -164,6 +162,8 @@ class Icespool:
         self._claim: SpoolClaim | None = None
         self._health: CatalogHealth | None = None
         self._starting = "starting (spool recovery)"
+        # What the start waits for (the catalog, with its last error); None otherwise.
+        self.start_wait: StartWait | None = None
         self._progress_line = progress_line
         # Start-up recovery's progress (None: nothing was spooled); kept after it ends.
         self.recovery: Progress | None = None
@@ -191,8 +191,10 @@ class Icespool:
         self.metrics.truncated_segments.inc(len(report.truncated))
         self.metrics.spool_max_bytes.set(self.config.spool.max_bytes)
         try:
-            self._catalog = await self._load_catalog(wait_for_catalog)
-            self._starting = "starting (spool recovery)"
+            self._catalog = await load_catalog_waiting(
+                self.config, retry=wait_for_catalog, waiting=self._waiting
+            )
+            self._starting = "starting (loading tables)"
             await self._pool.start()
             await self._load_tables()
             await self._claim_spool()
@@ -324,41 +326,8 @@ class Icespool:
         await self._spool.close()
         return self._spool.stats().segments
 
-    async def _load_catalog(self, retry: bool) -> Catalog:
-        """Load the catalog within start-up's timeout; with ``retry``, until it answers."""
-        catalog = self.config.catalog
-        timeout = startup_timeout(self.config.timeouts)
-        attempt: asyncio.Future[Catalog] | None = None
-        for failures in itertools.count(1):
-            # A load stuck beyond its timeout keeps its thread: wait for it again rather
-            # than starting another one next to it.
-            if attempt is None:
-                attempt = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        load_catalog, catalog.name, catalog.properties(), self.config.timeouts
-                    )
-                )
-            try:
-                # Not wait_for: on 3.11 it can swallow the cancel of a SIGTERM during
-                # start-up (the same step as the catalog's answer) and start anyway.
-                async with asyncio.timeout(timeout):
-                    return await asyncio.shield(attempt)
-            except TimeoutError:
-                error = CatalogError(
-                    f"catalog {catalog.name!r} did not answer within {timeout:g} s "
-                    "(timeouts.catalog_connect + timeouts.catalog_request)"
-                )
-            except CatalogError as exc:
-                error, attempt = exc, None
-            if not retry:
-                if attempt is not None:
-                    attempt.cancel()
-                raise error
-            self._starting = f"starting: catalog unreachable, retrying: {error}"
-            delay = _CATALOG_RETRY.delay(failures)
-            _log.error("%s; retrying in %.0fs", error, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+    def _waiting(self, wait: StartWait | None) -> None:
+        self.start_wait = wait
 
     async def _abort(self) -> None:
         self._state = "stopped"
@@ -375,6 +344,8 @@ class Icespool:
         if not self.ready:
             if self.recovery is not None and not self.recovery.finished:
                 return f"starting ({self.recovery.text()})"
+            if self.start_wait is not None:
+                return self.start_wait.reason()
             return self._starting
         if self.catalog_problem is not None:
             return self.catalog_problem
@@ -848,7 +819,8 @@ class Icespool:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        self._spool.quarantined()  # re-counts files an operator removed by hand
+        # Re-counts files an operator removed by hand; never raises for the directory.
+        quarantine = self._watch.quarantined()
         stats = self._spool.stats()
         lanes = self._pool.stats()
         tables: dict[str, Any] = {}
@@ -875,11 +847,12 @@ class Icespool:
                 },
                 "maintenance": self.maintenance.status(name),
             }
-        quarantine = self.quarantined()
         return {
             "ready": self.ready,
             # What /readyz says: "ready" above only means recovery is done (ingest acks).
             "not_ready": self.not_ready_reason(),
+            # What the start waits for (the catalog and its last error), else null.
+            "waiting_for": None if self.start_wait is None else self.start_wait.snapshot(),
             "draining": self.draining,
             "degraded": self.degraded(),
             "quarantine": {
@@ -906,6 +879,9 @@ class Icespool:
                 # Quarantined files count against max_bytes (see the README).
                 "quarantine_bytes": stats.quarantine_bytes,
                 "quarantined_segments": stats.quarantined,
+                # Why the spool directory cannot be read (null: it can); the figures
+                # above are then the last ones read.
+                "problem": self._watch.problem,
             },
             "tables": tables,
             "kafka": self._kafka_status(),
@@ -953,7 +929,7 @@ class Icespool:
         /metrics scrape)."""
         # As /readyz: a catalog outage or a Kafka source down makes it 0 too.
         self.metrics.ready.set(1 if self.not_ready_reason() is None else 0)
-        self._spool.quarantined()  # re-counts files an operator removed by hand
+        self._watch.quarantined()  # re-counts files an operator removed by hand
         stats = self._spool.stats()
         self.metrics.spool_bytes.set(stats.bytes)
         self.metrics.spool_quarantine_bytes.set(stats.quarantine_bytes)

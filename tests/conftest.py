@@ -15,6 +15,7 @@ from hypothesis import settings
 from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import Broker
 from support.object_store import SeaweedFS
+from support.proxy import TcpProxy
 
 from daemon.config import Config, embedded_default, validate_config
 from daemon.http import start_http
@@ -143,3 +144,11 @@ def postgres_uri() -> Iterator[str]:
         with admin.cursor() as cursor:
             cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def pg_proxy(postgres_uri: str) -> Iterator[tuple[TcpProxy, str]]:
+    """`postgres_uri`'s database behind a loopback TCP proxy that refuses, goes silent or
+    forwards on demand (support/proxy.py); yields (proxy, SQLAlchemy URI through it)."""
+    with TcpProxy(("127.0.0.1", 5432)) as proxy:
+        yield proxy, postgres_uri.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")

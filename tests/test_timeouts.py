@@ -1,6 +1,6 @@
 """A hung or refusing catalog never wedges the daemon: real `icespool run` children, a
 real PostgreSQL catalog (127.0.0.1:5432, a fresh database per test) behind a loopback
-TCP proxy (tests/proxy.py) that refuses, goes silent or forwards on demand.
+TCP proxy (the ``pg_proxy`` fixture) that refuses, goes silent or forwards on demand.
 """
 
 from __future__ import annotations
@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import psycopg2
 import pytest
 from support.daemon_harness import Daemon, DaemonDir
 from support.proxy import TcpProxy
@@ -22,23 +20,6 @@ from daemon.app import AFTER_GRACE_SECONDS, EXIT_STUCK
 
 _PG = ("127.0.0.1", 5432)
 _BATCH = 200
-
-
-@pytest.fixture
-def pg_proxy() -> Iterator[tuple[TcpProxy, str]]:
-    """A fresh PostgreSQL database behind a proxy; yields (proxy, SQLAlchemy URI via it)."""
-    database = f"icespool_timeouts_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(host=_PG[0], port=_PG[1], user="postgres", dbname="postgres")
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f'CREATE DATABASE "{database}"')
-        with TcpProxy(_PG) as proxy:
-            yield proxy, f"postgresql+psycopg2://postgres@127.0.0.1:{proxy.port}/{database}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
 
 
 @pytest.fixture

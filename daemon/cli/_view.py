@@ -16,6 +16,9 @@ __all__ = ["render_status", "render_tables"]
 
 def render_status(status: Mapping[str, Any], url: str) -> str:
     lines = [_headline(status, url), _spool_line(status)]
+    problem = (status.get("spool") or {}).get("problem")
+    if problem:  # the spool figures are the last ones the daemon could read
+        lines.append(f"SPOOL PROBLEM: {problem}")
     recovery = status.get("recovery")
     if recovery:
         lines.append(_recovery_line(recovery))

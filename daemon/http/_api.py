@@ -543,11 +543,15 @@ class _Api:
                 close=True,
             )
         if not service.ready:
-            # Writers exist during recovery, but new records must not overtake it.
+            # Writers exist during recovery, but new records must not overtake it; while
+            # the catalog does not answer, no table can be opened at all.
+            wait = service.start_wait
+            reason = service.not_ready_reason() or "starting"
             raise _Problem(
                 503,
-                "the daemon is starting (spool recovery); retry shortly",
-                headers=_retry_after(_STARTING_RETRY_AFTER),
+                f"the daemon cannot take requests yet: {reason}; nothing was accepted, "
+                "retry after the Retry-After seconds",
+                headers=_retry_after(_STARTING_RETRY_AFTER if wait is None else wait.retry_after()),
                 close=True,
             )
 

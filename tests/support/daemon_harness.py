@@ -43,6 +43,8 @@ TABLE = "t.events"
 CATALOG_NAME = "lake"
 NDJSON = "application/x-ndjson"
 _READY_RE = re.compile(r"icespool ready: https?://(?P<host>[^\s,]+):(?P<port>\d+)")
+# Logged before the start (recovery, the catalog): the port answers probes from then on.
+_LISTENING_RE = re.compile(r"icespool listening: https?://(?P<host>[^\s,]+):(?P<port>\d+)")
 _READY_TIMEOUT = 60.0
 
 
@@ -279,6 +281,25 @@ class Daemon:
                 if time.monotonic() > deadline:
                     raise DaemonError(f"/readyz never answered 200 (last: {last})\n{self.tail()}")
                 await asyncio.sleep(0.02)
+
+    async def wait_listening(self, within: float = _READY_TIMEOUT) -> int:
+        """Wait for the "icespool listening" line (before the start finishes); returns
+        the port, which then answers /healthz, /readyz, /metrics and /v1/status."""
+        proc = self._require_proc()
+        deadline = time.monotonic() + within
+        while True:
+            match = _LISTENING_RE.search(self.log())
+            if match:
+                self.port = int(match.group("port"))
+                return self.port
+            if proc.poll() is not None:
+                raise DaemonError(
+                    f"daemon exited with {_describe_exit(proc.returncode)} before it "
+                    f"listened\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise DaemonError(f"daemon not listening after {within:.0f}s\n{self.tail()}")
+            await asyncio.sleep(0.02)
 
     def kill(self) -> int:
         """SIGKILL and reap; returns the exit status (-9 unless it had already exited)."""
