@@ -75,7 +75,7 @@ $(STAMP_DEMO): pyproject.toml | $(BIN)/python
 # whose own TLS options do not work.
 TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
   libpostgresql-jdbc-java \
-  prometheus systemd strace stunnel4
+  prometheus systemd strace stunnel4 faketime
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
 SPARK_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \

@@ -16,7 +16,8 @@ partition is fetched, its edges are read and the marked record is fetched again:
   gone; reading goes on at the first kept offset.
 
 A marked record that is no longer there (compacted away, or deleted by retention)
-cannot be compared: that alone is not a change. Each finding is logged at warning by
+cannot be compared: that alone is not a change. Tables written before marks were kept
+are checked by their position alone. Each finding is logged at warning by
 the source and counted in ``icespool_kafka_partition_changes_total{topic,kind}``.
 """
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import OffsetOutOfRangeError
 
 from daemon.fanout import fan_out
 from daemon.kafka._offsets import RecordMark
@@ -69,26 +71,35 @@ async def find_changes(
 
     async def check(item: Resuming) -> PartitionChange | None:
         start, stop = int(first[item.tp]), int(end[item.tp])
-        if item.position > stop:
+        mark = item.mark
+        # The record the tables end with (without a mark: the one before their position)
+        # is fetched even past the partition's reported end: some brokers report an end
+        # behind the records they serve, and only a missing record proves a shorter log.
+        probe = mark.offset if mark is not None else item.position - 1
+        found: RecordMark | None = None
+        if probe >= start:
+            try:
+                records, _ = await fetch_raw(client, item.tp, probe, _FETCH_BYTES, seconds)
+            except OffsetOutOfRangeError:
+                records = []
+            record = next((r for r in records if r.offset == probe), None)
+            if record is not None:
+                found = RecordMark.of(record.offset, record.timestamp, record.key, record.value)
+        if found is None and item.position > stop:
             return PartitionChange(
                 "recreated",
                 start,
-                f"the tables resume at offset {item.position} but the partition ends at {stop}",
+                f"the tables resume at offset {item.position} but the partition ends at "
+                f"{stop} and has no record at offset {probe}",
             )
-        mark = item.mark
-        if mark is not None and start <= mark.offset < stop:
-            records, _ = await fetch_raw(client, item.tp, mark.offset, _FETCH_BYTES, seconds)
-            found = next((r for r in records if r.offset == mark.offset), None)
-            if found is not None:
-                now = RecordMark.of(found.offset, found.timestamp, found.key, found.value)
-                if now != mark:
-                    return PartitionChange(
-                        "recreated",
-                        start,
-                        f"the record at offset {mark.offset} is not the one the tables "
-                        f"hold (timestamp {now.timestamp}, crc {now.crc}; the tables have "
-                        f"timestamp {mark.timestamp}, crc {mark.crc})",
-                    )
+        if found is not None and mark is not None and found != mark:
+            return PartitionChange(
+                "recreated",
+                start,
+                f"the record at offset {probe} is not the one the tables hold (timestamp "
+                f"{found.timestamp}, crc {found.crc}; the tables have timestamp "
+                f"{mark.timestamp}, crc {mark.crc})",
+            )
         if item.position < start:
             return PartitionChange(
                 "retention",

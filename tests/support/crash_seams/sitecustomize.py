@@ -18,6 +18,11 @@ cleanup, no flush) the first time it gets there:
                                  rest of the run (expiry, orphan sweep) not done
     during-manifest-merge        a merge append (commit.manifest.min-count-to-merge) wrote a
                                  merged manifest, its commit not sent
+
+One point pauses instead (SIGSTOP, until the test sends SIGCONT), as a replica stalled
+past every timeout (a suspended VM, a stop-the-world pause) would:
+
+    pause-before-commit          a flush wrote its data files, its commit not sent
 """
 
 from __future__ import annotations
@@ -120,6 +125,23 @@ elif _POINT == "during-manifest-merge":
         return merged
 
     snapshot._ManifestMergeManager._create_manifest = _merge_then_die  # type: ignore[method-assign]
+
+elif _POINT == "pause-before-commit":
+    import threading
+
+    from daemon import writer
+
+    _commit_files = writer.commit_files
+    _paused = threading.Event()
+
+    def _pause_then_commit(*args: Any, **kwargs: Any) -> Any:
+        if not _paused.is_set():
+            _paused.set()
+            print(f"crash seam: SIGSTOP at {_POINT}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _commit_files(*args, **kwargs)
+
+    writer.commit_files = _pause_then_commit  # type: ignore[assignment]
 
 elif _POINT:
     raise SystemExit(f"unknown TEST_CRASH_AT {_POINT!r}")
