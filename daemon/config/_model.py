@@ -670,7 +670,7 @@ class MaintenanceConfig(_Section):
     compaction_max_bytes_per_run: Bytes = 2 * 2**30
     # Read+write budget of compaction, shared by all tables.
     io_bytes_per_second: Bytes = 64 * 2**20
-    # A daemon-named data file no snapshot reaches is removed once it is this old.
+    # How often a table's data location is listed for this spool's never-committed files.
     orphan_older_than: Seconds = 3600.0
     # Set the daemon's table defaults (retention, metadata cleanup, manifest merge) on
     # existing tables too, for the keys they do not set themselves.
