@@ -197,6 +197,10 @@ class Icespool:
             self._starting = "starting (loading tables)"
             await self._pool.start()
             await self._load_tables()
+            self._starting = (
+                "starting (claiming the spool in the catalog: a claim of another process is "
+                f"waited out for up to {self.config.spool.claim_ttl:.0f}s)"
+            )
             await self._claim_spool()
             await self._recover()
         except BaseException:
