@@ -69,7 +69,7 @@ from daemon.schema import (
     Policy,
     arrow_schema_for,
 )
-from daemon.spool_claim import SpoolClaim
+from daemon.spool_claim import SpoolClaim, SpoolContestedError
 from daemon.spool_watch import SpoolWatch
 from daemon.startup import StartWait, load_catalog_waiting
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
@@ -598,7 +598,22 @@ class Icespool:
             ttl=self.config.spool.claim_ttl,
             request_timeout=self.config.timeouts.catalog_request,
         )
-        await self._claim.acquire()
+        try:
+            await asyncio.to_thread(self._catalog.create_namespace_if_not_exists, namespace)
+            await self._claim.acquire()
+        except SpoolContestedError:
+            raise
+        except Exception as exc:
+            # A catalog that keeps no namespace properties (or refuses this daemon
+            # them) still ingests: only the copy's recognition is lost, never data.
+            _log.warning(
+                "the spool's identity cannot be claimed in namespace %s (%s: %s): a copy of "
+                "this data directory running elsewhere is not recognised",
+                ".".join(namespace),
+                type(exc).__name__,
+                exc,
+            )
+            self._claim = None
 
     def _commit_refusal(self) -> str | None:
         return None if self._claim is None else self._claim.commit_refusal()

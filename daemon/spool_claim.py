@@ -97,15 +97,17 @@ class SpoolClaim:
 
     # ------------------------------------------------------------------ catalog calls
 
-    async def _call(self, fn: Callable[[], object]) -> object:
-        for attempt in range(1, _CATALOG_RETRY.attempts + 1):
+    async def _call(
+        self, fn: Callable[[], object], attempts: int = _CATALOG_RETRY.attempts
+    ) -> object:
+        for attempt in range(1, attempts + 1):
             try:
                 async with asyncio.timeout(self._timeout):
                     return await asyncio.to_thread(fn)
             except NoSuchNamespaceError:
                 raise
             except Exception as exc:
-                if attempt == _CATALOG_RETRY.attempts:
+                if attempt == attempts:
                     raise
                 _log.warning(
                     "spool claim in namespace %s: %s: %s (retrying)",
@@ -116,9 +118,9 @@ class SpoolClaim:
                 await asyncio.sleep(_CATALOG_RETRY.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _read(self) -> str | None:
+    async def _read(self, attempts: int = _CATALOG_RETRY.attempts) -> str | None:
         properties = await self._call(
-            lambda: self._catalog.load_namespace_properties(self._namespace)
+            lambda: self._catalog.load_namespace_properties(self._namespace), attempts
         )
         assert isinstance(properties, dict)
         value = properties.get(self._key)
@@ -248,12 +250,14 @@ class SpoolClaim:
         if self.lost is not None or self._renewed_at is None:
             return
         try:
-            holder = _holder(await self._read())
+            holder = _holder(await self._read(attempts=1))
             if holder is not None and holder[0].tag == self._me.tag:
+                # One try: a shutdown does not wait for a catalog that is down.
                 await self._call(
                     lambda: self._catalog.update_namespace_properties(
                         self._namespace, removals={self._key}
-                    )
+                    ),
+                    attempts=1,
                 )
         except Exception as exc:
             _log.warning(

@@ -222,11 +222,11 @@ class Spool:
         self._executor = ThreadPoolExecutor(self._io_threads, thread_name_prefix="icespool-spool")
         try:
             self.id = await self._in_thread(_spool_id, self.directory, self._fs)
+            self.recovered = await self._in_thread(recover, self.directory, self._fs)
             self.incarnation = Incarnation.current()
             self.earlier_incarnations = await self._in_thread(
                 _incarnations, self.directory, self._fs, self.incarnation
             )
-            self.recovered = await self._in_thread(recover, self.directory, self._fs)
         except BaseException:
             self._executor.shutdown(wait=False)
             self._lock.release()

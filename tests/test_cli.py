@@ -118,6 +118,7 @@ def test_check_config_prints_the_effective_config_redacted(
         "durability": "fsync",
         "max_bytes": "10GiB",
         "segment_max_bytes": "128MiB",
+        "claim_ttl": "30s",
     }
     assert data["defaults"]["batch_timeout"] == "1m"
     assert [t["name"] for t in data["tables"]] == ["demo.events"]
@@ -191,7 +192,7 @@ def test_check_config_unknown_key_exits_2_naming_the_key(tmp_path: Path) -> None
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
         "error: config key 'spool.max_byte': unknown key; did you mean 'max_bytes'? "
-        "valid keys here: dir, durability, max_bytes, segment_max_bytes\n"
+        "valid keys here: dir, durability, max_bytes, segment_max_bytes, claim_ttl\n"
     )
 
 
