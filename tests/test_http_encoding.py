@@ -202,6 +202,15 @@ async def test_an_unknown_coding_is_415_naming_it_and_never_parsed(
 
 
 ONE_ZSTD = zstandard.ZstdCompressor().compress(ONE)
+
+
+def _zstd_wide(data: bytes) -> bytes:
+    """A zstd stream whose frame asks for a 64 MiB window (size unknown up front)."""
+    wide = zstandard.ZstdCompressionParameters(window_log=26)
+    packer = zstandard.ZstdCompressor(compression_params=wide).compressobj()
+    return packer.compress(data) + packer.flush()
+
+
 HEADER_CHECK = "Error -3 while decompressing data: incorrect header check"
 ENDS_EARLY = "the stream ends before it is complete"
 CORRUPT = [
@@ -216,6 +225,12 @@ CORRUPT = [
     ("br", brotli.compress(ONE * 100)[:-3], ENDS_EARLY),
     ("zstd", ONE, "zstd decompressor error: Unknown frame descriptor"),
     ("zstd", ONE_ZSTD[:-2], ENDS_EARLY),
+    # Past what the body limit needs: the decoder would allocate 64 MiB for it.
+    (
+        "zstd",
+        _zstd_wide(ONE),
+        "zstd decompressor error: Frame requires too much memory for decoding",
+    ),
 ]
 
 

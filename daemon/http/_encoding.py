@@ -38,13 +38,14 @@ CODINGS: Final = ("gzip", "x-gzip", "deflate", "br", "zstd", "identity")
 _ALIASES: Final = {"x-gzip": "gzip"}
 # Compressed bytes a layer pulls from the one below at a time.
 _INPUT: Final = 64 * 1024
-# zstd has no output bound per call: it is fed slices small enough that even its
-# densest blocks (a 4-byte RLE block is 128 KiB) cannot overshoot the budget by more
-# than _ZSTD_MIN_FEED << _ZSTD_RATIO_BITS (1 MiB).
+# python-zstandard's decompressobj takes no output bound: it is fed slices small enough
+# that even zstd's densest blocks (a 4-byte RLE block is 128 KiB) cannot overshoot the
+# budget by more than _ZSTD_MIN_FEED << _ZSTD_RATIO_BITS (1 MiB).
 _ZSTD_RATIO_BITS: Final = 15
 _ZSTD_MIN_FEED: Final = 32
-# The largest window a zstd frame may ask for (the library default is 128 MiB): enough
-# for any encoder's default level streaming a body; frames wanting more are refused.
+# The window a zstd frame may ask the decoder to allocate: about the body limit, at
+# least what encoders stream with up to level 19 (8 MiB), at most the library's 128 MiB.
+_ZSTD_MIN_WINDOW: Final = 1 << 23
 _ZSTD_MAX_WINDOW: Final = 1 << 27
 _SHOWN_CHARS: Final = 60
 
@@ -234,7 +235,8 @@ class _Zstd(_Layer):
 
     def __init__(self, coding: str, below: _Readable, limit: int) -> None:
         super().__init__(coding, below, limit)
-        self._context = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+        window = min(max(_ZSTD_MIN_WINDOW, 1 << max(0, limit - 1).bit_length()), _ZSTD_MAX_WINDOW)
+        self._context = zstandard.ZstdDecompressor(max_window_size=window)
         self._obj: zstandard.ZstdDecompressionObj | None = None
         self._spill = b""  # decoded beyond what a read asked for
         self._input = memoryview(b"")  # the input held, sliced without copying
