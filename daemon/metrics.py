@@ -278,7 +278,8 @@ class Metrics:
         self.http_connections_closed = Counter(
             "icespool_http_connections_closed_total",
             "HTTP connections the daemon closed on its own: per_ip_limit (refused with "
-            "503), header_timeout (408), idle_timeout (kept alive with no request)",
+            "503), per_ip_shed (closed without a request to admit a newer one from the "
+            "same IP), header_timeout (408), idle_timeout (kept alive with no request)",
             ["reason"],
             registry=r,
         )

@@ -1,5 +1,6 @@
 """Slow and idle connections and the per-IP cap, with raw sockets that trickle bytes or
-sit idle: the server closes them within their bound while other clients are served."""
+sit idle: the server closes them within their bound while other clients are served, and
+at the cap closes the ones without a request to admit whole requests."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -22,24 +24,33 @@ PER_IP = 3
 SLACK = 1.0  # timers on a loaded 2-core machine
 
 
-@pytest.fixture
-async def served(make_config: MakeConfig) -> AsyncIterator[tuple[Icespool, HttpServer]]:
+@asynccontextmanager
+async def _serving(
+    make_config: MakeConfig, limits: ConnectionLimits
+) -> AsyncIterator[tuple[Icespool, HttpServer]]:
     service = Icespool(make_config())
     await service.start()
     try:
-        http = await start_http(
-            service,
-            "127.0.0.1",
-            0,
-            max_body_bytes=2**20,
-            limits=ConnectionLimits(HEADER_TIMEOUT, IDLE_TIMEOUT, PER_IP),
-        )
+        http = await start_http(service, "127.0.0.1", 0, max_body_bytes=2**20, limits=limits)
         try:
             yield service, http
         finally:
             await http.stop()
     finally:
         await service.stop()
+
+
+@pytest.fixture
+async def served(make_config: MakeConfig) -> AsyncIterator[tuple[Icespool, HttpServer]]:
+    async with _serving(make_config, ConnectionLimits(HEADER_TIMEOUT, IDLE_TIMEOUT, PER_IP)) as s:
+        yield s
+
+
+@pytest.fixture
+async def shared(make_config: MakeConfig) -> AsyncIterator[tuple[Icespool, HttpServer]]:
+    """The per-IP cap alone: timeouts far beyond these tests, so only the cap closes."""
+    async with _serving(make_config, ConnectionLimits(30.0, 30.0, PER_IP)) as s:
+        yield s
 
 
 async def _open(
@@ -152,38 +163,125 @@ async def test_an_idle_keep_alive_is_closed_and_a_busy_one_kept(
     assert _closed(service, "idle_timeout") == 1
 
 
-async def test_connections_beyond_the_per_ip_cap_get_503_and_others_are_served(
-    served: tuple[Icespool, HttpServer],
+SHED_AFTER = 0.5  # daemon.http._conn: how long a connection waits before it may be shed
+REFUSED = {
+    "error": f"too many connections from 127.0.0.1: {PER_IP} are open already, all in use "
+    "(http.max_connections_per_ip); reuse connections or retry shortly"
+}
+SHED = {
+    "error": f"closed to make room: 127.0.0.1 opened more than {PER_IP} connections "
+    "(http.max_connections_per_ip) and this one had not sent a whole request head; send "
+    "requests at once, or retry shortly"
+}
+
+
+async def _settle(http: HttpServer) -> None:
+    """Let the loop run the callbacks of connections opened or closed just now."""
+    for _ in range(5):
+        await asyncio.sleep(0.01)
+    assert http.connections.open_from("127.0.0.1") <= PER_IP
+
+
+async def test_when_every_connection_of_an_ip_is_busy_the_next_gets_503(
+    shared: tuple[Icespool, HttpServer],
 ) -> None:
-    service, http = served
+    service, http = shared
+    # Each holds a whole request head whose body has not come: busy, not to be shed.
     held = [await _open(http) for _ in range(PER_IP)]
-    for reader, writer in held:
-        assert await _get(reader, writer) == 200
+    for i, (_, writer) in enumerate(held):
+        writer.write(
+            b"POST /v1/tables/demo.events/records HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n"
+            % len(b'{"event_id": %d}\n' % i)
+        )
+    await asyncio.sleep(SHED_AFTER + 0.2)  # old enough to be shed, were they not busy
     reader, writer = await _open(http)
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     status, headers, body = await _answer(reader)
-    assert (status, headers["retry-after"], headers["connection"]) == (503, "1", "close")
-    assert body == {
-        "error": f"too many connections from 127.0.0.1: {PER_IP} are open already "
-        "(http.max_connections_per_ip); reuse connections or retry shortly"
-    }
+    assert (status, headers["retry-after"], headers["connection"], body) == (
+        503,
+        "1",
+        "close",
+        REFUSED,
+    )
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
-    # Another address is not held back, and the held connections still work.
+    # Another address is not held back; the busy requests finish as sent.
     await _served_meanwhile(http)
-    for reader, writer in held:
-        assert await _get(reader, writer) == 200
+    for i, (reader, writer) in enumerate(held):
+        writer.write(b'{"event_id": %d}\n' % i)
+        assert (await _answer(reader))[::2] == (200, {"accepted": 1})
     assert http.connections.open_from("127.0.0.1") == PER_IP
-    # One closed frees a place.
-    held[0][1].close()
-    await held[0][1].wait_closed()
-    for _ in range(50):
-        if http.connections.open_from("127.0.0.1") < PER_IP:
-            break
-        await asyncio.sleep(0.02)
-    reader, writer = await _open(http)
-    assert await _get(reader, writer) == 200
-    writer.close()
-    for _, other in held[1:]:
+    # Now idle keep-alives: once idle long enough, the longest idle makes room.
+    await asyncio.sleep(SHED_AFTER + 0.2)
+    newcomer = await _open(http)
+    assert await _get(*newcomer) == 200
+    assert await asyncio.wait_for(held[0][0].read(), 5) == b""  # closed without a word
+    for connection in held[1:]:
+        assert await _get(*connection) == 200
+    assert http.connections.open_from("127.0.0.1") == PER_IP
+    newcomer[1].close()
+    for _, other in held:
         other.close()
-    assert _closed(service, "per_ip_limit") == 1
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (1, 1)
+
+
+async def test_silent_and_trickling_connections_make_room_for_whole_requests(
+    shared: tuple[Icespool, HttpServer],
+) -> None:
+    service, http = shared
+    silent = await _open(http)
+    trickling = await _open(http)
+    trickling[1].write(b"GET /healthz HTTP/1.1\r\nHost")
+    kept = await _open(http)
+    assert await _get(*kept) == 200
+    await _settle(http)
+    # Just opened, they may still send their requests: a newcomer is refused.
+    reader, writer = await _open(http)
+    status, _, body = await _answer(reader)
+    assert (status, body) == (503, REFUSED)
+    writer.close()
+    await asyncio.sleep(SHED_AFTER + 0.2)
+    # Later each newcomer closes the oldest without a whole head, then the idle one.
+    newcomers = []
+    for victim in (silent, trickling, kept):
+        newcomers.append(await _open(http))
+        assert await _get(*newcomers[-1]) == 200
+        if victim is kept:
+            assert await asyncio.wait_for(victim[0].read(), 5) == b""
+        else:
+            status, headers, body = await _answer(victim[0])
+            assert (status, headers["retry-after"], body) == (503, "1", SHED)
+        assert http.connections.open_from("127.0.0.1") == PER_IP
+        await asyncio.sleep(SHED_AFTER + 0.2)  # the newcomer is an idle keep-alive now
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (1, 3)
+    for _, other in (silent, trickling, kept, *newcomers):
+        other.close()
+
+
+async def test_one_client_opening_many_idle_connections_never_holds_more_than_the_cap(
+    shared: tuple[Icespool, HttpServer],
+) -> None:
+    service, http = shared
+    opened = []
+    for i in range(60):
+        opened.append(await _open(http))
+        await _settle(http)  # asserts the cap after every single one
+        if i % 20 == 19:
+            await asyncio.sleep(SHED_AFTER + 0.1)  # the next ones shed the older ones
+    assert http.connections.open_from("127.0.0.1") == PER_IP
+    await asyncio.sleep(0.2)
+    answered = []
+    for reader, _ in opened:
+        try:
+            answered.append((await asyncio.wait_for(_answer(reader), 0.05))[::2])
+        except TimeoutError:
+            answered.append(None)  # still open, waiting for its request
+    assert answered.count(None) == PER_IP
+    assert all(a in ((503, REFUSED), (503, SHED)) for a in answered if a is not None)
+    refused, shed = _closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")
+    assert refused + shed == 60 - PER_IP and shed == answered.count((503, SHED))
+    # Another address is served meanwhile.
+    await _served_meanwhile(http, 1)
+    for _, writer in opened:
+        writer.close()

@@ -282,10 +282,17 @@ async def test_every_documented_status_of_the_ingest_route_is_reachable(
     saw(status, {}, body)
     assert status == 408 and HEADER_TIMEOUT * 0.9 <= elapsed <= HEADER_TIMEOUT + 2.0
 
-    # 503 + Retry-After: this client IP holds every connection it may.
+    # 503 + Retry-After: this client IP holds every connection it may, each busy with a
+    # request whose body has not come (idle or silent ones would make room instead).
     held = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(PER_IP)]
     try:
-        await asyncio.sleep(0.2)  # every one admitted before the next
+        for _, writer in held:
+            writer.write(
+                b"POST /v1/tables/t.events/records HTTP/1.1\r\nHost: x\r\n"
+                b"Authorization: Bearer " + PRODUCER.encode() + b"\r\n"
+                b"Content-Type: application/x-ndjson\r\nContent-Length: 10\r\n\r\n"
+            )
+        await asyncio.sleep(0.7)  # past the time a silent connection is left to send
         # A new connection (the session may hold an admitted one).
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
             status, headers, body = await _ingest(fresh, running)

@@ -3,6 +3,7 @@
 _api       routes; maps domain errors to statuses; one call to the way in per request
 _auth      named Bearer tokens and their scopes (tables, admin)
 _conn      header and idle timeouts, connections per client IP
+_encoding  request bodies' Content-Encoding, undone within the body size limit
 _tls       the listener's certificate, reloaded on SIGHUP
 _openapi   the OpenAPI 3 document (openapi.json), served at /v1/openapi.json
 """

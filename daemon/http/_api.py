@@ -43,6 +43,13 @@ from daemon.errors import (
 )
 from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
 from daemon.http._conn import ConnectionLimits, Connections
+from daemon.http._encoding import (
+    CorruptEncoding,
+    DecodedTooLarge,
+    Decoding,
+    EncodingError,
+    codings,
+)
 from daemon.http._openapi import openapi_document
 from daemon.http._tls import load_certificate
 from daemon.iceberg import short_error, unavailable
@@ -80,6 +87,8 @@ _DRAINING_RETRY_AFTER: Final = 1.0
 _BUSY_RETRY_AFTER: Final = 1.0
 _UNAVAILABLE_RETRY_AFTER: Final = 5.0
 _FLUSH_POLL: Final = 0.25
+# Decoded bytes one step of undoing a Content-Encoding yields (one thread hop each).
+_DECODE_STEP: Final = 2**20
 # Default budget of request bytes held at once (bodies being read, decoded, appended):
 # without it, memory grows with the number of concurrent clients, not with the config.
 _INFLIGHT_BODIES: Final = 4
@@ -202,8 +211,11 @@ async def start_http(
     app.router.add_get("/readyz", api.readyz, name="readyz")
     # access_log=None: no log line per request at info; the middleware logs at debug.
     # aiohttp's own keep-alive timer is left behind ours (daemon.http._conn closes first).
+    # auto_decompress=False: Content-Encoding is undone in one place, daemon.http._encoding
+    # (aiohttp's parser knows fewer codings, and would answer the others differently).
     runner = web.AppRunner(
         app,
+        auto_decompress=False,
         access_log=None,
         handle_signals=False,
         shutdown_timeout=shutdown_timeout,
@@ -389,6 +401,7 @@ class _Api:
                 f"or {ARROW_STREAM}",
                 close=True,
             )
+        applied = _codings(request)
         held = 0
         body = b""
         try:
@@ -397,6 +410,8 @@ class _Api:
             # Refusals that need no body (a dead-letter table, a full queue) come first.
             self._service.ingest.check(name)
             body, held = await self._read_body(request, name)
+            if applied:
+                body, held = await self._decoded(body, held, applied, name)
             accepted = await self._service.ingest.body(
                 name, body, request.content_type, changes=changes
             )
@@ -446,7 +461,14 @@ class _Api:
         the error that stopped it (replaying again is safe)."""
         name = request.match_info["table"]
         self._check_ready()
+        applied = _codings(request)
         body = await request.read()  # bounded by client_max_size
+        if applied:
+            decoding = Decoding(body, applied, self._max_body)
+            try:
+                body = await asyncio.to_thread(decoding.whole)
+            except EncodingError as exc:
+                raise _encoding_problem(exc) from None
         try:
             data = json.loads(body) if body.strip() else None
         except (ValueError, RecursionError) as exc:
@@ -615,6 +637,30 @@ class _Api:
             raise
         return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), held
 
+    async def _decoded(
+        self, body: bytes, held: int, applied: tuple[str, ...], table: str
+    ) -> tuple[bytes, int]:
+        """``body`` with its Content-Encoding undone, in bounded steps off the loop, and
+        the in-flight bytes reserved for it. The decoded bytes are reserved as they
+        appear (a small body may decode to ``max_body_bytes``); the received ones
+        (``held``) are released once decoded, or by the caller on an exception."""
+        decoding = Decoding(body, applied, self._max_body)
+        del body
+        pieces: list[bytes] = []
+        decoded = 0
+        try:
+            while piece := await asyncio.to_thread(decoding.read, _DECODE_STEP):
+                decoded += self._reserve(len(piece), table)
+                pieces.append(piece)
+        except EncodingError as exc:
+            self._inflight -= decoded
+            raise _encoding_problem(exc) from None
+        except BaseException:
+            self._inflight -= decoded
+            raise
+        self._inflight -= held
+        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), decoded
+
     def _reserve(self, extra: int, table: str) -> int:
         # max_inflight >= max_body, so a lone request within max_body_bytes always fits.
         if self._inflight + extra > self._max_inflight:
@@ -651,6 +697,21 @@ def _records_in(body: bytes, content_type: str) -> int:
         return max(1, int(decode_arrow_stream(body).num_rows))
     except BadInputError:
         return 1
+
+
+def _codings(request: web.Request) -> tuple[str, ...]:
+    """The request's Content-Encoding, checked before a byte of the body is read."""
+    try:
+        return codings(request.headers.getall("Content-Encoding", []))
+    except EncodingError as exc:
+        raise _encoding_problem(exc) from None
+
+
+def _encoding_problem(exc: EncodingError) -> _Problem:
+    if isinstance(exc, DecodedTooLarge):
+        return _Problem(413, _too_large(str(exc), exc.limit))
+    status = 400 if isinstance(exc, CorruptEncoding) else 415
+    return _Problem(status, str(exc), close=status == 415)
 
 
 def _too_large(what: str, limit: int) -> str:
