@@ -71,11 +71,11 @@ $(STAMP_DEMO): pyproject.toml | $(BIN)/python
 # TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool,
 # libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java / libjarjar-java for Spark tests).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
-# only then. stunnel4: TLS in front of the test Kafka broker (tests/support/secure_broker.py),
-# whose own TLS options do not work.
+# only then. stunnel4: TLS in front of the Tansu test broker (tests/support/secure_broker.py),
+# whose own TLS options do not work. maven: assembles the Apache Kafka test broker (below).
 TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
   libpostgresql-jdbc-java \
-  prometheus systemd strace stunnel4 faketime
+  prometheus systemd strace stunnel4 faketime maven
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
 SPARK_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
@@ -112,9 +112,30 @@ $(AZURITE_STAMP): tests/support/azurite/package.json tests/support/azurite/packa
 	npm ci --prefix $(AZURITE_DIR) --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
 
+# The Apache Kafka broker the Kafka tests run (tests/support/apache_kafka.py): the jars
+# tests/support/kafka/pom.xml pins, copied from Maven Central into the ignored
+# .test-tools/kafka/libs/ (copied again only when the POM changes). Needs mvn and Java,
+# which the Debian packages above bring.
+KAFKA_DIR := .test-tools/kafka
+KAFKA_STAMP := $(KAFKA_DIR)/.installed
+
+$(KAFKA_STAMP): tests/support/kafka/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it assembles the test Kafka broker" >&2; \
+	  exit 1; }
+	rm -rf $(KAFKA_DIR)
+	@mvn -B -q -Dstyle.color=never -f tests/support/kafka/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(KAFKA_DIR)/libs || { \
+	  echo "error: mvn could not fetch the Apache Kafka test broker's jars \
+	(tests/support/kafka/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(KAFKA_DIR); exit 1; }
+	@ls $(KAFKA_DIR)/libs/kafka_2.13-*.jar >/dev/null
+	touch $@
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
-test-deps: $(AZURITE_STAMP)
+test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
+from support.apache_kafka import KafkaBroker
 from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import Broker
 from support.object_store import SeaweedFS
@@ -109,6 +110,18 @@ async def daemon(run_daemon: RunDaemon) -> AsyncIterator[tuple[Icespool, str]]:
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """A real Kafka-protocol broker (Tansu, in-memory) on a free port for one module."""
     running = Broker.start(tmp_path_factory.mktemp("broker"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real Apache Kafka broker (KRaft, one JVM) once per session, i.e. per xdist worker:
+    listeners for PLAINTEXT, SASL (SCRAM, PLAIN), TLS and mutual TLS (support/apache_kafka.py).
+    Tests share it, so each uses topics and consumer groups of its own."""
+    running = KafkaBroker.start(tmp_path_factory.mktemp("apache-kafka"))
     try:
         yield running
     finally:

@@ -93,14 +93,32 @@ class Broker:
             self.process.wait(10)
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+# Apache Kafka answers CreateTopics before the partitions have a leader; a producer that
+# comes sooner gets NOT_LEADER errors, so creation waits for them (a few ms, usually).
+LEADERS_WITHIN = 30.0
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int, **options: Any) -> None:
+    """Create ``name`` and return once every partition has a leader; ``options`` are
+    aiokafka client options (security)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        deadline = time.monotonic() + LEADERS_WITHIN
+        while True:
+            (topic,) = await admin.describe_topics([name])
+            led = [p for p in topic["partitions"] if p["leader"] >= 0]
+            if topic["error_code"] == 0 and len(led) == partitions:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"topic {name!r}: {len(led)} of {partitions} partitions have a leader "
+                    f"after {LEADERS_WITHIN:.0f} s ({topic})"
+                )
+            await asyncio.sleep(0.05)
     finally:
         await admin.close()
-    await asyncio.sleep(0.1)
 
 
 async def produce_values(
@@ -111,10 +129,12 @@ async def produce_values(
     partition_of: Any = None,
     headers_of: Any = None,
     linger_ms: int = 5,
+    **options: Any,
 ) -> int:
-    """Send raw values; ``partition_of(i)`` / ``headers_of(i)`` pick per record."""
+    """Send raw values; ``partition_of(i)`` / ``headers_of(i)`` pick per record;
+    ``options`` are aiokafka client options (security)."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=linger_ms, max_batch_size=256 << 10
+        bootstrap_servers=bootstrap, linger_ms=linger_ms, max_batch_size=256 << 10, **options
     )
     await producer.start()
     sent = 0
@@ -146,6 +166,7 @@ async def produce(
     records: Sequence[Mapping[str, Any]],
     *,
     partitions: int | None = None,
+    **options: Any,
 ) -> int:
     """Send JSON records, spread round-robin over ``partitions`` when given."""
     return await produce_values(
@@ -153,4 +174,5 @@ async def produce(
         topic,
         (json.dumps(r, separators=(",", ":")).encode() for r in records),
         partition_of=(lambda i: i % partitions) if partitions else None,
+        **options,
     )
