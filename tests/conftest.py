@@ -14,7 +14,6 @@ import pytest
 from hypothesis import settings
 from support.apache_kafka import KafkaBroker
 from support.fixture_types import MakeConfig, RunDaemon
-from support.kafka_harness import Broker
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
 
@@ -106,16 +105,6 @@ async def daemon(run_daemon: RunDaemon) -> AsyncIterator[tuple[Icespool, str]]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """A real Kafka-protocol broker (Tansu, in-memory) on a free port for one module."""
-    running = Broker.start(tmp_path_factory.mktemp("broker"))
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 @pytest.fixture(scope="session")
 def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A real Apache Kafka broker (KRaft, one JVM) once per session, i.e. per xdist worker:
@@ -126,6 +115,13 @@ def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(apache_kafka: KafkaBroker) -> KafkaBroker:
+    """The tests' Kafka broker: `apache_kafka` (its PLAINTEXT listener is ``.bootstrap``).
+    It outlives each test: name topics and groups with `support.kafka_harness.unique_name`."""
+    return apache_kafka
 
 
 @pytest.fixture(scope="session")

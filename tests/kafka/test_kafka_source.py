@@ -1,4 +1,4 @@
-"""Kafka source against a real broker (Tansu), in-process daemon: decoding, dead
+"""Kafka source against a real broker (Apache Kafka), in-process daemon: decoding, dead
 letters, routing, fencing and broker outages. Process-kill tests are in
 test_kafka_faults.py."""
 
@@ -16,7 +16,15 @@ import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, produce_values
+from support.kafka_harness import (
+    SESSION_TIMEOUT,
+    Broker,
+    TansuBroker,
+    create_topic,
+    produce,
+    produce_values,
+    unique_name,
+)
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
@@ -52,7 +60,7 @@ def _config(make_config: MakeConfig, broker: Broker, topic: str, **kafka: Any) -
 async def test_poison_records_go_to_the_dead_letter_table_and_good_ones_land_once(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "poison"
+    topic = unique_name("poison")
     await create_topic(broker.bootstrap, topic, 1)
     values: list[bytes | None] = []
     expected_dead: dict[int, tuple[str, str]] = {}  # offset -> (reason, error fragment)
@@ -134,7 +142,7 @@ async def _wait_property(service: Icespool, table: str, key: str, value: str) ->
 async def test_dynamic_routing_writes_each_table_exactly_once_across_restarts(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "routed"
+    topic = unique_name("routed")
     await create_topic(broker.bootstrap, topic, 3)
     kinds = ["a", "b", "c"]
     tables = [{"name": f"demo.ev_{k}", "create": True, "schema": SCHEMA} for k in kinds]
@@ -152,7 +160,7 @@ async def test_dynamic_routing_writes_each_table_exactly_once_across_restarts(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-routed",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "route_field": "kind",
                 "table_template": "demo.ev_{value}",
@@ -255,7 +263,10 @@ async def _connected(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
 async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
     make_config: MakeConfig, run_daemon: Callable[..., Any], tmp_path: Any
 ) -> None:
-    broker = Broker.start(tmp_path)
+    # Tansu, not the shared Apache Kafka: the test kills its broker and brings back an
+    # empty one on the same port, which Tansu (in memory, started in milliseconds) does
+    # in a blink.
+    broker = TansuBroker.start(tmp_path)
     try:
         await create_topic(broker.bootstrap, "outage", 2)
         await produce(broker.bootstrap, "outage", [{"id": i} for i in range(100)], partitions=2)
@@ -287,7 +298,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
                 assert kafka["sources"][0]["last_error"]
             assert await _connected(http, url) == {"kafka[0]": 0.0}
             # The broker comes back (empty: it keeps data in memory) on the same port.
-            broker = Broker.start(tmp_path, port=broker.port)
+            broker = TansuBroker.start(tmp_path, port=broker.port)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and status != 200:
                 await asyncio.sleep(0.5)
@@ -305,7 +316,7 @@ async def test_broker_outage_keeps_http_ingest_and_readyz_reports_it(
 async def test_raw_format_and_metadata_columns(
     make_config: MakeConfig, broker: Broker, fmt: str
 ) -> None:
-    topic = "rawtopic"
+    topic = unique_name("rawtopic")
     await create_topic(broker.bootstrap, topic, 1)
     values = [f"payload-{i}".encode() for i in range(50)]
     await produce_values(
@@ -333,7 +344,7 @@ async def test_raw_format_and_metadata_columns(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-raw",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "table": "demo.raw",
                 "format": fmt,
@@ -363,7 +374,7 @@ async def test_raw_format_and_metadata_columns(
 async def test_dead_letters_to_a_topic_carry_the_record_and_why(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic, dlq = "to-dlq", "to-dlq-dead"
+    topic, dlq = unique_name("to-dlq"), unique_name("to-dlq-dead")
     await create_topic(broker.bootstrap, topic, 1)
     await create_topic(broker.bootstrap, dlq, 1)
     values = [json.dumps({"id": i}).encode() if i % 10 else b"{broken" for i in range(100)]

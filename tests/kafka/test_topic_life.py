@@ -75,12 +75,12 @@ async def _metric(daemon: Daemon, kind: str) -> float:
 
 @pytest.mark.parametrize("new_count", [500, 3000], ids=["fewer-records", "more-records"])
 async def test_a_recreated_topic_is_read_from_its_start(tmp_path: Path, new_count: int) -> None:
-    first = Broker.start(tmp_path)
+    first = TansuBroker.start(tmp_path)
     port = first.port
     home = DaemonDir(tmp_path / "d")
     _config(home, first.bootstrap)
     daemon = Daemon(home)
-    second: Broker | None = None
+    second: TansuBroker | None = None
     old = range(2000)
     new = range(100_000, 100_000 + new_count)
     try:
@@ -93,7 +93,7 @@ async def test_a_recreated_topic_is_read_from_its_start(tmp_path: Path, new_coun
         assert await daemon.wait_exit(60) == 0
         # The topic goes away and comes back with other records at the same offsets.
         first.stop()
-        second = Broker.start(tmp_path, port=port)
+        second = TansuBroker.start(tmp_path, port=port)
         await create_topic(second.bootstrap, TOPIC, PARTITIONS)
         await produce(second.bootstrap, TOPIC, _records(new), partitions=PARTITIONS)
         daemon.start()
@@ -121,7 +121,7 @@ async def test_a_recreated_topic_is_read_from_its_start(tmp_path: Path, new_coun
 
 async def test_an_unchanged_topic_is_resumed_not_reread(tmp_path: Path) -> None:
     """The check costs a restart nothing: the same topic resumes where the tables are."""
-    broker = Broker.start(tmp_path)
+    broker = TansuBroker.start(tmp_path)
     home = DaemonDir(tmp_path / "d")
     _config(home, broker.bootstrap)
     daemon = Daemon(home)

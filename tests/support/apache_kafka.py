@@ -165,7 +165,7 @@ class KafkaBroker:
 
     @property
     def bootstrap(self) -> str:
-        """The PLAINTEXT listener: what `support.kafka_harness.Broker` offers too."""
+        """The PLAINTEXT listener: what every test broker offers."""
         return f"127.0.0.1:{self.listeners.plaintext}"
 
     @property

