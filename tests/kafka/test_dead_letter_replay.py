@@ -1,4 +1,4 @@
-"""Dead-letter replay against a real broker (Tansu) and a real catalog: records
+"""Dead-letter replay against a real broker (Apache Kafka) and a real catalog: records
 dead-lettered because the table lacked a column land exactly once after the column
 is added, are removed from the dead-letter table, a second replay changes nothing,
 records that still fail stay (with their new error), and a kill -9 between the
@@ -22,7 +22,13 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.types import StringType
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir, daemon_command
 from support.fixture_types import MakeConfig, RunDaemon
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
+from support.kafka_harness import (
+    SESSION_TIMEOUT,
+    Broker,
+    create_topic,
+    produce_values,
+    unique_name,
+)
 from support.service_helpers import table_rows, wait_rows
 
 from daemon.config import Config
@@ -91,7 +97,7 @@ def _add_column(service: Icespool, table: str) -> None:
 async def test_replay_by_reason_and_offset_range_lands_each_record_once(
     make_config: MakeConfig, run_daemon: RunDaemon, broker: Broker
 ) -> None:
-    topic = "replay-reason"
+    topic = unique_name("replay-reason")
     await create_topic(broker.bootstrap, topic, 1)
     # Offsets 0..59: every 3rd record has a new column, every 10th a bad id, 59 is empty.
     values: list[bytes] = []
@@ -232,7 +238,7 @@ async def _cli_replay(home: DaemonDir, url: str, *filters: str) -> tuple[int, st
 async def test_kill_9_mid_replay_then_replay_again_lands_each_record_once(
     tmp_path: Path, broker: Broker, crash_at: str
 ) -> None:
-    topic = f"replay-crash-{crash_at}"
+    topic = unique_name(f"replay-crash-{crash_at}")
     await create_topic(broker.bootstrap, topic, 2)
     home = DaemonDir(tmp_path / "d")
     home.write_config(
@@ -342,7 +348,7 @@ async def test_bad_replay_requests_get_400_naming_the_problem(
 async def test_replay_of_a_table_that_is_not_a_dead_letter_table_is_404(
     make_config: MakeConfig, run_daemon: RunDaemon, broker: Broker
 ) -> None:
-    config = _config(make_config, broker, "replay-unused")
+    config = _config(make_config, broker, unique_name("replay-unused"))
     async with run_daemon(config, auth_token="s3cret") as (service, url):
         # Connected before it stops: a consumer stopped mid-connect leaks its socket.
         for _ in range(300):
@@ -367,7 +373,7 @@ async def test_replay_of_a_table_that_is_not_a_dead_letter_table_is_404(
 async def test_replay_by_time_and_limit_in_chunks_over_thousands_of_dead_letters(
     make_config: MakeConfig, run_daemon: RunDaemon, broker: Broker
 ) -> None:
-    topic = "replay-many"
+    topic = unique_name("replay-many")
     await create_topic(broker.bootstrap, topic, 1)
     count = 2_500
     values = [_new_column(i) for i in range(count)]

