@@ -7,7 +7,7 @@ still gets exactly the outcome the per-record guards gave it (empty, oversized a
 the byte boundary, whitespace only, raw newlines and CRs, too deep, null keys), in
 fetches of a few records and of more than 100,000. The batched ``getmany``
 (`daemon.kafka._batches`) is checked against aiokafka's own ``getmany`` on a real
-broker (Tansu), with poll limits that cut record batches, a pause and a seek.
+broker (Apache Kafka), with poll limits that cut record batches, a pause and a seek.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import Broker, create_topic, produce_values, unique_name
 
 from daemon.decode import JsonOptions
 from daemon.kafka._batches import BATCHED, getmany
@@ -168,7 +168,7 @@ async def _drain(
     return got
 
 
-async def _consumer(broker: Broker, group: str) -> AIOKafkaConsumer:
+async def _consumer(broker: Broker, topic: str, group: str) -> AIOKafkaConsumer:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=broker.bootstrap,
         group_id=group,
@@ -177,7 +177,7 @@ async def _consumer(broker: Broker, group: str) -> AIOKafkaConsumer:
         max_poll_records=333,  # cuts the producer's record batches
     )
     await consumer.start()
-    consumer.subscribe(topics=["fetch-arrays"])
+    consumer.subscribe(topics=[topic])
     return consumer
 
 
@@ -185,25 +185,26 @@ async def test_batched_getmany_hands_out_what_aiokafka_does_across_cuts_pause_an
     broker: Broker,
 ) -> None:
     assert BATCHED, "the aiokafka version changed: check daemon.kafka._batches"
-    await create_topic(broker.bootstrap, "fetch-arrays", 2)
+    topic = unique_name("fetch-arrays")
+    await create_topic(broker.bootstrap, topic, 2)
     total = 4_000
     values = [json.dumps({"id": i}).encode() for i in range(total)]
     await produce_values(
-        broker.bootstrap, "fetch-arrays", values, partition_of=lambda i: i % 2, linger_ms=20
+        broker.bootstrap, topic, values, partition_of=lambda i: i % 2, linger_ms=20
     )
-    reference = await _consumer(broker, "plain")
+    reference = await _consumer(broker, topic, f"plain-{topic}")
     try:
         expected = await _drain(reference, False, total)
     finally:
         await reference.stop()
-    consumer = await _consumer(broker, "batched")
+    consumer = await _consumer(broker, topic, f"batched-{topic}")
     try:
         got = await _drain(consumer, True, total)
         assert got == expected
         assert sorted(len(v) for v in got.values()) == [total // 2, total // 2]
         # Back to an offset mid-batch on one partition, the other paused: exactly
         # the records from there, in order, and none of the paused partition.
-        tp0, tp1 = TopicPartition("fetch-arrays", 0), TopicPartition("fetch-arrays", 1)
+        tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
         consumer.pause(tp0)
         consumer.seek(tp1, 777)
         again = await _drain(consumer, True, total // 2 - 777)

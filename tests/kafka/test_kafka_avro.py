@@ -1,5 +1,5 @@
 """Kafka format "avro": a real HTTP schema registry served by the test (aiohttp), a real
-Tansu broker, an in-process daemon, and the rows read back from Iceberg through pyiceberg.
+Apache Kafka broker, an in-process daemon, and the rows read back from Iceberg through pyiceberg.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ import fastavro
 import numpy as np
 import pytest
 from aiohttp import web
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
+from support.kafka_harness import (
+    SESSION_TIMEOUT,
+    Broker,
+    create_topic,
+    produce_values,
+    unique_name,
+)
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config, redacted
@@ -235,7 +241,7 @@ async def registry() -> AsyncIterator[Registry]:
 async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_lettered(
     make_config: MakeConfig, broker: Broker, registry: Registry
 ) -> None:
-    topic = "avro-registry"
+    topic = unique_name("avro-registry")
     await create_topic(broker.bootstrap, topic, 1)
     values: list[bytes | None] = []
     expected: dict[int, dict[str, Any]] = {}
@@ -318,7 +324,7 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
 async def test_fixed_schema_file_with_header_routing(
     make_config: MakeConfig, broker: Broker, tmp_path: Path
 ) -> None:
-    topic = "avro-file"
+    topic = unique_name("avro-file")
     await create_topic(broker.bootstrap, topic, 2)
     schema = {
         "type": "record",

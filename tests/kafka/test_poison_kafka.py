@@ -1,4 +1,4 @@
-"""Poison corpus for Kafka (JSON and Avro) against a real broker (Tansu): every poison
+"""Poison corpus for Kafka (JSON and Avro) against a real broker (Apache Kafka): every poison
 record becomes a dead letter with the reason that names its problem, every good
 record lands exactly once, and nothing stalls — records after the poison, and in
 the other partition, land too.
@@ -27,7 +27,13 @@ import pyarrow as pa
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
+from support.kafka_harness import (
+    SESSION_TIMEOUT,
+    Broker,
+    create_topic,
+    produce_values,
+    unique_name,
+)
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config
@@ -149,7 +155,7 @@ def _config(make_config: MakeConfig, broker: Broker, topic: str, **kafka: Any) -
 async def test_json_poison_is_dead_lettered_with_its_reason_and_nothing_stalls(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "poison-json"
+    topic = unique_name("poison-json")
     await create_topic(broker.bootstrap, topic, 2)
     first = _partition0()
     # Partition 0: the JSON corpus, then one batch holding good records around a
@@ -211,7 +217,7 @@ async def test_json_poison_is_dead_lettered_with_its_reason_and_nothing_stalls(
 async def test_an_unparseable_record_reaches_a_dead_letter_topic_and_its_neighbours_land(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic, dlq = "poison-dlq-src", "poison-dlq"
+    topic, dlq = unique_name("poison-dlq-src"), unique_name("poison-dlq")
     await create_topic(broker.bootstrap, topic, 1)
     await create_topic(broker.bootstrap, dlq, 1)
     batch: list[tuple[bytes | None, bytes, list[tuple[Any, bytes]]]] = [
@@ -242,7 +248,7 @@ async def test_an_unparseable_record_reaches_a_dead_letter_topic_and_its_neighbo
 async def test_auto_create_never_infers_from_a_value_too_deep(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "poison-routes"
+    topic = unique_name("poison-routes")
     await create_topic(broker.bootstrap, topic, 1)
     values = [
         b'{"kind":"fresh","id":1}',
@@ -258,7 +264,7 @@ async def test_auto_create_never_infers_from_a_value_too_deep(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-routes",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "offset_commit_interval": "1s",
                 "route_field": "kind",
