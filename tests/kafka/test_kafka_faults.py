@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from support.daemon_harness import TABLE, Daemon, DaemonDir
-from support.kafka_harness import Broker, create_topic, produce
+from support.kafka_harness import Broker, create_topic, produce, unique_name
 
 PARTITIONS = 6
 
@@ -101,13 +101,13 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
         backend_name, request, 200_000, int(os.environ.get("ICESPOOL_KILL_ROUNDS", "6"))
     )
     n = backend.records
-    topic = f"kills-{backend.name}"
+    topic = unique_name(f"kills-{backend.name}")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     home = DaemonDir(tmp_path / "d", catalog=backend.catalog)
     home.write_config(
         batch_timeout="1s",
         max_batch_records=30_000,
-        extra=_kafka_section(broker, topic, "g-kills"),
+        extra=_kafka_section(broker, topic, f"g-{topic}"),
     )
     daemon = Daemon(home)
     rng = random.Random(4)
@@ -140,7 +140,7 @@ async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
     backend = _backend(backend_name, request, 200_000, 1)
     n = backend.records
     chunk = min(10_000, n // 10)
-    topic = f"replicas-{backend.name}"
+    topic = unique_name(f"replicas-{backend.name}")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
@@ -156,7 +156,7 @@ async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
         home.write_config(
             batch_timeout="1s",
             max_batch_records=30_000,
-            extra=_kafka_section(broker, topic, "g-replicas"),
+            extra=_kafka_section(broker, topic, f"g-{topic}"),
         )
     daemons = [Daemon(h) for h in homes]
     producer = asyncio.create_task(_produce_slowly(broker, topic, n, chunk, 0.5))
@@ -183,7 +183,7 @@ async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
         # Every partition is drained: the offsets the table holds cover the topic.
         _, table = homes[0].read_rows()
         props = table.metadata.properties
-        covered = [props.get(f"icespool.kafka.g-replicas/{topic}/{p}") for p in range(PARTITIONS)]
+        covered = [props.get(f"icespool.kafka.g-{topic}/{topic}/{p}") for p in range(PARTITIONS)]
         # produce() spreads each chunk round-robin from partition 0.
         sizes = Counter(i % PARTITIONS for s in range(0, n, chunk) for i in range(chunk))
         for p, ranges in enumerate(covered):
@@ -227,13 +227,13 @@ async def test_backpressure_pauses_partitions_and_loses_nothing(
     broker: Broker, tmp_path: Path
 ) -> None:
     n = 150_000
-    topic = "pressure"
+    topic = unique_name("pressure")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     home = DaemonDir(tmp_path / "d")
     home.write_config(
         batch_timeout="1s",
         max_batch_records=20_000,
-        extra=_kafka_section(broker, topic, "g-pressure"),
+        extra=_kafka_section(broker, topic, f"g-{topic}"),
         spool_extra='max_bytes = "3MiB"\nsegment_max_bytes = "1MiB"',
     )
     daemon = Daemon(home)
