@@ -71,11 +71,10 @@ $(STAMP_DEMO): pyproject.toml | $(BIN)/python
 # TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool,
 # libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java / libjarjar-java for Spark tests).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
-# only then. stunnel4: TLS in front of the Tansu test broker (tests/support/secure_broker.py),
-# whose own TLS options do not work. maven: assembles the Apache Kafka test broker (below).
+# only then. maven: assembles the Apache Kafka test broker (below).
 TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
   libpostgresql-jdbc-java \
-  prometheus systemd strace stunnel4 faketime maven
+  prometheus systemd strace faketime maven
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
 SPARK_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \

@@ -1,12 +1,12 @@
 """Kafka security settings against a real broker: TLS (server-verified and mutual) and
-SASL (SCRAM-SHA-256/512, PLAIN), through the daemon's own Kafka source.
+SASL inside TLS, through the daemon's own Kafka source.
 
-The broker is Tansu, fronted by stunnel for TLS (tests/support/secure_broker.py
-says why). Data is landed over SSL with and without a client certificate; a CA that
-does not match and a missing client certificate are reported as "Kafka not
-connected" while the daemon keeps serving, and fixing the config lands every record
-exactly once. SASL can only be tried as a refusal here: the broker offers SCRAM but
-no user can exist on it (see the support module), and it does not offer PLAIN.
+The broker is the worker's Apache Kafka (support/apache_kafka.py), whose SSL, mutual-TLS
+and SASL_SSL listeners use the test CA. Data is landed over SSL with and without a
+client certificate; a CA that does not match, a missing client certificate and a
+refused SASL_SSL login are reported as "Kafka not connected" while the daemon keeps
+serving, and fixing the config lands every record exactly once. SASL_PLAINTEXT with
+each mechanism (a wrong password, then every record landed) is in test_apache_kafka.py.
 """
 
 from __future__ import annotations
@@ -15,23 +15,17 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from support.apache_kafka import SCRAM_USERS, KafkaBroker
 from support.fixture_types import MakeConfig, RunDaemon
-from support.kafka_harness import SESSION_TIMEOUT
-from support.secure_broker import (
-    SecureBroker,
-    TlsFiles,
-    client_options,
-    create_topic,
-    make_tls_files,
-    produce_ids,
-)
+from support.kafka_harness import SESSION_TIMEOUT, create_topic, produce, unique_name
+from support.kafka_tls import TlsFiles, client_options
 from support.service_helpers import table_rows, wait_rows
 
 from daemon.config import Config
@@ -75,64 +69,19 @@ async def _counting_failed_attempts() -> AsyncIterator[_FailedAttempts]:
         logger.removeHandler(handler)
 
 
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
-    return make_tls_files(tmp_path_factory.mktemp("tls"))
+@pytest.fixture
+def tls(apache_kafka: KafkaBroker) -> TlsFiles:
+    """The test CA and certificates the broker's TLS listeners use."""
+    return apache_kafka.tls
 
 
-@pytest.fixture(scope="module")
-def tls_broker(tmp_path_factory: pytest.TempPathFactory, tls: TlsFiles) -> Iterator[SecureBroker]:
-    """Tansu behind stunnel: TLS with the test CA's server certificate."""
-    broker = SecureBroker.start(tmp_path_factory.mktemp("tls-broker"), tls=tls)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    """Tansu that requires SASL (it offers SCRAM-SHA-256/512; no user can exist)."""
-    broker = SecureBroker.start(tmp_path_factory.mktemp("sasl-broker"), authentication=True)
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def sasl_ssl_broker(
-    tmp_path_factory: pytest.TempPathFactory, tls: TlsFiles
-) -> Iterator[SecureBroker]:
-    """Tansu that requires SASL, behind stunnel (TLS with the test CA)."""
-    broker = SecureBroker.start(
-        tmp_path_factory.mktemp("sasl-ssl-broker"), tls=tls, authentication=True
-    )
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture(scope="module")
-def mtls_broker(tmp_path_factory: pytest.TempPathFactory, tls: TlsFiles) -> Iterator[SecureBroker]:
-    """Tansu behind stunnel that requires a client certificate signed by the test CA."""
-    broker = SecureBroker.start(
-        tmp_path_factory.mktemp("mtls-broker"), tls=tls, require_client_cert=True
-    )
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-def _config(make_config: MakeConfig, broker: SecureBroker, topic: str, **security: Any) -> Config:
+def _config(make_config: MakeConfig, bootstrap: str, topic: str, **security: Any) -> Config:
     return make_config(
         tables=[{"name": TABLE, "create": True, "schema": SCHEMA}],
         defaults={"batch_timeout": "1s"},
         kafka=[
             {
-                "bootstrap_servers": broker.bootstrap,
+                "bootstrap_servers": bootstrap,
                 "topics": [topic],
                 "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
@@ -155,11 +104,12 @@ def _ssl(tls: TlsFiles, *, cafile: Path | None = None, client_cert: bool = False
     return options
 
 
-async def _produce(broker: SecureBroker, tls: TlsFiles, topic: str, *, mtls: bool) -> list[int]:
+async def _produce(bootstrap: str, tls: TlsFiles, topic: str, *, mtls: bool) -> list[int]:
     options = client_options(tls, client_cert=mtls)
-    await create_topic(broker.bootstrap, topic, PARTITIONS, **options)
+    await create_topic(bootstrap, topic, PARTITIONS, **options)
     ids = list(range(RECORDS))
-    assert await produce_ids(broker.bootstrap, topic, ids, PARTITIONS, **options) == RECORDS
+    records = [{"id": i, "kind": "secure"} for i in ids]
+    assert await produce(bootstrap, topic, records, partitions=PARTITIONS, **options) == RECORDS
     return ids
 
 
@@ -221,10 +171,11 @@ async def _refused(
 
 
 async def test_ssl_with_the_brokers_ca_lands_every_record_exactly_once(
-    make_config: MakeConfig, tls_broker: SecureBroker, tls: TlsFiles
+    make_config: MakeConfig, apache_kafka: KafkaBroker, tls: TlsFiles
 ) -> None:
-    ids = await _produce(tls_broker, tls, "tls-ok", mtls=False)
-    config = _config(make_config, tls_broker, "tls-ok", **_ssl(tls))
+    topic = unique_name("tls-ok")
+    ids = await _produce(apache_kafka.ssl, tls, topic, mtls=False)
+    config = _config(make_config, apache_kafka.ssl, topic, **_ssl(tls))
     async with Icespool(config) as service:
         assert await _landed_ids(service, RECORDS) == ids
         source = await _wait_connected(service)
@@ -236,89 +187,78 @@ async def test_ssl_with_the_brokers_ca_lands_every_record_exactly_once(
 
 
 async def test_mutual_tls_with_an_encrypted_client_key_lands_every_record_exactly_once(
-    make_config: MakeConfig, mtls_broker: SecureBroker, tls: TlsFiles
+    make_config: MakeConfig, apache_kafka: KafkaBroker, tls: TlsFiles
 ) -> None:
-    ids = await _produce(mtls_broker, tls, "mtls-ok", mtls=True)
-    config = _config(make_config, mtls_broker, "mtls-ok", **_ssl(tls, client_cert=True))
+    topic = unique_name("mtls-ok")
+    ids = await _produce(apache_kafka.mtls, tls, topic, mtls=True)
+    config = _config(make_config, apache_kafka.mtls, topic, **_ssl(tls, client_cert=True))
     async with Icespool(config) as service:
         assert await _landed_ids(service, RECORDS) == ids
         assert (await _wait_connected(service))["last_error"] is None
 
 
 async def test_a_ca_that_does_not_match_is_reported_and_the_fixed_config_loses_nothing(
-    make_config: MakeConfig, run_daemon: RunDaemon, tls_broker: SecureBroker, tls: TlsFiles
+    make_config: MakeConfig, run_daemon: RunDaemon, apache_kafka: KafkaBroker, tls: TlsFiles
 ) -> None:
-    ids = await _produce(tls_broker, tls, "tls-bad-ca", mtls=False)
-    bad = _config(make_config, tls_broker, "tls-bad-ca", **_ssl(tls, cafile=tls.other_ca))
+    bootstrap, topic = apache_kafka.ssl, unique_name("tls-bad-ca")
+    ids = await _produce(bootstrap, tls, topic, mtls=False)
+    bad = _config(make_config, bootstrap, topic, **_ssl(tls, cafile=tls.other_ca))
     reason = re.escape(
-        f"cannot connect to Kafka ({tls_broker.bootstrap}: SSLCertVerificationError: "
+        f"cannot connect to Kafka ({bootstrap}: SSLCertVerificationError: "
         "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
         "unable to get local issuer certificate"
     )
     async with _refused(run_daemon, bad, rf"{reason} \(_ssl\.c:\d+\)\)"):
         pass
     # Same spool, catalog and group: the fixed config picks up every record once.
-    good = _config(make_config, tls_broker, "tls-bad-ca", **_ssl(tls))
+    good = _config(make_config, bootstrap, topic, **_ssl(tls))
     async with Icespool(good) as service:
         assert await _landed_ids(service, RECORDS) == ids
 
 
 async def test_a_missing_client_certificate_is_reported_and_the_fixed_config_loses_nothing(
-    make_config: MakeConfig, run_daemon: RunDaemon, mtls_broker: SecureBroker, tls: TlsFiles
+    make_config: MakeConfig, run_daemon: RunDaemon, apache_kafka: KafkaBroker, tls: TlsFiles
 ) -> None:
-    ids = await _produce(mtls_broker, tls, "mtls-no-cert", mtls=True)
-    bad = _config(make_config, mtls_broker, "mtls-no-cert", **_ssl(tls))
+    bootstrap, topic = apache_kafka.mtls, unique_name("mtls-no-cert")
+    ids = await _produce(bootstrap, tls, topic, mtls=True)
+    bad = _config(make_config, bootstrap, topic, **_ssl(tls))
     # TLS 1.3: the client's handshake completes before the server checks for its
     # certificate; the refusal comes as an alert, which aiokafka sees as a close.
-    closed = f"KafkaConnectionError: Connection at {mtls_broker.bootstrap} closed"
-    reason = f"cannot connect to Kafka ({mtls_broker.bootstrap}: KafkaConnectionError: {closed})"
+    closed = f"KafkaConnectionError: Connection at {bootstrap} closed"
+    reason = f"cannot connect to Kafka ({bootstrap}: KafkaConnectionError: {closed})"
     async with _refused(run_daemon, bad, re.escape(reason)):
         pass
-    good = _config(make_config, mtls_broker, "mtls-no-cert", **_ssl(tls, client_cert=True))
+    good = _config(make_config, bootstrap, topic, **_ssl(tls, client_cert=True))
     async with Icespool(good) as service:
         assert await _landed_ids(service, RECORDS) == ids
 
 
-# ------------------------------------------------------------------ SASL
+# ------------------------------------------------------------------ SASL inside TLS
 
 
-@pytest.mark.parametrize(
-    ("protocol", "mechanism"),
-    [
-        ("SASL_PLAINTEXT", "SCRAM-SHA-256"),
-        ("SASL_PLAINTEXT", "SCRAM-SHA-512"),
-        ("SASL_PLAINTEXT", "PLAIN"),
-        ("SASL_SSL", "SCRAM-SHA-512"),
-    ],
-)
-async def test_a_refused_sasl_login_is_reported_and_the_daemon_stays_up(
-    make_config: MakeConfig,
-    run_daemon: RunDaemon,
-    sasl_broker: SecureBroker,
-    sasl_ssl_broker: SecureBroker,
-    tls: TlsFiles,
-    protocol: str,
-    mechanism: str,
+async def test_a_refused_sasl_ssl_login_is_reported_and_the_right_one_loses_nothing(
+    make_config: MakeConfig, run_daemon: RunDaemon, apache_kafka: KafkaBroker, tls: TlsFiles
 ) -> None:
-    broker = sasl_ssl_broker if protocol == "SASL_SSL" else sasl_broker
+    bootstrap, topic = apache_kafka.sasl_ssl, unique_name("sasl-ssl")
     security: dict[str, Any] = {
-        "security_protocol": protocol,
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": "icespool",
-        "sasl_plain_password": "wrong-password",
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "alice",
+        "ssl_cafile": str(tls.ca),
     }
-    if protocol == "SASL_SSL":
-        security["ssl_cafile"] = str(tls.ca)
-    config = _config(make_config, broker, f"sasl-{mechanism.lower()}", **security)
-    if mechanism == "PLAIN":
-        # Tansu does not offer PLAIN: it closes the connection at the SASL handshake
-        # instead of answering UNSUPPORTED_SASL_MECHANISM, so only the close is seen.
-        closed = f"KafkaConnectionError: Connection at {broker.bootstrap} closed"
-        reason = f"cannot connect to Kafka ({broker.bootstrap}: KafkaConnectionError: {closed})"
-    else:
-        # The broker answers the SCRAM exchange with RFC 5802's e=unknown-user.
-        reason = (
-            f"SASL {mechanism} login refused by the broker for user 'icespool' (e=unknown-user)"
-        )
-    async with _refused(run_daemon, config, re.escape(reason)):
+    right = {**security, "sasl_plain_password": SCRAM_USERS["alice"]}
+    options = {**client_options(tls, protocol="SASL_SSL"), **right}
+    options.pop("ssl_cafile")
+    await create_topic(bootstrap, topic, PARTITIONS, **options)
+    records = [{"id": i, "kind": "secure"} for i in range(RECORDS)]
+    assert await produce(bootstrap, topic, records, partitions=PARTITIONS, **options) == RECORDS
+    bad = _config(make_config, bootstrap, topic, **security, sasl_plain_password="wrong")
+    reason = (
+        f"cannot connect to Kafka ({bootstrap}: SaslAuthenticationFailed: [Error 58] "
+        "SaslAuthenticationFailed: Authentication failed during authentication due to "
+        "invalid credentials with SASL mechanism SCRAM-SHA-512)"
+    )
+    async with _refused(run_daemon, bad, re.escape(reason)):
         pass
+    async with Icespool(_config(make_config, bootstrap, topic, **right)) as service:
+        assert await _landed_ids(service, RECORDS) == list(range(RECORDS))

@@ -127,7 +127,13 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random Kafka UUID (22 URL-safe base64 characters). Like Kafka's own
+    ``Uuid.randomUuid``, never one that starts with "-": StorageTool's argument parser
+    would read it as an option."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not found.startswith("-"):
+            return found
 
 
 def _jaas(login_module: str, options: Mapping[str, str]) -> str:
