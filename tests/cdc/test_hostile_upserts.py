@@ -26,7 +26,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 from support.service_helpers import table_rows
 
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
@@ -439,7 +439,7 @@ async def test_a_kafka_value_holding_the_op_column_is_a_dead_letter_not_a_column
     holding ``_icespool_op`` made it a table column and the fetch's changes vanished.
     The record is a dead letter naming the column; its neighbours apply; key values
     of the wrong type (1.5, "1", true, 2^63) are `bad_key` and delete nothing."""
-    topic = "hostile-keyed"
+    topic = unique_name("hostile-keyed")
     await create_topic(broker.bootstrap, topic, 1)
     records = [
         (b'{"id": 1}', b'{"id": 1, "v": "a"}', None),
@@ -463,6 +463,7 @@ async def test_a_kafka_value_holding_the_op_column_is_a_dead_letter_not_a_column
     source = {
         "bootstrap_servers": broker.bootstrap,
         "topics": [topic],
+        "group_id": f"g-{topic}",
         "session_timeout": SESSION_TIMEOUT,
         "table": "k.t",
         "changes": "keyed",

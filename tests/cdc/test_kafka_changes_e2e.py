@@ -1,4 +1,4 @@
-"""Kafka changes end to end: a real broker (Tansu), an in-process daemon with an upsert
+"""Kafka changes end to end: a real broker (Apache Kafka), an in-process daemon with an upsert
 table, and the table's merged state read back from its committed data and
 equality-delete files (computed here, independently of the daemon's readers).
 
@@ -30,7 +30,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import DataFileContent
 from support.daemon_harness import TABLE as HARNESS_TABLE
 from support.daemon_harness import Daemon, DaemonDir
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 from support.service_helpers import metric, table_rows
 
 from daemon.cdc import read_merged
@@ -176,7 +176,7 @@ def merged_rows(service: Icespool, table: str) -> list[dict[str, Any]]:
 async def test_debezium_stream_with_poison_merges_to_the_final_state_key_by_key(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "cdc-debezium"
+    topic = unique_name("cdc-debezium")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     records, state, poison = _stream(seed=16, changes=3000, keys=300)
     group = f"g-{topic}"
@@ -259,7 +259,7 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
     key (string keys); the same stream into a table without a key appends the rows
     and dead-letters the deletes as ``not_upsert`` (and rows without their key column
     as ``invalid``: a table without a key takes nothing from the Kafka key)."""
-    topic = "cdc-keyed"
+    topic = unique_name("cdc-keyed")
     await create_topic(broker.bootstrap, topic, 1)
     rng = random.Random(7)
     state: dict[int, dict[str, Any]] = {}
@@ -303,8 +303,8 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
         ],
         defaults={"batch_timeout": "1s"},
         kafka=[
-            {**source, "group_id": "g-keyed", "table": TABLE},
-            {**source, "group_id": "g-append", "table": APPEND},
+            {**source, "group_id": f"g-keyed-{topic}", "table": TABLE},
+            {**source, "group_id": f"g-append-{topic}", "table": APPEND},
         ],
     )
     async with Icespool(config) as service:
@@ -409,7 +409,7 @@ async def test_debezium_avro_through_the_schema_registry(
             records.append((0, key, framed(1, envelope, {"op": "t", "source": {}})))
             poison[len(records)] = "schema_unavailable"
             records.append((0, key, framed(9, envelope, {"op": "c", "source": {}})))
-    topic = "cdc-avro"
+    topic = unique_name("cdc-avro")
     await create_topic(broker.bootstrap, topic, 1)
     await _produce(broker.bootstrap, topic, records)
     config = make_config(
@@ -419,7 +419,7 @@ async def test_debezium_avro_through_the_schema_registry(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-avro",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
                 "changes": "debezium",
@@ -433,7 +433,7 @@ async def test_debezium_avro_through_the_schema_registry(
     try:
         async with Icespool(config) as service:
             counts = Counter(p for p, _, _ in records)
-            assert await _wait_claims(service, "g-avro", topic, counts)
+            assert await _wait_claims(service, f"g-{topic}", topic, counts)
             rows = await asyncio.to_thread(merged, service, TABLE)
             dead = await asyncio.to_thread(table_rows, service, DEAD)
     finally:
@@ -450,7 +450,7 @@ async def test_kill_9_mid_stream_keeps_debezium_changes_exactly_once(
     """SIGKILL of a real ``icespool run`` child while it consumes Debezium changes:
     after the restart the merged table is the final state key by key, every poison
     record one dead letter, every offset claimed once."""
-    topic = "cdc-kill"
+    topic = unique_name("cdc-kill")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     rng = random.Random(9)
     state: dict[int, str] = {}
@@ -483,7 +483,7 @@ async def test_kill_9_mid_stream_keeps_debezium_changes_exactly_once(
 
 [[kafka]]
 bootstrap_servers = "{broker.bootstrap}"
-group_id = "g-kill"
+group_id = "g-{topic}"
 topics = ["{topic}"]
 table = "{HARNESS_TABLE}"
 changes = "debezium"
@@ -510,7 +510,7 @@ max_poll_records = 1000
         while True:
             table, catalog = await asyncio.to_thread(home.load_table)
             claims = {
-                p: list(ranges_from_properties(table.properties, "g-kill", topic, p).spans)
+                p: list(ranges_from_properties(table.properties, f"g-{topic}", topic, p).spans)
                 for p in sent
             }
             if claims == expected or time.monotonic() > deadline:
