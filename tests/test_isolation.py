@@ -43,7 +43,7 @@ from support.daemon_harness import (
     daemon_command,
     ndjson,
 )
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, unique_name
 from support.service_helpers import metric
 
 import daemon.service as service_module
@@ -376,7 +376,7 @@ async def _wait_pending(daemon: Daemon, session: aiohttp.ClientSession, n: int) 
 async def test_kafka_quarantined_segment_is_read_again_and_replayed_exactly_once(
     daemons: list[Daemon], tmp_path: Path, broker: Broker
 ) -> None:
-    topic = "isolation"
+    topic = unique_name("isolation")
     await create_topic(broker.bootstrap, topic, 1)
     home, daemon = _daemon(daemons, tmp_path / "d", batch_timeout="1h", extra=_kafka(broker, topic))
     offsets_key = f"icespool.kafka.g-{topic}/{topic}/0"
@@ -519,8 +519,8 @@ async def test_a_dead_letter_table_that_cannot_be_used_holds_back_only_its_sourc
             "kafka": [
                 {
                     "bootstrap_servers": broker.bootstrap,
-                    "topics": ["dlq-blocked"],
-                    "group_id": "g-dlq-blocked",
+                    "topics": [unique_name("dlq-blocked")],
+                    "group_id": unique_name("g-dlq-blocked"),
                     "session_timeout": SESSION_TIMEOUT,
                     "table": TABLE,
                     "dead_letter": "table",  # t.events_dead_letter

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 from support.daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, DaemonError, ndjson
-from support.kafka_harness import Broker, create_topic, produce
+from support.kafka_harness import Broker, create_topic, produce, unique_name
 
 from daemon.maintenance import FileOwner, remove_orphans
 
@@ -188,7 +188,7 @@ async def test_kill_9_in_compaction_and_manifest_merge_over_http(tmp_path: Path)
 async def test_kill_9_in_compaction_and_manifest_merge_from_kafka(
     broker: Broker, tmp_path: Path
 ) -> None:
-    topic = "maintenance-crashes"
+    topic = unique_name("maintenance-crashes")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     home = DaemonDir(tmp_path / "d")
     home.write_config(
@@ -197,7 +197,7 @@ async def test_kill_9_in_compaction_and_manifest_merge_from_kafka(
         + f"""
 [[kafka]]
 bootstrap_servers = "{broker.bootstrap}"
-group_id = "g-maintenance-crashes"
+group_id = "g-{topic}"
 topics = ["{topic}"]
 table = "{TABLE}"
 offset_commit_interval = "1s"

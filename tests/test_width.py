@@ -32,7 +32,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir, ndjson
 from support.fixture_types import MakeConfig
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, unique_name
 from support.many_tables import declared_tables, make_tables
 from support.service_helpers import metric, table_rows, wait_rows
 
@@ -266,7 +266,7 @@ async def test_auto_create_stops_at_max_tables_and_dead_letters_the_rest(
     # and d is read again until a and b exist, and nothing is handed meanwhile.
     monkeypatch.setattr(_handover, "CREATE_PER_FETCH", 1)
     caplog.set_level(logging.INFO, logger="icespool.kafka")
-    topic = "width-routes"
+    topic = unique_name("width-routes")
     await create_topic(broker.bootstrap, topic, 1)
     kinds = ["a", "b", "c", "a", "d", "b", "c"]
     await produce(broker.bootstrap, topic, [{"kind": k, "id": i} for i, k in enumerate(kinds)])
@@ -277,7 +277,7 @@ async def test_auto_create_stops_at_max_tables_and_dead_letters_the_rest(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-width",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "offset_commit_interval": "1s",
                 "route_field": "kind",
@@ -315,7 +315,7 @@ async def test_auto_create_stops_at_max_tables_and_dead_letters_the_rest(
             with pytest.raises(NoSuchTableError):
                 await asyncio.to_thread(service._load_fresh, name)
         assert "max_tables" in caplog.text and "table_limit" in caplog.text
-        assert "1 new routes of width-routes[0] still to create" in caplog.text
+        assert f"1 new routes of {topic}[0] still to create" in caplog.text
 
 
 # ------------------------------------------------------------------ the pieces

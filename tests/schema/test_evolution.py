@@ -13,7 +13,13 @@ import pytest
 from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
 from support.fixture_types import MakeConfig, RunDaemon
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values
+from support.kafka_harness import (
+    SESSION_TIMEOUT,
+    Broker,
+    create_topic,
+    produce_values,
+    unique_name,
+)
 from support.service_helpers import table_rows, wait_rows
 
 from daemon.schema._evolution import SchemaChangeError, plan_evolution
@@ -226,7 +232,7 @@ async def test_columns_renamed_or_dropped_elsewhere_apply_without_a_restart(
 async def test_kafka_stream_that_grows_fields_ends_with_every_column_and_value(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "growing"
+    topic = unique_name("growing")
     await create_topic(broker.bootstrap, topic, 1)
     records: list[dict[str, Any]] = []
     for i in range(600):
@@ -246,7 +252,7 @@ async def test_kafka_stream_that_grows_fields_ends_with_every_column_and_value(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-growing",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
             }
@@ -309,7 +315,7 @@ async def test_infer_creates_the_table_from_its_first_body_and_reuses_it_later(
 async def test_kafka_auto_create_makes_a_table_per_new_route_exactly_once(
     make_config: MakeConfig, broker: Broker
 ) -> None:
-    topic = "autoroutes"
+    topic = unique_name("autoroutes")
     await create_topic(broker.bootstrap, topic, 2)
     kinds = ["red", "green", "blue"]
 
@@ -327,7 +333,7 @@ async def test_kafka_auto_create_makes_a_table_per_new_route_exactly_once(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-auto",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "route_field": "kind",
                 "table_template": "auto.{value}",
@@ -458,7 +464,7 @@ async def test_kafka_fetch_mixing_a_new_column_and_an_illegal_change_dead_letter
 ) -> None:
     # One fetch: the new column evolves; the record whose id is text is refused as a
     # schema change (the policy's words), not as an undecodable record.
-    topic = "mixed-change"
+    topic = unique_name("mixed-change")
     await create_topic(broker.bootstrap, topic, 1)
     values = [{"id": 1, "newc": "x"}, {"id": "x"}, {"id": 3, "newc": "z"}]
     await produce_values(broker.bootstrap, topic, [json.dumps(v).encode() for v in values])
@@ -470,7 +476,7 @@ async def test_kafka_fetch_mixing_a_new_column_and_an_illegal_change_dead_letter
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-mixed",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "table": TABLE,
             }
@@ -489,7 +495,7 @@ async def test_auto_created_route_tables_hold_the_sources_metadata_columns(
 ) -> None:
     # The table created for a new route must take the metadata columns its rows carry
     # (it used to lack them, and every fetch of the route crashed the consumer loop).
-    topic = "routed-meta"
+    topic = unique_name("routed-meta")
     await create_topic(broker.bootstrap, topic, 1)
     values = [{"kind": "a" if i % 2 else "b", "id": i} for i in range(20)]
     await produce_values(broker.bootstrap, topic, [json.dumps(v).encode() for v in values])
@@ -500,7 +506,7 @@ async def test_auto_created_route_tables_hold_the_sources_metadata_columns(
             {
                 "bootstrap_servers": broker.bootstrap,
                 "topics": [topic],
-                "group_id": "g-routed-meta",
+                "group_id": f"g-{topic}",
                 "session_timeout": SESSION_TIMEOUT,
                 "route_field": "kind",
                 "table_template": "routed.t_{value}",

@@ -35,7 +35,7 @@ from pyiceberg.types import (
     StructType,
 )
 from support.daemon_harness import CATALOG_NAME, NDJSON, TABLE, Daemon, DaemonDir, ndjson
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import Broker, create_topic, produce_values, unique_name
 
 from daemon.config import validate_config
 from daemon.errors import ConfigError
@@ -394,7 +394,7 @@ async def _wait(
 async def test_kafka_records_past_max_columns_are_schema_change_dead_letters(
     tmp_path: Path, broker: Broker, daemons: list[Daemon]
 ) -> None:
-    topic = "max-columns"
+    topic = unique_name("max-columns")
     await create_topic(broker.bootstrap, topic, 1)
     home = DaemonDir(tmp_path / "d")
     home.write_config(
@@ -440,7 +440,7 @@ async def test_kafka_records_past_max_columns_are_schema_change_dead_letters(
 async def test_kafka_auto_create_refuses_a_route_wider_than_max_columns(
     tmp_path: Path, broker: Broker, daemons: list[Daemon]
 ) -> None:
-    topic = "max-columns-routes"
+    topic = unique_name("max-columns-routes")
     await create_topic(broker.bootstrap, topic, 1)
     home = DaemonDir(tmp_path / "d")
     home.write_config(
