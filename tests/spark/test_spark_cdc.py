@@ -1,4 +1,4 @@
-"""Issue 16's acceptance: a Debezium-shaped change stream through a real broker (Tansu)
+"""Issue 16's acceptance: a Debezium-shaped change stream through a real broker (Apache Kafka)
 into real ``icespool run`` processes with an upsert table and ``changes = "debezium"``,
 and Spark's view of the table equals the final state computed independently from the
 produced bytes (`support.cdc_stream.final_state`), key by key:
@@ -39,16 +39,19 @@ from support.cdc_stream import (
     upsert_table_toml,
 )
 from support.daemon_harness import Daemon, DaemonDir
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 
 from daemon.config import Config, load_config
 from daemon.kafka._offsets import offsets_key
 
 TABLE = "cdc.items"
 PARTITIONS = 4
-GROUP = "cdc"
 SLICES = 3  # slices of the compaction test's second half, each after a Spark rewrite
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM {{}}"
+
+
+def _group(topic: str) -> str:
+    return f"cdc-{topic}"
 
 
 def _config_text(home: DaemonDir, catalog_name: str, broker: Broker, topic: str) -> str:
@@ -78,7 +81,7 @@ format = "text"
 
 [[kafka]]
 bootstrap_servers = "{broker.bootstrap}"
-group_id = "{GROUP}"
+group_id = "{_group(topic)}"
 topics = ["{topic}"]
 table = "{TABLE}"
 format = "json"
@@ -105,7 +108,7 @@ async def _wait_committed(
     """Until the table's offset properties cover every produced message (read through
     pyiceberg, so Spark's catalog connection stays out of it)."""
     counts = Counter(m.partition for m in messages)
-    wanted = {offsets_key(GROUP, topic, p): f"0-{n - 1}" for p, n in counts.items()}
+    wanted = {offsets_key(_group(topic), topic, p): f"0-{n - 1}" for p, n in counts.items()}
     catalog = load_catalog(config.catalog.name, **config.catalog.properties())
     seen: dict[str, str | None] = {}
     try:
@@ -177,7 +180,7 @@ async def _start(daemon: Daemon) -> None:
 async def test_debezium_stream_with_kill_9_rounds_equals_the_final_state_in_spark(
     broker: Broker, spark: Any, register: Any, catalog_name: str, tmp_path: Path
 ) -> None:
-    topic = "cdc-kill"
+    topic = unique_name("cdc-kill")
     clock = _Clock()
     messages = debezium_stream(100_000, 10_000, partitions=PARTITIONS, seed=1)
     expected = final_state(messages)
@@ -221,7 +224,7 @@ async def test_replicas_joining_and_killed_mid_stream_equal_the_final_state(
     postgres_uri: str,
     tmp_path: Path,
 ) -> None:
-    topic = "cdc-replicas"
+    topic = unique_name("cdc-replicas")
     clock = _Clock()
     messages = debezium_stream(40_000, 4_000, partitions=PARTITIONS, seed=2)
     expected = final_state(messages)
@@ -281,7 +284,7 @@ async def test_spark_compaction_alongside_ingest_keeps_the_final_state(
     postgres_uri: str,
     tmp_path: Path,
 ) -> None:
-    topic = "cdc-compact"
+    topic = unique_name("cdc-compact")
     clock = _Clock()
     messages = debezium_stream(40_000, 4_000, partitions=PARTITIONS, seed=3)
     expected = final_state(messages)

@@ -1,4 +1,4 @@
-"""Spark reads a table the daemon wrote from Kafka: a real broker (Tansu), an in-process
+"""Spark reads a table the daemon wrote from Kafka: a real broker (Apache Kafka), an in-process
 daemon with a ``[[kafka]]`` source, a real local Spark session on the same SQLite catalog.
 Every value arrives exactly, the table properties hold the consumed offset ranges, and
 after Spark expires every snapshot but the last, a restarted daemon adds exactly the
@@ -15,15 +15,16 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pyiceberg.catalog import load_catalog
 from pyspark.sql import Row
-from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
+from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, unique_name
 
 from daemon.config import Config
 from daemon.kafka._offsets import offsets_key
 from daemon.service import Icespool
 
 TABLE = "k.events"
-TOPIC = "spark-events"
-GROUP = "g-spark"
+# The broker outlives this module (one per xdist worker): a topic and group of its own.
+TOPIC = unique_name("spark-events")
+GROUP = f"g-{TOPIC}"
 PARTITIONS = 2
 FIRST = 300  # records before the expiry: offsets 0-149 in each partition
 SECOND = 100  # records after it: offsets 150-199 in each partition
