@@ -95,7 +95,7 @@ from daemon.kafka._batches import getmany as batched_getmany
 from daemon.schema import parse_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from support.kafka_harness import Broker, create_topic
+from support.kafka_harness import TansuBroker, create_topic
 
 TOPIC = "events"
 LIVE_TOPIC = "live"
@@ -781,7 +781,7 @@ async def main() -> int:
         f"cores: {len(os.sched_getaffinity(0))}; load average {load1:.1f} (1 min), "
         f"{load5:.1f} (5 min); disk: {directory}"
     )
-    broker = Broker.start(directory)
+    broker = TansuBroker.start(directory)
     try:
         print(f"Tansu broker (memory storage) on {broker.bootstrap}", flush=True)
         await create_topic(broker.bootstrap, TOPIC, PARTITIONS)

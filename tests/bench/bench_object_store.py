@@ -51,7 +51,7 @@ from daemon.iceberg._catalog import load_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from support.http_proxy import HttpProxy, Seen
-from support.kafka_harness import Broker, create_topic
+from support.kafka_harness import TansuBroker, create_topic
 from support.object_store import SeaweedFS
 
 TOPIC = "events"
@@ -226,7 +226,7 @@ async def main() -> int:
         args.records, args.trials, args.commits, args.big_mib = 200_000, 1, 20, 140
     root = Path(args.dir or tempfile.mkdtemp(prefix="bench-object-store-"))
     root.mkdir(parents=True, exist_ok=True)
-    broker = Broker.start(root)
+    broker = TansuBroker.start(root)
     store = SeaweedFS.start(root / "seaweedfs")
     try:
         with (

@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import itertools
 
 from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir, ndjson
-from support.kafka_harness import Broker, create_topic, produce_values
+from support.kafka_harness import Broker, TansuBroker, create_topic, produce_values
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PG_URI = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -543,7 +543,7 @@ async def main() -> int:
     print(f"bench_tables: sizes {sizes}, modes {modes}, catalog {args.catalog}, dir {root}")
     namespaces: list[str] = []
     runs: list[Run] = []
-    broker = Broker.start(root) if "kafka" in modes else None
+    broker = TansuBroker.start(root) if "kafka" in modes else None
     try:
         for n in sizes:
             if "declared" in modes:
