@@ -19,9 +19,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 from support.kafka_harness import Broker, create_topic, produce_transaction, unique_name
+
+from daemon.kafka._batches import BATCHED, getmany
 
 PARTITIONS = 4
 #: The longest a source may take to drain what was produced before it (seconds).
@@ -232,7 +235,8 @@ async def test_an_open_transaction_holds_what_follows_until_it_ends(
 # then waits, never ending it: the test kills it with SIGKILL.
 _DYING_PRODUCER = """
 import asyncio, json, sys
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 async def main(bootstrap, topic, partitions, txid):
     producer = AIOKafkaProducer(
@@ -319,3 +323,56 @@ async def test_kill_9_during_a_transactional_workload(broker: Broker, tmp_path: 
     finally:
         producers.cancel()
         daemon.cleanup()
+
+
+async def _read_committed(
+    broker: Broker, topic: str, total: int, *, batched: bool
+) -> dict[int, list[tuple[int, bytes]]]:
+    """Every partition's (offset, value) pairs as a read_committed consumer hands them
+    out: the daemon's batch-drained `getmany`, or aiokafka's own."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        group_id=unique_name("g"),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_poll_records=333,  # cuts the producers' record batches
+    )
+    await consumer.start()
+    consumer.subscribe(topics=[topic])
+    got: dict[int, list[tuple[int, bytes]]] = {}
+    seen = 0
+    try:
+        async with asyncio.timeout(60):
+            while seen < total:
+                if batched:
+                    fetched = await getmany(consumer, 200)
+                else:
+                    fetched = await consumer.getmany(timeout_ms=200)
+                for tp, records in fetched.items():
+                    # The batch-drained path hands out aiokafka's C records as they are.
+                    assert all(isinstance(r, ConsumerRecord) != batched for r in records)
+                    got.setdefault(tp.partition, []).extend((r.offset, r.value) for r in records)
+                    seen += len(records)
+            assert await getmany(consumer, 300) == {}
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_batch_drained_read_committed_hands_out_what_aiokafka_does(broker: Broker) -> None:
+    """The daemon drains read_committed fetches a record batch at a time too: aborted
+    transactions (from the fetch's aborted-transactions list, up to each abort marker)
+    and control batches are skipped exactly as aiokafka's per-record path skips them."""
+    assert BATCHED, "the aiokafka version changed: check daemon.kafka._batches"
+    topic = unique_name("txn-drain")
+    await create_topic(broker.bootstrap, topic, PARTITIONS)
+    plans = _plan(producers=3, transactions=10, size=300, aborts_every=[2, 3, 1])
+    committed, aborted = _split(plans)
+    await asyncio.gather(*(_run_plan(broker, topic, plan) for plan in plans))
+    expected = await _read_committed(broker, topic, len(committed), batched=False)
+    got = await _read_committed(broker, topic, len(committed), batched=True)
+    assert got == expected
+    ids = Counter(json.loads(v)["id"] for pairs in got.values() for _, v in pairs)
+    assert set(ids) == committed and max(ids.values()) == 1
+    assert not aborted & set(ids)
