@@ -19,12 +19,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from aiokafka.structs import ConsumerRecord
-from support.daemon_harness import TABLE, Daemon, DaemonDir
+from pyiceberg.catalog import load_catalog
+from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.kafka_harness import Broker, create_topic, produce_transaction, unique_name
 
 from daemon.kafka._batches import BATCHED, getmany
+from daemon.kafka._raw_fetch import fetch_raw
 
 PARTITIONS = 4
 #: The longest a source may take to drain what was produced before it (seconds).
@@ -235,8 +238,10 @@ async def test_an_open_transaction_holds_what_follows_until_it_ends(
 # then waits, never ending it: the test kills it with SIGKILL.
 _DYING_PRODUCER = """
 import asyncio, json, sys
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from aiokafka.structs import ConsumerRecord
+from pyiceberg.catalog import load_catalog
 
 async def main(bootstrap, topic, partitions, txid):
     producer = AIOKafkaProducer(
@@ -376,3 +381,130 @@ async def test_batch_drained_read_committed_hands_out_what_aiokafka_does(broker:
     ids = Counter(json.loads(v)["id"] for pairs in got.values() for _, v in pairs)
     assert set(ids) == committed and max(ids.values()) == 1
     assert not aborted & set(ids)
+
+
+class _RawKey(str):
+    """A header key whose bytes on the wire are not UTF-8 (aiokafka's own producer only
+    sends str keys it can encode): aiokafka's reader cannot parse its record."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> _RawKey:
+        made = super().__new__(cls, "x" * len(raw))
+        made.raw = raw
+        return made
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+async def _poison_batch(broker: Broker, topic: str, ids: Sequence[int], bad: int) -> None:
+    """One record batch (not transactional) of ``ids`` on partition 0, the record of
+    ``bad`` with a header key that is not UTF-8, written by aiokafka's pure-Python
+    builder (it writes the key's bytes as ``encode`` returns them)."""
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await producer.start()
+    try:
+        batch = producer.create_batch()
+        batch._builder = _DefaultRecordBatchBuilderPy(2, 0, 0, -1, -1, -1, 4 << 20)
+        for i in ids:
+            headers = [(_RawKey(b"\xff\xfe") if i == bad else "h", b"v")]
+            value = json.dumps({"id": i, "v": "p"}).encode()
+            assert batch.append(timestamp=None, key=b"k", value=value, headers=headers)
+        await (await producer.send_batch(batch, topic, partition=0))
+    finally:
+        await producer.stop()
+
+
+async def _one_partition_log(
+    broker: Broker, topic: str, opened: AIOKafkaProducer, poison: bool
+) -> None:
+    """Partition 0: an aborted transaction (ids 0-9), [a batch of ids 100-102 whose
+    101 does not parse], a committed one (200-209), an open one (300-309) and a plain
+    record after it (400)."""
+    producer = await _transactional(broker)
+    try:
+        await produce_transaction(
+            producer, topic, _records(range(10), "a"), partitions=1, commit=False
+        )
+        if poison:
+            await _poison_batch(broker, topic, [100, 101, 102], bad=101)
+        await produce_transaction(
+            producer, topic, _records(range(200, 210), "c"), partitions=1, commit=True
+        )
+    finally:
+        await producer.stop()
+    await opened.begin_transaction()
+    await asyncio.gather(
+        *[
+            await opened.send(topic, json.dumps(r).encode(), partition=0)
+            for r in _records(range(300, 310), "o")
+        ]
+    )
+    plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+    await plain.start()
+    try:
+        await plain.send_and_wait(topic, json.dumps({"id": 400, "v": "p"}).encode(), partition=0)
+    finally:
+        await plain.stop()
+
+
+async def test_a_raw_fetch_read_committed_leaves_out_aborted_and_open_transactions(
+    broker: Broker,
+) -> None:
+    """`fetch_raw` (how the source reads past records its client cannot parse) reads
+    what a read_committed consumer reads: up to the last stable offset, without the
+    aborted transactions."""
+    topic = unique_name("txn-raw")
+    await create_topic(broker.bootstrap, topic, 1)
+    opened = await _transactional(broker)
+    client = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+    await client.start()
+    try:
+        await _one_partition_log(broker, topic, opened, poison=False)
+        tp = TopicPartition(topic, 0)
+        await client._client.force_metadata_update()
+        committed, after = await fetch_raw(client._client, tp, 0, 1 << 20, 10, "read_committed")
+        assert [json.loads(r.value or b"")["id"] for r in committed] == list(range(200, 210))
+        # Ten aborted records and their marker, ten committed and theirs: the open
+        # transaction starts at offset 22, where the committed read stops.
+        assert after == 22
+        everything, end = await fetch_raw(client._client, tp, 0, 1 << 20, 10)
+        ids = [json.loads(r.value or b"")["id"] for r in everything]
+        assert ids == [*range(10), *range(200, 210), *range(300, 310), 400]
+        assert end == 33
+    finally:
+        await client.stop()
+        await opened.stop()
+
+
+async def test_an_unparseable_record_read_committed_skips_aborted_and_open_transactions(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The poison record makes the source read the partition's raw batches: those
+    must not bring in the aborted transaction before it or the open one after it."""
+    topic = unique_name("txn-poison")
+    await create_topic(broker.bootstrap, topic, 1)
+    opened = await _transactional(broker)
+    home, daemon = _start_home(broker, tmp_path / "d", topic)
+    try:
+        await _one_partition_log(broker, topic, opened, poison=True)
+        daemon.start()
+        await daemon.wait_ready()
+        expected = {100, 102, *range(200, 210)}
+        await _wait_rows(home, len(expected), DRAIN_WITHIN, daemon)
+        await asyncio.sleep(3)
+        never = {*range(10), *range(300, 310), 400}
+        await _assert_exactly(home, expected, never)
+        assert "cannot parse" in daemon.log(), daemon.tail()
+        catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
+        dead = catalog.load_table(f"{TABLE}_dead_letter").scan().to_arrow().to_pylist()
+        assert [(d["offset"], d["reason"]) for d in dead] == [(12, "unparseable")]
+        # The open transaction aborted: what followed it is read, its records never.
+        await opened.abort_transaction()
+        await _wait_rows(home, len(expected) + 1, 20, daemon)
+        await asyncio.sleep(2)
+        await _assert_exactly(home, expected | {400}, {*range(10), *range(300, 310)})
+    finally:
+        await opened.stop()
+        daemon.cleanup()
