@@ -827,6 +827,10 @@ class KafkaConfig(_Section):
     # Bigger values go to the dead-letter destination (reason "oversized").
     max_record_bytes: Bytes = 2**20
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # "read_committed": records of transactions not committed yet are not read (the
+    # partition waits at its last stable offset), those of aborted ones never are.
+    # "read_uncommitted" (Kafka's default) reads every record a producer wrote.
+    isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
     # How often consumer-group offsets are committed to Kafka (after Iceberg).
     offset_commit_interval: Seconds = 5.0
     max_poll_records: PositiveInt = 20_000

@@ -18,10 +18,17 @@ record its C reader refuses, raises from here as from aiokafka, and the partitio
 result is dropped so that the next call fetches and raises at the same position
 again (what the source's unparseable-record path expects).
 
+With ``read_committed``, record batches of aborted transactions are skipped as
+aiokafka's ``PartitionRecords._unpack_records`` skips them, with its own state and
+calls: the fetch response's aborted-transactions list is consumed up to each batch's
+base offset (a producer in it is aborted from there), an abort marker (a control
+batch) ends that, and a transactional batch of an aborted producer is passed over
+whole. The broker returns nothing past the last stable offset, so what is left is
+committed. Control batches are skipped at either level.
+
 The attributes read are those of aiokafka 0.14 (checked at import). Where they are
-not as expected, where a result was partly read by aiokafka itself, or with
-``read_committed`` (aborted transactions are filtered per record), aiokafka's own
-path runs.
+not as expected, or where a result was partly read by aiokafka itself, aiokafka's
+own path runs.
 """
 
 from __future__ import annotations
@@ -45,8 +52,10 @@ BATCHED: Final = (
     and hasattr(_fetcher, "FetchResult")
     and hasattr(_fetcher, "PartitionRecords")
     and hasattr(_fetcher.Fetcher, "_create_fetch_waiter")
+    and hasattr(_fetcher.PartitionRecords, "_consume_aborted_up_to")
+    and hasattr(_fetcher.PartitionRecords, "_contains_abort_marker")
+    and _fetcher.READ_COMMITTED == 1
 )
-_READ_COMMITTED: Final = 1
 
 
 class _Left:
@@ -126,11 +135,7 @@ def _drain(result: Any, max_records: int) -> list[Any]:
         return []
     part = result._partition_records
     iterator = part._records_iterator  # None once aiokafka's own path exhausted it
-    if (
-        part._isolation_level == _READ_COMMITTED
-        or iterator is None
-        or inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED
-    ):
+    if iterator is None or inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED:
         got: list[Any] = result.getall(max_records)  # aiokafka's per-record path
         return got
     try:
@@ -154,6 +159,7 @@ def _take(part: Any, room: int) -> tuple[list[Any], bool]:
     out: list[Any] = []
     left = _LEFT.pop(part, None)
     batches = part._records
+    committed_only = part._isolation_level == _fetcher.READ_COMMITTED
     while room:
         if left is None:
             if not batches.has_next():
@@ -161,6 +167,9 @@ def _take(part: Any, room: int) -> tuple[list[Any], bool]:
             batch = batches.next_batch()
             if part._check_crcs and not batch.validate_crc():
                 raise CorruptRecordException(f"Invalid CRC - {part._tp}")
+            if committed_only and _aborted(part, batch):
+                part.next_fetch_offset = batch.next_offset
+                continue
             if batch.is_control_batch:
                 part.next_fetch_offset = batch.next_offset
                 continue
@@ -184,3 +193,17 @@ def _take(part: Any, room: int) -> tuple[list[Any], bool]:
     if left is not None:
         _LEFT[part] = left
     return out, False
+
+
+def _aborted(part: Any, batch: Any) -> bool:
+    """Whether ``batch`` belongs to an aborted transaction: aiokafka's read_committed
+    test in ``PartitionRecords._unpack_records``, on its state (so batches must come in
+    log order, as they do)."""
+    if batch.producer_id is None:
+        return False  # a message set older than transactions
+    part._consume_aborted_up_to(batch.base_offset)
+    if batch.is_control_batch and part._contains_abort_marker(batch):
+        # The abort marker ends the producer's aborted transaction: its later batches
+        # are another transaction's. (Kafka may send a marker with nothing before it.)
+        part._aborted_producers.discard(batch.producer_id)
+    return bool(batch.is_transactional and batch.producer_id in part._aborted_producers)

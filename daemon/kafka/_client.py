@@ -50,6 +50,7 @@ async def new_consumer(
         group_id=config.group_id,
         enable_auto_commit=False,  # offsets go to Kafka only after Iceberg has them
         auto_offset_reset=config.auto_offset_reset,
+        isolation_level=config.isolation_level,
         max_poll_records=config.max_poll_records,
         session_timeout_ms=int(config.session_timeout * 1000),
         heartbeat_interval_ms=max(100, int(config.session_timeout * 1000 / 3)),

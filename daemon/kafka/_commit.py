@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.kafka._client import PROBE_TIMEOUT
@@ -31,7 +31,7 @@ from daemon.kafka._offsets import (
     ranges_from_properties,
     resume_position,
 )
-from daemon.kafka._partitions import Partition
+from daemon.kafka._partitions import Partition, PartitionState
 from daemon.metrics import Metrics
 from daemon.writer import TableWriter
 
@@ -152,6 +152,12 @@ class OffsetCommitter:
                 offsets[tp] = position
             highwater = consumer.highwater(tp)
             base = position if position is not None else part.position
+            if base is not None and base == part.position and part.state is PartitionState.FETCHING:
+                # Everything processed is in the tables: what lies between it and the
+                # consumer's position holds no records for them (transaction markers,
+                # aborted transactions), so a partition ending in a commit marker has
+                # no lag.
+                base = max(base, await _fetch_position(consumer, tp, base))
             if highwater is not None and base is not None:
                 part.lag = max(0, highwater - base)
                 self._metrics.kafka_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(
@@ -170,3 +176,15 @@ class OffsetCommitter:
         by_tp = {p.tp: p for p in parts}
         for tp, offset in offsets.items():
             by_tp[tp].kafka_committed = offset
+
+
+async def _fetch_position(consumer: AIOKafkaConsumer, tp: TopicPartition, default: int) -> int:
+    """The consumer's next fetch offset of ``tp``; ``default`` when it has none now (not
+    assigned any more, or waiting for an offset reset): lag is only reported."""
+    if tp not in consumer.assignment():
+        return default
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT / 10):
+            return int(await consumer.position(tp))
+    except (IllegalStateError, KafkaError, TimeoutError):
+        return default

@@ -14,6 +14,11 @@ parses record batches (message format v2) itself, tolerantly:
 - a record whose structure does not parse, or a batch that fails its CRC, loses
   its bytes: its offsets (through the end of the batch) come back marked, with no
   key or value, so they are dead-lettered with their offsets instead of retried.
+
+With ``read_committed`` it reads what the consumer would: the broker returns nothing
+past the last stable offset, and the batches of aborted transactions (the fetch's
+aborted-transactions list, each producer up to its abort marker) are left out as
+aiokafka leaves them out.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, for_code
 from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 from aiokafka.record.default_records import _DefaultRecordBatchPy
 from aiokafka.record.util import decode_varint_py
 
@@ -33,7 +39,7 @@ __all__ = ["RawRecord", "fetch_raw", "parse_batches"]
 
 _BATCH_HEAD: Final = struct.Struct(">qi")  # base offset, batch length
 _MAGIC_AT: Final = 16
-_READ_UNCOMMITTED: Final = 0
+_ISOLATION: Final = {"read_uncommitted": 0, "read_committed": 1}
 # Some brokers (Tansu) answer a fetch with max_wait 0 before reading the log.
 _MAX_WAIT_MS: Final = 200
 
@@ -52,7 +58,12 @@ class RawRecord:
 
 
 async def fetch_raw(
-    client: Any, tp: TopicPartition, offset: int, max_bytes: int, seconds: float
+    client: Any,
+    tp: TopicPartition,
+    offset: int,
+    max_bytes: int,
+    seconds: float,
+    isolation_level: str = "read_uncommitted",
 ) -> tuple[list[RawRecord], int]:
     """The records of ``tp`` from ``offset`` in one fetch (bounded by ``seconds``), and
     the offset after the last complete batch (``offset`` when there is none yet)."""
@@ -63,7 +74,7 @@ async def fetch_raw(
         _MAX_WAIT_MS,
         1,
         max_bytes,
-        _READ_UNCOMMITTED,
+        _ISOLATION[isolation_level],
         [(tp.topic, [(tp.partition, offset, max_bytes)])],
     )
     response = await asyncio.wait_for(client.send(node, request), seconds)
@@ -73,15 +84,24 @@ async def fetch_raw(
                 continue
             if error_code:
                 raise for_code(error_code)(f"fetching {tp.topic}[{tp.partition}] at {offset}")
-            return parse_batches(bytes(data[-1] or b""), offset)
+            aborted = None
+            if isolation_level == "read_committed":
+                # After the last stable offset (v4), and the log start offset (v5 on).
+                aborted = data[2 if response.API_VERSION >= 5 else 1] or []
+            return parse_batches(bytes(data[-1] or b""), offset, aborted)
     return [], offset
 
 
-def parse_batches(data: bytes, offset: int) -> tuple[list[RawRecord], int]:
-    """Records at or after ``offset`` in the complete batches of ``data``."""
+def parse_batches(
+    data: bytes, offset: int, aborted: list[tuple[int, int]] | None = None
+) -> tuple[list[RawRecord], int]:
+    """Records at or after ``offset`` in the complete batches of ``data``; with
+    ``aborted`` (a read_committed fetch's (producer id, first offset) list), none of the
+    aborted transactions'."""
     records: list[RawRecord] = []
     position = 0
     next_offset = offset
+    aborts = _Aborts(aborted) if aborted is not None else None
     while position + _BATCH_HEAD.size <= len(data):
         base, length = _BATCH_HEAD.unpack_from(data, position)
         end = position + _BATCH_HEAD.size + length
@@ -96,10 +116,37 @@ def parse_batches(data: bytes, offset: int) -> tuple[list[RawRecord], int]:
         else:
             batch = _Batch(chunk)
             batch_end = batch.next_offset
-            if not batch.is_control_batch:
+            aborted_batch = aborts is not None and aborts.skips(batch)
+            if not aborted_batch and not batch.is_control_batch:
                 records.extend(r for r in batch.read_all() if r.offset >= offset)
         next_offset = max(next_offset, batch_end)
     return records, next_offset
+
+
+class _Aborts:
+    """aiokafka's read_committed filter (``PartitionRecords._unpack_records``): a
+    producer is aborted from the first offset the fetch lists for it until its abort
+    marker, and its transactional batches meanwhile are left out."""
+
+    def __init__(self, aborted: list[tuple[int, int]]) -> None:
+        self._pending = sorted(aborted, key=lambda a: a[1])
+        self._producers: set[int] = set()
+
+    def skips(self, batch: _Batch) -> bool:
+        while self._pending and self._pending[0][1] <= batch.base_offset:
+            self._producers.add(self._pending.pop(0)[0])
+        if batch.is_control_batch and _is_abort_marker(batch):
+            self._producers.discard(batch.producer_id)
+        return bool(batch.is_transactional and batch.producer_id in self._producers)
+
+
+def _is_abort_marker(batch: _Batch) -> bool:
+    """Whether a control batch is an abort marker (one that does not read is not)."""
+    try:
+        record = next(iter(batch))
+        return bool(ControlRecord.parse(record.key) == ABORT_MARKER)
+    except Exception:  # a broken control batch ends nothing
+        return False
 
 
 def _lost(offset: int, problem: str) -> RawRecord:

@@ -579,7 +579,12 @@ class KafkaSource:
                 if offset is None:
                     offset = await self._first_offset(consumer, tp)
                 records, after = await fetch_raw(
-                    consumer._client, tp, offset, _RAW_FETCH_BYTES, PROBE_TIMEOUT
+                    consumer._client,
+                    tp,
+                    offset,
+                    _RAW_FETCH_BYTES,
+                    PROBE_TIMEOUT,
+                    self.config.isolation_level,
                 )
             except (KafkaError, OSError, TimeoutError) as error:
                 # Back to what was processed: the failed getmany may have taken

