@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
 from daemon.kafka._avro import AvroSchemas, avro_rows
+from daemon.kafka._connect import ConnectTypes
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
 from daemon.nesting import too_deep, too_deep_lines
 
@@ -688,11 +689,14 @@ def decode_fetch_changes(
             [DeadRecord(int(p), "bad_key", error, clash[0]) for p in positions],
         )
     envelopes: Envelopes
+    connect: ConnectTypes | None = None
     if config.format == "avro":
         assert avro is not None, "format avro: the caller loads the schemas"
         envelopes = avro_rows(avro, options.max_depth, ignore_unknown=mode == "debezium")
     else:
         envelopes = json_envelopes(options, ignore_unknown=mode == "debezium")
+        if mode == "debezium":  # Kafka Connect schemas say how fields are spelled
+            connect = envelopes = ConnectTypes(envelopes, options)
     key_rows: KeyRows
     if config.key_format == "avro":
         assert avro is not None, "key_format avro needs format avro (config check)"
@@ -714,8 +718,9 @@ def decode_fetch_changes(
         before_row=config.format == "avro",
     )
     dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
+    wants = connect.wanted if connect is not None else None
     if decoded.batch is None:
-        return Decoded(None, np.empty(0, np.int64), dead)
+        return Decoded(None, np.empty(0, np.int64), dead, wants)
     batch = decoded.batch
     if columns:
         rows = pa.Table.from_batches([batch.select(value_schema.names)])
@@ -723,4 +728,4 @@ def decode_fetch_changes(
         target = change_schema(schema, key).remove(len(schema)) if key else schema
         plain = _with_metadata(rows, view.take(decoded.rows), target, columns)
         batch = with_ops(plain, batch.column(OP_COLUMN), key) if key else plain
-    return Decoded(batch, positions[decoded.rows], dead)
+    return Decoded(batch, positions[decoded.rows], dead, wants)
