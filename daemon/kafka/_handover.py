@@ -237,6 +237,11 @@ class Handover:
             if f.name not in self.config.metadata_columns
             and (f.name not in have or widen or f.name in failed)
         ]
+        new = [f for f in fields if f.name not in have]
+        if new and not widen:
+            # One plan is applied or refused whole: the columns the policy adds go first,
+            # then (next round) the widenings it refuses, whose values become dead letters.
+            fields = new
         if not fields:
             return None
         incoming = pa.schema(fields)

@@ -382,8 +382,7 @@ def test_schema_shapes_mixed_in_one_fetch_keep_their_order_and_say_what_to_evolv
 
 def test_values_without_a_schema_envelope_skip_the_schema_read() -> None:
     plain = [
-        json.dumps({"op": "c", "after": {"id": i, "day": f"2024-01-0{i}"}}).encode()
-        for i in (1, 2)
+        json.dumps({"op": "c", "after": {"id": i, "day": f"2024-01-0{i}"}}).encode() for i in (1, 2)
     ]
     rows, at, dead, connect = decode(plain)
     assert [(r["id"], r["day"]) for r in rows] == [
