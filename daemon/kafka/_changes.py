@@ -170,11 +170,14 @@ def _record_dead(index: int, error: RecordError) -> DeadRecord:
     return DeadRecord(index, error.reason, text, error.column)
 
 
-def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> KeyRows:
+def json_keys(
+    key: Sequence[str], schema: pa.Schema, options: JsonOptions, *, connect: bool = False
+) -> KeyRows:
     """JSON Kafka keys -> key columns: an object of the key columns (Kafka Connect's
     ``{"schema":..,"payload":{..}}`` envelope allowed) or, for a one-column key, a
     JSON scalar. Objects and scalars are told apart by their first byte and each
-    kind decoded in one call."""
+    kind decoded in one call. ``connect``: objects' Kafka Connect schemas say how the
+    columns are spelled (`ConnectTypes`, as for Debezium's values)."""
     keys = key_schema(schema, key)
     enveloped = "payload" not in key and "schema" not in key
     objects = pa.schema(
@@ -182,6 +185,9 @@ def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> Ke
     )
     scalar = pa.schema([pa.field("v", keys.field(0).type)]) if len(key) == 1 else None
     options = replace(options, ignore_unknown=True)
+    read_objects = json_envelopes(options, ignore_unknown=True)
+    if connect:
+        read_objects = ConnectTypes(read_objects, options, keys=True)
 
     def decode(
         values: pa.BinaryArray, indices: npt.NDArray[np.int64], _: pa.Schema
@@ -192,9 +198,7 @@ def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> Ke
         parts: list[tuple[pa.Table, npt.NDArray[np.int64]]] = []
         dead: list[DeadRecord] = []
         if is_object.any():
-            table, at, bad = _lenient(
-                picked.filter(pa.array(is_object)).to_pylist(), indices[is_object], objects, options
-            )
+            table, at, bad = read_objects(values, indices[is_object], objects)
             dead += bad
             if table is not None:
                 if enveloped:
@@ -704,7 +708,7 @@ def decode_fetch_changes(
     elif config.key_format == "string":
         key_rows = string_keys(key, value_schema)
     else:
-        key_rows = json_keys(key, value_schema, options)
+        key_rows = json_keys(key, value_schema, options, connect=mode == "debezium")
     decoded = decode_changes(
         _binary(view.values),
         _binary(view.keys),

@@ -109,6 +109,10 @@ _SCHEMA_ONLY: Final = pa.schema(
         )
     ]
 )
+#: The same for Kafka keys, whose schema is the key's row itself.
+_KEY_SCHEMA_ONLY: Final = pa.schema(
+    [pa.field("schema", pa.struct([pa.field("fields", pa.list_(_ENTRY))]))]
+)
 _UNIT: Final = "\x1f"  # between the parts of one field's signature
 _FIELDS: Final = "\x1e"  # between fields
 _ROWS: Final = ("before", "after")  # the envelope's row structs (also inside payload)
@@ -198,11 +202,14 @@ class ConnectTypes:
     """An envelope decoder (`daemon.kafka._changes.Envelopes`) for Debezium JSON values
     that honours each value's Kafka Connect schema; see the module's doc. ``wanted``:
     after a call, the columns the values' schemas carry that the table (the ``after``
-    struct it was called with) lacks or holds narrower, with their types (None: none)."""
+    struct it was called with) lacks or holds narrower, with their types (None: none).
+    ``keys``: for Kafka keys instead, whose schema and payload are the key's row (the
+    key columns at the top level and in ``payload``)."""
 
-    def __init__(self, inner: Envelopes, options: JsonOptions) -> None:
+    def __init__(self, inner: Envelopes, options: JsonOptions, *, keys: bool = False) -> None:
         self._inner = inner
         self._options = replace(options, ignore_unknown=True)
+        self._keys = keys
         self.wanted: pa.Schema | None = None
 
     def __call__(
@@ -210,8 +217,11 @@ class ConnectTypes:
     ) -> Rows:
         self.wanted = None
         groups, fields = self._groups(values, indices)
-        row = schema.field("after").type
-        self.wanted = _wanted(fields, row)
+        if self._keys:
+            row = pa.struct([f for f in schema if f.name != "payload"])
+        else:
+            row = schema.field("after").type
+            self.wanted = _wanted(fields, row)
         parts: list[tuple[pa.Table, npt.NDArray[np.int64]]] = []
         dead: list[DeadRecord] = []
         for group, at in groups:
@@ -224,9 +234,10 @@ class ConnectTypes:
             if not wire:
                 table, got, bad = self._inner(values, at, schema)
             else:
-                table, got, bad = self._inner(values, at, _wire_schema(schema, wire))
+                read = _wire_schema(schema, wire, keys=self._keys)
+                table, got, bad = self._inner(values, at, read)
                 if table is not None:
-                    table, got, bad = _converted(table, got, bad, schema, wire)
+                    table, got, bad = _converted(table, got, bad, schema, wire, keys=self._keys)
             dead += bad
             if table is not None and len(got):
                 parts.append((table, got))
@@ -248,7 +259,8 @@ class ConnectTypes:
         if not len(indices) or not pc.any(pc.match_substring(picked, '"schema"')).as_py():
             return [(-1, indices)], []
         raw = picked.to_pylist()
-        result = decode_ndjson_lenient(raw, _SCHEMA_ONLY, self._options)
+        only = _KEY_SCHEMA_ONLY if self._keys else _SCHEMA_ONLY
+        result = decode_ndjson_lenient(raw, only, self._options)
         # Records whose schema part does not read stay in group -1: the envelope decode
         # says what is wrong with them.
         good = np.ones(len(raw), dtype=bool)
@@ -257,7 +269,8 @@ class ConnectTypes:
         codes = np.full(len(raw), -1, dtype=np.int64)
         fields: list[dict[str, ConnectField]] = []
         if result.table is not None and result.table.num_rows:
-            signatures = _signatures(result.table.column("schema").combine_chunks())
+            schemas = result.table.column("schema").combine_chunks()
+            signatures = _key_signatures(schemas) if self._keys else _signatures(schemas)
             encoded = pc.dictionary_encode(signatures)
             found = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
             codes[good] = found
@@ -277,7 +290,23 @@ def _signatures(schemas: pa.StructArray) -> pa.Array:
     is_after = pc.fill_null(pc.equal(pc.struct_field(entries, "field"), "after"), False)
     after = pc.struct_field(entries, "fields").filter(is_after)
     records = parents[is_after.to_numpy(zero_copy_only=False)]
-    flat = pc.list_flatten(after)
+    per_after = _joined(after)
+    if not len(per_after):
+        return pa.nulls(n, pa.string())
+    out = np.full(n, -1, dtype=np.int64)
+    out[records] = np.arange(len(records))  # a schema has one "after" (the last wins)
+    mask = out < 0
+    return per_after.take(pa.array(np.where(mask, 0, out), mask=mask))
+
+
+def _key_signatures(schemas: pa.StructArray) -> pa.Array:
+    """Per Kafka key, the signature of its schema's fields (null: none)."""
+    return _joined(pc.struct_field(schemas, "fields"))
+
+
+def _joined(lists: pa.ListArray) -> pa.Array:
+    """Each list of field schemas as one signature string (null list: null)."""
+    flat = pc.list_flatten(lists)
     params = pc.struct_field(flat, "parameters")
     parts = [
         pc.struct_field(flat, "field"),
@@ -287,16 +316,10 @@ def _signatures(schemas: pa.StructArray) -> pa.Array:
         pc.struct_field(params, _PRECISION),
     ]
     joined = pc.binary_join_element_wise(*[pc.fill_null(p, "") for p in parts], _UNIT)
-    lengths = pc.fill_null(pc.list_value_length(after), 0).to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    per_after = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), joined), _FIELDS)
-    per_after = pc.if_else(pc.is_valid(after), per_after, pa.scalar(None, pa.string()))
-    if not len(per_after):
-        return pa.nulls(n, pa.string())
-    out = np.full(n, -1, dtype=np.int64)
-    out[records] = np.arange(len(records))  # a schema has one "after" (the last wins)
-    mask = out < 0
-    return per_after.take(pa.array(np.where(mask, 0, out), mask=mask))
+    each = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), joined), _FIELDS)
+    return pc.if_else(pc.is_valid(lists), each, pa.scalar(None, pa.string()))
 
 
 def _wanted(fields: list[dict[str, ConnectField]], row: pa.StructType) -> pa.Schema | None:
@@ -313,9 +336,18 @@ def _wanted(fields: list[dict[str, ConnectField]], row: pa.StructType) -> pa.Sch
     return pa.schema(list(wanted.items())) if wanted else None
 
 
-def _wire_schema(schema: pa.Schema, wire: dict[str, ConnectField]) -> pa.Schema:
+def _wire_schema(schema: pa.Schema, wire: dict[str, ConnectField], *, keys: bool) -> pa.Schema:
     """The envelope schema with ``wire``'s columns (inside before/after, also in the
-    payload) read as what the JSON holds."""
+    payload; ``keys``: at the top level and in the payload) read as what the JSON holds."""
+    if keys:
+        return pa.schema(
+            [
+                f.with_type(pa.struct([_wire_field(c, wire) for c in f.type]))
+                if f.name == "payload"
+                else _wire_field(f, wire)
+                for f in schema
+            ]
+        )
 
     def rows(field: pa.Field) -> pa.Field:
         if field.name not in _ROWS:
@@ -357,6 +389,8 @@ def _converted(
     dead: list[DeadRecord],
     schema: pa.Schema,
     wire: dict[str, ConnectField],
+    *,
+    keys: bool,
 ) -> Rows:
     """``table`` (read with `_wire_schema`) in ``schema``'s types; records whose values
     do not convert become dead letters."""
@@ -364,7 +398,12 @@ def _converted(
     columns = []
     for field in schema:
         values = table.column(field.name).combine_chunks()
-        if field.name == "payload":
+        if keys and field.name == "payload":
+            values = _struct(values, field.type, wire, failures, "payload")
+        elif keys:
+            if field.name in wire:
+                values = _leaf(values, field.type, wire[field.name], failures, field.name)
+        elif field.name == "payload":
             values = _struct(values, field.type, wire, failures, "payload", nested=True)
         elif field.name in _ROWS:
             values = _struct(values, field.type, wire, failures, field.name)

@@ -423,3 +423,68 @@ def test_bad_and_good_groups_in_large_fetches_stay_vectorized() -> None:
         datetime.date(1970, 1, 1) + datetime.timedelta(days=int(u % 2_000_000) - 700_000)
         for u in unscaled
     ]
+
+
+def test_tombstones_delete_by_kafka_keys_in_debezium_encodings() -> None:
+    """A key of a date and a decimal (composite): the tombstone after a delete, and a
+    delete without ``before``, take it from the Kafka key's own Connect schema."""
+    schema = pa.schema(
+        [
+            pa.field("day", pa.date32(), nullable=False),
+            pa.field("amount", pa.decimal128(12, 3), nullable=False),
+            pa.field("v", pa.string()),
+        ]
+    )
+    key_fields = [
+        {"type": "int32", "optional": False, "name": "io.debezium.time.Date", "field": "day"},
+        {
+            "type": "bytes",
+            "optional": False,
+            "name": DECIMAL,
+            "parameters": {"scale": "3", "connect.decimal.precision": "12"},
+            "field": "amount",
+        },
+    ]
+
+    def key(day: int, unscaled: int) -> bytes:
+        payload = {"day": day, "amount": b64(unscaled)}
+        return json.dumps(
+            {"schema": {"type": "struct", "fields": key_fields}, "payload": payload}
+        ).encode()
+
+    fields = {
+        "day": {"type": "int32", "optional": False, "name": "io.debezium.time.Date"},
+        "amount": {
+            "type": "bytes",
+            "optional": False,
+            "name": DECIMAL,
+            "parameters": {"scale": "3"},
+        },
+        "v": {"type": "string"},
+    }
+    values = [
+        connect_envelope({"day": 1, "amount": b64(-1500), "v": "a"}, fields=fields),
+        None,
+        connect_envelope(None, "d", fields=fields),
+        None,
+    ]
+    keys = [key(1, -1500), key(-719162, -1500), key(2932896, 0), key(2932897, 1)]
+    options = JsonOptions()
+    decoded = decode_changes(
+        pa.array(values, pa.binary()),
+        pa.array(keys, pa.binary()),
+        schema,
+        ["day", "amount"],
+        mode="debezium",
+        envelopes=ConnectTypes(json_envelopes(options, ignore_unknown=True), options),
+        key_rows=json_keys(["day", "amount"], schema, options, connect=True),
+    )
+    assert decoded.batch is not None
+    assert decoded.batch.to_pylist() == [
+        {"day": datetime.date(1970, 1, 2), "amount": Decimal("-1.500"), "v": "a", OP_COLUMN: 0},
+        {"day": datetime.date(1, 1, 1), "amount": Decimal("-1.500"), "v": None, OP_COLUMN: 1},
+        {"day": datetime.date(9999, 12, 31), "amount": Decimal("0.000"), "v": None, OP_COLUMN: 1},
+    ]
+    assert decoded.rows.tolist() == [0, 1, 2]
+    assert [(d.index, d.reason) for d in decoded.dead] == [(3, "bad_key")]
+    assert "out of range" in decoded.dead[0].error
