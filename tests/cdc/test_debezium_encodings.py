@@ -487,4 +487,8 @@ def test_tombstones_delete_by_kafka_keys_in_debezium_encodings() -> None:
     ]
     assert decoded.rows.tolist() == [0, 1, 2]
     assert [(d.index, d.reason) for d in decoded.dead] == [(3, "bad_key")]
-    assert "out of range" in decoded.dead[0].error
+    assert decoded.dead[0].error == (
+        "Kafka key: column 'payload.day': 2932897 (date as days since 1970-01-01 "
+        "(io.debezium.time.Date)) is out of range: the column holds a date from 0001-01-01 "
+        "to 9999-12-31"
+    )
