@@ -30,8 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-from psycopg2.extensions import connection as PgConnection
+import psycopg2  # type: ignore[import-untyped]
 
 from support.apache_kafka import KafkaToolsMissing, _free_ports, _java
 
@@ -118,7 +117,7 @@ class DebeziumPostgres:
             cursor.execute(f'CREATE DATABASE "{source.database}"')
         return source
 
-    def connect(self) -> PgConnection:
+    def connect(self) -> Any:
         """A connection to the source database (autocommit off)."""
         return psycopg2.connect(dbname=self.database, connect_timeout=10, **PG)
 
