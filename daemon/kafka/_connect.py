@@ -14,12 +14,11 @@ ways the table's JSON rules do not read:
     io.debezium.time.{,Micro,Nano}Time        ms (int32) / us / ns since midnight
     connect Time (ms)
 
-`ConnectTypes` wraps the JSON envelope decoder: one whole-fetch read of the values'
-``schema`` parts (``pyarrow.json``), records grouped by the shape of their ``after``
-schema (one signature string per record, dictionary-encoded: a fetch usually holds one
-or two shapes), then per group ONE decode in which those columns are read as what the
-JSON holds (string, int32, int64) and converted with Arrow and numpy to the table's
-types. Everything else (ZonedTimestamp's ISO text, plain numbers, strings, booleans)
+`ConnectTypes` wraps the JSON envelope decoder: the values' ``schema`` parts are read
+(``pyarrow.json``) once per distinct schema text, records grouped by the shape of their
+``after`` schema (a fetch usually holds one or two), then per group ONE decode in which
+those columns are read as what the JSON holds (string, int32, int64) and converted with
+Arrow and numpy to the table's types. Everything else (ZonedTimestamp's ISO text, plain numbers, strings, booleans)
 follows the table's JSON rules unchanged. Values that do not convert (bad base64, a
 date past 9999, more digits than the column holds) are dead letters naming the column.
 
@@ -254,31 +253,68 @@ class ConnectTypes:
         self, values: pa.BinaryArray, indices: npt.NDArray[np.int64]
     ) -> tuple[list[tuple[int, npt.NDArray[np.int64]]], list[dict[str, ConnectField]]]:
         """The records by the shape of their ``after`` schema (group -1: none found,
-        the table's JSON rules alone), and each group's fields by column."""
+        the table's JSON rules alone), and each group's fields by column.
+
+        JsonConverter writes ``{"schema":<schema>,"payload":...}``: the schema text up to
+        the first ``,"payload":`` is byte-identical for the records of one shape, so only
+        the distinct texts are parsed (a fetch has one or two). A value of another layout,
+        or whose cut is no JSON (that text held ``,"payload":`` itself), is parsed whole."""
         picked = values.take(pa.array(indices))
         if not len(indices) or not pc.any(pc.match_substring(picked, '"schema"')).as_py():
             return [(-1, indices)], []
         raw = picked.to_pylist()
+        cuts = [_schema_text(v) for v in raw]
+        texts = list(dict.fromkeys(c for c in cuts if c is not None))
+        found, unread = self._signatures([t + b"}" for t in texts])
+        read = {t: found[i] for i, t in enumerate(texts) if i not in unread}
+        signature: list[str | None] = [None] * len(raw)
+        whole: list[int] = []
+        for j, cut in enumerate(cuts):
+            if cut is not None and cut in read:
+                signature[j] = read[cut]
+            elif raw[j] is not None and b'"schema"' in raw[j]:
+                whole.append(j)
+        if whole:
+            found, _ = self._signatures([raw[j] for j in whole])
+            for j, text in zip(whole, found, strict=True):
+                signature[j] = text
+        shapes = list(dict.fromkeys(s for s in signature if s))
+        code = {text: g for g, text in enumerate(shapes)}
+        codes = np.array([code[s] if s else -1 for s in signature], dtype=np.int64)
+        fields = [
+            {f.column: f for f in (ConnectField.parse(t) for t in text.split(_FIELDS) if t)}
+            for text in shapes
+        ]
+        return [(int(g), indices[codes == g]) for g in np.unique(codes)], fields
+
+    def _signatures(self, lines: list[bytes]) -> tuple[list[str | None], set[int]]:
+        """Each JSON value's schema signature (None: it has none) and the values that do
+        not read (the envelope decode says what is wrong with them)."""
+        out: list[str | None] = [None] * len(lines)
+        if not lines:
+            return out, set()
         only = _KEY_SCHEMA_ONLY if self._keys else _SCHEMA_ONLY
-        result = decode_ndjson_lenient(raw, only, self._options)
-        # Records whose schema part does not read stay in group -1: the envelope decode
-        # says what is wrong with them.
-        good = np.ones(len(raw), dtype=bool)
-        for error in result.errors:
-            good[error.index] = False
-        codes = np.full(len(raw), -1, dtype=np.int64)
-        fields: list[dict[str, ConnectField]] = []
+        result = decode_ndjson_lenient(lines, only, self._options)
+        unread = {error.index for error in result.errors}
         if result.table is not None and result.table.num_rows:
             schemas = result.table.column("schema").combine_chunks()
-            signatures = _key_signatures(schemas) if self._keys else _signatures(schemas)
-            encoded = pc.dictionary_encode(signatures)
-            found = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-            codes[good] = found
-            fields = [
-                {f.column: f for f in (ConnectField.parse(t) for t in text.split(_FIELDS) if t)}
-                for text in encoded.dictionary.to_pylist()
-            ]
-        return [(int(g), indices[codes == g]) for g in np.unique(codes)], fields
+            found = _key_signatures(schemas) if self._keys else _signatures(schemas)
+            good = [j for j in range(len(lines)) if j not in unread]
+            for j, text in zip(good, found.to_pylist(), strict=True):
+                out[j] = text
+        return out, unread
+
+
+_LAYOUT: Final = b'{"schema":'
+_CUT: Final = b',"payload":'
+
+
+def _schema_text(value: bytes | None) -> bytes | None:
+    """``{"schema":<schema>`` of a value as JsonConverter lays it out (else None)."""
+    if value is None or not value.startswith(_LAYOUT):
+        return None
+    end = value.find(_CUT)
+    return value[:end] if end > 0 else None
 
 
 def _signatures(schemas: pa.StructArray) -> pa.Array:

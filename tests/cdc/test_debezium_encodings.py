@@ -492,3 +492,21 @@ def test_tombstones_delete_by_kafka_keys_in_debezium_encodings() -> None:
         "(io.debezium.time.Date)) is out of range: the column holds a date from 0001-01-01 "
         "to 9999-12-31"
     )
+
+
+def test_schema_texts_are_parsed_once_per_shape_and_any_layout_reads() -> None:
+    """The compact layout (schema first) is cut before the payload; a schema holding
+    ``,"payload":`` itself (a parameter of that name), spaced JSON, or the payload first
+    are parsed whole: every one decodes the same."""
+    odd = {**FIELDS, "amount": {**FIELDS["amount"], "parameters": {
+        "scale": "3", "payload": "x", "connect.decimal.precision": "12"}}}  # fmt: skip
+    after = {"id": 1, "amount": b64(-7), "day": 3}
+    compact = envelope(after)
+    spaced = json.dumps(json.loads(compact)).encode()
+    payload_first = json.dumps({"payload": json.loads(compact)["payload"],
+                                "schema": json.loads(compact)["schema"]}).encode()  # fmt: skip
+    values = [compact, envelope(after, fields=odd), spaced, payload_first, compact]
+    rows, at, dead, _ = decode(values)
+    assert dead == []
+    assert at == [0, 1, 2, 3, 4]
+    assert rows == [row(id=1, amount=Decimal("-0.007"), day=datetime.date(1970, 1, 4))] * 5

@@ -48,4 +48,6 @@ def envelope(
     before: Mapping[str, Any] | None = None,
 ) -> bytes:
     payload = {"before": before, "after": after, "source": {"db": "db"}, "op": op}
-    return json.dumps({"schema": connect_schema(fields), "payload": payload}).encode()
+    # Compact, schema first: as JsonConverter writes it.
+    value = {"schema": connect_schema(fields), "payload": payload}
+    return json.dumps(value, separators=(",", ":")).encode()
