@@ -18,9 +18,10 @@ ways the table's JSON rules do not read:
 (``pyarrow.json``) once per distinct schema text, records grouped by the shape of their
 ``after`` schema (a fetch usually holds one or two), then per group ONE decode in which
 those columns are read as what the JSON holds (string, int32, int64) and converted with
-Arrow and numpy to the table's types. Everything else (ZonedTimestamp's ISO text, plain numbers, strings, booleans)
-follows the table's JSON rules unchanged. Values that do not convert (bad base64, a
-date past 9999, more digits than the column holds) are dead letters naming the column.
+Arrow and numpy to the table's types. Everything else (ZonedTimestamp's ISO text,
+plain numbers, strings, booleans) follows the table's JSON rules unchanged. Values that
+do not convert (bad base64, a date past 9999, more digits than the column holds) are
+dead letters naming the column.
 
 It also says which columns the schemas carry that the table lacks or holds narrower
 (`ConnectTypes.wanted`), with exact types, so the source can evolve the table as its
