@@ -132,9 +132,34 @@ $(KAFKA_STAMP): tests/support/kafka/pom.xml
 	@ls $(KAFKA_DIR)/libs/kafka_2.13-*.jar >/dev/null
 	touch $@
 
+# Kafka Connect and Debezium's PostgreSQL connector for the real-Debezium tests
+# (tests/support/debezium.py): the jars tests/support/debezium/pom.xml pins, copied into the
+# ignored .test-tools/debezium/ (again only when the POM changes), the worker's classpath
+# (runtime/) apart from the connector's plugin.path folder (plugins/).
+DEBEZIUM_DIR := .test-tools/debezium
+DEBEZIUM_STAMP := $(DEBEZIUM_DIR)/.installed
+
+$(DEBEZIUM_STAMP): tests/support/debezium/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it assembles Kafka Connect and Debezium" >&2; \
+	  exit 1; }
+	rm -rf $(DEBEZIUM_DIR)
+	@{ mvn -B -q -Dstyle.color=never -f tests/support/debezium/pom.xml -P connect \
+	    dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(DEBEZIUM_DIR)/runtime && \
+	  mvn -B -q -Dstyle.color=never -f tests/support/debezium/pom.xml -P postgres \
+	    dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(CURDIR)/$(DEBEZIUM_DIR)/plugins/debezium-connector-postgres; } || { \
+	  echo "error: mvn could not fetch Kafka Connect's or Debezium's jars \
+	(tests/support/debezium/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(DEBEZIUM_DIR); exit 1; }
+	@ls $(DEBEZIUM_DIR)/runtime/connect-runtime-*.jar \
+	  $(DEBEZIUM_DIR)/plugins/debezium-connector-postgres/debezium-connector-postgres-*.jar >/dev/null
+	touch $@
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
-test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP)
+test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 

@@ -13,6 +13,7 @@ import psycopg2  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
 from support.apache_kafka import KafkaBroker
+from support.debezium import DebeziumPostgres
 from support.fixture_types import MakeConfig, RunDaemon
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
@@ -161,3 +162,16 @@ def pg_proxy(postgres_uri: str) -> Iterator[tuple[TcpProxy, str]]:
     forwards on demand (support/proxy.py); yields (proxy, SQLAlchemy URI through it)."""
     with TcpProxy(("127.0.0.1", 5432)) as proxy:
         yield proxy, postgres_uri.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
+
+
+@pytest.fixture
+def debezium(broker: KafkaBroker, tmp_path: Path) -> Iterator[DebeziumPostgres]:
+    """A source database of this test's own in the test PostgreSQL; the test creates its
+    tables there, then ``debezium.start(tables)`` runs Kafka Connect standalone with
+    Debezium's PostgreSQL connector on `broker` (support/debezium.py). Afterwards the JVM
+    is killed and the replication slot and database dropped."""
+    source = DebeziumPostgres.create(tmp_path / "debezium", broker.bootstrap)
+    try:
+        yield source
+    finally:
+        source.stop()

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
 from daemon.kafka._avro import AvroSchemas, avro_rows
+from daemon.kafka._connect import ConnectTypes
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
 from daemon.nesting import too_deep, too_deep_lines
 
@@ -169,11 +170,14 @@ def _record_dead(index: int, error: RecordError) -> DeadRecord:
     return DeadRecord(index, error.reason, text, error.column)
 
 
-def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> KeyRows:
+def json_keys(
+    key: Sequence[str], schema: pa.Schema, options: JsonOptions, *, connect: bool = False
+) -> KeyRows:
     """JSON Kafka keys -> key columns: an object of the key columns (Kafka Connect's
     ``{"schema":..,"payload":{..}}`` envelope allowed) or, for a one-column key, a
     JSON scalar. Objects and scalars are told apart by their first byte and each
-    kind decoded in one call."""
+    kind decoded in one call. ``connect``: objects' Kafka Connect schemas say how the
+    columns are spelled (`ConnectTypes`, as for Debezium's values)."""
     keys = key_schema(schema, key)
     enveloped = "payload" not in key and "schema" not in key
     objects = pa.schema(
@@ -181,6 +185,9 @@ def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> Ke
     )
     scalar = pa.schema([pa.field("v", keys.field(0).type)]) if len(key) == 1 else None
     options = replace(options, ignore_unknown=True)
+    read_objects = json_envelopes(options, ignore_unknown=True)
+    if connect:
+        read_objects = ConnectTypes(read_objects, options, keys=True)
 
     def decode(
         values: pa.BinaryArray, indices: npt.NDArray[np.int64], _: pa.Schema
@@ -191,9 +198,7 @@ def json_keys(key: Sequence[str], schema: pa.Schema, options: JsonOptions) -> Ke
         parts: list[tuple[pa.Table, npt.NDArray[np.int64]]] = []
         dead: list[DeadRecord] = []
         if is_object.any():
-            table, at, bad = _lenient(
-                picked.filter(pa.array(is_object)).to_pylist(), indices[is_object], objects, options
-            )
+            table, at, bad = read_objects(values, indices[is_object], objects)
             dead += bad
             if table is not None:
                 if enveloped:
@@ -688,11 +693,14 @@ def decode_fetch_changes(
             [DeadRecord(int(p), "bad_key", error, clash[0]) for p in positions],
         )
     envelopes: Envelopes
+    connect: ConnectTypes | None = None
     if config.format == "avro":
         assert avro is not None, "format avro: the caller loads the schemas"
         envelopes = avro_rows(avro, options.max_depth, ignore_unknown=mode == "debezium")
     else:
         envelopes = json_envelopes(options, ignore_unknown=mode == "debezium")
+        if mode == "debezium":  # Kafka Connect schemas say how fields are spelled
+            connect = envelopes = ConnectTypes(envelopes, options)
     key_rows: KeyRows
     if config.key_format == "avro":
         assert avro is not None, "key_format avro needs format avro (config check)"
@@ -700,7 +708,7 @@ def decode_fetch_changes(
     elif config.key_format == "string":
         key_rows = string_keys(key, value_schema)
     else:
-        key_rows = json_keys(key, value_schema, options)
+        key_rows = json_keys(key, value_schema, options, connect=mode == "debezium")
     decoded = decode_changes(
         _binary(view.values),
         _binary(view.keys),
@@ -714,8 +722,9 @@ def decode_fetch_changes(
         before_row=config.format == "avro",
     )
     dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
+    wants = connect.wanted if connect is not None else None
     if decoded.batch is None:
-        return Decoded(None, np.empty(0, np.int64), dead)
+        return Decoded(None, np.empty(0, np.int64), dead, wants)
     batch = decoded.batch
     if columns:
         rows = pa.Table.from_batches([batch.select(value_schema.names)])
@@ -723,4 +732,4 @@ def decode_fetch_changes(
         target = change_schema(schema, key).remove(len(schema)) if key else schema
         plain = _with_metadata(rows, view.take(decoded.rows), target, columns)
         batch = with_ops(plain, batch.column(OP_COLUMN), key) if key else plain
-    return Decoded(batch, positions[decoded.rows], dead)
+    return Decoded(batch, positions[decoded.rows], dead, wants)

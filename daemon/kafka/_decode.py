@@ -69,6 +69,9 @@ class Decoded:
     batch: pa.RecordBatch | None
     rows: npt.NDArray[np.int64]  # fetch positions of the batch's rows, ascending
     dead: list[DeadRecord] = field(default_factory=list)
+    # Columns the records' own schemas (Debezium's Kafka Connect schemas) carry that the
+    # table lacks or holds narrower, with their exact types: what to evolve it for.
+    wants: pa.Schema | None = None
 
 
 # ------------------------------------------------------------------ one fetch

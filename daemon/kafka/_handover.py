@@ -207,9 +207,12 @@ class Handover:
         return decode_json(fetch, schema, options=options, **common)
 
     def _wants(self, fetch: Fetch, decoded: Decoded, *, writer: TableWriter) -> Wants | None:
-        """The columns the dead records of a JSON decode lacked, with their values."""
-        if self.config.format != "json" or self.config.changes == "debezium":
-            # Debezium: the values are envelopes, not rows to infer columns from.
+        """The columns the dead records of a JSON decode lacked, with their values; for
+        Debezium, the columns its Kafka Connect schemas carry (exact types)."""
+        if self.config.changes == "debezium":
+            # The values are envelopes, not rows to infer columns from: their schemas say.
+            return self._schema_wants(decoded, writer)
+        if self.config.format != "json":
             return None
         failed = [d for d in decoded.dead if d.column is not None]
         if not failed:
@@ -218,6 +221,31 @@ class Handover:
         columns = frozenset(d.column for d in failed if d.column is not None)
         depth = self._ingest.json_options(writer).max_depth
         return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
+
+    def _schema_wants(self, decoded: Decoded, writer: TableWriter) -> Wants | None:
+        """New columns, and wider types where the table's policy widens or a value did not
+        fit (elsewhere a source type wider than its column, all of whose values fit, is
+        no reason to try a change the policy refuses on every fetch)."""
+        if decoded.wants is None:
+            return None
+        failed = {d.column for d in decoded.dead}
+        have = set(writer.arrow_schema.names)
+        widen = writer.evolve_policy == "add-and-widen"
+        fields = [
+            f
+            for f in decoded.wants
+            if f.name not in self.config.metadata_columns
+            and (f.name not in have or widen or f.name in failed)
+        ]
+        new = [f for f in fields if f.name not in have]
+        if new and not widen:
+            # One plan is applied or refused whole: the columns the policy adds go first,
+            # then (next round) the widenings it refuses, whose values become dead letters.
+            fields = new
+        if not fields:
+            return None
+        incoming = pa.schema(fields)
+        return Wants(frozenset(incoming.names), lambda: incoming, exact=True)
 
     async def _create_routes(
         self,

@@ -54,6 +54,7 @@ from daemon.schema._ranges import (
     OutOfRange,
     find_out_of_range,
     has_huge_exponent,
+    temporal_bounds,
 )
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "plan_evolution",
     "render_type",
     "schema_diff",
+    "temporal_bounds",
     "transform_accepts",
     "type_columns",
 ]

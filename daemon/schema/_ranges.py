@@ -30,7 +30,13 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["HUGE_EXPONENT", "OutOfRange", "find_out_of_range", "has_huge_exponent"]
+__all__ = [
+    "HUGE_EXPONENT",
+    "OutOfRange",
+    "find_out_of_range",
+    "has_huge_exponent",
+    "temporal_bounds",
+]
 
 #: An exponent of 5 or more digits (see the module's doc).
 HUGE_EXPONENT: Final = r"[eE][+-]?0*[1-9][0-9]{4}"
@@ -60,7 +66,7 @@ class OutOfRange:
         return f"{name}.{self.path}" if self.path else name
 
 
-def _bounds(t: pa.DataType) -> tuple[int, int, str] | None:
+def temporal_bounds(t: pa.DataType) -> tuple[int, int, str] | None:
     """Storage-integer bounds of a temporal type, and how to say them."""
     if pa.types.is_timestamp(t):
         per = _PER_SECOND[t.unit]
@@ -90,7 +96,7 @@ def _has_temporal(t: pa.DataType) -> bool:
         return _has_temporal(t.value_type)
     if pa.types.is_map(t):
         return _has_temporal(t.key_type) or _has_temporal(t.item_type)
-    return _bounds(t) is not None
+    return temporal_bounds(t) is not None
 
 
 def find_out_of_range(values: pa.Array | pa.ChunkedArray) -> OutOfRange | None:
@@ -124,7 +130,7 @@ def _find(array: pa.Array, path: str) -> OutOfRange | None:
             if found is not None:
                 return found
         return None
-    bounds = _bounds(t)
+    bounds = temporal_bounds(t)
     if bounds is None or not len(array) or array.null_count == len(array):
         return None
     low, high, what = bounds
