@@ -6,7 +6,7 @@
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
-#   make spark-runtime   assemble + check the local Iceberg Spark runtime in .spark-runtime/
+#   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
 #   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
 #   make distclean   clean + remove .venv
 
