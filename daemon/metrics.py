@@ -244,6 +244,14 @@ class Metrics:
             ["topic", "kind"],
             registry=r,
         )
+        self.spool_claim_changes = Counter(
+            "icespool_spool_claim_changes_total",
+            "The spool's claim in the catalog (a copy of its directory elsewhere): adopted "
+            "(a lapsed claim of another process taken over at start), lost (another process "
+            "took it over: this one commits and acks nothing more)",
+            ["kind"],
+            registry=r,
+        )
         self.kafka_duplicates = Counter(
             "icespool_kafka_duplicates_dropped_total",
             "Kafka records dropped because the table already holds their offset",
