@@ -342,6 +342,14 @@ class Metrics:
             ["table"],
             registry=r,
         )
+        self.maintenance_files_kept = Gauge(
+            "icespool_maintenance_files_kept",
+            "Data files of this spool the last orphan sweep kept because no snapshot names "
+            "their segment any more: the table lost commits that held acked rows (a "
+            "catalog restored from a backup, or failed over to a lagging replica)",
+            ["table"],
+            registry=r,
+        )
         self.maintenance_files_removed = Counter(
             "icespool_maintenance_files_removed_total",
             "Files maintenance deleted, by kind (data_file, manifest, manifest_list, ...)",

@@ -142,6 +142,7 @@ class Icespool:
             metrics=self.metrics,
             tasks=DEFAULT_TASKS,
             is_spooled=self._is_spooled,
+            was_committed=self._was_committed,
         )
         # Per-table work whose heavy part queues in the lanes (recovery commits): twice
         # the lane workers keeps every worker busy without queueing every table at once.
@@ -580,6 +581,10 @@ class Icespool:
     def _is_spooled(self, table: str, segment_id: str) -> bool:
         """Whether the spool still holds segment ``segment_id`` of ``table``."""
         return any(info.id == segment_id for info in self._spool.segments(table))
+
+    def _was_committed(self, table: str, file_name: str) -> bool:
+        writer = self._writers.get(table)
+        return writer is not None and writer.committed_file(file_name)
 
     def _spool_has_room(self) -> bool:
         # Sources pause before the spool refuses appends, leaving room for HTTP. Asked
