@@ -244,6 +244,14 @@ class Metrics:
             ["topic", "kind"],
             registry=r,
         )
+        self.spool_claim_changes = Counter(
+            "icespool_spool_claim_changes_total",
+            "The spool's claim in the catalog (a copy of its directory elsewhere): adopted "
+            "(a lapsed claim of another process taken over at start), lost (another process "
+            "took it over: this one commits and acks nothing more)",
+            ["kind"],
+            registry=r,
+        )
         self.kafka_duplicates = Counter(
             "icespool_kafka_duplicates_dropped_total",
             "Kafka records dropped because the table already holds their offset",
@@ -331,6 +339,14 @@ class Metrics:
         self.maintenance_delete_errors = Counter(
             "icespool_maintenance_delete_errors_total",
             "Files maintenance failed to delete (kept and retried by the next run)",
+            ["table"],
+            registry=r,
+        )
+        self.maintenance_files_kept = Gauge(
+            "icespool_maintenance_files_kept",
+            "Data files of this spool the last orphan sweep kept because no snapshot names "
+            "their segment any more: the table lost commits that held acked rows (a "
+            "catalog restored from a backup, or failed over to a lagging replica)",
             ["table"],
             registry=r,
         )

@@ -142,6 +142,7 @@ class Icespool:
             metrics=self.metrics,
             tasks=DEFAULT_TASKS,
             is_spooled=self._is_spooled,
+            was_committed=self._was_committed,
         )
         # Per-table work whose heavy part queues in the lanes (recovery commits): twice
         # the lane workers keeps every worker busy without queueing every table at once.
@@ -160,6 +161,10 @@ class Icespool:
         self._replaying: set[str] = set()  # dead-letter tables with a replay running
         self._state = "new"
         self._claim: SpoolClaim | None = None
+        # Why this process takes no more records: another process took its spool's
+        # claim over (None: it holds it, or runs without one).
+        self._claim_lost: str | None = None
+        self._claim_lost_task: asyncio.Task[None] | None = None
         self._health: CatalogHealth | None = None
         self._starting = "starting (spool recovery)"
         # What the start waits for (the catalog, with its last error); None otherwise.
@@ -211,8 +216,8 @@ class Icespool:
         if self._unloaded:
             self._reloader = asyncio.create_task(self._reload_unloaded(), name="reload-tables")
         self._state = "running"
-        self.ready = True
-        self.metrics.ready.set(1)
+        self.ready = self._claim_lost is None
+        self.metrics.ready.set(1 if self.ready else 0)
         timeouts = self.config.timeouts
         self._health = CatalogHealth(
             self._catalog, self.config.catalog.name, timeouts.catalog_request
@@ -285,6 +290,8 @@ class Icespool:
             await asyncio.gather(self._reloader, return_exceptions=True)
         if self._health is not None:
             await self._health.stop()
+        if self._claim_lost_task is not None:
+            await asyncio.gather(self._claim_lost_task, return_exceptions=True)
         for source in self._sources:
             await source.stop_fetching()
         deadline = time.monotonic() + grace
@@ -345,6 +352,8 @@ class Icespool:
         """Why /readyz says no (None when ready)."""
         if self.draining:
             return "shutting down"
+        if self._claim_lost is not None:
+            return self._claim_lost
         if not self.ready:
             if self.recovery is not None and not self.recovery.finished:
                 return f"starting ({self.recovery.text()})"
@@ -573,6 +582,10 @@ class Icespool:
         """Whether the spool still holds segment ``segment_id`` of ``table``."""
         return any(info.id == segment_id for info in self._spool.segments(table))
 
+    def _was_committed(self, table: str, file_name: str) -> bool:
+        writer = self._writers.get(table)
+        return writer is not None and writer.committed_file(file_name)
+
     def _spool_has_room(self) -> bool:
         # Sources pause before the spool refuses appends, leaving room for HTTP. Asked
         # on every fetch: O(1), not a walk of every table's segments.
@@ -597,10 +610,13 @@ class Icespool:
             self._spool.incarnation,
             ttl=self.config.spool.claim_ttl,
             request_timeout=self.config.timeouts.catalog_request,
+            on_lost=self._lost_claim,
         )
         try:
             await asyncio.to_thread(self._catalog.create_namespace_if_not_exists, namespace)
             await self._claim.acquire()
+            if self._claim.adopted is not None:
+                self.metrics.spool_claim_changes.labels(kind="adopted").inc()
         except SpoolContestedError:
             raise
         except Exception as exc:
@@ -617,6 +633,30 @@ class Icespool:
 
     def _commit_refusal(self) -> str | None:
         return None if self._claim is None else self._claim.commit_refusal()
+
+    def _lost_claim(self, reason: str) -> None:
+        """Another process took the spool's claim over: this one commits nothing more
+        (`SpoolClaim.commit_refusal`), so it must ack nothing more either. It leaves
+        service (/readyz 503, appends 503 naming the reason) and its Kafka sources
+        leave their groups, so the holder's side reads their partitions; what it
+        acked before stays in its spool."""
+        self._claim_lost = reason
+        self.ready = False
+        self.metrics.ready.set(0)
+        self.metrics.spool_claim_changes.labels(kind="lost").inc()
+        self._claim_lost_task = asyncio.create_task(
+            self._leave_sources(), name="claim-lost-sources"
+        )
+
+    async def _leave_sources(self) -> None:
+        for source in self._sources:
+            try:
+                await source.stop_fetching()
+                await source.close()
+            except Exception as exc:
+                _log.warning(
+                    "%s: leaving its group failed: %s: %s", source.name, type(exc).__name__, exc
+                )
 
     async def _recover(self) -> None:
         """Commit leftover segments before any new record is accepted.

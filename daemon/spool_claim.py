@@ -79,7 +79,9 @@ class SpoolClaim:
         ttl: float,
         request_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_lost(reason)``: told once when another process takes the claim over."""
         self._catalog = catalog
         self._namespace = namespace
         self.namespace = ".".join(namespace)
@@ -93,6 +95,10 @@ class SpoolClaim:
         self._beat = 0
         self._renewed_at: float | None = None
         self.lost: str | None = None  # why this process must never commit again
+        self._on_lost = on_lost
+        # The incarnation whose lapsed claim this process took over (None: it was free,
+        # this process's own, or its holder had provably ended).
+        self.adopted: Incarnation | None = None
         self._task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ catalog calls
@@ -193,6 +199,7 @@ class SpoolClaim:
             other.describe(),
             self.ttl,
         )
+        self.adopted = other
 
     def _contested(self, other: Incarnation, why: str) -> SpoolContestedError:
         return SpoolContestedError(
@@ -212,9 +219,13 @@ class SpoolClaim:
                     self.lost = (
                         f"spool {self._spool_id}: {holder[0].describe()} took its claim over "
                         "(this process was paused or cut off past the claim's lapse); this "
-                        "process commits nothing more, its spool keeps every record"
+                        "process commits nothing more and takes no more records, its spool "
+                        "keeps every record it acked: stop it, and restart it once the other "
+                        "one is stopped"
                     )
                     _log.error("%s", self.lost)
+                    if self._on_lost is not None:
+                        self._on_lost(self.lost)
                     return
                 await self._write()
             except asyncio.CancelledError:

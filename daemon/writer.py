@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,10 @@ _FLUSH_CAUSES = {"the catalog": "catalog", "the object store": "object_store"}
 # Re-filtering after another replica committed overlapping source positions converges
 # quickly (each round sees more of its commits); more rounds mean a livelock bug.
 _REFILTER_ATTEMPTS = 5
+# Names of the data files this process committed, per table, that it remembers (the
+# orphan sweep keeps such a file if the table loses it: daemon/maintenance/_orphans.py).
+# Far more than one orphan interval's commits at any sane rate; 100 bytes each.
+_REMEMBERED_FILES = 100_000
 # Flushes a segment may fail through its own fault before it is quarantined: a
 # few, so a schema change racing the encode does not quarantine good data, but
 # bounded, so one bad segment never holds its table back for long.
@@ -188,6 +193,7 @@ class TableWriter:
         # (immune to wall-clock steps), wall clock for /v1/status's "at".
         self.last_commit_at: float | None = None
         self.last_commit_wall: float | None = None
+        self._committed_files: OrderedDict[str, None] = OrderedDict()
         # Told of every segment that leaves the spool (committed or quarantined): how
         # start-up recovery and `icespool replay` count their progress.
         self.on_settled: Callable[[SegmentInfo], None] | None = None
@@ -658,6 +664,8 @@ class TableWriter:
                 self._settled(data.info)
             return FlushResult(self.name, reason, None, 0)
         commit, files, records = outcome
+        if not commit.already_committed:
+            self._remember(files)
         if commit.unknown_outcomes:
             self._metrics.commit_unknown_outcomes.labels(table=self.name).inc(
                 commit.unknown_outcomes
@@ -756,6 +764,11 @@ class TableWriter:
                 spool_id=self._spool.id,
                 segment_spans=spans,
             )
+        except ClaimsMovedError:
+            # Raised before anything was sent: these files are never committed (the
+            # next round encodes what is left), and no snapshot will name their rows.
+            await in_flush_thread(remove_files, self._table, files)
+            raise
         except CommitRejectedError as exc:
             raise UncommittableSegmentError(
                 f"{_segments_text(seg_ids)} of {self.name}: {exc}",
@@ -810,6 +823,16 @@ class TableWriter:
         copy of this spool encodes the same segments) and the orphan sweep can tell
         this spool's files from other writers'."""
         return f"{segment_id}-{self._spool.incarnation.tag}"
+
+    def committed_file(self, file_name: str) -> bool:
+        """Whether this process committed the data file ``file_name`` (recently)."""
+        return file_name in self._committed_files
+
+    def _remember(self, files: Sequence[Any]) -> None:
+        for data_file in files:
+            self._committed_files[data_file.file_path.rsplit("/", 1)[-1]] = None
+        while len(self._committed_files) > _REMEMBERED_FILES:
+            self._committed_files.popitem(last=False)
 
     def _settled(self, info: SegmentInfo) -> None:
         """The segment left the spool (committed or quarantined): stop counting it."""

@@ -97,5 +97,20 @@ class _Uuid7:
         text = f"{value:032x}"
         return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
+    def follow(self, segment_id: str) -> None:
+        """Make every later id sort after ``segment_id`` (a leftover of an earlier
+        process, whose clock may have run ahead of this one's): a table's segments
+        are committed in id order, which must stay the order they were acked in."""
+        digits = segment_id.replace("-", "")
+        if len(digits) != 32:
+            return
+        try:
+            ms, counter = int(digits[:12], 16), int(digits[13:16], 16)
+        except ValueError:
+            return
+        with self._lock:
+            if (ms, counter) > (self._last_ms, self._counter):
+                self._last_ms, self._counter = ms, counter
+
 
 new_segment_id = _Uuid7()

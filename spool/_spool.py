@@ -234,6 +234,7 @@ class Spool:
         for info in self.recovered.segments:
             self._add_sealed(info)
             self._bytes += info.bytes
+            new_segment_id.follow(info.id)
         await self._in_thread(self.quarantined)
         if self._quarantined:
             _log.warning(

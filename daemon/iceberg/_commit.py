@@ -98,6 +98,7 @@ from pyiceberg.table.snapshots import (
     Summary,
 )
 from pyiceberg.table.update import (
+    AddSnapshotUpdate,
     AssertRefSnapshotId,
     AssertTableUUID,
     RemoveSnapshotsUpdate,
@@ -117,7 +118,7 @@ from pyiceberg.utils.properties import property_as_bool
 
 from daemon.claims import ClaimsMovedError
 from daemon.errors import CommitError
-from daemon.iceberg._metadata import apply_updates
+from daemon.iceberg._metadata import apply_updates, clock_floor
 from daemon.iceberg._refresh import refresh_table
 from daemon.retry import CONFLICTS, Backoff, retry_conflicts
 
@@ -490,6 +491,21 @@ class _Staging(Transaction):
         super().__init__(table)
         self._derived_from: tuple[TableMetadata, tuple[TableUpdate, ...]] | None = None
         self._derived: TableMetadata | None = None
+
+    def _stage(
+        self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...] = ()
+    ) -> Transaction:
+        # A snapshot is stamped with this process's clock when it is built; one
+        # behind the table's last change is stamped just after it instead
+        # (`clock_floor`), or other engines could no longer read the table.
+        floor = clock_floor(self.table_metadata)
+        updates = tuple(
+            AddSnapshotUpdate(snapshot=update.snapshot.model_copy(update={"timestamp_ms": floor}))
+            if isinstance(update, AddSnapshotUpdate) and update.snapshot.timestamp_ms < floor
+            else update
+            for update in updates
+        )
+        return super()._stage(updates, requirements)
 
     @property
     def table_metadata(self) -> TableMetadata:

@@ -25,7 +25,25 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.utils.datetime import datetime_to_millis
 
-__all__ = ["apply_updates"]
+__all__ = ["apply_updates", "clock_floor"]
+
+
+def clock_floor(metadata: TableMetadata) -> int:
+    """The earliest time (epoch ms) the next change of ``metadata`` may carry.
+
+    Iceberg's Java, Go and Rust readers refuse metadata whose snapshot log or metadata
+    log runs backwards by more than a minute, or whose ``last-updated-ms`` precedes
+    them: a writer whose clock is behind the table's (this process's own clock stepped
+    back since its last commit, another replica's running ahead) would make the table
+    unreadable to them. A change stamped no earlier than this keeps every log in order;
+    the stamp then says "after the table's last change" rather than this clock's time.
+    """
+    floor = metadata.last_updated_ms
+    if metadata.snapshot_log:
+        floor = max(floor, metadata.snapshot_log[-1].timestamp_ms)
+    if metadata.metadata_log:
+        floor = max(floor, metadata.metadata_log[-1].timestamp_ms)
+    return floor
 
 
 def apply_updates(
@@ -50,7 +68,7 @@ def apply_updates(
     if metadata_location:
         metadata = _update_table_metadata_log(metadata, metadata_location, base.last_updated_ms)
     if base.last_updated_ms == metadata.last_updated_ms:
-        now = datetime_to_millis(datetime.now().astimezone())
+        now = max(datetime_to_millis(datetime.now().astimezone()), clock_floor(base))
         metadata = metadata.model_copy(update={"last_updated_ms": now})
     metadata.spec().check_compatible(metadata.schema())
     metadata.sort_order().check_compatible(metadata.schema())

@@ -19,7 +19,13 @@ deletes a file under the table's data location only when ALL of these hold:
    (``is_spooled``);
 3. no snapshot in the table's metadata reaches it: every snapshot, on every branch
    and tag, rolled back or staged, and every manifest entry including deleted ones
-   (a file an old snapshot still reaches is expiry's to remove, with the snapshot).
+   (a file an old snapshot still reaches is expiry's to remove, with the snapshot);
+4. the running process did not see it committed (``was_committed``): a file this
+   process committed that no snapshot reaches any more was dropped by the table's
+   history going back (its catalog restored from a backup, or failed over to a replica
+   that lagged), or by another tool's expiry that left its files. It holds acked rows
+   the table may have lost, so it is kept (logged at warning,
+   ``icespool_maintenance_files_kept``) for an operator to add back or remove.
 
 Why no other writer's file is ever at risk: ownership is read from the name, which the
 writing process chose, and from the spool's record of its incarnations, never from a
@@ -151,6 +157,8 @@ class OrphanResult:
     bytes_removed: int = 0
     failed: int = 0
     skipped: str | None = None
+    # Unreferenced files this process committed (rule 4): kept.
+    kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,12 +226,15 @@ def remove_orphans(
     *,
     owner: FileOwner,
     is_spooled: Callable[[str], bool],
+    was_committed: Callable[[str], bool] = lambda name: False,
 ) -> OrphanResult:
     """Delete this spool's never-committed data files of ``table`` (see the module doc).
 
     ``owner``: the incarnations whose files are this spool's. ``is_spooled(file_id)``
     gets the uuid7 in a file's name (a spool segment id, or a compaction's id) and
-    answers whether this replica still holds it: such files are kept. Refreshes
+    answers whether this replica still holds it: such files are kept.
+    ``was_committed(file_name)``: whether the running process saw the file committed
+    (rule 4). Refreshes
     ``table`` (use a Table instance no other thread commits through). An error reading
     the listing or any manifest deletes nothing.
     """
@@ -261,7 +272,23 @@ def remove_orphans(
     # After the listing: a commit that landed before a file was listed is seen here.
     refresh_table(table)
     referenced = _referenced(table, set(candidates))
-    doomed = [item for path, item in candidates.items() if path not in referenced]
+    unreferenced = [item for path, item in candidates.items() if path not in referenced]
+    kept = [item for item in unreferenced if was_committed(item.path.rsplit("/", 1)[-1])]
+    if kept:
+        _log.warning(
+            "table %s: %d data file(s) this process committed are in no snapshot any more "
+            "(e.g. %s): the table lost those commits (its catalog restored from a backup, "
+            "or failed over to a replica that lagged), or another tool expired their "
+            "snapshots without deleting them. Their rows may be missing from the table: "
+            "they are kept, to add back (Spark's add_files, pyiceberg's Table.add_files) "
+            "or remove",
+            ".".join(table.name()),
+            len(kept),
+            ", ".join(item.path for item in kept[:3]),
+            extra={"table": ".".join(table.name()), "kept_files": len(kept)},
+        )
+    keep = {item.path for item in kept}
+    doomed = [item for item in unreferenced if item.path not in keep]
     removed = failed = removed_bytes = 0
     with ThreadPoolExecutor(_DELETE_WORKERS, thread_name_prefix="icespool-orphans") as pool:
         for outcome in pool.map(lambda item: _delete(filesystem, item), doomed):
@@ -286,4 +313,5 @@ def remove_orphans(
         removed=removed,
         bytes_removed=removed_bytes,
         failed=failed,
+        kept=len(kept),
     )

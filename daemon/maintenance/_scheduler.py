@@ -96,6 +96,9 @@ class TaskResult:
     error: str | None = None
     delete_errors: int = 0
     conflict: bool = False
+    # Files a sweep keeps because the table lost the commits that held them (None: not
+    # a sweep); see `_orphans`.
+    kept_files: int | None = None
 
 
 def _always(settings: MaintenanceSettings) -> bool:
@@ -193,6 +196,10 @@ class RunContext:
         """Whether this replica's spool still holds ``segment_id`` of this table."""
         return self._scheduler.is_spooled(self.name, segment_id)
 
+    def was_committed(self, file_name: str) -> bool:
+        """Whether this process committed the data file ``file_name`` to this table."""
+        return self._scheduler.was_committed(self.name, file_name)
+
     @property
     def files(self) -> FileOwner:
         """Whose data files are this replica's (what its writes are named by)."""
@@ -226,6 +233,7 @@ class MaintenanceScheduler:
         metrics: Metrics,
         tasks: Sequence[Task],
         is_spooled: Callable[[str, str], bool] = lambda table, segment: False,
+        was_committed: Callable[[str, str], bool] = lambda table, name: False,
     ) -> None:
         self.config = config
         self.tasks = tuple(tasks)
@@ -236,6 +244,7 @@ class MaintenanceScheduler:
         self._pool = pool
         self._metrics = metrics
         self._is_spooled = is_spooled
+        self._was_committed = was_committed
         self._states: dict[str, TableState] = {}
         # [[tables]] entries by name: settings are resolved per run without a scan.
         self._declared = {t.name: t for t in config.tables}
@@ -365,6 +374,9 @@ class MaintenanceScheduler:
 
     def is_spooled(self, table: str, segment_id: str) -> bool:
         return self._is_spooled(table, segment_id)
+
+    def was_committed(self, table: str, file_name: str) -> bool:
+        return self._was_committed(table, file_name)
 
     # ------------------------------------------------------------------ the loop
 
@@ -573,6 +585,8 @@ class MaintenanceScheduler:
                     self._metrics.maintenance_files_removed.labels(table=ctx.name, kind=kind).inc(
                         count
                     )
+            if result.kept_files is not None:
+                self._metrics.maintenance_files_kept.labels(table=ctx.name).set(result.kept_files)
             if result.delete_errors:
                 self._metrics.maintenance_delete_errors.labels(table=ctx.name).inc(
                     result.delete_errors

@@ -269,17 +269,21 @@ async def _orphans_task(ctx: RunContext) -> TaskResult:
         ctx.table,
         owner=ctx.files,
         is_spooled=lambda file_id: file_id in state.compacting or ctx.is_spooled(file_id),
+        was_committed=ctx.was_committed,
     )
     state.orphans_swept = now
     if result.skipped:
         return TaskResult(detail=f"not swept: {result.skipped}")
     detail = f"listed {result.listed}, removed {result.removed}"
+    if result.kept:
+        detail += f", kept {result.kept} this process committed (in no snapshot any more)"
     error = f"{result.failed} orphans not deleted (next sweep retries)" if result.failed else None
     return TaskResult(
         removed={"orphan_data_file": result.removed},
         detail=detail,
         error=error,
         delete_errors=result.failed,
+        kept_files=result.kept,
     )
 
 

@@ -264,3 +264,19 @@ def test_daemon_file_names_and_their_times() -> None:
     ):
         assert not is_daemon_file(foreign), foreign
         assert daemon_file_time(foreign) is None
+
+
+def test_a_file_this_process_committed_is_kept_when_the_table_loses_it(tmp_path: Path) -> None:
+    """The catalog went back to an older metadata file: a file this process committed
+    is in no snapshot any more. It holds acked rows the table lost, so it stays (and is
+    counted); a never-committed file beside it is removed."""
+    table = _table(tmp_path)
+    lost = _write(table, range(10), named_at=time.time(), incarnation=RUNNING)
+    orphan = _write(table, range(10, 20), named_at=time.time(), incarnation=RUNNING)
+
+    result = remove_orphans(
+        table, owner=OWNER, is_spooled=lambda _: False, was_committed={lost.name}.__contains__
+    )
+
+    assert lost.exists() and not orphan.exists()
+    assert (result.kept, result.removed, result.listed) == (1, 1, 2)
