@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.fs
+
 from support.object_store import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 
 __all__ = ["LIBS", "IcebergRest", "IcebergRestMissing"]
@@ -213,9 +214,7 @@ class IcebergRest:
             encoded = urllib.parse.quote("\x1f".join(ns), safe="")
             for ident in self._call("GET", f"/v1/namespaces/{encoded}/tables")["identifiers"]:
                 name = urllib.parse.quote(ident["name"], safe="")
-                self._call(
-                    "DELETE", f"/v1/namespaces/{encoded}/tables/{name}?purgeRequested=true"
-                )
+                self._call("DELETE", f"/v1/namespaces/{encoded}/tables/{name}?purgeRequested=true")
             self._call("DELETE", f"/v1/namespaces/{encoded}")
 
     def warehouse(self) -> str:
