@@ -153,9 +153,30 @@ $(DEBEZIUM_STAMP): tests/support/debezium/pom.xml
 	  $(DEBEZIUM_DIR)/plugins/debezium-connector-postgres/debezium-connector-postgres-*.jar >/dev/null
 	touch $@
 
+# Apache Iceberg's reference REST catalog server (tests/support/iceberg_rest.py): the jars
+# tests/support/iceberg_rest/pom.xml pins (iceberg-open-api's test fixtures and what they
+# load), copied into the ignored .test-tools/iceberg-rest/libs/ (again only when the POM
+# changes).
+ICEBERG_REST_DIR := .test-tools/iceberg-rest
+ICEBERG_REST_STAMP := $(ICEBERG_REST_DIR)/.installed
+
+$(ICEBERG_REST_STAMP): tests/support/iceberg_rest/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it assembles the test Iceberg REST server" >&2; \
+	  exit 1; }
+	rm -rf $(ICEBERG_REST_DIR)
+	@mvn -B -q -Dstyle.color=never -f tests/support/iceberg_rest/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(ICEBERG_REST_DIR)/libs || { \
+	  echo "error: mvn could not fetch the Iceberg REST catalog server's jars \
+(tests/support/iceberg_rest/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(ICEBERG_REST_DIR); exit 1; }
+	@ls $(ICEBERG_REST_DIR)/libs/iceberg-open-api-*-test-fixtures.jar >/dev/null
+	touch $@
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
-test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP)
+test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 

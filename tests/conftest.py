@@ -14,7 +14,14 @@ import pytest
 from hypothesis import settings
 from support.apache_kafka import KafkaBroker
 from support.debezium import DebeziumPostgres
-from support.fixture_types import MakeConfig, RunDaemon
+from support.fixture_types import (
+    REST_CATALOGS,
+    MakeConfig,
+    RestCatalogServer,
+    RunDaemon,
+    rest_catalog_server,
+)
+from support.iceberg_rest import IcebergRest
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
 
@@ -134,6 +141,26 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS
         yield store
     finally:
         store.stop()
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest(
+    object_store: SeaweedFS, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[IcebergRest]:
+    """Apache Iceberg's reference REST catalog server (one JVM per session: a JDBC catalog
+    in SQLite, its tables in a bucket of their own on `object_store`); each test empties
+    it with ``iceberg_rest.warehouse()``."""
+    server = IcebergRest.start(tmp_path_factory.mktemp("iceberg-rest"), object_store)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=list(REST_CATALOGS))
+def rest_catalog(request: pytest.FixtureRequest) -> RestCatalogServer:
+    """Each REST catalog the tests run against, in turn (see `rest_catalog_server`)."""
+    return rest_catalog_server(request.param, request)
 
 
 @pytest.fixture

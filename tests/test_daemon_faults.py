@@ -40,6 +40,7 @@ from support.daemon_harness import (
     daemon_command,
     ndjson,
 )
+from support.fixture_types import rest_catalog_server
 
 SEGMENTS_KEY = "icespool.segments"
 REASON_KEY = "icespool.reason"
@@ -134,8 +135,9 @@ def _log_problems(text: str) -> list[str]:
 
 
 # Rounds of kill -9: 6 in CI keeps the suite within its time budget (each round costs
-# ~9 s); ICESPOOL_KILL_ROUNDS=50 for a long soak. The REST catalog on S3 (SeaweedFS) runs
-# the same rounds, fewer of them in CI (its other faults have their own tests).
+# ~9 s); ICESPOOL_KILL_ROUNDS=50 for a long soak. The REST catalogs on S3 (SeaweedFS's and
+# Apache Iceberg's reference server) run the same rounds, fewer of them in CI (their other
+# faults have their own tests).
 KILL_ROUNDS = max(4, int(os.environ.get("ICESPOOL_KILL_ROUNDS", "6")))
 REST_KILL_ROUNDS = max(3, int(os.environ.get("ICESPOOL_REST_KILL_ROUNDS", "3")))
 CLIENTS = 4
@@ -143,7 +145,7 @@ KILL_MODES = ("random", "after_flush", "during_commit")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sql", "rest-s3"])
+@pytest.mark.parametrize("backend", ["sql", "rest-s3", "rest-iceberg"])
 async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_once(
     backend: str, make_daemon: MakeDaemon, request: pytest.FixtureRequest
 ) -> None:
@@ -152,8 +154,8 @@ async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_
     rounds = KILL_ROUNDS
     catalog = None
     extra = ""
-    if backend == "rest-s3":
-        store = request.getfixturevalue("object_store")
+    if backend != "sql":
+        store = rest_catalog_server(backend, request)
         catalog = store.catalog_properties(store.warehouse())
         rounds = REST_KILL_ROUNDS
         # A REST catalog cannot hold the maintenance lease: with the default the daemon

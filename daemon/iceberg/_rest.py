@@ -23,8 +23,8 @@ error is a ValueError, which the committer would take for the table rejecting th
 
 The committer does not rely on the key: after an unknown outcome it refreshes the table
 and looks for its segments (``_commit``), which works on every catalog. Servers announce
-support with ``idempotency-key-lifetime`` in ``/v1/config``; those that do not (SeaweedFS,
-the one this project tests against) ignore the header.
+support with ``idempotency-key-lifetime`` in ``/v1/config``; some that do not honour it
+anyway (Apache Iceberg 1.11's reference server), others ignore it (SeaweedFS).
 """
 
 from __future__ import annotations

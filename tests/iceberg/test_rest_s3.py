@@ -1,6 +1,8 @@
-"""The daemon on an Iceberg REST catalog with its data on S3, as users run it (SeaweedFS).
+"""The daemon on an Iceberg REST catalog with its data on S3, as users run it.
 
 Everything is real: SeaweedFS's S3 API and REST catalog (tests/support/object_store.py),
+and Apache Iceberg's reference REST server on that S3 (tests/support/iceberg_rest.py):
+every test runs on both (the ``rest_catalog`` fixture),
 pyiceberg's RestCatalog and pyarrow's S3 client in the daemon, and an HTTP proxy
 (tests/support/http_proxy.py) that loses a commit's answer after the catalog applied it,
 takes the object store down, stalls it, or resets an upload halfway. Every test reads the
@@ -26,9 +28,8 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
-from support.fixture_types import MakeConfig, RunDaemon
+from support.fixture_types import MakeConfig, RestCatalogServer, RunDaemon
 from support.http_proxy import HttpProxy, Seen
-from support.object_store import SeaweedFS
 
 from daemon.config import load_config
 from daemon.errors import CatalogError
@@ -103,15 +104,15 @@ async def _flush(http: aiohttp.ClientSession, base: str) -> tuple[int, dict[str,
 
 
 async def test_ingest_commits_to_the_rest_catalog_on_s3_with_idempotency_keys(
-    object_store: SeaweedFS, make_config: MakeConfig, run_daemon: RunDaemon
+    rest_catalog: RestCatalogServer, make_config: MakeConfig, run_daemon: RunDaemon
 ) -> None:
-    warehouse = object_store.warehouse()
-    direct = object_store.catalog_properties(warehouse)
+    warehouse = rest_catalog.warehouse()
+    direct = rest_catalog.catalog_properties(warehouse)
     with (
-        HttpProxy(("127.0.0.1", object_store.rest_port)) as rest,
-        HttpProxy(("127.0.0.1", object_store.s3_port)) as s3,
+        HttpProxy(("127.0.0.1", rest_catalog.rest_port)) as rest,
+        HttpProxy(("127.0.0.1", rest_catalog.s3_port)) as s3,
     ):
-        props = object_store.catalog_properties(warehouse, rest_uri=rest.url, s3_endpoint=s3.url)
+        props = rest_catalog.catalog_properties(warehouse, rest_uri=rest.url, s3_endpoint=s3.url)
         config = make_config(catalog={"name": "lake", **props}, tables=TABLES)
         async with run_daemon(config) as (_, base), aiohttp.ClientSession() as http:
             for batch in (range(500), range(500, 1200)):
@@ -142,18 +143,18 @@ async def test_ingest_commits_to_the_rest_catalog_on_s3_with_idempotency_keys(
 @pytest.mark.parametrize("fault", ["forward_then_502", "forward_then_drop"])
 async def test_a_commit_whose_answer_is_lost_lands_exactly_once(
     fault: Any,
-    object_store: SeaweedFS,
+    rest_catalog: RestCatalogServer,
     make_config: MakeConfig,
     run_daemon: RunDaemon,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The catalog applies the commit, the client gets a 502 or a closed connection: the
     committer reads the table back, finds its segments and does not commit again."""
-    warehouse = object_store.warehouse()
-    direct = object_store.catalog_properties(warehouse)
+    warehouse = rest_catalog.warehouse()
+    direct = rest_catalog.catalog_properties(warehouse)
     caplog.set_level(logging.INFO, logger="icespool")
-    with HttpProxy(("127.0.0.1", object_store.rest_port)) as rest:
-        props = object_store.catalog_properties(warehouse, rest_uri=rest.url)
+    with HttpProxy(("127.0.0.1", rest_catalog.rest_port)) as rest:
+        props = rest_catalog.catalog_properties(warehouse, rest_uri=rest.url)
         config = make_config(catalog={"name": "lake", **props}, tables=TABLES)
         async with run_daemon(config) as (_, base), aiohttp.ClientSession() as http:
             await _post(http, base, range(1000))
@@ -180,16 +181,16 @@ async def test_a_commit_whose_answer_is_lost_lands_exactly_once(
 
 
 async def test_a_commit_answered_with_a_gateways_html_page_is_an_unknown_outcome(
-    object_store: SeaweedFS, make_config: MakeConfig, run_daemon: RunDaemon
+    rest_catalog: RestCatalogServer, make_config: MakeConfig, run_daemon: RunDaemon
 ) -> None:
     """A gateway in front of the catalog (an SSO proxy redirecting to its login page)
     answers 200 with HTML: pyiceberg's parse of it fails with a pydantic ValidationError,
     a ValueError, which read as "the table rejected the data" and quarantined the
     segment after three flushes. The catalog may or may not have applied the commit: an
     unknown outcome, resolved by reading the table back like a 502."""
-    warehouse = object_store.warehouse()
-    with HttpProxy(("127.0.0.1", object_store.rest_port)) as rest:
-        props = object_store.catalog_properties(warehouse, rest_uri=rest.url)
+    warehouse = rest_catalog.warehouse()
+    with HttpProxy(("127.0.0.1", rest_catalog.rest_port)) as rest:
+        props = rest_catalog.catalog_properties(warehouse, rest_uri=rest.url)
         config = make_config(catalog={"name": "lake", **props}, tables=TABLES)
         async with run_daemon(config) as (_, base), aiohttp.ClientSession() as http:
             await _post(http, base, range(100))
@@ -202,7 +203,7 @@ async def test_a_commit_answered_with_a_gateways_html_page_is_an_unknown_outcome
     assert [s.status for s in rest.seen(_commit)] == [200, 200, 200, 200]
     assert _metric(metrics, "icespool_commit_unknown_outcomes_total", table=TABLE) == 3
     assert _metric(metrics, "icespool_quarantined_segments_total") == 0
-    rows, _ = _read(object_store.catalog_properties(warehouse))
+    rows, _ = _read(rest_catalog.catalog_properties(warehouse))
     _exactly_once(rows, set(range(100)))
 
 
@@ -214,7 +215,7 @@ def _data_upload(request: Seen) -> bool:
 
 
 async def test_object_store_outage_stall_and_reset_lose_and_duplicate_nothing(
-    object_store: SeaweedFS,
+    rest_catalog: RestCatalogServer,
     make_config: MakeConfig,
     run_daemon: RunDaemon,
     caplog: pytest.LogCaptureFixture,
@@ -222,11 +223,11 @@ async def test_object_store_outage_stall_and_reset_lose_and_duplicate_nothing(
     """While S3 is down or stalled the daemon keeps acking into the spool; flushes fail
     naming the object store (never quarantining a segment) and succeed once it is back.
     An upload reset halfway is retried by the S3 client. Every acked id lands once."""
-    warehouse = object_store.warehouse()
-    direct = object_store.catalog_properties(warehouse)
+    warehouse = rest_catalog.warehouse()
+    direct = rest_catalog.catalog_properties(warehouse)
     caplog.set_level(logging.INFO, logger="icespool")
-    with HttpProxy(("127.0.0.1", object_store.s3_port)) as s3:
-        props = object_store.catalog_properties(warehouse, s3_endpoint=s3.url)
+    with HttpProxy(("127.0.0.1", rest_catalog.s3_port)) as s3:
+        props = rest_catalog.catalog_properties(warehouse, s3_endpoint=s3.url)
         config = make_config(
             catalog={"name": "lake", **props},
             tables=TABLES,
@@ -281,12 +282,12 @@ async def test_object_store_outage_stall_and_reset_lose_and_duplicate_nothing(
 
 
 def test_check_config_connect_proves_catalog_and_storage_access(
-    object_store: SeaweedFS, tmp_path: Path
+    rest_catalog: RestCatalogServer, tmp_path: Path
 ) -> None:
     """Secrets from a file and from an ICESPOOL__ variable, never printed; the probe object
     goes through the table's FileIO; a wrong key names the step that failed."""
-    warehouse = object_store.warehouse()
-    props = object_store.catalog_properties(warehouse)
+    warehouse = rest_catalog.warehouse()
+    props = rest_catalog.catalog_properties(warehouse)
     credential = props.pop("credential")
     secret = props.pop("s3.secret-access-key")
     (tmp_path / "credential").write_text(credential + "\n")
@@ -308,7 +309,7 @@ def test_check_config_connect_proves_catalog_and_storage_access(
     ]
 
     # Once the table exists, the probe goes where its data files go, through its FileIO.
-    setup = load_catalog("setup", **object_store.catalog_properties(warehouse))
+    setup = load_catalog("setup", **rest_catalog.catalog_properties(warehouse))
     setup.create_namespace("t")
     created = setup.create_table("t.events", Schema(NestedField(1, "id", LongType(), True)))
     setup._session.close()

@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from support.daemon_harness import TABLE, Daemon, DaemonDir
+from support.fixture_types import rest_catalog_server
 from support.kafka_harness import Broker, create_topic, produce, unique_name
 
 PARTITIONS = 6
@@ -73,7 +74,8 @@ async def _produce_slowly(broker: Broker, topic: str, n: int, chunk: int, pause:
 @dataclass(frozen=True)
 class Backend:
     """Where the replicas commit: ``sql`` (SQLite / a shared PostgreSQL, local warehouse)
-    or ``rest-s3`` (SeaweedFS's REST catalog and S3, shared by every replica). The REST
+    or ``rest-s3`` (SeaweedFS's REST catalog and S3, shared by every replica) or
+    ``rest-iceberg`` (Apache Iceberg's reference REST server on that S3). The REST
     runs are smaller: the suite's time budget, and REST + S3 faults have their own tests."""
 
     name: str
@@ -85,7 +87,7 @@ class Backend:
 def _backend(name: str, request: pytest.FixtureRequest, records: int, kills: int) -> Backend:
     if name == "sql":
         return Backend(name, records, kills)
-    store = request.getfixturevalue("object_store")
+    store = rest_catalog_server(name, request)
     rounds = int(os.environ.get("ICESPOOL_REST_KILL_ROUNDS", "2"))
     catalog = store.catalog_properties(store.warehouse())
     return Backend(name, 30_000, min(kills, rounds), catalog)
@@ -131,7 +133,7 @@ async def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend_name", ["sql", "rest-s3"])
+@pytest.mark.parametrize("backend_name", ["sql", "rest-s3", "rest-iceberg"])
 async def test_three_replicas_one_killed_one_stopped_drain_everything_once(
     backend_name: str, broker: Broker, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
