@@ -1,4 +1,4 @@
-"""A test CA and server certificates for 127.0.0.1, made with ``cryptography``."""
+"""A test CA and the server and client certificates it signs, made with ``cryptography``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["LocalCA"]
 
@@ -22,7 +22,7 @@ def _name(common: str) -> x509.Name:
 
 @dataclass
 class LocalCA:
-    """A CA whose certificate is at ``cert_path``; `issue` writes server cert/key pairs."""
+    """A CA whose certificate is at ``cert_path``; `issue` writes cert/key pairs."""
 
     key: ec.EllipticCurvePrivateKey
     cert: x509.Certificate
@@ -41,6 +41,7 @@ class LocalCA:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -62,12 +63,23 @@ class LocalCA:
         path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return cls(key, cert, path)
 
-    def issue(self, cert_path: Path, key_path: Path, common: str) -> int:
-        """Write a server certificate for 127.0.0.1 and its key; returns its serial."""
+    def issue(
+        self,
+        cert_path: Path,
+        key_path: Path,
+        common: str,
+        *,
+        client: bool = False,
+        password: str | None = None,
+    ) -> int:
+        """Write a certificate and its key (encrypted with ``password`` if given); a
+        server's names 127.0.0.1 and localhost, a client's is for client auth. Returns
+        its serial."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         serial = x509.random_serial_number()
-        cert = (
+        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        builder = (
             x509.CertificateBuilder()
             .subject_name(_name(common))
             .issuer_name(self.cert.subject)
@@ -75,24 +87,29 @@ class LocalCA:
             .serial_number(serial)
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                 critical=False,
             )
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-            )
-            .sign(self.key, hashes.SHA256())
+        )
+        if not client:
+            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        encryption: serialization.KeySerializationEncryption = (
+            serialization.BestAvailableEncryption(password.encode())
+            if password
+            else serialization.NoEncryption()
         )
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         key_path.write_bytes(
             key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
             )
         )
+        key_path.chmod(0o600)
         return serial
 
     def client_context(self) -> ssl.SSLContext:
