@@ -62,49 +62,66 @@ class FakeGcs:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    root: Path | None = None  # the filesystem backend's directory; None: in memory
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, log_dir: Path) -> FakeGcs:
-        binary = fake_gcs_binary()
+    def start(cls, log_dir: Path, *, root: Path | None = None) -> FakeGcs:
+        """In memory, or with ``root`` kept on disk (so a restart keeps every object)."""
         log_dir.mkdir(parents=True, exist_ok=True)
         failures: list[str] = []
         for attempt in range(_PORT_TRIES):
-            port = _free_port()
-            log = log_dir / f"fake-gcs-{attempt}.log"
-            command = [
-                str(binary),
-                "-scheme",
-                "http",
-                "-host",
-                "127.0.0.1",
-                "-port",
-                str(port),
-                "-public-host",
-                f"127.0.0.1:{port}",
-                "-backend",
-                "memory",
-                "-log-level",
-                "warn",
-            ]
-            with open(log, "wb") as out:
-                try:
-                    proc = subprocess.Popen(
-                        command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-                    )
-                except OSError as exc:
-                    raise EmulatorError(f"cannot start fake-gcs-server ({binary}): {exc}") from exc
-            server = cls(proc, port, log)
+            server = cls._spawn(_free_port(), log_dir / f"fake-gcs-{attempt}.log", root)
             if server._wait_listening():
                 return server
             server.stop()
-            failures.append(f"port {port}: {log.read_text(errors='replace')}")
+            failures.append(f"port {server.port}: {server.log.read_text(errors='replace')}")
         raise EmulatorError(
             f"fake-gcs-server did not listen within {_START_TIMEOUT:g} s:\n" + "\n".join(failures)
         )
+
+    def restart(self) -> None:
+        """Start again on the same port (clients keep their endpoint) after ``stop``."""
+        server = self._spawn(self.port, self.log.with_suffix(".restarted.log"), self.root)
+        if not server._wait_listening():
+            server.stop()
+            raise EmulatorError(
+                f"fake-gcs-server did not come back on port {self.port}:\n"
+                + server.log.read_text(errors="replace")
+            )
+        self.proc, self.log = server.proc, server.log
+
+    @classmethod
+    def _spawn(cls, port: int, log: Path, root: Path | None) -> FakeGcs:
+        binary = fake_gcs_binary()
+        backend = ["-backend", "memory"]
+        if root is not None:
+            backend = ["-backend", "filesystem", "-filesystem-root", str(root)]
+        command = [
+            str(binary),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-public-host",
+            f"127.0.0.1:{port}",
+            *backend,
+            "-log-level",
+            "warn",
+        ]
+        with open(log, "wb") as out:
+            try:
+                proc = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                )
+            except OSError as exc:
+                raise EmulatorError(f"cannot start fake-gcs-server ({binary}): {exc}") from exc
+        return cls(proc, port, log, root)
 
     def _wait_listening(self) -> bool:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -121,7 +138,8 @@ class FakeGcs:
         return False
 
     def stop(self) -> None:
-        # In memory only: nothing a gentler stop would save.
+        # The filesystem backend writes each object whole before answering: a kill loses
+        # nothing acknowledged, and the in-memory one has nothing a gentler stop would save.
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
