@@ -141,7 +141,7 @@ def _log_problems(text: str) -> list[str]:
 # (fake-gcs-server) run the same rounds, fewer of them in CI (their other faults have
 # their own tests).
 KILL_ROUNDS = max(4, int(os.environ.get("ICESPOOL_KILL_ROUNDS", "6")))
-# Rounds of the REST-on-S3 and gs:// variants.
+# Rounds of the REST and gs:// variants.
 REST_KILL_ROUNDS = max(3, int(os.environ.get("ICESPOOL_REST_KILL_ROUNDS", "3")))
 CLIENTS = 4
 KILL_MODES = ("random", "after_flush", "during_commit")
