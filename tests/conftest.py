@@ -21,6 +21,7 @@ from support.fixture_types import (
     RunDaemon,
     rest_catalog_server,
 )
+from support.gcs import FakeGcs
 from support.iceberg_rest import IcebergRest
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
@@ -151,6 +152,17 @@ def iceberg_rest(
     in SQLite, its tables in a bucket of their own on `object_store`); each test empties
     it with ``iceberg_rest.warehouse()``."""
     server = IcebergRest.start(tmp_path_factory.mktemp("iceberg-rest"), object_store)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
+    """fake-gcs-server (the GCS JSON API) on loopback, in memory, once per session; each
+    test creates its own bucket with ``fake_gcs.create_bucket``."""
+    server = FakeGcs.start(tmp_path_factory.mktemp("fake-gcs"))
     try:
         yield server
     finally:

@@ -109,7 +109,9 @@ _ADLS = frozenset(
         "adls.dfs-storage-scheme",
     }
 )
-# pyiceberg.io: Google Cloud Storage (not verified here: no GCS emulator is available).
+# pyiceberg.io: Google Cloud Storage. pyiceberg 0.12's pyarrow FileIO (the only one it
+# uses for gs://) reads gcs.oauth2.token(-expires-at), gcs.service.host and
+# gcs.default-bucket-location; the others are gcsfs's (a py-io-impl of FsspecFileIO).
 _GCS = frozenset(
     {
         "gcs.project-id",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.catalog import Catalog
@@ -162,23 +163,35 @@ def _probe_storage(catalog: Catalog, table: Table | None, warehouse: str | None)
             "where its data files go); run --connect again once a table exists"
         )
     path = f"{location.rstrip('/')}/icespool-probe-{new_uuid7()}"
-    _step(f"write the probe object {path}", lambda: _write(io, path))
-    _step(f"list {location}", lambda: _listed(io, location, path))
-    _step(f"delete the probe object {path}", lambda: io.delete(path))
-    _step(f"check that {path} is gone", lambda: _gone(io, path))
+    keys = _STORE_KEYS.get(urlparse(location).scheme, _S3_KEYS)
+    _step(f"write the probe object {path}", lambda: _write(io, path), keys)
+    _step(f"list {location}", lambda: _listed(io, location, path), keys)
+    _step(f"delete the probe object {path}", lambda: io.delete(path), keys)
+    _step(f"check that {path} is gone", lambda: _gone(io, path), keys)
     return f"storage ({where}): wrote, listed and deleted a probe object under {location}"
 
 
-def _step(what: str, run: Callable[[], None]) -> None:
+# The settings that decide where a location's store is and how the daemon signs in.
+_S3_KEYS = "s3.endpoint, s3.region, credentials"
+_STORE_KEYS = {
+    "gs": "Google Cloud Storage: the bucket, gcs.service.host, gcs.oauth2.token",
+    "gcs": "Google Cloud Storage: the bucket, gcs.service.host, gcs.oauth2.token",
+    "abfs": "Azure: the container, adls.account-name, adls.* credentials",
+    "abfss": "Azure: the container, adls.account-name, adls.* credentials",
+    "wasb": "Azure: the container, adls.account-name, adls.* credentials",
+    "wasbs": "Azure: the container, adls.account-name, adls.* credentials",
+}
+
+
+def _step(what: str, run: Callable[[], None], keys: str) -> None:
     try:
         run()
     except CatalogError:
         raise
     except Exception as exc:
         raise CatalogError(
-            f"cannot {what} ({short_error(exc)}); check the storage settings (s3.endpoint, "
-            "s3.region, credentials, or the catalog's vended credentials) and the "
-            "permissions on that location"
+            f"cannot {what} ({short_error(exc)}); check the storage settings ({keys}, "
+            "or the catalog's vended credentials) and the permissions on that location"
         ) from exc
 
 

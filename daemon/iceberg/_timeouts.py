@@ -16,6 +16,10 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
   (jittered exponential backoff) with ``timeouts.storage_attempts`` attempts per call.
   A call that still fails fails its flush, which the writer retries with its own backoff
   while the spool keeps the records.
+- FileIO on Google Cloud Storage (``gs://``): pyarrow's GCS client retries a failing call
+  for 15 minutes by default and pyiceberg passes it no limit, so a ``gs://`` warehouse
+  gets ``GcsBoundedFileIO`` as its ``py-io-impl``: pyiceberg's pyarrow FileIO whose GCS
+  client gives up retrying after ``timeouts.storage_request``.
 - Glue catalog (boto3): connect and read timeouts as the default client config of the
   botocore session pyiceberg builds its Glue client on (``botocore_session``); botocore's
   own retries (``glue.max-retries``, ``glue.retry-mode``) still apply on top.
@@ -34,18 +38,29 @@ import math
 import select
 import time
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
+from urllib.parse import urlparse
 
 import requests
 import sqlalchemy.exc
-from pyarrow.fs import AwsStandardS3RetryStrategy
+from pyarrow.fs import AwsStandardS3RetryStrategy, FileSystem, GcsFileSystem
 from pyiceberg.exceptions import ServerError, ServiceUnavailableError
+from pyiceberg.io import (
+    GCS_DEFAULT_LOCATION,
+    GCS_SERVICE_HOST,
+    GCS_TOKEN,
+    GCS_TOKEN_EXPIRES_AT_MS,
+)
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.utils.datetime import millis_to_datetime
 from sqlalchemy.engine import make_url
 
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError
 
 __all__ = [
+    "GcsBoundedFileIO",
     "StorageRetries",
     "catalog_properties",
     "short_error",
@@ -56,6 +71,8 @@ __all__ = [
 _S3_CONNECT = "s3.connect-timeout"
 _S3_REQUEST = "s3.request-timeout"
 _S3_RETRY = "s3.retry-strategy-impl"
+_PY_IO_IMPL = "py-io-impl"
+_GCS_SCHEMES = ("gs", "gcs")
 # pyiceberg's GlueCatalog builds its boto3 session on this botocore session when given one.
 _BOTOCORE_SESSION = "botocore_session"
 _SQLITE_BUSY = 5.0
@@ -76,6 +93,11 @@ def catalog_properties(props: Mapping[str, Any], timeouts: TimeoutsConfig) -> di
     properties.setdefault(_S3_REQUEST, _seconds(timeouts.storage_request))
     StorageRetries.attempts = timeouts.storage_attempts
     properties.setdefault(_S3_RETRY, f"{__name__}.{StorageRetries.__name__}")
+    GcsBoundedFileIO.retry_limit = timeouts.storage_request
+    if urlparse(str(properties.get("warehouse", ""))).scheme in _GCS_SCHEMES:
+        # pyiceberg 0.12 writes gs:// through pyarrow's FileIO only: this is the same
+        # FileIO with a bounded GCS client. A py-io-impl the user wrote wins.
+        properties.setdefault(_PY_IO_IMPL, f"{__name__}.{GcsBoundedFileIO.__name__}")
     uri = str(properties.get("uri", ""))
     kind = str(properties.get("type", "")).lower()
     if kind == "sql" and uri:
@@ -98,6 +120,32 @@ class StorageRetries(AwsStandardS3RetryStrategy):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__(max_attempts=type(self).attempts)
+
+
+class GcsBoundedFileIO(PyArrowFileIO):
+    """pyiceberg's pyarrow FileIO whose GCS client stops retrying a call after
+    ``retry_limit`` seconds (pyarrow's default is 15 minutes, for a store that refuses
+    connections too). The ``gcs.*`` properties are read as pyiceberg 0.12 reads them.
+
+    pyiceberg builds ``py-io-impl`` from properties alone, so the limit is a class
+    attribute that ``catalog_properties`` sets (process-wide: a daemon has one catalog).
+    """
+
+    retry_limit = 60.0  # timeouts.storage_request's default
+
+    def _initialize_gcs_fs(self) -> FileSystem:
+        kwargs: dict[str, Any] = {"retry_time_limit": timedelta(seconds=type(self).retry_limit)}
+        if access_token := self.properties.get(GCS_TOKEN):
+            kwargs["access_token"] = access_token
+        if expiration := self.properties.get(GCS_TOKEN_EXPIRES_AT_MS):
+            kwargs["credential_token_expiration"] = millis_to_datetime(int(expiration))
+        if bucket_location := self.properties.get(GCS_DEFAULT_LOCATION):
+            kwargs["default_bucket_location"] = bucket_location
+        if endpoint := self.properties.get(GCS_SERVICE_HOST):
+            url = urlparse(endpoint)
+            kwargs["scheme"] = url.scheme
+            kwargs["endpoint_override"] = url.netloc
+        return GcsFileSystem(**kwargs)
 
 
 def _glue_session(timeouts: TimeoutsConfig) -> Any:
@@ -141,10 +189,14 @@ def unavailable(exc: BaseException) -> str | None:
 
 def _storage_error(exc: BaseException) -> bool:
     """An error of an object store's client: pyarrow's S3 client (the AWS SDK names
-    every failure so) or the Azure SDK."""
-    return (isinstance(exc, OSError) and "AWS Error" in str(exc)) or isinstance(
-        exc, _azure_errors()
-    )
+    every failure so), pyarrow's GCS client (google-cloud-cpp's status in the text) or
+    the Azure SDK."""
+    if isinstance(exc, OSError) and any(mark in str(exc) for mark in _STORAGE_MARKS):
+        return True
+    return isinstance(exc, _azure_errors())
+
+
+_STORAGE_MARKS = ("AWS Error", "google::cloud::Status")
 
 
 @functools.cache
