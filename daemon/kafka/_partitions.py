@@ -55,6 +55,9 @@ class Partition:
     # Bumped by every seek the source makes: records a poll drained before one are
     # not where the consumer now is (see KafkaSource._fetch_loop's read-ahead).
     epoch: int = 0
+    # The topic's id (Kafka 2.8+) when the partition was checked: another one later
+    # means the topic was re-created under it (`daemon.kafka._topic_ids`).
+    topic_id: bytes | None = None
 
     @property
     def ready(self) -> bool:
@@ -148,6 +151,15 @@ class Assignment:
         part.state = PartitionState.FETCHING
         consumer.resume(part.tp)
         return resume
+
+    def restart(self, consumer: AIOKafkaConsumer, part: Partition) -> Partition:
+        """Any state -> WAITING as a new partition (its topic was re-created: nothing
+        handed or covered of the old one applies); returns it."""
+        fresh = Partition(part.tp, epoch=part.epoch + 1)
+        consumer.pause(part.tp)
+        self._parts[part.tp] = fresh
+        self._gauge()
+        return fresh
 
     def pause(self, consumer: AIOKafkaConsumer, part: Partition, offset: int) -> None:
         """FETCHING -> PAUSED, sought back to ``offset`` (the first one not spooled)."""
