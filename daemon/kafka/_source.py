@@ -522,10 +522,10 @@ class KafkaSource:
 
     async def _changed(self, tp: TopicPartition, change: PartitionChange, when: str) -> bool:
         """Count, log and (a re-created topic) reset the tables' offsets of ``tp``;
-        False when resetting failed (the caller retries)."""
-        self._metrics.kafka_partition_changes.labels(topic=tp.topic, kind=change.kind).inc()
+        False when resetting failed (the caller retries; counted once it is done)."""
         if change.kind == "recreated" and not await self._forget(tp, change.detail):
             return False
+        self._metrics.kafka_partition_changes.labels(topic=tp.topic, kind=change.kind).inc()
         _log.warning(
             "%s: %s[%d] %s: %s; %s",
             self.name,
@@ -595,15 +595,15 @@ class KafkaSource:
     async def _check_topic_ids(self, consumer: AIOKafkaConsumer) -> None:
         """Whether a topic was re-created under partitions this member kept through
         it (see `daemon.kafka._topic_ids`): its id is not the one seen at assignment."""
-        topics = sorted({p.tp.topic for p in self._parts if p.ready})
-        ids = await topic_ids(consumer._client, topics, PROBE_TIMEOUT)
+        asked = [p for p in self._parts if p.ready]
+        ids = await topic_ids(consumer._client, sorted({p.tp.topic for p in asked}), PROBE_TIMEOUT)
         if not ids:
             return
         async with self._lock:
-            for part in self._parts:
+            for part in asked:
                 new = ids.get(part.tp.topic)
-                if not part.ready or new is None or part.topic_id == new:
-                    continue
+                if self._parts.get(part.tp) is not part or new is None or part.topic_id == new:
+                    continue  # assigned again meanwhile (checked then), or unchanged
                 if part.topic_id is None:  # read anew after an out-of-range fetch
                     part.topic_id = new
                     continue
