@@ -81,6 +81,20 @@ class Partition:
     def hand(self, key: str, last: int) -> None:
         self.handed[key] = max(self.handed.get(key, -1), last)
 
+    def cover_deleted(self) -> None:
+        """The records before ``start`` were deleted before any table read them (after
+        `Assignment.start_fetching` at the partition's first offset): each table's
+        first claim, and the range idle tables record, reach back to where that table
+        stopped, so its ranges close over the deleted offsets and the next start does
+        not find them missing again."""
+        if self.start is None:
+            return
+        for table, ranges in self.committed.items():
+            stopped = ranges.next_position()
+            if stopped is not None and stopped < self.start:
+                self.handed[table] = min(self.handed.get(table, stopped - 1), stopped - 1)
+                self.start = min(self.start, stopped)
+
     def consumed(self) -> Ranges:
         """What this assignment has processed (empty before its first record)."""
         if self.start is None or self.position is None or self.position <= self.start:

@@ -508,6 +508,8 @@ class KafkaSource:
                     committed[tp] = {t: Ranges() for t in tables}
                 at = change.start
             resume = self._parts.start_fetching(consumer, part, committed[tp], at)
+            if change is not None and change.kind == "retention":
+                part.cover_deleted()
             _log.info(
                 "%s: assigned %s[%d], resuming at %s%s",
                 self.name,
