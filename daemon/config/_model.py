@@ -827,6 +827,10 @@ class KafkaConfig(_Section):
     # Bigger values go to the dead-letter destination (reason "oversized").
     max_record_bytes: Bytes = 2**20
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # How old the client's topic metadata may grow: partitions added to a topic (or
+    # topics matching topic_pattern) are picked up within it. aiokafka's own 5 min
+    # left new partitions unread that long.
+    metadata_max_age: Seconds = 30.0
     # "read_committed": records of transactions not committed yet are not read (the
     # partition waits at its last stable offset), those of aborted ones never are.
     # "read_uncommitted" (Kafka's default) reads every record a producer wrote.

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any, Final
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.helpers import create_ssl_context
 
 from daemon.config import KafkaConfig
 
-__all__ = ["PROBE_TIMEOUT", "client_options", "new_consumer", "new_producer", "stop_quietly"]
+__all__ = [
+    "PROBE_TIMEOUT",
+    "client_options",
+    "group_positions",
+    "new_consumer",
+    "new_producer",
+    "stop_quietly",
+]
 
 _log = logging.getLogger("icespool.kafka")
 #: Bound on metadata probes, group offset commits, offset look-ups and client stops.
@@ -49,7 +57,12 @@ async def new_consumer(
     consumer = AIOKafkaConsumer(
         group_id=config.group_id,
         enable_auto_commit=False,  # offsets go to Kafka only after Iceberg has them
-        auto_offset_reset=config.auto_offset_reset,
+        # Never reset a position silently: where a partition no table knows starts is
+        # the source's choice (the group's offset, else config.auto_offset_reset), and
+        # a position out of range (retention, a re-created topic) surfaces from
+        # getmany as OffsetOutOfRangeError, for the source to log and count.
+        auto_offset_reset="none",
+        metadata_max_age_ms=int(config.metadata_max_age * 1000),
         isolation_level=config.isolation_level,
         max_poll_records=config.max_poll_records,
         session_timeout_ms=int(config.session_timeout * 1000),
@@ -66,6 +79,26 @@ async def new_consumer(
     else:
         consumer.subscribe(topics=config.topics, listener=listener)
     return consumer
+
+
+async def group_positions(
+    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], reset: str
+) -> dict[TopicPartition, int]:
+    """Where partitions no table knows start: the group's committed offset, else the
+    partition's first (``reset`` "earliest") or next offset. The consumer resets
+    nothing itself (`new_consumer`)."""
+    if not tps:
+        return {}
+    found = await consumer._coordinator.fetch_committed_offsets(list(tps))
+    positions = {tp: int(found[tp].offset) for tp in tps if tp in found and found[tp].offset >= 0}
+    rest = [tp for tp in tps if tp not in positions]
+    if rest:
+        if reset == "earliest":
+            edges = await consumer.beginning_offsets(rest)
+        else:
+            edges = await consumer.end_offsets(rest)
+        positions.update({tp: int(edges[tp]) for tp in rest})
+    return positions
 
 
 async def new_producer(config: KafkaConfig) -> AIOKafkaProducer:

@@ -55,6 +55,9 @@ class Partition:
     # Bumped by every seek the source makes: records a poll drained before one are
     # not where the consumer now is (see KafkaSource._fetch_loop's read-ahead).
     epoch: int = 0
+    # The topic's id (Kafka 2.8+) when the partition was checked: another one later
+    # means the topic was re-created under it (`daemon.kafka._topic_ids`).
+    topic_id: bytes | None = None
 
     @property
     def ready(self) -> bool:
@@ -77,6 +80,20 @@ class Partition:
 
     def hand(self, key: str, last: int) -> None:
         self.handed[key] = max(self.handed.get(key, -1), last)
+
+    def cover_deleted(self) -> None:
+        """The records before ``start`` were deleted before any table read them (after
+        `Assignment.start_fetching` at the partition's first offset): each table's
+        first claim, and the range idle tables record, reach back to where that table
+        stopped, so its ranges close over the deleted offsets and the next start does
+        not find them missing again."""
+        if self.start is None:
+            return
+        for table, ranges in self.committed.items():
+            stopped = ranges.next_position()
+            if stopped is not None and stopped < self.start:
+                self.handed[table] = min(self.handed.get(table, stopped - 1), stopped - 1)
+                self.start = min(self.start, stopped)
 
     def consumed(self) -> Ranges:
         """What this assignment has processed (empty before its first record)."""
@@ -148,6 +165,15 @@ class Assignment:
         part.state = PartitionState.FETCHING
         consumer.resume(part.tp)
         return resume
+
+    def restart(self, consumer: AIOKafkaConsumer, part: Partition) -> Partition:
+        """Any state -> WAITING as a new partition (its topic was re-created: nothing
+        handed or covered of the old one applies); returns it."""
+        fresh = Partition(part.tp, epoch=part.epoch + 1)
+        consumer.pause(part.tp)
+        self._parts[part.tp] = fresh
+        self._gauge()
+        return fresh
 
     def pause(self, consumer: AIOKafkaConsumer, part: Partition, offset: int) -> None:
         """FETCHING -> PAUSED, sought back to ``offset`` (the first one not spooled)."""

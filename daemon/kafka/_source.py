@@ -31,7 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CorruptRecordException, KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 
 from daemon.config import KafkaConfig
 from daemon.fanout import CATALOG_CONCURRENCY, fan_out
@@ -40,6 +45,7 @@ from daemon.kafka._batches import getmany
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
+    group_positions,
     new_consumer,
     new_producer,
     stop_quietly,
@@ -60,7 +66,8 @@ from daemon.kafka._offsets import (
 from daemon.kafka._partitions import Assignment, Partition, PartitionState
 from daemon.kafka._raw_fetch import fetch_raw
 from daemon.kafka._routing import Router, router_for
-from daemon.kafka._topic_life import Resuming, find_changes
+from daemon.kafka._topic_ids import topic_ids
+from daemon.kafka._topic_life import PartitionChange, Resuming, find_changes, out_of_range
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
 from daemon.writer import TableWriter
@@ -305,6 +312,8 @@ class KafkaSource:
         while not self._stop.is_set():
             await self._sleep(self.config.offset_commit_interval)
             await self._probe(consumer)
+            if self.connected:
+                await self._check_topic_ids(consumer)
 
     async def _fetch_loop(self, consumer: AIOKafkaConsumer) -> None:
         """Poll, then decode and spool what the poll got, partition by partition.
@@ -326,6 +335,20 @@ class KafkaSource:
                 except _UNPARSEABLE as exc:
                     async with self._lock:
                         await self._read_past_unparseable(consumer, exc)
+                    continue
+                except OffsetOutOfRangeError as exc:
+                    async with self._lock:
+                        handled = await self._out_of_range(consumer, exc.args[0])
+                    if not handled:
+                        await self._sleep(_INIT_RETRY)
+                    continue
+                except NoOffsetForPartitionError:
+                    # A partition still waiting for the tables: the consumer asks for
+                    # the group's offset of every assigned partition, paused or not.
+                    # It is sought before it is fetched (`_init_partitions`).
+                    async with self._lock:
+                        await self._init_partitions(consumer)
+                    await self._sleep(_POLL_MS / 1000)
                     continue
                 async with self._lock:
                     await self._init_partitions(consumer)
@@ -453,9 +476,15 @@ class KafkaSource:
             if position is not None:
                 mark = max(marks, key=lambda m: m.offset) if marks else None
                 resuming.append(Resuming(tp, position, mark))
+        unknown = [p.tp for p in waiting if p.tp not in {r.tp for r in resuming}]
         try:
             async with asyncio.timeout(PROBE_TIMEOUT * 2):
+                # Before the check: a topic re-created after it shows as a changed id.
+                ids = await topic_ids(
+                    consumer._client, sorted({p.tp.topic for p in waiting}), PROBE_TIMEOUT
+                )
                 changes = await find_changes(consumer, consumer._client, resuming, PROBE_TIMEOUT)
+                group_at = await group_positions(consumer, unknown, self.config.auto_offset_reset)
         except (KafkaError, OSError, TimeoutError) as exc:
             self._init_retry_at = time.monotonic() + _INIT_RETRY
             _log.warning(
@@ -468,37 +497,130 @@ class KafkaSource:
             return
         for part in waiting:
             tp = part.tp
-            at: int | None = None
+            at = group_at.get(tp)
+            part.topic_id = (ids or {}).get(tp.topic)
             change = changes.get(tp)
             if change is not None:
-                self._metrics.kafka_partition_changes.labels(topic=tp.topic, kind=change.kind).inc()
-                if change.kind == "recreated" and not await self._forget(tp, change.detail):
+                if not await self._changed(tp, change, "changed under the tables"):
                     self._init_retry_at = time.monotonic() + _INIT_RETRY
                     continue  # stays waiting: tried again
                 if change.kind == "recreated":
                     committed[tp] = {t: Ranges() for t in tables}
                 at = change.start
-                _log.warning(
-                    "%s: %s[%d] changed under the tables: %s; %s",
-                    self.name,
-                    tp.topic,
-                    tp.partition,
-                    change.detail,
-                    "the topic was re-created (or its log truncated): reading it from its "
-                    f"start, offset {change.start}"
-                    if change.kind == "recreated"
-                    else f"those records are lost to the tables; reading on at {change.start}",
-                    extra={"topic": tp.topic, "partition": tp.partition, "kind": change.kind},
-                )
             resume = self._parts.start_fetching(consumer, part, committed[tp], at)
+            if change is not None and change.kind == "retention":
+                part.cover_deleted()
             _log.info(
-                "%s: assigned %s[%d], resuming at %s",
+                "%s: assigned %s[%d], resuming at %s%s",
                 self.name,
                 tp.topic,
                 tp.partition,
-                "the group's offset" if resume is None else resume,
+                resume,
+                " (no table knows it: the group's offset, else auto_offset_reset)"
+                if tp in group_at
+                else "",
                 extra={"topic": tp.topic, "partition": tp.partition},
             )
+
+    async def _changed(self, tp: TopicPartition, change: PartitionChange, when: str) -> bool:
+        """Count, log and (a re-created topic) reset the tables' offsets of ``tp``;
+        False when resetting failed (the caller retries; counted once it is done)."""
+        if change.kind == "recreated" and not await self._forget(tp, change.detail):
+            return False
+        self._metrics.kafka_partition_changes.labels(topic=tp.topic, kind=change.kind).inc()
+        _log.warning(
+            "%s: %s[%d] %s: %s; %s",
+            self.name,
+            tp.topic,
+            tp.partition,
+            when,
+            change.detail,
+            "the topic was re-created (or its log truncated): reading it from its "
+            f"start, offset {change.start}"
+            if change.kind == "recreated"
+            else f"those records are lost to the tables; reading on at {change.start}",
+            extra={"topic": tp.topic, "partition": tp.partition, "kind": change.kind},
+        )
+        return True
+
+    async def _out_of_range(
+        self, consumer: AIOKafkaConsumer, fetched: Mapping[TopicPartition, int]
+    ) -> bool:
+        """A fetch position fell out of its partition's range while it was consumed
+        (records deleted before they were read, the topic re-created): say what
+        happened, count it, and read on at the partition's first offset, never
+        silently elsewhere. False when Kafka or the catalog did not answer: the
+        partition is sought back to its position, so the next fetch fails again and
+        this is tried again."""
+        handled = True
+        for tp, offset in fetched.items():
+            part = self._parts.get(tp)
+            if part is None or part.state is not PartitionState.FETCHING:
+                continue  # revoked or paused meanwhile: it was sought
+            position = part.position if part.position is not None else int(offset)
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT):
+                    if await consumer.position(tp) != offset:
+                        continue  # a fetch from before the source's last seek of it
+                    change = await out_of_range(consumer, tp, int(offset), position)
+            except (KafkaError, OSError, TimeoutError) as exc:
+                _log.warning(
+                    "%s: %s[%d] is out of range at offset %d and its edges cannot be read "
+                    "(%s); trying again",
+                    self.name,
+                    *tp,
+                    offset,
+                    exc,
+                )
+                change, handled = None, False
+            if change is None or not await self._changed(tp, change, "changed while read"):
+                handled = handled and change is None
+                consumer.seek(tp, position)
+                part.epoch += 1
+            elif change.kind == "recreated":
+                self._read_anew(consumer, part, change.start, None)
+            else:
+                consumer.seek(tp, change.start)
+                part.epoch += 1
+                part.position = change.start
+        return handled
+
+    def _read_anew(
+        self, consumer: AIOKafkaConsumer, part: Partition, start: int, topic_id: bytes | None
+    ) -> None:
+        """Read a re-created topic's partition from ``start`` (after `_changed`): nothing
+        handed or covered of the old topic's partition is this one's."""
+        fresh = self._parts.restart(consumer, part)
+        fresh.topic_id = topic_id
+        self._parts.start_fetching(consumer, fresh, {t: Ranges() for t in self.tables}, start)
+
+    async def _check_topic_ids(self, consumer: AIOKafkaConsumer) -> None:
+        """Whether a topic was re-created under partitions this member kept through
+        it (see `daemon.kafka._topic_ids`): its id is not the one seen at assignment."""
+        asked = [p for p in self._parts if p.ready]
+        ids = await topic_ids(consumer._client, sorted({p.tp.topic for p in asked}), PROBE_TIMEOUT)
+        if not ids:
+            return
+        async with self._lock:
+            for part in asked:
+                new = ids.get(part.tp.topic)
+                if self._parts.get(part.tp) is not part or new is None or part.topic_id == new:
+                    continue  # assigned again meanwhile (checked then), or unchanged
+                if part.topic_id is None:  # read anew after an out-of-range fetch
+                    part.topic_id = new
+                    continue
+                try:
+                    async with asyncio.timeout(PROBE_TIMEOUT):
+                        start = (await consumer.beginning_offsets([part.tp]))[part.tp]
+                except (KafkaError, OSError, TimeoutError):
+                    continue  # the next tick tries again
+                change = PartitionChange(
+                    "recreated",
+                    int(start),
+                    f"its topic's id changed from {part.topic_id.hex()} to {new.hex()}",
+                )
+                if await self._changed(part.tp, change, "changed while read"):
+                    self._read_anew(consumer, part, change.start, new)
 
     async def _forget(self, tp: TopicPartition, why: str) -> bool:
         """Reset every table's offsets and mark of ``tp`` (a re-created topic) after
@@ -577,7 +699,9 @@ class KafkaSource:
             try:
                 offset = part.position
                 if offset is None:
-                    offset = await self._first_offset(consumer, tp)
+                    async with asyncio.timeout(PROBE_TIMEOUT):
+                        reset = self.config.auto_offset_reset
+                        offset = (await group_positions(consumer, [tp], reset))[tp]
                 records, after = await fetch_raw(
                     consumer._client,
                     tp,
@@ -600,18 +724,6 @@ class KafkaSource:
             if self._parts.get(tp) is part and part.state is PartitionState.FETCHING:
                 consumer.seek(tp, after)
                 part.epoch += 1
-
-    async def _first_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
-        """Where consuming ``tp`` starts when the tables know nothing of it."""
-        async with asyncio.timeout(PROBE_TIMEOUT):
-            committed = await consumer.committed(tp)
-            if committed is not None:
-                return int(committed)
-            if self.config.auto_offset_reset == "earliest":
-                edges = await consumer.beginning_offsets([tp])
-            else:
-                edges = await consumer.end_offsets([tp])
-        return int(edges[tp])
 
     # ------------------------------------------------------------------ one fetch
 

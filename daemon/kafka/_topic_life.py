@@ -17,8 +17,15 @@ partition is fetched, its edges are read and the marked record is fetched again:
 
 A marked record that is no longer there (compacted away, or deleted by retention)
 cannot be compared: that alone is not a change. Tables written before marks were kept
-are checked by their position alone. Each finding is logged at warning by
-the source and counted in ``icespool_kafka_partition_changes_total{topic,kind}``.
+are checked by their position alone.
+
+The same can happen while a partition is consumed: the consumer never resets an
+offset by itself (``auto_offset_reset`` "none", see `daemon.kafka._client`), so a
+fetch position that falls out of the partition's range comes back from ``getmany``
+as ``OffsetOutOfRangeError``, and `out_of_range` tells which change it was (below
+the first offset: ``retention``; beyond the end: ``recreated``). Each finding is
+logged at warning by the source and counted in
+``icespool_kafka_partition_changes_total{topic,kind}``.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from daemon.fanout import fan_out
 from daemon.kafka._offsets import RecordMark
 from daemon.kafka._raw_fetch import fetch_raw
 
-__all__ = ["PartitionChange", "Resuming", "find_changes"]
+__all__ = ["PartitionChange", "Resuming", "find_changes", "out_of_range"]
 
 #: One fetch of the marked record's batch (a batch is at most a broker's max.message.bytes).
 _FETCH_BYTES = 4 << 20
@@ -121,3 +128,27 @@ async def find_changes(
         if outcome is not None:
             changes[item.tp] = outcome
     return changes
+
+
+async def out_of_range(
+    consumer: AIOKafkaConsumer, tp: TopicPartition, fetched: int, position: int
+) -> PartitionChange | None:
+    """What made a fetch of ``tp`` at ``fetched`` fail as out of range; ``position`` is
+    the next offset the source has not processed (at most ``fetched``: the records
+    between were drained ahead of processing). None: both are in range again (the
+    fetch raced a seek), the caller just seeks back to ``position``."""
+    first = int((await consumer.beginning_offsets([tp]))[tp])
+    end = int((await consumer.end_offsets([tp]))[tp])
+    if fetched > end or position > end:
+        return PartitionChange(
+            "recreated",
+            first,
+            f"the partition ends at offset {end} but was being read at {fetched}",
+        )
+    if position < first:
+        return PartitionChange(
+            "retention",
+            first,
+            f"offsets {position}-{first - 1} were deleted before they were read",
+        )
+    return None
