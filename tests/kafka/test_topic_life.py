@@ -402,3 +402,53 @@ async def test_a_topic_recreated_while_frozen_is_read_again(
     ids = await _table_ids(home)
     assert set(ids) == set(old) | set(new)
     assert [i for i, n in ids.items() if n > 1] == []
+
+
+async def test_a_topic_recreated_while_its_records_wait_in_the_spool(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The old topic's records are acked into the spool, not committed, when the topic
+    is deleted and re-created with other records at the same offsets."""
+    topic = unique_name("pending")
+    home = DaemonDir(tmp_path / "d")
+    _config(home, broker.bootstrap, topic)
+    text = home.config_path.read_text().replace('batch_timeout = "300ms"', 'batch_timeout = "1h"')
+    home.config_path.write_text(text)
+    daemon = Daemon(home)
+    old = range(2000)
+    new = range(100_000, 103_000)
+    try:
+        await create_topic(broker.bootstrap, topic, PARTITIONS)
+        await produce(broker.bootstrap, topic, _records(range(1000)), partitions=PARTITIONS)
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession() as session:
+            # The first half committed (the tables have marks), the second only spooled.
+            deadline = asyncio.get_running_loop().time() + 60
+            while not set(await _table_ids(home)) >= set(range(1000)):
+                assert asyncio.get_running_loop().time() < deadline, daemon.tail()
+                await daemon.flush(session)
+                await asyncio.sleep(0.3)
+            await produce(
+                broker.bootstrap, topic, _records(range(1000, 2000)), partitions=PARTITIONS
+            )
+            await asyncio.sleep(3)  # consumed into the spool
+            await delete_topic(broker.bootstrap, topic)
+            await asyncio.sleep(2)
+            await create_topic(broker.bootstrap, topic, PARTITIONS)
+            await produce(broker.bootstrap, topic, _records(new), partitions=PARTITIONS)
+            deadline = asyncio.get_running_loop().time() + 120
+            while not set(await _table_ids(home)) >= set(old) | set(new):
+                assert asyncio.get_running_loop().time() < deadline, daemon.tail()
+                await daemon.flush(session)
+                await asyncio.sleep(1)
+            await asyncio.sleep(3)
+            await daemon.flush(session)
+        daemon.signal(15)
+        assert await daemon.wait_exit(60) == 0
+    finally:
+        daemon.cleanup()
+    ids = await _table_ids(home)
+    missing = sorted((set(old) | set(new)) - set(ids))
+    assert not missing and set(ids) == set(old) | set(new), f"missing {missing[:10]}"
+    assert [i for i, n in ids.items() if n > 1] == []
