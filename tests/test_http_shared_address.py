@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,8 +210,12 @@ async def test_one_client_opening_1000_idle_connections_never_holds_more_than_th
     try:
         for _ in range(10):
             opened += [await asyncio.open_connection("127.0.0.1", port) for _ in range(100)]
-            await asyncio.sleep(0.2)  # the daemon has answered and closed what it refused
-            assert _established(pid, port) <= CAP
+            # The daemon answers and closes what it refused or shed; on a loaded machine
+            # its closes lag the opens by a moment (seen: 264 open 0.2 s after a burst).
+            deadline = time.monotonic() + 5
+            while (held := _established(pid, port)) > CAP:
+                assert time.monotonic() < deadline, f"{held} connections held, cap {CAP}"
+                await asyncio.sleep(0.05)
         await asyncio.sleep(SHED_AFTER)
         ends = await asyncio.gather(*(_ended(reader) for reader, _ in opened))
         assert ends.count(None) == CAP == _established(pid, port)
