@@ -28,9 +28,12 @@ _NO_DAC = [
     "--bounding-set=-dac_override,-dac_read_search",
 ]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("setpriv") is None, reason="needs setpriv (util-linux) to drop capabilities"
-)
+
+@pytest.fixture(autouse=True)
+def _setpriv() -> None:
+    """setpriv comes with util-linux (essential on Debian): missing means a broken
+    machine, which must fail here rather than leave these tests unrun."""
+    assert shutil.which("setpriv") is not None, "setpriv (util-linux) is missing"
 
 
 async def _cli_status(url: str) -> tuple[int, str, str]:
