@@ -193,15 +193,16 @@ class Fetch:
         return self._headers
 
     def last_mark(self) -> RecordMark:
-        """What identifies the fetch's last record (read from it alone)."""
+        """What identifies the fetch's last record, read from that record alone (the
+        fetch's keys and timestamps are not materialised for it)."""
         index = len(self.offsets) - 1
-        if self._timestamps is not None or self._records is None:
-            timestamp = int(self.timestamps[index])
+        if self._records is None:
+            timestamp, key = int(self.timestamps[index]), self.key(index)
         else:
-            timestamp = int(_TIMESTAMP(self._source()[-1]))
-        return RecordMark.of(
-            int(self.offsets[index]), timestamp, self.key(index), self.value(index)
-        )
+            at = index if self._rows is None else int(self._rows[index])
+            last = self._records[at]
+            timestamp, key = int(_TIMESTAMP(last)), _KEY(last)
+        return RecordMark.of(int(self.offsets[index]), timestamp, key, self.value(index))
 
     def value(self, index: int) -> bytes | None:
         """One record's value (for the few records a dead letter or an error names)."""
