@@ -66,9 +66,9 @@ SCHEMA = [
     {"name": "customer", "type": "string"},
     {"name": "amount", "type": "decimal(10,2)"},
 ]
-_MARKER = ".icespool-demo"
+_MARKER = ".icespool-demo"  # marks a directory this script may wipe
 # Where `make demo` (and `make test-deps`) put the broker's jars.
-_KAFKA_LIBS = Path(__file__).resolve().parents[2] / ".test-tools" / "kafka" / "libs"  # marks a directory this script may wipe
+_KAFKA_LIBS = Path(__file__).resolve().parents[2] / ".test-tools" / "kafka" / "libs"
 _READY_RE = re.compile(r"icespool ready: http://(?P<host>[^\s,]+):(?P<port>\d+)")
 
 _KAFKA_LOG4J2 = """\
@@ -328,18 +328,21 @@ class Broker:
         # A Kafka UUID: 22 URL-safe base64 characters, never led by "-" (StorageTool
         # would read it as an option).
         cluster_id = "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[1:22]
+        command = self.java(
+            "kafka.tools.StorageTool", "format", "--config", str(config), "--cluster-id", cluster_id
+        )
         formatted = subprocess.run(
-            self.java("kafka.tools.StorageTool", "format", "--config", str(config),
-                      "--cluster-id", cluster_id),  # fmt: skip
-            capture_output=True, text=True, timeout=BROKER_START_S, check=False,
-        )  # fmt: skip
+            command, capture_output=True, text=True, timeout=BROKER_START_S, check=False
+        )
         if formatted.returncode != 0:
             raise DemoError(f"formatting Kafka's storage failed:\n{formatted.stderr[-2000:]}")
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 self.java("kafka.Kafka", str(config)),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + BROKER_START_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -698,9 +701,7 @@ def check_prerequisites(runtime_dir: str | None, kafka_libs: Path) -> None:
     """Fail at once, naming the missing piece, rather than after the broker and daemon."""
     import importlib.util
 
-    missing = [
-        m for m in ("aiokafka", "pyspark") if not importlib.util.find_spec(m)
-    ]
+    missing = [m for m in ("aiokafka", "pyspark") if not importlib.util.find_spec(m)]
     if missing:
         raise DemoError(
             f"missing Python packages {missing}: pip install -e '.[demo]' (or run make demo)"
