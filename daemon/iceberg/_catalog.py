@@ -268,7 +268,19 @@ def _create(
     except TableAlreadyExistsError:
         return None
     except Exception as exc:
+        # A catalog that checks, then inserts, reports a replica's insert in between as a
+        # failure of its own (the Hive Metastore: a MetaException for the unique key);
+        # then the table exists, and theirs is the one to use.
+        if _exists(catalog, full):
+            return None
         raise CatalogError(f"cannot create table {'.'.join(full)!r} ({short_error(exc)})") from exc
+
+
+def _exists(catalog: Catalog, full: tuple[str, ...]) -> bool:
+    try:
+        return catalog.table_exists(full)
+    except Exception:
+        return False  # the create's own error is the one to report
 
 
 def _create_namespace(catalog: Catalog, namespace: tuple[str, ...]) -> None:
