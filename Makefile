@@ -174,9 +174,33 @@ $(ICEBERG_REST_STAMP): tests/support/iceberg_rest/pom.xml
 	@ls $(ICEBERG_REST_DIR)/libs/iceberg-open-api-*-test-fixtures.jar >/dev/null
 	touch $@
 
+# Apache Hive's standalone metastore (tests/support/hive_metastore.py): the jars
+# tests/support/hive/pom.xml pins, copied into the ignored .test-tools/hive/libs/, and its
+# Derby schema scripts (only in the metastore's "bin" tar.gz) unpacked into
+# .test-tools/hive/dist/ (again only when the POM changes).
+HIVE_DIR := .test-tools/hive
+HIVE_STAMP := $(HIVE_DIR)/.installed
+
+$(HIVE_STAMP): tests/support/hive/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it assembles the test Hive Metastore" >&2; \
+	  exit 1; }
+	rm -rf $(HIVE_DIR)
+	@mvn -B -q -Dstyle.color=never -f tests/support/hive/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(HIVE_DIR)/libs dependency:unpack@derby-scripts \
+	  -Dhive.dist.dir=$(CURDIR)/$(HIVE_DIR)/dist || { \
+	  echo "error: mvn could not fetch the Hive Metastore's jars or scripts \
+(tests/support/hive/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(HIVE_DIR); exit 1; }
+	@ls $(HIVE_DIR)/libs/hive-standalone-metastore-server-*.jar \
+	  $(HIVE_DIR)/dist/apache-hive-metastore-*-bin/scripts/metastore/upgrade/derby >/dev/null
+	touch $@
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
-test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP)
+test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP) \
+  $(HIVE_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 

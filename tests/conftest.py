@@ -22,6 +22,7 @@ from support.fixture_types import (
     rest_catalog_server,
 )
 from support.gcs import FakeGcs
+from support.hive_metastore import HiveMetastore
 from support.iceberg_rest import IcebergRest
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
@@ -152,6 +153,18 @@ def iceberg_rest(
     in SQLite, its tables in a bucket of their own on `object_store`); each test empties
     it with ``iceberg_rest.warehouse()``."""
     server = IcebergRest.start(tmp_path_factory.mktemp("iceberg-rest"), object_store)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def hive_metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HiveMetastore]:
+    """Apache Hive's standalone metastore (one JVM per session, started by the first test
+    that asks: Derby embedded, tables in a local directory); each test empties it with
+    ``hive_metastore.warehouse()``."""
+    server = HiveMetastore.start(tmp_path_factory.mktemp("hive-metastore"))
     try:
         yield server
     finally:

@@ -164,7 +164,7 @@ _REST = frozenset(
     }
 )
 
-# pyiceberg.catalog.hive.HiveCatalog (not verified here: no Hive Metastore is available).
+# pyiceberg.catalog.hive.HiveCatalog (tests/test_hive.py runs Hive's standalone metastore).
 _HIVE = frozenset(
     {
         "ugi",
