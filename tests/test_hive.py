@@ -28,7 +28,7 @@ from support.hive_metastore import HiveMetastore
 
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
 _LEASE_REFUSED = (
-    "catalog type BoundedHiveCatalog cannot hold the maintenance lease; "
+    "a hive catalog cannot hold the maintenance lease; "
     'set [maintenance] lease = "none" on one replica'
 )
 

@@ -290,7 +290,8 @@ class MaintenanceScheduler:
             # says why per table.
             _log.warning(
                 "maintenance is off: a %s catalog cannot hold the maintenance lease "
-                "(it does not check commit requirements itself); set [maintenance] lease = "
+                "(the daemon cannot commit to it with a compare-and-swap check of the "
+                "lease); set [maintenance] lease = "
                 '"none" on exactly ONE replica to maintain from it',
                 self.config.catalog.type,
             )
@@ -516,7 +517,7 @@ class MaintenanceScheduler:
             state.disabled, outcome = "maintenance = { enabled = false }", "disabled"
         elif self.config.maintenance.lease == "catalog" and not validates_locally(catalog):
             state.disabled = (
-                f"catalog type {type(catalog).__name__} cannot hold the maintenance lease; "
+                f"a {self.config.catalog.type} catalog cannot hold the maintenance lease; "
                 'set [maintenance] lease = "none" on one replica'
             )
             outcome = "disabled"
