@@ -45,7 +45,7 @@ from spool import AppendAck, SegmentInfo, Spool, SpoolError
 __all__ = ["EarlyAcks", "known_schemas"]
 
 _log = logging.getLogger("icespool.service")
-# /readyz names this many tables accepted while waiting, then only counts them.
+# Messages name this many tables accepted while waiting, then only count them.
 _NAMED = 5
 
 
@@ -75,10 +75,9 @@ class EarlyAcks:
         """The start's wait as it stands (None: the catalog answered: the gate shuts)."""
         if wait is not None and self._wait is None and self._known:
             _log.warning(
-                "acking records for %d tables with a known schema while waiting for the "
-                "catalog (%s); the others are answered 503",
-                len(self._known),
-                ", ".join(sorted(self._known)),
+                "while waiting for the catalog, records are acked for the tables whose "
+                "schema is known (%s); the others are answered 503",
+                _listed(sorted(self._known)),
                 extra={"tables": len(self._known)},
             )
         self._wait = wait
@@ -95,9 +94,8 @@ class EarlyAcks:
         names = self.accepting()
         if not names:
             return ""
-        listed = ", ".join(names) if len(names) <= _NAMED else f"{len(names)} tables"
         return (
-            f"; records for {listed} (schema known) are accepted meanwhile "
+            f"; records for {_listed(names)} (schema known) are accepted meanwhile "
             "(/v1/status accepting_while_waiting)"
         )
 
@@ -223,6 +221,10 @@ def _decode(known: Known, options: JsonOptions, body: bytes, content_type: str) 
     if content_type == NDJSON:
         return spoolable(decode_ndjson(body, known.schema, options), known.schema, key)
     return spoolable(decode_arrow_stream(body), known.schema, key)
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= _NAMED else f"{len(names)} tables"
 
 
 def _without_ids(field: pa.Field) -> pa.Field:

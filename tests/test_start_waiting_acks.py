@@ -19,6 +19,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import NDJSON, Daemon, DaemonDir, ndjson
 from support.proxy import TcpProxy
 
@@ -269,3 +272,53 @@ async def test_a_body_that_does_not_fit_the_known_schema_is_refused_whole(
         _assert_committed_once(daemon, acked)
     finally:
         daemon.cleanup()
+
+
+async def test_a_declaration_the_table_contradicts_keeps_what_was_acked_spooled(
+    pg_proxy: tuple[TcpProxy, str], postgres_uri: str, tmp_path: Path
+) -> None:
+    """Records are acked against the declared schema, but the catalog's existing table
+    lacks a declared column: the table is degraded (the log names the difference), what
+    was acked stays spooled, and once the table is changed to match, the background
+    reload commits every acked id once."""
+    proxy, uri = pg_proxy
+    daemon = _daemon(tmp_path, uri)
+    direct = {"type": "sql", "uri": postgres_uri, "warehouse": daemon.home.warehouse.as_uri()}
+    catalog = SqlCatalog("lake", **direct)
+    try:
+        catalog.create_namespace("t")
+        catalog.create_table(
+            "t.events",
+            schema=Schema(
+                NestedField(1, "id", LongType(), required=True),
+                NestedField(2, "name", StringType(), required=False),
+            ),
+        )
+        proxy.mode = "refuse"
+        daemon.start()
+        await daemon.wait_listening(within=60)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            await daemon.wait_log("retrying in", within=30)
+            acked = await _ack_batches(daemon, session, 0, 4)
+            proxy.mode = "forward"
+            await daemon.wait_ready(within=90)
+            await daemon.wait_log("t.events: cannot load the table: SchemaError: ", within=30)
+            assert (
+                "t.events: cannot load the table: SchemaError: column 'v': the declared schema "
+                "does not match table t.events: v: declared as string but missing from table "
+                "t.events. Make the [[tables]] schema match the table, or change the table "
+                "(ALTER TABLE); its records stay spooled"
+            ) in daemon.log(), daemon.tail()
+            _, state = await _get(session, f"{daemon.url}/v1/status")
+            assert "the declared schema does not match" in state["degraded"]["t.events"]
+            assert daemon.home.spool_files() != []
+
+            with catalog.load_table("t.events").update_schema() as update:
+                update.add_column("v", StringType())
+            await daemon.wait_log("t.events: loaded; committing its spooled records", within=30)
+            await daemon.wait_log("committed t.events: reason=recovery records=200", within=30)
+        await _stop(daemon)
+        _assert_committed_once(daemon, acked)
+    finally:
+        daemon.cleanup()
+        catalog.engine.dispose()
