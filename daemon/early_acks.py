@@ -35,7 +35,7 @@ from daemon.cdc import OP_COLUMN, spoolable
 from daemon.config import Config, TableConfig
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson
 from daemon.errors import BackpressureError, BadInputError, SchemaError
-from daemon.ingest import NDJSON
+from daemon.ingest import NDJSON, refuse_changes
 from daemon.json_array import JSON, array_error, ndjson_from_array
 from daemon.metrics import Metrics
 from daemon.schema import arrow_schema_for, parse_schema
@@ -195,7 +195,10 @@ class EarlyAcks:
 def known_schemas(config: Config, recorded: Mapping[str, pa.Schema]) -> dict[str, Known]:
     """The ``[[tables]]`` entries whose schema is known without the catalog."""
     known: dict[str, Known] = {}
+    dead_letters = {k.dead_letter_table for k in config.kafka}
     for table in config.tables:
+        if table.name in dead_letters:
+            continue  # only its source writes it
         schema = recorded.get(table.name)
         if schema is not None:
             # A keyed table's newest segment may hold change batches: rows are its columns.
@@ -220,7 +223,10 @@ def _decode(known: Known, options: JsonOptions, body: bytes, content_type: str) 
             raise array_error(exc) from None
     if content_type == NDJSON:
         return spoolable(decode_ndjson(body, known.schema, options), known.schema, key)
-    return spoolable(decode_arrow_stream(body), known.schema, key)
+    raw = decode_arrow_stream(body)
+    if not key:
+        refuse_changes(known.table.name, raw.schema, None)
+    return spoolable(raw, known.schema, key)
 
 
 def _listed(names: list[str]) -> str:

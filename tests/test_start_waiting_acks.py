@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
@@ -26,6 +28,7 @@ from support.daemon_harness import NDJSON, Daemon, DaemonDir, ndjson
 from support.proxy import TcpProxy
 
 _BATCH = 50
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _TIMEOUTS = '\n[timeouts]\ncatalog_connect = "1s"\ncatalog_request = "1s"\n'
 _WAITING = "starting: waiting for the catalog 'lake' (unreachable for "
 _INFERRED = "create = true\ninfer = true"
@@ -95,6 +98,16 @@ async def test_a_declared_table_acks_while_the_catalog_is_down_and_commits_each_
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             await daemon.wait_log("retrying in", within=30)
             acked = await _ack_batches(daemon, session, 0, 10)
+            # Arrow as well: cast to the declared schema like NDJSON.
+            arrow = pa.table({"id": list(range(500, 520)), "v": [f"v{i}" for i in range(500, 520)]})
+            sink = pa.BufferOutputStream()
+            with ipc.new_stream(sink, arrow.schema) as writer:
+                writer.write_table(arrow)
+            status, body, _ = await _post(
+                session, daemon.records_url(), sink.getvalue().to_pybytes(), ARROW_STREAM
+            )
+            assert (status, body) == (200, {"accepted": 20}), daemon.tail()
+            acked += range(500, 520)
 
             # Not ready (the catalog), saying what is accepted meanwhile.
             status, body = await _get(session, f"{daemon.url}/readyz")
@@ -110,7 +123,7 @@ async def test_a_declared_table_acks_while_the_catalog_is_down_and_commits_each_
             assert state["accepting_while_waiting"] == ["t.events"]
             assert state["waiting_for"]["dependency"] == "the catalog 'lake'"
             metrics = await daemon.metrics(session)
-            assert 'icespool_records_acked_total{table="t.events"} 500.0' in metrics
+            assert 'icespool_records_acked_total{table="t.events"} 520.0' in metrics
 
             # The table of unknown schema waits: 503 naming the catalog, nothing spooled.
             status, body, headers = await _post(
@@ -135,7 +148,7 @@ async def test_a_declared_table_acks_while_the_catalog_is_down_and_commits_each_
             assert state["tables"]["t.events"]["last_commit"]["records"] == len(acked)
             log = daemon.log()
             assert (
-                "500 records were acked while waiting for the catalog (t.events: 500); "
+                "520 records were acked while waiting for the catalog (t.events: 520); "
                 "committing them with the spool's leftovers"
             ) in log, daemon.tail()
             acked += await _ack_batches(daemon, session, 10_000, 1)
