@@ -65,6 +65,7 @@ __all__ = [
     "TableInput",
     "Tables",
     "Wants",
+    "refuse_changes",
 ]
 
 NDJSON: Final = "application/x-ndjson"
@@ -178,7 +179,7 @@ class Ingest:
         if content_type == NDJSON:
             return await self._records(name, writer, body)
         raw = await asyncio.to_thread(decode_arrow_stream, body)
-        _refuse_changes(name, raw.schema, writer)
+        refuse_changes(name, raw.schema, writer)
         if writer is None:
             writer = await self.create(name, lambda: raw.schema)
         # An upsert table takes rows (upserts) or, in Arrow, change batches as they are.
@@ -313,7 +314,7 @@ class Ingest:
         elif writer.key:
             batch = await self.conformed_changes(writer, data)
         else:
-            _refuse_changes(writer.name, data.schema, writer)
+            refuse_changes(writer.name, data.schema, writer)
             batch = await self.conformed(writer, data)
         return await writer.append(batch, meta)
 
@@ -541,7 +542,7 @@ def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) ->
     return conform(pa.table(arrays), schema)
 
 
-def _refuse_changes(name: str, schema: pa.Schema, writer: TableWriter | None) -> None:
+def refuse_changes(name: str, schema: pa.Schema, writer: TableWriter | None) -> None:
     """A change batch (op column) for a table without a key is refused before any
     schema change: evolving or creating the table for it would make the op a column
     and keep every delete as a row."""

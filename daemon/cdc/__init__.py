@@ -29,7 +29,7 @@ from daemon.cdc._body import (
     without_op,
 )
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
-from daemon.cdc._conform import conform_changes
+from daemon.cdc._conform import conform_changes, spoolable
 from daemon.cdc._deletes import LiveData, LiveDelete, LiveFiles, applies, droppable, live_files
 from daemon.cdc._key import key_type_problem
 from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
@@ -59,6 +59,7 @@ __all__ = [
     "no_key",
     "read_merged",
     "row_of",
+    "spoolable",
     "to_changes",
     "with_ops",
     "without_op",

@@ -46,6 +46,11 @@ _READY_RE = re.compile(r"icespool ready: https?://(?P<host>[^\s,]+):(?P<port>\d+
 # Logged before the start (recovery, the catalog): the port answers probes from then on.
 _LISTENING_RE = re.compile(r"icespool listening: https?://(?P<host>[^\s,]+):(?P<port>\d+)")
 _READY_TIMEOUT = 60.0
+_DECLARED = """create = true
+schema = [
+  { name = "id", type = "long", required = true },
+  { name = "v", type = "string" },
+]"""
 
 
 class DaemonError(AssertionError):
@@ -114,8 +119,10 @@ class DaemonDir:
         encode_workers: int = 2,
         extra: str = "",
         spool_extra: str = "",
+        table: str | None = None,
     ) -> Path:
-        """Write the daemon's TOML: table ``t.events`` (id long required, v string)."""
+        """Write the daemon's TOML: table ``t.events`` (id long required, v string), or
+        ``table``: the keys of its [[tables]] entry instead of that declaration."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.warehouse.mkdir(parents=True, exist_ok=True)
         catalog = "\n".join(
@@ -147,11 +154,7 @@ format = "text"
 
 [[tables]]
 name = "{TABLE}"
-create = true
-schema = [
-  {{ name = "id", type = "long", required = true }},
-  {{ name = "v", type = "string" }},
-]
+{_DECLARED if table is None else table}
 {extra}"""
         self.config_path.write_text(text)
         return self.config_path
