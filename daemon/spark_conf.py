@@ -12,11 +12,11 @@ Pure mapping from the ``[catalog]`` section to Iceberg Spark runtime properties:
 - ``rest`` -> ``RESTCatalog`` (same URI, credential/token, warehouse), ``glue`` ->
   ``GlueCatalog``, ``hive`` -> ``HiveCatalog``.
 
-Object stores: an ``s3://`` warehouse (or a Glue catalog) adds Iceberg's ``S3FileIO``, which
-needs the AWS SDK v2 of ``org.apache.iceberg:iceberg-aws-bundle``; a ``gs://`` warehouse adds
-``GCSFileIO`` and the Google Cloud Storage client of ``iceberg-gcp-bundle``, and pyiceberg's
-``gcs.*`` keys Iceberg Java reads (``gcs.service.host``, ``gcs.project-id``,
-``gcs.oauth2.token`` and its expiry) are spelled the same on both sides. pyiceberg's S3 keys are
+Object stores: a ``gs://`` warehouse adds Iceberg's ``GCSFileIO`` and the Google Cloud
+Storage client of ``org.apache.iceberg:iceberg-gcp-bundle``; pyiceberg's ``gcs.*`` keys that
+Iceberg Java reads (``gcs.service.host``, ``gcs.project-id``, ``gcs.oauth2.token`` and its
+expiry) are spelled the same on both sides. An ``s3://`` warehouse (or a Glue catalog) adds
+``S3FileIO``, which needs the AWS SDK v2 of ``iceberg-aws-bundle``. pyiceberg's S3 keys are
 mostly Iceberg Java's too; the two that differ are translated: ``s3.region`` is
 ``client.region``, and ``s3.force-virtual-addressing`` is the inverse of
 ``s3.path-style-access``. pyiceberg addresses buckets path-style unless told otherwise, the
@@ -348,7 +348,7 @@ def runtime_jars(runtime_dir: str | os.PathLike[str], spark: str = DEFAULT_SPARK
     runtime first.
 
     Raises SparkConfError naming the directory when it holds no Iceberg runtime for that
-    line (and the line of the one it holds, if any).
+    line (and the other Spark's runtime jar it holds, if any).
     """
     directory = Path(runtime_dir).resolve()
     if not directory.is_dir():
