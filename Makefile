@@ -7,6 +7,7 @@
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
 #   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
+#   make spark35   the Spark 3.5 venv + Iceberg runtime the tests also check (.test-tools/spark35/)
 #   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
 #   make distclean   clean + remove .venv
 
@@ -26,8 +27,8 @@ STAMP_DEMO := $(VENV)/.icespool-installed-demo
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime demo clean \
-  distclean
+.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
+  clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -197,10 +198,34 @@ $(HIVE_STAMP): tests/support/hive/pom.xml
 	  $(HIVE_DIR)/dist/apache-hive-metastore-*-bin/scripts/metastore/upgrade/derby >/dev/null
 	touch $@
 
+# Spark 3.5 beside the suite's Spark 4.1 (tests/spark/test_spark35.py): a venv holding only
+# the pyspark tests/support/spark35/requirements.txt pins, and Iceberg's Spark 3.5 runtime
+# (deploy/spark/pom.xml's profile spark-3.5) in .test-tools/spark35/{venv,runtime}; made
+# again only when the requirements or the POM change (pip keeps the built wheel in its cache).
+SPARK35_DIR := .test-tools/spark35
+SPARK35_STAMP := $(SPARK35_DIR)/.installed
+
+$(SPARK35_STAMP): tests/support/spark35/requirements.txt deploy/spark/pom.xml | $(BIN)/python
+	$(call install_debs,$(SPARK_DEB_PACKAGES))
+	rm -rf $(SPARK35_DIR)
+	$(BIN)/python -m venv $(SPARK35_DIR)/venv
+	$(SPARK35_DIR)/venv/bin/python -m pip install $(PIP_FLAGS) \
+	  -r tests/support/spark35/requirements.txt
+	@mvn -B -q -Dstyle.color=never -f deploy/spark/pom.xml -P spark-3.5 \
+	  dependency:copy-dependencies -DexcludeTransitive=true \
+	  -DoutputDirectory=$(CURDIR)/$(SPARK35_DIR)/runtime || { \
+	  echo "error: mvn could not fetch the Iceberg Spark 3.5 runtime's jars \
+	(deploy/spark/pom.xml, profile spark-3.5) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(SPARK35_DIR); exit 1; }
+	@ls $(SPARK35_DIR)/runtime/iceberg-spark-runtime-3.5_2.12-*.jar >/dev/null
+	touch $@
+
+spark35: $(SPARK35_STAMP)
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
 test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP) \
-  $(HIVE_STAMP)
+  $(HIVE_STAMP) $(SPARK35_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 
@@ -208,9 +233,9 @@ spark-deps:
 	$(call install_debs,$(SPARK_DEB_PACKAGES))
 
 # ------------------------------------------------------------------ Spark runtime
-# The Iceberg Spark runtime for pyspark 3.5: the jars deploy/spark/pom.xml pins (the Iceberg
-# runtime, the AWS bundle, the PostgreSQL and SQLite JDBC drivers), copied from Maven
-# Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
+# The Iceberg Spark runtime for pyspark 4.1: the jars deploy/spark/pom.xml pins (the Iceberg
+# runtime, the AWS and GCP bundles, the PostgreSQL and SQLite JDBC drivers), copied from
+# Maven Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
 # wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the
 # installed Python packages (pyspark) change: otherwise it costs nothing.
 SPARK_RUNTIME := .spark-runtime

@@ -12,8 +12,11 @@ Pure mapping from the ``[catalog]`` section to Iceberg Spark runtime properties:
 - ``rest`` -> ``RESTCatalog`` (same URI, credential/token, warehouse), ``glue`` ->
   ``GlueCatalog``, ``hive`` -> ``HiveCatalog``.
 
-Object stores: an ``s3://`` warehouse (or a Glue catalog) adds Iceberg's ``S3FileIO``, which
-needs the AWS SDK v2 of ``org.apache.iceberg:iceberg-aws-bundle``. pyiceberg's S3 keys are
+Object stores: a ``gs://`` warehouse adds Iceberg's ``GCSFileIO`` and the Google Cloud
+Storage client of ``org.apache.iceberg:iceberg-gcp-bundle``; pyiceberg's ``gcs.*`` keys that
+Iceberg Java reads (``gcs.service.host``, ``gcs.project-id``, ``gcs.oauth2.token`` and its
+expiry) are spelled the same on both sides. An ``s3://`` warehouse (or a Glue catalog) adds
+``S3FileIO``, which needs the AWS SDK v2 of ``iceberg-aws-bundle``. pyiceberg's S3 keys are
 mostly Iceberg Java's too; the two that differ are translated: ``s3.region`` is
 ``client.region``, and ``s3.force-virtual-addressing`` is the inverse of
 ``s3.path-style-access``. pyiceberg addresses buckets path-style unless told otherwise, the
@@ -27,6 +30,10 @@ default, which some S3-compatible stores refuse, and Iceberg has no catalog key 
 yet; the SDK's own system properties (``aws.requestChecksumCalculation`` /
 ``aws.responseChecksumValidation`` = ``when_required``) go into the driver's and executors'
 ``defaultJavaOptions`` (JVM settings: they apply only to a JVM Spark starts with them).
+
+Spark versions: Iceberg publishes one runtime per Spark line and Scala version; ``spark``
+picks it (4.1, Scala 2.13, by default; 3.5, Scala 2.12). A Spark session built in this
+process takes the line of the installed pyspark.
 
 Jars: with a local runtime directory (``make spark-runtime`` copies the jars
 ``deploy/spark/pom.xml`` pins from Maven Central) every jar in it goes into ``spark.jars``,
@@ -58,37 +65,47 @@ from daemon.config import CatalogConfig, Config, is_secret_key, redact_uri
 from daemon.errors import SparkConfError
 
 __all__ = [
+    "DEFAULT_SPARK",
     "EXTENSIONS",
     "FORMATS",
     "ICEBERG_VERSION",
     "MAVEN_AWS_BUNDLE",
-    "MAVEN_ICEBERG_RUNTIME",
+    "MAVEN_GCP_BUNDLE",
     "MAVEN_POSTGRESQL",
     "MAVEN_SQLITE",
     "RUNTIME_DIR_ENV",
     "S3_COMPATIBLE_JAVA_OPTIONS",
+    "SPARK_RUNTIMES",
     "JdbcConnection",
     "SparkConfError",
     "SparkSettings",
     "catalog_options",
     "jdbc_connection",
+    "maven_iceberg_runtime",
     "render",
     "runtime_jars",
+    "spark_line",
     "spark_settings",
 ]
 
 #: The Iceberg release the Maven coordinates are pinned to: deploy/spark/pom.xml's (which
 #: `make spark-runtime` copies) must be the same.
 ICEBERG_VERSION: Final = "1.11.0"
-MAVEN_ICEBERG_RUNTIME: Final = (
-    f"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:{ICEBERG_VERSION}"
-)
+#: Spark line -> the artifact of Iceberg's runtime for it (Spark 4 is built for Scala 2.13,
+#: Spark 3.5's pyspark for 2.12). Only lines the tests run on: Iceberg publishes 4.0 too.
+SPARK_RUNTIMES: Final = {
+    "4.1": "iceberg-spark-runtime-4.1_2.13",
+    "3.5": "iceberg-spark-runtime-3.5_2.12",
+}
+DEFAULT_SPARK: Final = "4.1"
 MAVEN_AWS_BUNDLE: Final = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
+MAVEN_GCP_BUNDLE: Final = f"org.apache.iceberg:iceberg-gcp-bundle:{ICEBERG_VERSION}"
 MAVEN_SQLITE: Final = "org.xerial:sqlite-jdbc:3.54.1.0"
 MAVEN_POSTGRESQL: Final = "org.postgresql:postgresql:42.7.14"
 # The jar of a runtime directory that stands for a Maven package (Maven's file names).
 _PACKAGE_JARS: Final = {
     MAVEN_AWS_BUNDLE: "iceberg-aws-bundle-*.jar",
+    MAVEN_GCP_BUNDLE: "iceberg-gcp-bundle-*.jar",
     MAVEN_SQLITE: "sqlite-jdbc-*.jar",
     MAVEN_POSTGRESQL: "postgresql-*.jar",
 }
@@ -105,7 +122,6 @@ RUNTIME_DIR_ENV: Final = "ICESPOOL_SPARK_RUNTIME"
 FORMATS: Final = ("spark-submit", "properties", "json")
 Format = Literal["spark-submit", "properties", "json"]
 
-_RUNTIME_JAR_GLOB: Final = "iceberg-spark-runtime-3.5_2.12-*.jar"
 # Catalog keys pyiceberg and Iceberg Java spell the same way and mean the same thing: the
 # REST client's (only for rest catalogs) and the FileIO/cloud clients' (for every catalog).
 _REST_KEYS: Final = frozenset(
@@ -145,6 +161,24 @@ class SparkSettings:
     conf: dict[str, str]
     catalog_name: str
     omitted_secrets: tuple[str, ...] = field(default=())
+
+
+def spark_line(version: str) -> str:
+    """The Spark line (``"4.1"``) of a Spark or pyspark version (``"4.1.4"``, ``"4.1"``);
+    SparkConfError naming the lines there is a runtime for when it has none."""
+    line = ".".join(version.strip().split(".")[:2])
+    if line not in SPARK_RUNTIMES:
+        raise SparkConfError(
+            f"Spark {version.strip()!r}: icespool's Iceberg {ICEBERG_VERSION} runtimes are for "
+            f"Spark {' and '.join(SPARK_RUNTIMES)} (pip install 'icespool[spark]' brings "
+            f"pyspark {DEFAULT_SPARK})"
+        )
+    return line
+
+
+def maven_iceberg_runtime(spark: str = DEFAULT_SPARK) -> str:
+    """The Maven coordinates of Iceberg's runtime for the Spark line ``spark``."""
+    return f"org.apache.iceberg:{SPARK_RUNTIMES[spark_line(spark)]}:{ICEBERG_VERSION}"
 
 
 def jdbc_connection(uri: str) -> JdbcConnection:
@@ -264,9 +298,15 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
         if not _passed_on(kind, key):
             continue
         options.setdefault(key, value)
-    if kind != "glue" and _on_s3(catalog) and MAVEN_AWS_BUNDLE not in packages:
+    # A Glue catalog has S3FileIO and the AWS bundle already.
+    if kind != "glue" and _on_s3(catalog):
         options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
         packages.append(MAVEN_AWS_BUNDLE)
+    elif kind != "glue" and _on_gcs(catalog):
+        # JdbcCatalog's default HadoopFileIO has no gs:// file system without Hadoop's
+        # GCS connector; Iceberg's own GCSFileIO needs only the GCP bundle.
+        options.setdefault("io-impl", "org.apache.iceberg.gcp.gcs.GCSFileIO")
+        packages.append(MAVEN_GCP_BUNDLE)
     options.update(_s3_java_options(extra))
     return options, packages
 
@@ -277,6 +317,14 @@ def _on_s3(catalog: CatalogConfig) -> bool:
     warehouse = catalog.warehouse or ""
     return warehouse.startswith(("s3://", "s3a://")) or (
         "://" not in warehouse and any(key.startswith("s3.") for key in catalog.extra_properties)
+    )
+
+
+def _on_gcs(catalog: CatalogConfig) -> bool:
+    """Whether the tables are on Google Cloud Storage (as `_on_s3` decides for S3)."""
+    warehouse = catalog.warehouse or ""
+    return warehouse.startswith("gs://") or (
+        "://" not in warehouse and any(key.startswith("gcs.") for key in catalog.extra_properties)
     )
 
 
@@ -295,10 +343,12 @@ def _s3_java_options(extra: Mapping[str, str]) -> dict[str, str]:
     return options
 
 
-def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every jar of a local runtime directory, the Iceberg runtime first.
+def runtime_jars(runtime_dir: str | os.PathLike[str], spark: str = DEFAULT_SPARK) -> list[Path]:
+    """Every jar of a local runtime directory for the Spark line ``spark``, the Iceberg
+    runtime first.
 
-    Raises SparkConfError naming the directory when it holds no Iceberg runtime jar.
+    Raises SparkConfError naming the directory when it holds no Iceberg runtime for that
+    line (and the other Spark's runtime jar it holds, if any).
     """
     directory = Path(runtime_dir).resolve()
     if not directory.is_dir():
@@ -306,11 +356,14 @@ def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
             f"Spark runtime directory {str(directory)!r} does not exist; build it with "
             "'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
         )
-    runtime = sorted(directory.glob(_RUNTIME_JAR_GLOB))
+    pattern = f"{SPARK_RUNTIMES[spark_line(spark)]}-*.jar"
+    runtime = sorted(directory.glob(pattern))
     if not runtime:
+        held = sorted(jar.name for jar in directory.glob("iceberg-spark-runtime-*.jar"))
+        found = f" (it holds {', '.join(held)}: another Spark's)" if held else ""
         raise SparkConfError(
-            f"Spark runtime directory {str(directory)!r} has no {_RUNTIME_JAR_GLOB}; build "
-            "it with 'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
+            f"Spark runtime directory {str(directory)!r} has no {pattern}{found}; build it "
+            "with 'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
         )
     others = sorted(p for p in directory.glob("*.jar") if p not in runtime)
     return [*runtime, *others]
@@ -322,13 +375,16 @@ def spark_settings(
     catalog_name: str | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
     include_secrets: bool = False,
+    spark: str = DEFAULT_SPARK,
 ) -> SparkSettings:
     """The Spark properties that read (and write) the daemon's catalog.
 
     ``catalog_name`` defaults to the daemon's ``[catalog] name``; a SQL catalog cannot be
     renamed (see the module docstring). ``runtime_dir``: a local runtime directory whose
-    jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven).
+    jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven). ``spark``: the
+    Spark line whose Iceberg runtime is named (or looked for in ``runtime_dir``).
     """
+    spark = spark_line(spark)
     catalog = config.catalog
     name = catalog_name or catalog.name
     if not name.replace("_", "a").isalnum() or name[0].isdigit():
@@ -346,13 +402,13 @@ def spark_settings(
     options, packages = catalog_options(catalog)
     conf: dict[str, str] = {}
     if runtime_dir is not None:
-        jars = runtime_jars(runtime_dir)
+        jars = runtime_jars(runtime_dir, spark)
         conf["spark.jars"] = ",".join(str(jar) for jar in jars)
         missing = [package for package in packages if not _held(package, jars)]
         if missing:
             conf["spark.jars.packages"] = ",".join(missing)
     else:
-        conf["spark.jars.packages"] = ",".join([MAVEN_ICEBERG_RUNTIME, *packages])
+        conf["spark.jars.packages"] = ",".join([maven_iceberg_runtime(spark), *packages])
     if catalog.extra_properties.get("s3.endpoint") and (
         catalog.type.lower() == "glue" or _on_s3(catalog)
     ):

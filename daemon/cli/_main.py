@@ -197,6 +197,15 @@ def _add_spark_conf_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Spark catalog name (default: [catalog] name; a sql catalog must keep it)",
     )
+    from daemon.spark_conf import DEFAULT_SPARK, SPARK_RUNTIMES
+
+    parser.add_argument(
+        "--spark",
+        choices=tuple(SPARK_RUNTIMES),
+        default=DEFAULT_SPARK,
+        help="the Spark line whose Iceberg runtime is named (or taken from --runtime-dir): "
+        f"{', '.join(SPARK_RUNTIMES)} (default: {DEFAULT_SPARK})",
+    )
     parser.add_argument(
         "--runtime-dir",
         metavar="DIR",
@@ -308,6 +317,7 @@ def _cmd_spark_conf(args: argparse.Namespace) -> int:
             catalog_name=args.catalog_name,
             runtime_dir=runtime_dir,
             include_secrets=args.include_secrets,
+            spark=args.spark,
         )
     except SparkConfError as exc:
         _error(str(exc))
