@@ -222,10 +222,33 @@ $(SPARK35_STAMP): tests/support/spark35/requirements.txt deploy/spark/pom.xml | 
 
 spark35: $(SPARK35_STAMP)
 
+# Apicurio Registry, the schema registry the Avro tests run (tests/support/apicurio.py):
+# the release's own distribution (a Quarkus fast-jar) that tests/support/apicurio/pom.xml
+# pins, unpacked into the ignored .test-tools/apicurio/ (again only when the POM changes).
+# Its classes are Java 21: Debian 12 has no such JDK, so one must be there already
+# (JAVA_HOME, PATH or /usr/lib/jvm/*, as tests/support/apicurio.py looks).
+APICURIO_DIR := .test-tools/apicurio
+APICURIO_STAMP := $(APICURIO_DIR)/.installed
+
+$(APICURIO_STAMP): tests/support/apicurio/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it fetches the test schema registry" >&2; \
+	  exit 1; }
+	@$(PYTHON) tests/support/apicurio.py --java >/dev/null
+	rm -rf $(APICURIO_DIR)
+	@mvn -B -q -Dstyle.color=never -f tests/support/apicurio/pom.xml dependency:unpack \
+	  -Dapicurio.dir=$(CURDIR)/$(APICURIO_DIR) || { \
+	  echo "error: mvn could not fetch the Apicurio Registry distribution \
+(tests/support/apicurio/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(APICURIO_DIR); exit 1; }
+	@ls $(APICURIO_DIR)/quarkus-run.jar >/dev/null
+	touch $@
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
 test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP) \
-  $(HIVE_STAMP) $(SPARK35_STAMP)
+  $(HIVE_STAMP) $(SPARK35_STAMP) $(APICURIO_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 

@@ -13,6 +13,7 @@ import psycopg2  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
 from support.apache_kafka import KafkaBroker
+from support.apicurio import ApicurioRegistry
 from support.debezium import DebeziumPostgres
 from support.fixture_types import (
     REST_CATALOGS,
@@ -132,6 +133,18 @@ def broker(apache_kafka: KafkaBroker) -> KafkaBroker:
     """The tests' Kafka broker: `apache_kafka` (its PLAINTEXT listener is ``.bootstrap``).
     It outlives each test: name topics and groups with `support.kafka_harness.unique_name`."""
     return apache_kafka
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
+    """Apicurio Registry (support/apicurio.py): a real Confluent-compatible schema registry,
+    one JVM per session, i.e. per xdist worker, basic auth on. Tests share it, so each
+    registers under subjects of its own and uses the ids ``register`` returns."""
+    running = ApicurioRegistry.start(tmp_path_factory.mktemp("apicurio"))
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="session")
