@@ -158,6 +158,17 @@ def test_light_commands_import_nothing_heavy(
     assert heavy_modules(report["modules"]) == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "first_line"),
+    [(["--help"], "usage: icespool"), (["--version"], "icespool "), (["status", "-h"], "usage:")],
+)
+def test_help_and_version_load_no_config(tmp_path: Path, argv: list[str], first_line: str) -> None:
+    report = run_cli(tmp_path, *argv)
+    assert (report["code"], report["stderr"]) == (0, "")
+    assert report["stdout"].startswith(first_line)
+    assert [m for m in report["modules"] if _within(m, ("pydantic", "daemon.config"))] == []
+
+
 async def test_status_and_tables_import_nothing_heavy(
     run_daemon: RunDaemon, tmp_path: Path
 ) -> None:
