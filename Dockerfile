@@ -13,17 +13,19 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/ requirements/
 COPY spool/ spool/
 COPY daemon/ daemon/
 # Every dependency ships manylinux wheels, so no compiler is needed even here; the venv
-# is self-contained and copied whole into the final stage. The extras: a Glue catalog
-# (boto3) and Azure storage (adlfs); REST, SQL and S3 need none.
-ARG ICESPOOL_EXTRAS=glue,azure
+# is self-contained and copied whole into the final stage. The dependencies come from the
+# lock (exact versions, sha256 hashes; `make lock`), the project itself without resolving
+# anything more. image.txt: a Glue catalog (boto3), Azure storage (adlfs) and a Hive
+# Metastore (thrift) besides REST, SQL and S3; ICESPOOL_LOCK=run.txt builds without them.
+ARG ICESPOOL_LOCK=image.txt
 RUN python -m venv /opt/icespool \
     && /opt/icespool/bin/pip install --upgrade pip==25.3 \
-    && /opt/icespool/bin/pip wheel --no-deps --wheel-dir /wheels . \
-    && set -- /wheels/icespool-*.whl \
-    && /opt/icespool/bin/pip install "$1[${ICESPOOL_EXTRAS}]"
+    && /opt/icespool/bin/pip install --require-hashes --no-deps -r "requirements/${ICESPOOL_LOCK}" \
+    && /opt/icespool/bin/pip install --no-deps --no-build-isolation .
 
 # ---------------------------------------------------------------- final: runtime only
 FROM python:3.11-slim

@@ -6,6 +6,8 @@
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
+#   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
+#   make lock-upgrade   the same, taking the newest versions pyproject.toml's bounds allow
 #   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
 #   make spark35   the Spark 3.5 venv + Iceberg runtime the tests also check (.test-tools/spark35/)
 #   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
@@ -20,7 +22,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 PIP_FLAGS := --disable-pip-version-check --quiet
-# The stamps are rebuilt (packages reinstalled) only when pyproject.toml changes.
+# The stamps are rebuilt (packages reinstalled) only when pyproject.toml or the lock changes.
 STAMP_RUN := $(VENV)/.icespool-installed
 STAMP_TEST := $(VENV)/.icespool-installed-test
 STAMP_DEMO := $(VENV)/.icespool-installed-demo
@@ -28,7 +30,7 @@ STAMP_DEMO := $(VENV)/.icespool-installed-demo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
-  clean distclean
+  clean distclean lock lock-upgrade
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -48,25 +50,63 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e .
+# Every install is from a lock in requirements/ (exact versions, sha256 hashes, made by
+# `make lock`): the dependencies with --require-hashes, then the project itself with
+# --no-deps and --no-build-isolation (the lock holds setuptools and wheel too).
+LOCK := requirements
+PIP_LOCKED := $(PIP) install $(PIP_FLAGS) --require-hashes --no-deps -r
+PIP_SELF := $(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+
+$(STAMP_RUN): pyproject.toml $(LOCK)/run.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/run.txt
+	$(PIP_SELF)
 	touch $@
 
 # helm-sdkpy (Helm v4's Go library, for tests/test_helm.py) declares Python >= 3.12, which
-# pyproject's marker honours; it works on 3.11 too, so there it is installed past the check.
-HELM_SDKPY := helm-sdkpy>=0.1.32
-
+# the lock's marker honours; it works on 3.11 too, so there its own pin is installed past
+# the check.
 # The tests install everything the demo needs too (the demo extra is a subset).
-$(STAMP_TEST): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e '.[test,spark,demo]'
+$(STAMP_TEST): pyproject.toml $(LOCK)/test.txt $(LOCK)/helm-sdkpy.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/test.txt
 	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then \
-	  $(PIP) install $(PIP_FLAGS) --ignore-requires-python '$(HELM_SDKPY)'; \
+	  $(PIP_LOCKED) $(LOCK)/helm-sdkpy.txt --ignore-requires-python; \
 	fi
+	$(PIP_SELF)
 	touch $@ $(STAMP_RUN) $(STAMP_DEMO)
 
-$(STAMP_DEMO): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e '.[demo]'
+$(STAMP_DEMO): pyproject.toml $(LOCK)/demo.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/demo.txt
+	$(PIP_SELF)
 	touch $@ $(STAMP_RUN)
+
+# ------------------------------------------------------------------ the lock
+# uv resolves (seconds, where pip-tools takes minutes over the test extra) for every
+# platform and Python >= 3.11 at once (--universal), so one lock serves Debian's python3,
+# the python:3.11 image and CI. test.txt is resolved first and constrains the others: the
+# image and `make run` get exactly the versions the suite ran against. Without
+# lock-upgrade, versions already locked are kept while pyproject.toml's bounds allow them.
+UV_VERSION := 0.13.8
+UV := $(BIN)/uv
+UV_PIN = $(UV) pip compile --quiet --generate-hashes --custom-compile-command 'make lock' \
+  $(UV_UPGRADE)
+UV_COMPILE = $(UV_PIN) --universal --python-version 3.11
+
+$(UV): | $(BIN)/python
+	$(PIP) install $(PIP_FLAGS) 'uv==$(UV_VERSION)'
+
+lock: | $(UV)
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in --extra test --extra spark --extra demo \
+	  -o $(LOCK)/test.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt -o $(LOCK)/run.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra demo \
+	  -o $(LOCK)/demo.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra glue --extra azure --extra hive \
+	  -o $(LOCK)/image.txt
+	$(UV_PIN) --python-version 3.12 --no-deps $(LOCK)/helm-sdkpy.in -c $(LOCK)/test.txt \
+	  -o $(LOCK)/helm-sdkpy.txt
+
+lock-upgrade:
+	$(MAKE) --no-print-directory lock UV_UPGRADE=--upgrade
 
 # ------------------------------------------------------------------ Debian test packages
 # TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool).

@@ -18,7 +18,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -49,7 +49,6 @@ from daemon.iceberg import (
 from daemon.ingest import AUTO_CREATED, Ingest, TableInput
 from daemon.kafka import (
     DeadLetterReplay,
-    KafkaSource,
     OffsetBook,
     ReplayFilter,
     ReplayResult,
@@ -75,6 +74,9 @@ from daemon.spool_watch import SpoolWatch
 from daemon.startup import StartWait, load_catalog_waiting
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 from spool import FileSystem, QuarantinedSegment, SegmentInfo, Spool
+
+if TYPE_CHECKING:
+    from daemon.kafka import KafkaSource
 
 __all__ = ["Icespool", "Totals"]
 
@@ -245,6 +247,10 @@ class Icespool:
         # Sources start last: recovered segments are committed, so the offsets the
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
+            # Imported here: the Kafka client (aiokafka, and the internals of it that
+            # daemon.kafka._batches and _raw_fetch use) only where a source is configured.
+            from daemon.kafka import KafkaSource
+
             source = KafkaSource(
                 kafka,
                 name=f"kafka[{i}]",

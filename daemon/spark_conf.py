@@ -54,15 +54,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
-from urllib.parse import urlencode
+from typing import TYPE_CHECKING, Final, Literal
+from urllib.parse import parse_qsl, unquote, urlencode
 
-from daemon.config import CatalogConfig, Config, is_secret_key, redact_uri
 from daemon.errors import SparkConfError
+
+if TYPE_CHECKING:  # the CLI's parser reads the Spark lines below without the config model
+    from daemon.config import CatalogConfig, Config
 
 __all__ = [
     "DEFAULT_SPARK",
@@ -189,14 +192,8 @@ def jdbc_connection(uri: str) -> JdbcConnection:
     ``postgresql+psycopg2://user:pw@host:port/db?sslmode=require`` ->
     ``jdbc:postgresql://host:port/db?sslmode=require`` with user and password apart.
     """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(uri)
-    except ArgumentError as exc:
-        raise SparkConfError(f"catalog.uri {uri!r} is not a database URI: {exc}") from None
-    backend = url.get_backend_name()
+    url = _database_uri(uri)
+    backend = url.backend
     if backend == "sqlite":
         database = url.database or ""
         if not database or database == ":memory:" or database.startswith("file:"):
@@ -212,15 +209,13 @@ def jdbc_connection(uri: str) -> JdbcConnection:
         if ":" in host:  # IPv6 literal
             host = f"[{host}]"
         port = url.port or 5432
-        query = urlencode(
-            [(k, v) for k, values in url.query.items() for v in _as_list(values)], safe="/:"
-        )
+        query = urlencode(url.query, safe="/:")
         suffix = f"?{query}" if query else ""
         return JdbcConnection(
             f"jdbc:postgresql://{host}:{port}/{url.database}{suffix}",
             MAVEN_POSTGRESQL,
             user=url.username,
-            password=url.password if isinstance(url.password, str) else None,
+            password=url.password,
         )
     raise SparkConfError(
         f"catalog.uri {uri!r}: no JDBC mapping for the {backend!r} database; "
@@ -228,8 +223,63 @@ def jdbc_connection(uri: str) -> JdbcConnection:
     )
 
 
-def _as_list(values: str | Sequence[str]) -> list[str]:
-    return [values] if isinstance(values, str) else list(values)
+# SQLAlchemy's URL grammar (sqlalchemy.engine.url._parse_url), read here without importing
+# SQLAlchemy: its import alone is most of spark-conf's start-up time.
+_DATABASE_URI: Final = re.compile(
+    r"""
+    (?P<name>[\w+]+)://
+    (?:(?P<username>[^:/]*)(?::(?P<password>[^@]*))?@)?
+    (?:(?:\[(?P<ipv6host>[^/?]+)\]|(?P<ipv4host>[^/:?]+))?(?::(?P<port>[^/?]*))?)?
+    (?:/(?P<database>[^?]*))?
+    (?:\?(?P<query>.*))?
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _DatabaseUri:
+    """The parts of a SQLAlchemy database URI that a JDBC URL takes."""
+
+    backend: str  # the dialect: the driver name left of any "+driver"
+    host: str | None
+    port: int | None
+    database: str | None
+    username: str | None
+    password: str | None
+    query: list[tuple[str, str]]
+
+
+def _database_uri(uri: str) -> _DatabaseUri:
+    """``uri`` parsed as SQLAlchemy's ``make_url`` parses it (SparkConfError if it cannot)."""
+    match = _DATABASE_URI.match(uri)
+    if match is None:
+        raise SparkConfError(
+            f"catalog.uri {uri!r} is not a database URI: Could not parse SQLAlchemy URL "
+            "from given URL string"
+        )
+    parts = match.groupdict()
+    port = parts["port"]
+    if port is not None and not port.isdecimal():
+        raise SparkConfError(f"catalog.uri {uri!r}: port {port!r} is not a number")
+
+    def unquoted(name: str) -> str | None:
+        return None if parts[name] is None else unquote(parts[name])
+
+    # Repeated keys side by side, in the order of their first use (SQLAlchemy's query dict).
+    query: dict[str, list[str]] = {}
+    for key, value in parse_qsl(parts["query"] or ""):
+        query.setdefault(key, []).append(value)
+
+    return _DatabaseUri(
+        backend=parts["name"].split("+")[0],
+        host=parts["ipv4host"] or parts["ipv6host"],
+        port=int(port) if port else None,
+        database=unquoted("database"),
+        username=unquoted("username"),
+        password=unquoted("password"),
+        query=[(key, value) for key, values in query.items() for value in values],
+    )
 
 
 def _passed_on(kind: str, key: str) -> bool:
@@ -384,6 +434,8 @@ def spark_settings(
     jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven). ``spark``: the
     Spark line whose Iceberg runtime is named (or looked for in ``runtime_dir``).
     """
+    from daemon.config import is_secret_key, redact_uri
+
     spark = spark_line(spark)
     catalog = config.catalog
     name = catalog_name or catalog.name

@@ -16,19 +16,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from daemon.config import (
-    Config,
-    ConfigFileError,
-    env_overrides,
-    load_config,
-    redacted,
-    render_toml,
-    resolve_config_path,
-)
 from daemon.errors import ConfigError, IcespoolError, SparkConfError
+
+# The config model (pydantic, the type grammar) is imported by the commands that load a
+# config, not by --help, --version or a status call given --url and --token-file.
+if TYPE_CHECKING:
+    from daemon.config import Config
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -40,10 +35,20 @@ _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def _version() -> str:
+    from importlib import metadata  # scans the installed distributions: only for --version
+
     try:
         return metadata.version("icespool")
     except metadata.PackageNotFoundError:  # running from a source tree without installing
         return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, with the version looked up only when asked for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"icespool {_version()}")
+        parser.exit()
 
 
 def _add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ingestion daemon: Kafka/HTTP -> durable Arrow IPC spool -> Parquet -> "
         "Apache Iceberg.",
     )
-    parser.add_argument("--version", action="version", version=f"icespool {_version()}")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        nargs=0,
+        help="show program's version number and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the daemon in the foreground")
@@ -225,6 +235,8 @@ def _error(message: str) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
+    from daemon.config import load_config
+
     config = load_config(args.config)
     updates: dict[str, Any] = {}
     if getattr(args, "log_level", None):
@@ -237,6 +249,8 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    from daemon.config import env_overrides, redacted, render_toml, resolve_config_path
+
     config = _load(args)
     _check_http_files(config)
     data = redacted(config)
@@ -540,6 +554,8 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``icespool`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from daemon.config import ConfigFileError
+
     try:
         return _COMMANDS[args.command](args)
     except ConfigFileError as exc:

@@ -29,7 +29,9 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.cdc import OP_COLUMN, key_type_problem
+# Submodules, not the packages: these import no pyarrow, so loading a config (the CLI)
+# stays light.
+from daemon.cdc._key import OP_COLUMN, key_type_problem
 from daemon.config._catalog_keys import (
     SECRET_FILE_SUFFIX,
     canonical_catalog_keys,
@@ -38,9 +40,8 @@ from daemon.config._catalog_keys import (
 )
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 from daemon.errors import ConfigError, UnknownTableError
-from daemon.schema import (
+from daemon.schema._grammar import (
     PartitionTerm,
-    load_schema_file,
     parse_partition,
     parse_sort,
     parse_type_string,
@@ -1154,6 +1155,8 @@ def _check_avro(i: int, kafka: KafkaConfig) -> None:
             "format 'avro' routes records before decoding them; route by 'route_header'",
         )
     if schema_file is not None:
+        from daemon.schema._avro import load_schema_file  # fastavro: only for this check
+
         try:
             load_schema_file(schema_file)
         except ValueError as exc:

@@ -13,18 +13,25 @@ _dead_letter  the dead-letter table's rows and the topic alternative
 _replay       dead letters back into their tables, exactly once
 """
 
-from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
-from daemon.kafka._offsets import OffsetBook
-from daemon.kafka._replay import (
-    FILTER_KEYS as REPLAY_FILTER_KEYS,
-)
-from daemon.kafka._replay import (
-    DeadLetterReplay,
-    ReplayFilter,
-    ReplayResult,
-    replay_group,
-)
-from daemon.kafka._source import KafkaSource
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from daemon._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
+    from daemon.kafka._offsets import OffsetBook
+    from daemon.kafka._replay import (
+        FILTER_KEYS as REPLAY_FILTER_KEYS,
+    )
+    from daemon.kafka._replay import (
+        DeadLetterReplay,
+        ReplayFilter,
+        ReplayResult,
+        replay_group,
+    )
+    from daemon.kafka._source import KafkaSource
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
@@ -37,3 +44,23 @@ __all__ = [
     "dead_letter_schema",
     "replay_group",
 ]
+
+# Imported when first used: see daemon._lazy.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "daemon.kafka._dead_letter": (
+            "DEAD_LETTER_COLUMNS",
+            "dead_letter_schema",
+        ),
+        "daemon.kafka._offsets": ("OffsetBook",),
+        "daemon.kafka._replay": (
+            ("REPLAY_FILTER_KEYS", "FILTER_KEYS"),
+            "DeadLetterReplay",
+            "ReplayFilter",
+            "ReplayResult",
+            "replay_group",
+        ),
+        "daemon.kafka._source": ("KafkaSource",),
+    },
+)
