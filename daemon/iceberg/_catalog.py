@@ -30,9 +30,9 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
 from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
-from daemon.iceberg._rest import BoundedRestCatalog
-from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._timeouts import catalog_properties, short_error
+from daemon.iceberg._upstream._rest import BoundedRestCatalog
+from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
 from daemon.schema import SchemaDifference, schema_diff
 
 if TYPE_CHECKING:
