@@ -36,7 +36,7 @@ from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
 from daemon.schema import SchemaDifference, schema_diff
 
 if TYPE_CHECKING:
-    from daemon.iceberg._hive import BoundedHiveCatalog
+    from daemon.iceberg._upstream._hive import BoundedHiveCatalog
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
@@ -97,7 +97,7 @@ def _hive_catalog() -> type[BoundedHiveCatalog]:
     """`BoundedHiveCatalog`, imported only for a Hive catalog: it needs thrift, which only
     the ``hive`` extra installs."""
     try:
-        from daemon.iceberg._hive import BoundedHiveCatalog
+        from daemon.iceberg._upstream._hive import BoundedHiveCatalog
     except ImportError as exc:
         raise CatalogError(
             f"catalog type 'hive' needs the thrift package ({exc}): install "

@@ -25,7 +25,15 @@ from typing import Any, Final
 
 from daemon.errors import IcespoolError
 
-__all__ = ["LIBRARY", "PINS", "TESTED_RANGE", "Pin", "UpstreamContractError", "check_contract"]
+__all__ = [
+    "HIVE_PINS",
+    "LIBRARY",
+    "PINS",
+    "TESTED_RANGE",
+    "Pin",
+    "UpstreamContractError",
+    "check_contract",
+]
 
 LIBRARY: Final = "pyiceberg"
 #: The versions the suite ran against: >=0.12, <0.13 (pyproject.toml pins the same).
@@ -416,6 +424,25 @@ PINS: Final[tuple[Pin, ...]] = (
 )
 
 
+_HIVE = "pyiceberg.catalog.hive"
+
+#: What _hive.py relies on: checked when it is imported (a Hive catalog; it needs thrift).
+HIVE_PINS: Final = (
+    Pin(
+        "_hive.py",
+        f"{_HIVE}._HiveClient.__init__",
+        (
+            _params("self", "uri", "ugi", "kerberos_auth", "kerberos_service_name"),
+            _uses("_uri", "_ugi", "_kerberos_auth", "_kerberos_service_name"),
+        ),
+    ),
+    Pin("_hive.py", f"{_HIVE}._HiveClient._init_thrift_transport", (_params("self"),)),
+    Pin("_hive.py", f"{_HIVE}._HiveClient.__enter__", (_params("self"),)),
+    Pin("_hive.py", f"{_HIVE}.HiveCatalog.__init__", (_uses("_create_hive_client", "_client"),)),
+    Pin("_hive.py", f"{_HIVE}.HiveCatalog._create_hive_client", (_kind(staticmethod),)),
+)
+
+
 def _resolve(target: str) -> Any:
     """The object at ``target``, from the package down: attributes first, a submodule
     imported only where no attribute has the name (a failed import costs a path search).
@@ -478,9 +505,9 @@ def problems(pins: Iterable[Pin] = PINS) -> list[str]:
     return found
 
 
-def check_contract() -> None:
-    """Raise UpstreamContractError (one line) unless the installed pyiceberg has what the
-    fence relies on, in a version the suite ran against."""
+def check_contract(pins: Iterable[Pin] = PINS) -> None:
+    """Raise UpstreamContractError (one line) unless the installed pyiceberg has what
+    ``pins`` rely on, in a version the suite ran against."""
     version = _version()
     if not _in_range(version):
         (low_major, low_minor), (high_major, high_minor) = TESTED_RANGE
@@ -489,7 +516,7 @@ def check_contract() -> None:
             f"tested with (>={low_major}.{low_minor},<{high_major}.{high_minor}); "
             "install a version in that range"
         )
-    found = problems()
+    found = problems(pins)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise UpstreamContractError(f"{LIBRARY} {version}: {found[0]} needs an update{more}")

@@ -13,6 +13,11 @@ per catalog, which has two problems for the daemon:
 connection of its own (what pyiceberg does from the second call on anyway), kept per
 thread, with ``timeouts.catalog_connect`` to connect and ``timeouts.catalog_request`` for
 every read and write on it after.
+
+Relies on (``_contract.HIVE_PINS``, checked when this module is imported, which only a Hive
+catalog does: it needs thrift): ``_HiveClient.__init__(uri, ugi, kerberos_auth,
+kerberos_service_name)`` and the attributes it sets, ``_init_thrift_transport``, and
+``HiveCatalog.__init__`` building its client through ``_create_hive_client``.
 """
 
 from __future__ import annotations
@@ -36,8 +41,11 @@ from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
 from daemon.config import TimeoutsConfig
+from daemon.iceberg._upstream._contract import HIVE_PINS, check_contract
 
 __all__ = ["BoundedHiveCatalog"]
+
+check_contract(HIVE_PINS)
 
 
 class _BoundedSocket(TSocket.TSocket):  # type: ignore[misc]
