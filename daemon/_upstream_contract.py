@@ -32,6 +32,7 @@ __all__ = [
     "accepts",
     "check_contract",
     "columns",
+    "equals",
     "fields",
     "handles",
     "has",
@@ -145,6 +146,15 @@ def locals_named(*names: str) -> Check:
             return "is no Python function"
         missing = [name for name in names if name not in code.co_varnames]
         return f"no longer has the local {', '.join(missing)}" if missing else None
+
+    return check
+
+
+def equals(expected: object) -> Check:
+    """The object (a module constant) is ``expected``."""
+
+    def check(obj: Any) -> str | None:
+        return None if obj == expected else f"is {obj!r}, no longer {expected!r}"
 
     return check
 

@@ -248,7 +248,7 @@ class Icespool:
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
             # Imported here: the Kafka client (aiokafka, and the internals of it that
-            # daemon.kafka._batches and _raw_fetch use) only where a source is configured.
+            # daemon.kafka._upstream reaches into) only where a source is configured.
             from daemon.kafka import KafkaSource
 
             source = KafkaSource(

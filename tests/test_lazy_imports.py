@@ -4,7 +4,7 @@
 fraction of a second, so they import no pyarrow, no catalog side of pyiceberg, no Kafka
 client and no aiohttp server (the config model's type grammar may use pyiceberg's type
 classes: `pyiceberg.types` and what it imports). A daemon without `[[kafka]]` never imports
-aiokafka (nor daemon.kafka._batches / _raw_fetch, which reach into its internals).
+aiokafka (nor the fence daemon.kafka._upstream, which reaches into its internals).
 Each case runs in a fresh interpreter and reports its `sys.modules`; the contrast cases
 (`check-config --connect`, a Kafka source configured) show the probe sees the imports.
 """
@@ -95,8 +95,7 @@ PYICEBERG_TYPES = ("pyiceberg.types", "pyiceberg.typedef", "pyiceberg.exceptions
 KAFKA_CLIENT = (
     "aiokafka",
     "daemon.kafka._source",
-    "daemon.kafka._batches",
-    "daemon.kafka._raw_fetch",
+    "daemon.kafka._upstream",
 )
 
 
@@ -234,8 +233,7 @@ def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
     for name in (
         "aiokafka",
         "daemon.kafka._source",
-        "daemon.kafka._batches",
-        "daemon.kafka._raw_fetch",
+        "daemon.kafka._upstream",
     ):
         assert name in modules, name
 

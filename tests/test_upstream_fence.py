@@ -49,6 +49,7 @@ from pyiceberg.table.update import (
 from pyiceberg.transforms import DayTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType, TimestampType
+from support.private_names import defined_by, outside, private_attributes, touches
 
 from daemon.iceberg._upstream import _contract
 from daemon.iceberg._upstream._contract import (
@@ -370,104 +371,19 @@ def test_staging_gives_upstreams_pending_metadata(table: Table) -> None:
 # ---------------------------------------------------------------- nothing outside the fence
 
 
-def _private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
-
-
-def _pyiceberg_private_attributes() -> set[str]:
-    """Private attribute and method names pyiceberg's classes define (``self._x = ...``,
-    ``def _x``, class-level ``_x``)."""
-    names: set[str] = set()
-    for path in Path(pyiceberg.__file__).parent.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef):
-                for item in node.body:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        names.add(item.name)
-                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                        names.add(item.target.id)
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "self"
-            ):
-                names.add(node.attr)
-    return {name for name in names if _private(name)}
-
-
-def _defined_by(tree: ast.AST) -> set[str]:
-    """Private names a module of ours defines itself (its own attributes and methods)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    return names
-
-
-def _outside_the_fence() -> dict[Path, ast.AST]:
-    return {
-        path: ast.parse(path.read_text(encoding="utf-8"))
-        for path in sorted((REPO / "daemon").rglob("*.py"))
-        if FENCE not in path.parents
-    }
-
-
 def _touches(path: Path, tree: ast.AST, vocabulary: set[str]) -> list[str]:
-    where = path.relative_to(REPO)
-    found: list[str] = []
-    pyiceberg_names: set[str] = set()  # names bound to pyiceberg modules or classes
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyiceberg"):
-            module = node.module or ""
-            if any(_private(part) for part in module.split(".")):
-                found.append(f"{where}:{node.lineno}: imports from {module}")
-            for alias in node.names:
-                if _private(alias.name):
-                    found.append(f"{where}:{node.lineno}: imports {module}.{alias.name}")
-                pyiceberg_names.add(alias.asname or alias.name)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("pyiceberg"):
-                    if any(_private(part) for part in alias.name.split(".")):
-                        found.append(f"{where}:{node.lineno}: imports {alias.name}")
-                    pyiceberg_names.add((alias.asname or alias.name).split(".")[0])
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute) or not _private(node.attr):
-            continue
-        root = node.value
-        while isinstance(root, ast.Attribute):
-            root = root.value
-        if isinstance(root, ast.Name) and root.id in pyiceberg_names:
-            found.append(f"{where}:{node.lineno}: {root.id}...{node.attr}")
-        elif pyiceberg_names and node.attr in vocabulary:
-            # Only where pyiceberg is imported: aiokafka's objects have private names too.
-            found.append(f"{where}:{node.lineno}: .{node.attr} (a pyiceberg private name)")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and any(
-            isinstance(base, ast.Name) and base.id in pyiceberg_names for base in node.bases
-        ):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and _private(item.name):
-                    found.append(
-                        f"{where}:{item.lineno}: {node.name} overrides pyiceberg's {item.name}"
-                    )
-    return found
+    return touches(path.relative_to(REPO), tree, "pyiceberg", vocabulary)
 
 
 def test_nothing_outside_the_fence_touches_pyiceberg_private_names() -> None:
-    modules = _outside_the_fence()
+    modules = outside(REPO / "daemon", FENCE)
     ours: set[str] = set()
     for tree in modules.values():
-        ours |= _defined_by(tree)
+        ours |= defined_by(tree)
     # A private name pyiceberg uses that a module of ours also defines for itself (a
     # `_log`, a `_lock`) says nothing about whom an access reaches; the import and
     # subclass rules still catch those.
-    vocabulary = _pyiceberg_private_attributes() - ours
+    vocabulary = private_attributes(Path(pyiceberg.__file__).parent) - ours
     assert {"_do_commit", "_updates", "_snapshot_producers", "_iceberg_type_filter"} <= vocabulary
     found = [line for path, tree in modules.items() for line in _touches(path, tree, vocabulary)]
     assert found == []

@@ -8,9 +8,10 @@ _offsets      offset ranges kept in table properties; a commit's claims
 _commit       idle tables' ranges, consumer-group commits and lag
 _decode       JSON and raw values -> Arrow batches, dead records
 _avro         Avro values (registry or schema file) -> Arrow batches
-_raw_fetch    reading past records the client cannot parse
 _dead_letter  the dead-letter table's rows and the topic alternative
 _replay       dead letters back into their tables, exactly once
+_upstream     the fence around aiokafka's internals (batch-drained getmany, raw
+              fetches, topic ids, committed offsets), checked on import
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.helpers import create_ssl_context
 
 from daemon.config import KafkaConfig
+from daemon.kafka._upstream._consumer import committed_offsets
 
 __all__ = [
     "PROBE_TIMEOUT",
@@ -89,7 +90,7 @@ async def group_positions(
     nothing itself (`new_consumer`)."""
     if not tps:
         return {}
-    found = await consumer._coordinator.fetch_committed_offsets(list(tps))
+    found = await committed_offsets(consumer, tps)
     positions = {tp: int(found[tp].offset) for tp in tps if tp in found and found[tp].offset >= 0}
     rest = [tp for tp in tps if tp not in positions]
     if rest:

@@ -5,24 +5,22 @@ aiokafka hides the cause of a failed bootstrap: ``consumer.start()`` raises
 certificate not trusted, client certificate refused, SASL login refused) and only
 logs the real error. And a SCRAM login the broker refuses with an RFC 5802 error
 (``e=unknown-user``, ``e=invalid-proof``) surfaces as ``KeyError: 'v'`` from its
-SCRAM client. ``connect_problem`` turns both into a reason for ``/v1/status``.
+SCRAM client. ``connect_problem`` turns both into a reason for ``/v1/status`` (the
+connection and the SCRAM frame are read through ``daemon.kafka._upstream._probe``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
-from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from daemon.kafka._upstream._probe import connect_once, scram_final_message
 
 __all__ = ["connect_problem"]
 
 _PROBE_SECONDS = 5.0
-# aiokafka's ScramAuthenticator method that reads the broker's final SCRAM message.
-_SCRAM_FINAL = "process_server_final_message"
 _CLIENT_KEYS = (
     "security_protocol",
     "ssl_context",
@@ -32,24 +30,14 @@ _CLIENT_KEYS = (
 )
 
 
-def _tracebacks(exc: BaseException) -> list[TracebackType]:
-    found = []
-    tb = exc.__traceback__
-    while tb is not None:
-        found.append(tb)
-        tb = tb.tb_next
-    return found
-
-
 def _scram_refusal(exc: BaseException, options: Mapping[str, Any]) -> str | None:
     """The broker's refusal of a SCRAM login that aiokafka reports as KeyError."""
     mechanism = str(options.get("sasl_mechanism") or "")
     if not isinstance(exc, KeyError) or not mechanism.startswith("SCRAM-"):
         return None
-    frames = [tb.tb_frame for tb in _tracebacks(exc) if tb.tb_frame.f_code.co_name == _SCRAM_FINAL]
-    if not frames:
+    refused, said = scram_final_message(exc)  # the broker's answer, e.g. e=unknown-user
+    if not refused:
         return None
-    said = frames[-1].f_locals.get("server_final")  # the broker's answer, e.g. e=unknown-user
     user = options.get("sasl_plain_username")
     answer = f" ({said})" if isinstance(said, str) else ""
     return f"SASL {mechanism} login refused by the broker for user {user!r}{answer}"
@@ -75,15 +63,7 @@ async def connect_problem(exc: BaseException, options: Mapping[str, Any]) -> str
     for server in options["bootstrap_servers"]:
         host, _, port = str(server).rpartition(":")
         try:
-            conn = await asyncio.wait_for(
-                create_conn(
-                    host.strip("[]"),
-                    int(port),
-                    request_timeout_ms=int(_PROBE_SECONDS * 1000),
-                    **client,
-                ),
-                _PROBE_SECONDS,
-            )
+            conn = await connect_once(host.strip("[]"), int(port), _PROBE_SECONDS, client)
         except Exception as err:  # everything a connection attempt can raise, as text
             causes.append(f"{server}: {_describe(err, options)}")
         else:

@@ -41,7 +41,6 @@ from aiokafka.errors import (
 from daemon.config import KafkaConfig
 from daemon.fanout import CATALOG_CONCURRENCY, fan_out
 from daemon.ingest import Ingest
-from daemon.kafka._batches import getmany
 from daemon.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
@@ -64,10 +63,11 @@ from daemon.kafka._offsets import (
     resume_position,
 )
 from daemon.kafka._partitions import Assignment, Partition, PartitionState
-from daemon.kafka._raw_fetch import fetch_raw
 from daemon.kafka._routing import Router, router_for
-from daemon.kafka._topic_ids import topic_ids
 from daemon.kafka._topic_life import PartitionChange, Resuming, find_changes, out_of_range
+from daemon.kafka._upstream._batches import getmany
+from daemon.kafka._upstream._raw_fetch import fetch_raw
+from daemon.kafka._upstream._topic_ids import topic_ids
 from daemon.metrics import Metrics
 from daemon.retry import Backoff
 from daemon.writer import TableWriter
@@ -368,8 +368,8 @@ class KafkaSource:
 
     async def _poll(self, consumer: AIOKafkaConsumer) -> _Polled:
         """aiokafka's getmany, draining its prefetched records a record batch at a
-        time (no Python frame per record; see _batches), with each partition's epoch
-        as it was before the drain."""
+        time (no Python frame per record; see daemon.kafka._upstream._batches), with
+        each partition's epoch as it was before the drain."""
         seen = {part.tp: (part, part.epoch) for part in self._parts}
         return await getmany(consumer, _POLL_MS), seen
 
@@ -481,9 +481,9 @@ class KafkaSource:
             async with asyncio.timeout(PROBE_TIMEOUT * 2):
                 # Before the check: a topic re-created after it shows as a changed id.
                 ids = await topic_ids(
-                    consumer._client, sorted({p.tp.topic for p in waiting}), PROBE_TIMEOUT
+                    consumer, sorted({p.tp.topic for p in waiting}), PROBE_TIMEOUT
                 )
-                changes = await find_changes(consumer, consumer._client, resuming, PROBE_TIMEOUT)
+                changes = await find_changes(consumer, resuming, PROBE_TIMEOUT)
                 group_at = await group_positions(consumer, unknown, self.config.auto_offset_reset)
         except (KafkaError, OSError, TimeoutError) as exc:
             self._init_retry_at = time.monotonic() + _INIT_RETRY
@@ -596,9 +596,9 @@ class KafkaSource:
 
     async def _check_topic_ids(self, consumer: AIOKafkaConsumer) -> None:
         """Whether a topic was re-created under partitions this member kept through
-        it (see `daemon.kafka._topic_ids`): its id is not the one seen at assignment."""
+        it (see `daemon.kafka._upstream._topic_ids`): its id is not the one seen at assignment."""
         asked = [p for p in self._parts if p.ready]
-        ids = await topic_ids(consumer._client, sorted({p.tp.topic for p in asked}), PROBE_TIMEOUT)
+        ids = await topic_ids(consumer, sorted({p.tp.topic for p in asked}), PROBE_TIMEOUT)
         if not ids:
             return
         async with self._lock:
@@ -703,7 +703,7 @@ class KafkaSource:
                         reset = self.config.auto_offset_reset
                         offset = (await group_positions(consumer, [tp], reset))[tp]
                 records, after = await fetch_raw(
-                    consumer._client,
+                    consumer,
                     tp,
                     offset,
                     _RAW_FETCH_BYTES,

@@ -32,14 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from daemon.fanout import fan_out
 from daemon.kafka._offsets import RecordMark
-from daemon.kafka._raw_fetch import fetch_raw
+from daemon.kafka._upstream._raw_fetch import fetch_raw
 
 __all__ = ["PartitionChange", "Resuming", "find_changes", "out_of_range"]
 
@@ -65,7 +65,7 @@ class PartitionChange:
 
 
 async def find_changes(
-    consumer: AIOKafkaConsumer, client: Any, resuming: Sequence[Resuming], seconds: float
+    consumer: AIOKafkaConsumer, resuming: Sequence[Resuming], seconds: float
 ) -> dict[TopicPartition, PartitionChange]:
     """The partitions of ``resuming`` that changed under the tables (see the module
     doc); ``seconds`` bounds each fetch. Raises what Kafka raised (the caller retries
@@ -86,7 +86,7 @@ async def find_changes(
         found: RecordMark | None = None
         if probe >= start:
             try:
-                records, _ = await fetch_raw(client, item.tp, probe, _FETCH_BYTES, seconds)
+                records, _ = await fetch_raw(consumer, item.tp, probe, _FETCH_BYTES, seconds)
             except OffsetOutOfRangeError:
                 records = []
             record = next((r for r in records if r.offset == probe), None)

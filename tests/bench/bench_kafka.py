@@ -94,7 +94,7 @@ from bench_write_path import (
 
 from daemon.config import validate_config
 from daemon.iceberg._catalog import load_catalog
-from daemon.kafka._batches import getmany as batched_getmany
+from daemon.kafka._upstream._batches import getmany as batched_getmany
 from daemon.schema import parse_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -263,7 +263,7 @@ async def bare_pipe(
     batched: bool = False,
     isolation_level: str = "read_uncommitted",
 ) -> Run:
-    """(a); with ``batched``, (a''): the daemon's client path (`daemon.kafka._batches`:
+    """(a); with ``batched``, (a''): the daemon's client path (`daemon.kafka._upstream._batches`:
     aiokafka's prefetched records drained a record batch at a time)."""
     began = time.time()
     consumer, assigned = await _consumer(bootstrap, topic, group, isolation_level)

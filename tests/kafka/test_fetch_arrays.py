@@ -6,7 +6,7 @@ joined body and its bytes, never value by value: these tests pin that every reco
 still gets exactly the outcome the per-record guards gave it (empty, oversized at
 the byte boundary, whitespace only, raw newlines and CRs, too deep, null keys), in
 fetches of a few records and of more than 100,000. The batched ``getmany``
-(`daemon.kafka._batches`) is checked against aiokafka's own ``getmany`` on a real
+(`daemon.kafka._upstream._batches`) is checked against aiokafka's own ``getmany`` on a real
 broker (Apache Kafka), with poll limits that cut record batches, a pause and a seek.
 """
 
@@ -22,9 +22,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from support.kafka_harness import Broker, create_topic, produce_values, unique_name
 
 from daemon.decode import JsonOptions
-from daemon.kafka._batches import BATCHED, getmany
 from daemon.kafka._decode import Fetch, decode_json
-from daemon.kafka._raw_fetch import RawRecord
+from daemon.kafka._upstream._batches import getmany
+from daemon.kafka._upstream._contract import problems
+from daemon.kafka._upstream._raw_fetch import RawRecord
 
 META = ["_kafka_offset", "_kafka_key", "_kafka_timestamp"]
 SCHEMA = pa.schema(
@@ -184,7 +185,7 @@ async def _consumer(broker: Broker, topic: str, group: str) -> AIOKafkaConsumer:
 async def test_batched_getmany_hands_out_what_aiokafka_does_across_cuts_pause_and_seek(
     broker: Broker,
 ) -> None:
-    assert BATCHED, "the aiokafka version changed: check daemon.kafka._batches"
+    assert problems() == [], "the aiokafka version changed: check daemon/kafka/_upstream/"
     topic = unique_name("fetch-arrays")
     await create_topic(broker.bootstrap, topic, 2)
     total = 4_000

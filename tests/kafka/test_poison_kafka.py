@@ -39,7 +39,7 @@ from support.service_helpers import metric, table_rows, wait_rows
 from daemon.config import Config
 from daemon.kafka._avro import FileSchema, decode_avro
 from daemon.kafka._decode import Fetch, decode_json
-from daemon.kafka._raw_fetch import parse_batches
+from daemon.kafka._upstream._raw_fetch import parse_batches
 from daemon.service import Icespool
 
 MakeConfig = Callable[..., Config]

@@ -26,8 +26,9 @@ from pyiceberg.catalog import load_catalog
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.kafka_harness import Broker, create_topic, produce_transaction, unique_name
 
-from daemon.kafka._batches import BATCHED, getmany
-from daemon.kafka._raw_fetch import fetch_raw
+from daemon.kafka._upstream._batches import getmany
+from daemon.kafka._upstream._contract import problems
+from daemon.kafka._upstream._raw_fetch import fetch_raw
 
 PARTITIONS = 4
 #: The longest a source may take to drain what was produced before it (seconds).
@@ -369,7 +370,7 @@ async def test_batch_drained_read_committed_hands_out_what_aiokafka_does(broker:
     """The daemon drains read_committed fetches a record batch at a time too: aborted
     transactions (from the fetch's aborted-transactions list, up to each abort marker)
     and control batches are skipped exactly as aiokafka's per-record path skips them."""
-    assert BATCHED, "the aiokafka version changed: check daemon.kafka._batches"
+    assert problems() == [], "the aiokafka version changed: check daemon/kafka/_upstream/"
     topic = unique_name("txn-drain")
     await create_topic(broker.bootstrap, topic, PARTITIONS)
     plans = _plan(producers=3, transactions=10, size=300, aborts_every=[2, 3, 1])
@@ -464,12 +465,12 @@ async def test_a_raw_fetch_read_committed_leaves_out_aborted_and_open_transactio
         await _one_partition_log(broker, topic, opened, poison=False)
         tp = TopicPartition(topic, 0)
         await client._client.force_metadata_update()
-        committed, after = await fetch_raw(client._client, tp, 0, 1 << 20, 10, "read_committed")
+        committed, after = await fetch_raw(client, tp, 0, 1 << 20, 10, "read_committed")
         assert [json.loads(r.value or b"")["id"] for r in committed] == list(range(200, 210))
         # Ten aborted records and their marker, ten committed and theirs: the open
         # transaction starts at offset 22, where the committed read stops.
         assert after == 22
-        everything, end = await fetch_raw(client._client, tp, 0, 1 << 20, 10)
+        everything, end = await fetch_raw(client, tp, 0, 1 << 20, 10)
         ids = [json.loads(r.value or b"")["id"] for r in everything]
         assert ids == [*range(10), *range(200, 210), *range(300, 310), 400]
         assert end == 33

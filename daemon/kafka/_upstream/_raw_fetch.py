@@ -19,6 +19,12 @@ With ``read_committed`` it reads what the consumer would: the broker returns not
 past the last stable offset, and the batches of aborted transactions (the fetch's
 aborted-transactions list, each producer up to its abort marker) are left out as
 aiokafka leaves them out.
+
+Relies on (checked by ``_contract``): the consumer's ``_client`` (an ``AIOKafkaClient``
+with ``cluster`` and ``send(node_id, request)``), ``FetchRequest(max_wait_time,
+min_bytes, max_bytes, isolation_level, topics)``, and ``_DefaultRecordBatchPy``'s
+``_buffer``, ``_pos``, ``_num_records`` and ``_maybe_uncompress``, read as its
+``_read_msg`` reads them, with ``decode_varint_py(buffer, pos)``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, for_code
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
@@ -58,15 +64,17 @@ class RawRecord:
 
 
 async def fetch_raw(
-    client: Any,
+    consumer: AIOKafkaConsumer,
     tp: TopicPartition,
     offset: int,
     max_bytes: int,
     seconds: float,
     isolation_level: str = "read_uncommitted",
 ) -> tuple[list[RawRecord], int]:
-    """The records of ``tp`` from ``offset`` in one fetch (bounded by ``seconds``), and
-    the offset after the last complete batch (``offset`` when there is none yet)."""
+    """The records of ``tp`` from ``offset`` in one fetch through ``consumer``'s client
+    (bounded by ``seconds``), and the offset after the last complete batch (``offset``
+    when there is none yet)."""
+    client: Any = consumer._client
     node = client.cluster.leader_for_partition(tp)
     if node is None or node < 0:
         raise KafkaError(f"no leader known for {tp.topic}[{tp.partition}]")

@@ -13,6 +13,11 @@ the flexible encoding aiokafka's protocol types already have): the source keeps 
 ids it saw when its partitions were checked and compares them on every offset tick.
 A broker without v12 (or without ids, as some Kafka-protocol brokers) gives None:
 the check is skipped, and the other checks still hold.
+
+Relies on (checked by ``_contract``): aiokafka's protocol classes (``Request`` with
+``build(request_struct_class)`` and the struct classes it collects from its generic
+parameter, ``RequestStruct``, ``AbstractType``, the compact types), and the consumer's
+``_client`` with ``get_random_node`` and ``send``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 from io import BytesIO
 from typing import Any, ClassVar
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IncompatibleBrokerVersion, KafkaError
 from aiokafka.protocol.abstract import AbstractType
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -129,11 +135,14 @@ class _TopicIdsRequest(Request[_MetadataRequestV12]):  # type: ignore[misc]
         return request_struct_class([(_NO_ID, t, {}) for t in self._topics], False, False, {})
 
 
-async def topic_ids(client: Any, topics: Sequence[str], seconds: float) -> dict[str, bytes] | None:
+async def topic_ids(
+    consumer: AIOKafkaConsumer, topics: Sequence[str], seconds: float
+) -> dict[str, bytes] | None:
     """The ids of ``topics`` that exist (one Metadata v12 request through the consumer's
     own client, bounded by ``seconds``); None when the brokers cannot say."""
     if not topics:
         return {}
+    client: Any = consumer._client
     try:
         node = client.get_random_node()
         if node is None:

@@ -26,9 +26,17 @@ batch) ends that, and a transactional batch of an aborted producer is passed ove
 whole. The broker returns nothing past the last stable offset, so what is left is
 committed. Control batches are skipped at either level.
 
-The attributes read are those of aiokafka 0.14 (checked at import). Where they are
-not as expected, or where a result was partly read by aiokafka itself, aiokafka's
-own path runs.
+Where a result was partly read by aiokafka itself, aiokafka's own path runs.
+
+Relies on (checked by ``_contract``): the steps of ``AIOKafkaConsumer.getmany`` and
+``Fetcher.fetched_records`` (exactly the names they use), the consumer's ``_closed``,
+``_coordinator``, ``_subscription``, ``_fetcher`` and ``_max_poll_records``, the
+fetcher's ``_records``, ``_subscriptions``, ``_notify``, ``_wait_consume_future`` and
+``_create_fetch_waiter``, ``FetchResult``'s ``_topic_partition``,
+``_partition_records`` and ``_update_position``, and ``PartitionRecords``' state
+(``_records``, ``_records_iterator``, ``_isolation_level``, ``_check_crcs``, ``_tp``,
+``_aborted_producers``) with ``_consume_aborted_up_to`` and ``_contains_abort_marker``
+as ``_unpack_records`` uses them; ``READ_COMMITTED`` is 1.
 """
 
 from __future__ import annotations
@@ -37,25 +45,13 @@ import asyncio
 import inspect
 import time
 import weakref
-from typing import Any, Final
+from typing import Any
 
-import aiokafka
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.consumer import fetcher as _fetcher
 from aiokafka.errors import ConsumerStoppedError, CorruptRecordException
 
-__all__ = ["BATCHED", "getmany"]
-
-#: Whether this aiokafka has the internals `getmany` reads (else it is aiokafka's).
-BATCHED: Final = (
-    aiokafka.__version__.startswith("0.14.")
-    and hasattr(_fetcher, "FetchResult")
-    and hasattr(_fetcher, "PartitionRecords")
-    and hasattr(_fetcher.Fetcher, "_create_fetch_waiter")
-    and hasattr(_fetcher.PartitionRecords, "_consume_aborted_up_to")
-    and hasattr(_fetcher.PartitionRecords, "_contains_abort_marker")
-    and _fetcher.READ_COMMITTED == 1
-)
+__all__ = ["getmany"]
 
 
 class _Left:
@@ -77,9 +73,6 @@ async def getmany(consumer: AIOKafkaConsumer, timeout_ms: int) -> dict[TopicPart
     ``max_poll_records`` in all), waiting up to ``timeout_ms`` for some: aiokafka's
     ``getmany()`` with records drained a record batch at a time. The records have
     offset, timestamp, key, value and headers, as ConsumerRecords do."""
-    if not BATCHED:
-        records: dict[TopicPartition, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms)
-        return records
     if consumer._closed:
         raise ConsumerStoppedError()
     consumer._coordinator.check_errors()
