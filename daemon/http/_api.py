@@ -52,6 +52,7 @@ from daemon.http._encoding import (
 )
 from daemon.http._openapi import openapi_document
 from daemon.http._tls import load_certificate
+from daemon.http._upstream._site import ListeningSite
 from daemon.iceberg import short_error, unavailable
 from daemon.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
 from daemon.json_array import ndjson_from_array
@@ -232,50 +233,13 @@ async def start_http(
     )
     api.connections = connections
     try:
-        site = _Site(runner, host, port, tls, connections)
+        site = ListeningSite(runner, host, port, tls, connections)
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
     return HttpServer(runner, int(bound), api, tls, connections)
-
-
-class _Site(web.BaseSite):
-    """aiohttp's TCP site, listening through `Connections` (timeouts, per-IP cap)."""
-
-    def __init__(
-        self,
-        runner: web.AppRunner,
-        host: str,
-        port: int,
-        tls: ssl.SSLContext | None,
-        connections: Connections,
-    ) -> None:
-        super().__init__(runner, ssl_context=tls)
-        self._host = host
-        self._port = port
-        self._connections = connections
-
-    @property
-    def name(self) -> str:
-        return f"{'https' if self._ssl_context else 'http'}://{self._host}:{self._port}"
-
-    async def start(self) -> None:
-        await super().start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._connections.protocol,
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            # A client that never finishes its handshake is a slow-header client too.
-            ssl_handshake_timeout=(
-                self._connections.limits.header_timeout if self._ssl_context else None
-            ),
-            backlog=self._backlog,
-            reuse_address=True,
-        )
 
 
 class _MalformedRequests(logging.Filter):
