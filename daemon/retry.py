@@ -4,23 +4,37 @@ Every conflict retry (a data commit, a property-only commit, a schema change) an
 every reconnect backoff in the daemon takes its delays from a `Backoff`, so they
 all behave alike: jittered (replicas that collided do not collide again in step),
 capped, and bounded in attempts where a caller must eventually give up.
+
+`retry` (blocking) and `retry_async` run the loop itself for every other retry: which
+errors are worth another try (`Retryable`), the pause before it (a `Backoff`'s, or one
+the error names, as a full queue's ``retry_after``), what to do between tries (log,
+re-read what the next try builds on), and for `retry_async` a deadline past which no
+try starts. The last error is raised as it was.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import itertools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
 
-__all__ = ["Backoff", "retry_conflicts"]
+__all__ = ["Backoff", "Pause", "Retryable", "retry", "retry_async", "retry_conflicts"]
 
 _T = TypeVar("_T")
 _log = logging.getLogger("icespool.retry")
+
+#: Which errors get another try: exception types, or a test of the error.
+Retryable = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+#: The pause after failed try number ``n`` (1-based) that raised ``error``.
+Pause = Callable[[int, BaseException], float]
 
 
 @dataclass(frozen=True)
@@ -38,9 +52,80 @@ class Backoff:
         ceiling = min(self.cap, self.base * (2 ** max(0, attempt - 1)))
         return random.uniform(ceiling / 2, ceiling)
 
+    def pause(self, attempt: int, error: BaseException) -> float:
+        """`delay` as a `Pause` (the error does not change it)."""
+        return self.delay(attempt)
+
 
 #: Commits of Iceberg metadata that another writer may race (a catalog's swap).
 CONFLICTS = Backoff()
+
+
+def _retryable(retryable: Retryable, error: BaseException) -> bool:
+    if isinstance(retryable, type | tuple):
+        return isinstance(error, retryable)
+    return retryable(error)
+
+
+def retry(
+    attempt: Callable[[], _T],
+    *,
+    attempts: int,
+    retryable: Retryable,
+    pause: Pause,
+    on_retry: Callable[[int, BaseException, float], object] | None = None,
+) -> _T:
+    """Call ``attempt`` (blocking) until it returns, at most ``attempts`` times.
+
+    An error that is not ``retryable``, or that of the last try, is raised. Otherwise
+    ``on_retry(number, error, pause)`` runs (a log line, say) and ``pause(number,
+    error)`` seconds pass before the next try.
+    """
+    for number in itertools.count(1):
+        try:
+            return attempt()
+        except BaseException as exc:
+            if number >= attempts or not _retryable(retryable, exc):
+                raise
+            wait = pause(number, exc)
+            if on_retry is not None:
+                on_retry(number, exc, wait)
+        if wait > 0:
+            time.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def retry_async(
+    attempt: Callable[[], Awaitable[_T]],
+    *,
+    attempts: int | None,
+    retryable: Retryable,
+    pause: Pause,
+    on_retry: Callable[[int, BaseException, float], Awaitable[None] | None] | None = None,
+    deadline: float | None = None,
+) -> _T:
+    """`retry` on the event loop: ``attempt`` and ``on_retry`` may be awaited.
+
+    ``attempts`` None: no bound but ``deadline`` (a ``time.monotonic()`` value): a try
+    whose pause would end at or past it is not made, and the last error is raised.
+    """
+    for number in itertools.count(1):
+        try:
+            return await attempt()
+        except BaseException as exc:
+            last = attempts is not None and number >= attempts
+            if last or not _retryable(retryable, exc):
+                raise
+            wait = pause(number, exc)
+            if deadline is not None and time.monotonic() + wait >= deadline:
+                raise
+            if on_retry is not None:
+                done = on_retry(number, exc, wait)
+                if inspect.isawaitable(done):
+                    await done
+        if wait > 0:
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def retry_conflicts(
@@ -57,12 +142,10 @@ def retry_conflicts(
     raised: callers keep what they had (the spool, the partition's position) and
     try again later.
     """
-    for number in range(1, backoff.attempts + 1):
-        try:
-            return attempt()
-        except conflict as exc:
-            if number == backoff.attempts:
-                raise
-            _log.info("%s: conflict (attempt %d/%d): %s", what, number, backoff.attempts, exc)
-            time.sleep(backoff.delay(number))
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    def log(number: int, exc: BaseException, wait: float) -> None:
+        _log.info("%s: conflict (attempt %d/%d): %s", what, number, backoff.attempts, exc)
+
+    return retry(
+        attempt, attempts=backoff.attempts, retryable=conflict, pause=backoff.pause, on_retry=log
+    )

@@ -14,7 +14,6 @@ is retried in the background, and a failing writer retries its flushes itself.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -64,7 +63,7 @@ from daemon.maintenance import (
 from daemon.metrics import Metrics
 from daemon.pressure import PressureRelief
 from daemon.progress import Progress
-from daemon.retry import Backoff
+from daemon.retry import Backoff, retry_async
 from daemon.schema import (
     Policy,
     arrow_schema_for,
@@ -1030,20 +1029,24 @@ async def _final_commit(writer: TableWriter, deadline: float) -> None:
     """The shutdown commit of one table, retried while its catalog or object store is
     unreachable and the grace lasts: a blip as the daemon stops (a catalog restart in
     the same rollout) must not leave the spool to a start that may never come."""
-    for attempt in itertools.count(1):
-        try:
-            await writer.close("shutdown")
-            return
-        except Exception as exc:
-            delay = _FINAL_COMMIT.delay(attempt)
-            if unavailable(exc) is None or time.monotonic() + delay >= deadline:
-                _log.error("final commit failed; the spool keeps the records: %s", exc)
-                return
-            _log.warning(
-                "%s: shutdown commit failed (%s); retrying in %.1fs within the grace",
-                writer.name,
-                short_error(exc),
-                delay,
-                extra={"table": writer.name},
-            )
-        await asyncio.sleep(delay)
+
+    def log(number: int, exc: BaseException, delay: float) -> None:
+        _log.warning(
+            "%s: shutdown commit failed (%s); retrying in %.1fs within the grace",
+            writer.name,
+            short_error(exc),
+            delay,
+            extra={"table": writer.name},
+        )
+
+    try:
+        await retry_async(
+            lambda: writer.close("shutdown"),
+            attempts=None,
+            retryable=lambda exc: isinstance(exc, Exception) and unavailable(exc) is not None,
+            pause=_FINAL_COMMIT.pause,
+            on_retry=log,
+            deadline=deadline,
+        )
+    except Exception as exc:
+        _log.error("final commit failed; the spool keeps the records: %s", exc)

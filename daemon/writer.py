@@ -55,7 +55,7 @@ from daemon.iceberg import (
 )
 from daemon.lanes import Lane
 from daemon.metrics import Metrics
-from daemon.retry import Backoff
+from daemon.retry import Backoff, retry_async
 from daemon.schema import (
     EvolutionPlan,
     Policy,
@@ -635,15 +635,19 @@ class TableWriter:
         if not readable:
             return FlushResult(self.name, reason, None, 0)
         seg_ids = [data.info.id for data in readable]
-        for attempt in range(1, _REFILTER_ATTEMPTS + 1):
-            try:
-                outcome = await self._encode_and_commit(readable, marks, reason)
-                break
-            except ClaimsMovedError as exc:
-                if attempt == _REFILTER_ATTEMPTS:
-                    raise
-                _log.warning("%s: %s; filtering again", self.name, exc)
-                marks = await asyncio.to_thread(self._committed_marks, seg_ids)
+
+        async def filter_again(number: int, exc: BaseException, _: float) -> None:
+            nonlocal marks
+            _log.warning("%s: %s; filtering again", self.name, exc)
+            marks = await asyncio.to_thread(self._committed_marks, seg_ids)
+
+        outcome = await retry_async(
+            lambda: self._encode_and_commit(readable, marks, reason),
+            attempts=_REFILTER_ATTEMPTS,
+            retryable=ClaimsMovedError,
+            pause=lambda *_: 0.0,
+            on_retry=filter_again,
+        )
         if outcome is None:  # every row was already in the table
             for data in readable:
                 await self._spool.delete(data.info.id)

@@ -88,6 +88,7 @@ from daemon.iceberg._segments import (
 from daemon.iceberg._upstream._merge_append import MergeAppend, MergeRowDelta
 from daemon.iceberg._upstream._transaction import Staging, abandon
 from daemon.retry import CONFLICTS, Backoff
+from daemon.retry import retry as retry_attempts
 
 __all__ = ["PropertyUpdate", "StaleEncodingError", "commit_files"]
 
@@ -106,6 +107,14 @@ class StaleEncodingError(CommitError):
     committing them would record wrong partition values. Re-encode the segments (the
     spool still holds them) and commit again.
     """
+
+
+class _Failed(Exception):
+    """An attempt that failed in a way another attempt may fix; ``error`` is why."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _validate(
@@ -273,19 +282,20 @@ def commit_files(
     # Without counts a mark covers the whole segment: any earlier mark holds it.
     spans = segment_spans or dict.fromkeys(segments, (0, 0))
 
-    last_error: BaseException | None = None
     # Snapshot ids of our attempts: a snapshot found later with our segments is ours
     # (not "already committed") when its id is one of these.
     attempted: dict[int, Transaction] = {}
     unknown = 0
-    for attempt in range(1, policy.attempts + 1):
-        if attempt > 1:
-            time.sleep(policy.delay(attempt - 1))
+    number = 0
+
+    def once() -> CommitResult:
+        nonlocal number, unknown
+        number += 1
+        attempt = number
         # Always look before committing: a previous attempt (this call's or an earlier
         # process's) may have landed, and the refresh builds on other writers' commits.
         if (refresh_error := try_refresh(table)) is not None:
-            last_error = refresh_error
-            continue
+            raise _Failed(refresh_error)
         existing = _check_segments(table, spans)
         if existing is not None:
             if existing in attempted:
@@ -314,7 +324,6 @@ def commit_files(
             raise rejected(table, exc) from exc
         except Exception as exc:
             # Writing the manifests failed (object store): nothing was sent to the catalog.
-            last_error = exc
             _log.warning(
                 "table %s: writing the commit's manifests failed (attempt %d/%d), nothing "
                 "was committed: %s: %s",
@@ -324,14 +333,13 @@ def commit_files(
                 type(exc).__name__,
                 exc,
             )
-            continue
+            raise _Failed(exc) from exc
         started = time.monotonic()
         try:
             attempted[snapshot_id] = transaction
             commit_once(transaction)
         except CommitFailedException as exc:
             # The catalog refused the swap: nothing of ours landed. Retry on a fresh table.
-            last_error = exc
             _log.info(
                 "table %s: commit conflict (attempt %d/%d): %s",
                 table_name(table),
@@ -339,13 +347,12 @@ def commit_files(
                 policy.attempts,
                 exc,
             )
-            continue
+            raise _Failed(exc) from exc
         except PERMANENT_ERRORS as exc:
             raise rejected(table, exc) from exc
         except Exception as exc:
             # Unknown outcome (lost response, 5xx, connection reset): the next loop
             # iteration refreshes the table and looks for our segments first.
-            last_error = exc
             unknown += 1
             _log.warning(
                 "table %s: commit outcome unknown after %.0f ms (attempt %d/%d): %s: %s",
@@ -356,11 +363,16 @@ def commit_files(
                 type(exc).__name__,
                 exc,
             )
-            continue
+            raise _Failed(exc) from exc
         settle(table, attempted, snapshot_id)
         return result_from_snapshot(
             table, snapshot_id, attempts=attempt, ours=True, unknown=unknown
         )
+
+    try:
+        return retry_attempts(once, attempts=policy.attempts, retryable=_Failed, pause=policy.pause)
+    except _Failed as failed:
+        last_error = failed.error
 
     # A last look: the final attempt may have landed despite its error. (If it did
     # not, its files stay: it may still be on its way to the catalog.)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -33,6 +32,7 @@ from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
 from daemon.iceberg._timeouts import catalog_properties, short_error
 from daemon.iceberg._upstream._rest import BoundedRestCatalog
 from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
+from daemon.retry import retry
 from daemon.schema import SchemaDifference, schema_diff
 
 if TYPE_CHECKING:
@@ -71,26 +71,29 @@ def load_catalog(
     properties = catalog_properties(typed, timeouts)
     kind = str(properties.get("type", "")).lower()
     hive = _hive_catalog() if kind == "hive" else None
-    for attempt in range(3):
-        try:
-            if kind == "rest":
-                # Not through pyiceberg's load_catalog: the constructor already sends
-                # requests, which only a subclass can bound (_rest).
-                return BoundedRestCatalog(name, timeouts, **properties)
-            if hive is not None:
-                # Bounded Thrift calls, a connection per thread (_hive).
-                return hive(name, timeouts, **properties)
-            return _own_sql(_pyiceberg_load_catalog(name, **properties))
-        except Exception as exc:
-            # SqlCatalog creates its tables on first use; replicas starting together on
-            # a new database race on that CREATE TABLE, and the loser sees an integrity
-            # error for a table that now exists: loading again finds it.
-            racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError")
-            if attempt < 2 and racing and "already exists" in str(exc):
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            raise _catalog_error(name, exc, properties) from exc
-    raise AssertionError("unreachable")
+
+    def load() -> Catalog:
+        if kind == "rest":
+            # Not through pyiceberg's load_catalog: the constructor already sends
+            # requests, which only a subclass can bound (_rest).
+            return BoundedRestCatalog(name, timeouts, **properties)
+        if hive is not None:
+            # Bounded Thrift calls, a connection per thread (_hive).
+            return hive(name, timeouts, **properties)
+        return _own_sql(_pyiceberg_load_catalog(name, **properties))
+
+    try:
+        return retry(load, attempts=3, retryable=_creation_race, pause=lambda n, _: 0.2 * n)
+    except Exception as exc:
+        raise _catalog_error(name, exc, properties) from exc
+
+
+def _creation_race(exc: BaseException) -> bool:
+    """SqlCatalog creates its tables on first use; replicas starting together on a new
+    database race on that CREATE TABLE, and the loser sees an integrity error for a
+    table that now exists: loading again finds it."""
+    racing = type(exc).__name__ in ("IntegrityError", "ProgrammingError")
+    return racing and "already exists" in str(exc)
 
 
 def _hive_catalog() -> type[BoundedHiveCatalog]:

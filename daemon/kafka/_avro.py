@@ -45,6 +45,7 @@ from daemon.decode import split_failures
 from daemon.errors import BadInputError, SchemaError
 from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
 from daemon.nesting import DEFAULT_MAX_DEPTH
+from daemon.retry import retry
 from daemon.schema import (
     WriterSchema,
     cast_array,
@@ -130,6 +131,15 @@ class FileSchema(AvroSchemas):
             return None  # a missing file fails in load_schema_file, by name
 
 
+class _RegistryFailed(Exception):
+    """One failed request to the registry: what went wrong, and whether to ask again."""
+
+    def __init__(self, error: str, *, again: bool) -> None:
+        super().__init__(error)
+        self.error = error
+        self.again = again
+
+
 class RegistrySchemas(AvroSchemas):
     """A blocking client of a Confluent-compatible registry (``GET /schemas/ids/{id}``)
     with an in-process cache by id. Safe to share between threads."""
@@ -174,41 +184,50 @@ class RegistrySchemas(AvroSchemas):
 
     def _fetch(self, schema_id: int) -> WriterSchema:
         label = f"schema id {schema_id}"
-        error = ""
         tries = 0
-        for attempt in range(_TRIES):
+
+        def request() -> bytes:
+            nonlocal tries
             tries += 1
-            if attempt:
-                time.sleep(_BACKOFF[min(attempt - 1, len(_BACKOFF) - 1)])
             try:
-                body = self._request(f"{self.url}/schemas/ids/{schema_id}")
+                return self._request(f"{self.url}/schemas/ids/{schema_id}")
             except urllib.error.HTTPError as exc:
                 detail = _error_detail(exc)
                 error = f"the registry answered {exc.code}{': ' + detail if detail else ''}"
-                if exc.code in (401, 403):
-                    break  # credentials do not fix themselves within seconds
-                continue
+                # Credentials do not fix themselves within seconds.
+                raise _RegistryFailed(error, again=exc.code not in (401, 403)) from None
             except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, timeouts
                 error = f"the registry is unreachable: {getattr(exc, 'reason', exc)}"
-                continue
-            try:
-                answer = json.loads(body)
-                kind = answer.get("schemaType", "AVRO")
-                text = answer["schema"]
-            except (ValueError, KeyError, TypeError, AttributeError):
-                raise SchemaUnavailable(
-                    "invalid", f"{label}: the registry's answer has no 'schema'"
-                ) from None
-            if kind != "AVRO":
-                raise SchemaUnavailable("invalid", f"{label} is a {kind} schema, not Avro")
-            try:
-                return parse_writer_schema(text, label)
-            except ValueError as exc:
-                raise SchemaUnavailable("invalid", str(exc)) from None
-        # Rejected credentials end the loop after one try: say how many were made.
-        made = "1 try" if tries == 1 else f"{tries} tries"
-        _log.warning("Avro %s is unavailable after %s: %s", label, made, error)
-        raise SchemaUnavailable("schema_unavailable", f"{label} unavailable after {made}: {error}")
+                raise _RegistryFailed(error, again=True) from None
+
+        try:
+            body = retry(
+                request,
+                attempts=_TRIES,
+                retryable=lambda exc: isinstance(exc, _RegistryFailed) and exc.again,
+                pause=lambda number, _: _BACKOFF[min(number - 1, len(_BACKOFF) - 1)],
+            )
+        except _RegistryFailed as exc:
+            # Rejected credentials end the retries after one try: say how many were made.
+            made = "1 try" if tries == 1 else f"{tries} tries"
+            _log.warning("Avro %s is unavailable after %s: %s", label, made, exc.error)
+            raise SchemaUnavailable(
+                "schema_unavailable", f"{label} unavailable after {made}: {exc.error}"
+            ) from None
+        try:
+            answer = json.loads(body)
+            kind = answer.get("schemaType", "AVRO")
+            text = answer["schema"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SchemaUnavailable(
+                "invalid", f"{label}: the registry's answer has no 'schema'"
+            ) from None
+        if kind != "AVRO":
+            raise SchemaUnavailable("invalid", f"{label} is a {kind} schema, not Avro")
+        try:
+            return parse_writer_schema(text, label)
+        except ValueError as exc:
+            raise SchemaUnavailable("invalid", str(exc)) from None
 
     def _request(self, url: str) -> bytes:
         request = urllib.request.Request(url, headers=self._headers)

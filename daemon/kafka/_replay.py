@@ -59,6 +59,7 @@ from daemon.config._model import REPLAY_GROUP_PREFIX as _CONFIG_PREFIX
 from daemon.errors import BackpressureError, BadInputError, ShuttingDownError
 from daemon.kafka._decode import Fetch
 from daemon.kafka._offsets import Ranges, batch_meta, ranges_from_properties
+from daemon.retry import retry_async
 from daemon.writer import TableWriter
 
 if TYPE_CHECKING:  # the Kafka client is imported only where a source is configured
@@ -479,16 +480,21 @@ class DeadLetterReplay:
     async def _append(self, table: str, batch: pa.RecordBatch, meta: dict[str, object]) -> None:
         """Spool ``batch`` for ``table``, waiting out a full queue a bounded while."""
         writer = self._writer_for(table)
-        for attempt in range(1, _APPEND_ATTEMPTS + 1):
-            try:
-                await writer.append(batch, meta)
-                return
-            except ShuttingDownError:
-                raise
-            except BackpressureError as exc:
-                if attempt == _APPEND_ATTEMPTS or self._stopping():
-                    raise
-                await asyncio.sleep(exc.retry_after)
+
+        def full(exc: BaseException) -> bool:
+            # A draining daemon (ShuttingDownError) takes nothing more: no retry.
+            return (
+                isinstance(exc, BackpressureError)
+                and not isinstance(exc, ShuttingDownError)
+                and not self._stopping()
+            )
+
+        await retry_async(
+            lambda: writer.append(batch, meta),
+            attempts=_APPEND_ATTEMPTS,
+            retryable=full,
+            pause=lambda _, exc: exc.retry_after if isinstance(exc, BackpressureError) else 0.0,
+        )
 
     async def _confirm(
         self, appended: Mapping[str, _Keys], settled: _Keys, result: ReplayResult
