@@ -151,6 +151,13 @@ class Ingest:
         writer.check_capacity()
         return writer
 
+    def admit(self, writer: TableWriter) -> None:
+        """`check` for a writer the caller has just looked up (`Tables.table_writer`,
+        nothing awaited since): what it adds, a daemon-written table and a full queue,
+        raised as `check` raises it."""
+        self._refuse_daemon_tables(writer.name)
+        writer.check_capacity()
+
     async def body(
         self, name: str, body: bytes, content_type: str, *, changes: bool = False
     ) -> int:
@@ -166,6 +173,10 @@ class Ingest:
         raised while creating or evolving the table."""
         if content_type not in FORMATS:
             raise BadInputError(f"unsupported Content-Type {content_type!r}")
+        # Checked again now the body is here (the HTTP layer checked before reading it):
+        # meanwhile the daemon may have begun to drain or the table's queue filled (or an
+        # infer = true table was created); a body that cannot be spooled is neither
+        # decoded nor allowed to evolve the table.
         writer = self.check(name)
         if changes:
             return await self._changes(name, writer, body, content_type)

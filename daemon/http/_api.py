@@ -357,8 +357,9 @@ class _Api:
         early = self._service.accepting_while_waiting(name)
         # Readiness and the table first (404/503 before anything else); an infer = true
         # table is created from the schema of its first body.
+        writer = None
         if early is None and not self._service.awaiting_schema(name):
-            self._writer(name)
+            writer = self._writer(name)
         if request.content_type not in FORMATS:
             raise _Problem(
                 415,
@@ -373,8 +374,11 @@ class _Api:
         try:
             # Spares reading and decoding a body whose table is already full; the
             # writer checks again, exactly, at append time.
-            # Refusals that need no body (a dead-letter table, a full queue) come first.
-            if early is None:
+            # Refusals that need no body (a dead-letter table, a full queue) come first,
+            # on the writer just looked up (no await since: the same state).
+            if writer is not None:
+                self._service.ingest.admit(writer)
+            elif early is None:
                 self._service.ingest.check(name)
             body, held = await self._read_body(request, name)
             if applied:
