@@ -274,9 +274,14 @@ class Daemon:
                 if time.monotonic() > deadline:
                     raise DaemonError(f"/readyz never answered 200 (last: {last})\n{self.tail()}")
                 await asyncio.sleep(0.02)
-        # The log says ready within a readiness poll of /readyz saying so.
-        left = max(1.0, deadline - time.monotonic())
-        await self.wait_log(f"{_READY_LINE}{self.url}", within=left)
+        # The log says ready within a readiness poll of /readyz saying so (naming the
+        # configured host, e.g. 0.0.0.0, and the bound port).
+        line = re.compile(rf"{_READY_LINE}https?://[^\s,]+:{self.port}\b")
+        until = max(deadline, time.monotonic() + 1.0)
+        while not line.search(self.log()):
+            if time.monotonic() > until:
+                raise DaemonError(f"/readyz answers 200 but no ready line\n{self.tail()}")
+            await asyncio.sleep(0.01)
         return self.port
 
     async def wait_listening(self, within: float = _READY_TIMEOUT) -> int:
