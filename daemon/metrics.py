@@ -291,6 +291,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.http_connections_parked = Gauge(
+            "icespool_http_connections_parked",
+            "HTTP connections accepted but not read yet: their client IP is at "
+            "http.max_connections_per_ip with every connection in use",
+            registry=r,
+        )
         self.ready = Gauge(
             "icespool_ready", "1 when recovery is done and the catalog reachable", registry=r
         )

@@ -232,6 +232,7 @@ async def start_http(
         lambda reason: metrics.http_connections_closed.labels(reason=reason).inc(),
     )
     api.connections = connections
+    metrics.http_connections_parked.set_function(lambda: connections.parked)
     try:
         site = _Site(runner, host, port, tls, connections)
         await site.start()
