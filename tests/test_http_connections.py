@@ -246,9 +246,9 @@ async def test_a_waiting_request_closes_the_longest_idle_keep_alive_once_it_may(
 ) -> None:
     service, http = shared
     kept = [await _open(http) for _ in range(PER_IP)]
+    idle_since = time.monotonic()  # the first is idle from its answer on
     for connection in kept:
         assert await _get(*connection) == 200
-    idle_since = time.monotonic()
     newcomer = await _open(http)
     assert await _get(*newcomer) == 200
     assert time.monotonic() - idle_since >= SHED_AFTER
@@ -291,8 +291,8 @@ async def test_silent_and_trickling_connections_make_room_for_whole_requests(
     shared: tuple[Icespool, HttpServer],
 ) -> None:
     service, http = shared
-    silent = await _open(http)
     opened = time.monotonic()
+    silent = await _open(http)
     trickling = await _open(http)
     trickling[1].write(b"GET /healthz HTTP/1.1\r\nHost")
     kept = await _open(http)

@@ -9,18 +9,17 @@ client can hold without sending requests:
   client is answered 408 and the connection closed (a client trickling headers byte by
   byte cannot hold it for ever). The TLS handshake has the same bound.
 - ``idle_timeout``: a kept-alive connection with no new request for that long is closed.
-- ``max_per_ip``: open connections per client IP (0: no cap). Behind an ingress or a
-  mesh sidecar every client has one address, so a connection that would pass the cap
-  first makes room: the oldest of that IP's connections still without a whole request
-  head is closed (answered 503), else its longest-idle keep-alive. When every one is
-  busy with a whole request the new one is parked: accepted but not read (aiohttp has
-  not seen it), it waits in the IP's queue and is admitted, first come first served,
-  when one of the IP's connections closes; a connection is closed to make room for a
-  parked one only when that one's request bytes wait. A parked connection that waits
-  ``header_timeout``, or finds the queue full (``_PARK_PER_CAP`` x the cap per IP; for
-  all IPs together ``_PARK_TOTAL``, at most half the open-files limit), is answered 503
-  with Retry-After and closed. Sockets read per IP never pass the cap; sockets held per
-  IP never pass the cap plus its queue.
+- ``max_per_ip``: open connections per client IP (0: no cap). A connection that would
+  pass the cap is parked: accepted but not read (aiohttp has not seen it), it waits in
+  its IP's queue and is admitted, first come first served, when one of the IP's
+  connections closes. Behind an ingress or a mesh sidecar every client has one address,
+  so connections that hold a place without a request make room for parked ones whose
+  request bytes have arrived: the IP's oldest connection still without a whole request
+  head (after 0.5 s) is closed (answered 503), else its longest-idle keep-alive. A
+  parked connection that waits ``header_timeout``, or finds the queue full
+  (``_PARK_PER_CAP`` x the cap per IP; for all IPs together ``_PARK_TOTAL``, at most
+  half the open-files limit), is answered 503 with Retry-After and closed. Sockets read
+  per IP never pass the cap; sockets held per IP never pass the cap plus its queue.
 
 The request body has its own bound (the ingest route's ``body_timeout``, 408). The
 middleware tells `Connections` when a request's headers are complete (`begin`) and
@@ -70,8 +69,9 @@ _SHED_SCAN: Final = 32
 _PARK_PER_CAP: Final = 64
 _PARK_TOTAL: Final = 16384
 # The least wait before the queue of parked connections looks for room again, while
-# the IP's connections that could make room are too young or have bytes unread.
-_RETRY_ROOM: Final = 0.05
+# the IP's connections that could make room are too young or have bytes unread, or no
+# parked one has sent bytes yet (a parked socket is not read: no event says so).
+_RETRY_ROOM: Final = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +161,11 @@ class Connections:
     # ---------------------------------------------------------------- for _Guarded
 
     def arrive(self, guarded: _Guarded) -> None:
-        """A new connection: admitted under its IP's cap (making room if needed and
-        possible), else parked, else refused (the queue is full)."""
+        """A new connection: admitted under its IP's cap, else parked (and admitted at
+        once if its request bytes are there and a place can be made), else refused
+        (the queue is full)."""
         ip = guarded.ip
-        if ip not in self._parked and (self._has_room(ip) or self._make_room(ip)):
+        if ip not in self._parked and self._has_room(ip):
             self._admit(guarded)
             return
         queue = self._parked.get(ip, {})
@@ -268,8 +269,9 @@ class Connections:
 
     def _look_for_room_later(self, ip: str) -> None:
         """While connections wait in ``ip``'s queue, look for room again once its
-        oldest connection without a request may be closed: a place freed by a close
-        admits one anyway, but connections that send nothing close only at a timeout."""
+        oldest connection without a request may be closed (or soon, if it may be now):
+        a place freed by a close admits one anyway, but connections that send nothing
+        close only at a timeout."""
         now = time.monotonic()
         since = [next(iter(q[ip].values())) for q in (self._headless, self._idle) if ip in q]
         if not since:
