@@ -495,9 +495,9 @@ class HttpConfig(_Section):
     header_timeout: Seconds = 10.0
     # A kept-alive connection with no request for this long is closed.
     idle_timeout: Seconds = 60.0
-    # Open connections one client IP may hold (0: no cap). At the cap, a connection of
-    # that IP without a request is closed to admit a new one; with none, the new one is
-    # answered 503 and closed (daemon.http._conn).
+    # Connections one client IP may have read at once (0: no cap). Beyond it a new one
+    # waits unread for a place (a connection of that IP without a request is closed to
+    # admit one whose request arrived); 503 after header_timeout (daemon.http._conn).
     max_connections_per_ip: Annotated[int, Ge(0)] = 256
 
     @property

@@ -229,14 +229,6 @@ class Connections:
         cap = self.limits.max_per_ip
         return not cap or self._per_ip[ip] < cap
 
-    def _make_room(self, ip: str) -> bool:
-        """Close one of ``ip``'s connections that holds a place without a request."""
-        victim = self._victim(ip)
-        if victim is None:
-            return False
-        victim.shed()  # gives its place back now, before the socket is gone
-        return True
-
     def _admit(self, guarded: _Guarded) -> None:
         self._per_ip[guarded.ip] += 1
         self._by_transport[guarded.transport] = guarded
@@ -250,9 +242,11 @@ class Connections:
             if self._has_room(ip):
                 first = next(iter(queue))
             else:
-                sent = self._sent_first(queue) if make_room else None
-                if sent is None or not self._make_room(ip):
+                victim = self._victim(ip) if make_room else None
+                sent = None if victim is None else self._sent_first(queue)
+                if victim is None or sent is None:
                     break
+                victim.shed()  # gives its place back now, before the socket is gone
                 first = sent
             self.unpark(first)
             self._admit(first)
