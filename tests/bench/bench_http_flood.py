@@ -15,6 +15,9 @@ with the default per-IP cap (256) and header timeout (10 s). Measured per run:
   until every record is acked; a flush then counts the ids in the table (each once);
 - the daemon's peak open descriptors (sampled every 10 ms) and peak RSS (VmHWM).
 
+The answers other than 200 (of every run together) are listed after the table. The
+client shares the machine with the daemon: on 2 cores its own loop is part of the lag.
+
 ``--before DIR``: the same runs with the daemon's code from DIR (its PYTHONPATH), e.g.
 main's worktree, so the old behaviour and this tree's are printed side by side.
 """
