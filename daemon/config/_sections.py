@@ -276,10 +276,11 @@ class HttpConfig(Section):
     """Seconds a request line and headers may take after its first byte (else 408, closed)."""
     idle_timeout: Seconds = 60.0
     """Seconds a kept-alive connection may wait for a request before it is closed."""
-    # At the cap, a connection of that IP without a request is closed to admit a new one;
-    # with none, the new one is answered 503 and closed (daemon.http._conn).
+    # Beyond the cap a new connection waits unread for a place (a connection of that IP
+    # without a request is closed to admit one whose request arrived); 503 after
+    # header_timeout (daemon.http._conn).
     max_connections_per_ip: Annotated[int, Ge(0)] = 256
-    """Open connections one client IP may hold (0: no cap)."""
+    """Connections one client IP may have read at once (0: no cap); more wait for a place."""
 
     @property
     def tls(self) -> bool:

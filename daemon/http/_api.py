@@ -159,6 +159,7 @@ class HttpServer:
         if self._stopped:
             return
         self._stopped = True
+        self.connections.close()
         await self._runner.cleanup()
 
 
@@ -231,6 +232,7 @@ async def start_http(
         lambda reason: metrics.http_connections_closed.labels(reason=reason).inc(),
     )
     api.connections = connections
+    metrics.http_connections_parked.set_function(lambda: connections.parked)
     try:
         site = _Site(runner, host, port, tls, connections)
         await site.start()
@@ -239,6 +241,13 @@ async def start_http(
         raise
     bound = runner.addresses[0][1] if runner.addresses else port
     return HttpServer(runner, int(bound), api, tls, connections)
+
+
+# Connections the kernel queues for accept while the loop is busy (Linux caps it at
+# net.core.somaxconn, 4096 by default). With aiohttp's 128, a burst of connections from
+# clients behind one ingress overflows the queue: the kernel drops their SYNs and the
+# clients resend them after 1, 3, 7, 15 s, so requests wait tens of seconds unseen.
+_BACKLOG = 4096
 
 
 class _Site(web.BaseSite):
@@ -252,7 +261,7 @@ class _Site(web.BaseSite):
         tls: ssl.SSLContext | None,
         connections: Connections,
     ) -> None:
-        super().__init__(runner, ssl_context=tls)
+        super().__init__(runner, ssl_context=tls, backlog=_BACKLOG)
         self._host = host
         self._port = port
         self._connections = connections
