@@ -1,8 +1,11 @@
 # icespool container image.
 #   docker build -t icespool .
-#   docker run -p 8080:8080 -v icespool-data:/var/lib/icespool icespool
-# The config is /etc/icespool/icespool.toml (ICESPOOL_CONFIG); mount your own over it and
-# pass secrets as ICESPOOL__SECTION__KEY environment variables.
+#   openssl rand -hex 32 > icespool-token && chmod 0644 icespool-token
+#   docker run -p 8080:8080 -v icespool-data:/var/lib/icespool \
+#     -v "$PWD/icespool-token:/run/secrets/icespool-token:ro" icespool
+# The config is /etc/icespool/icespool.toml (ICESPOOL_CONFIG): it listens on every
+# interface and so needs the Bearer token file above (it does not start without it).
+# Mount your own config over it and pass secrets as ICESPOOL__SECTION__KEY variables.
 
 # ---------------------------------------------------------------- builder: wheel + venv
 FROM python:3.11-slim AS builder

@@ -42,6 +42,7 @@ __all__ = [
     "params",
     "private_attributes",
     "problems",
+    "says",
     "uses",
     "uses_exactly",
 ]
@@ -133,6 +134,21 @@ def uses_exactly(*names: str) -> Check:
         changes = [f"+{name}" for name in sorted(found - wanted)]
         changes += [f"-{name}" for name in sorted(wanted - found)]
         return f"changed its steps ({', '.join(changes)})"
+
+    return check
+
+
+def says(*texts: str) -> Check:
+    """The function's code holds each of ``texts`` as a string constant (a log format
+    or an error message a fence matches)."""
+
+    def check(obj: Any) -> str | None:
+        code = _code(obj)
+        if code is None:
+            return "is no Python function"
+        found = {c for c in code.co_consts if isinstance(c, str)}
+        missing = [text for text in texts if text not in found]
+        return f"no longer says {', '.join(repr(t) for t in missing)}" if missing else None
 
     return check
 

@@ -285,10 +285,17 @@ class Metrics:
         )
         self.http_connections_closed = Counter(
             "icespool_http_connections_closed_total",
-            "HTTP connections the daemon closed on its own: per_ip_limit (refused with "
-            "503), per_ip_shed (closed without a request to admit a newer one from the "
-            "same IP), header_timeout (408), idle_timeout (kept alive with no request)",
+            "HTTP connections the daemon closed on its own: per_ip_limit (503: its IP's "
+            "queue was full, or it waited header_timeout for a place), per_ip_shed (closed "
+            "without a request to admit a waiting one from the same IP), header_timeout "
+            "(408), idle_timeout (kept alive with no request)",
             ["reason"],
+            registry=r,
+        )
+        self.http_connections_parked = Gauge(
+            "icespool_http_connections_parked",
+            "HTTP connections accepted but not read yet: their client IP is at "
+            "http.max_connections_per_ip with every connection in use",
             registry=r,
         )
         self.ready = Gauge(

@@ -242,7 +242,7 @@ async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_
             # Kill while recovery commits the previous round's leftovers: the
             # "replaying" line comes right before that commit.
             start_deadline = time.monotonic() + 30
-            while "replaying" not in (log := daemon.log()) and "icespool ready" not in log:
+            while "replaying" not in (log := daemon.log()) and "icespool started" not in log:
                 assert daemon.running, f"daemon died during startup\n{daemon.tail()}"
                 assert time.monotonic() < start_deadline, f"startup hangs\n{daemon.tail()}"
                 await asyncio.sleep(0.002)
@@ -252,7 +252,7 @@ async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_
             log = daemon.log()
             phase = (
                 "after ready"
-                if "icespool ready" in log
+                if "icespool started" in log
                 else "after the recovery commit"
                 if "replayed" in log
                 else "during the recovery commit"

@@ -1,6 +1,7 @@
 """Slow and idle connections and the per-IP cap, with raw sockets that trickle bytes or
 sit idle: the server closes them within their bound while other clients are served, and
-at the cap closes the ones without a request to admit whole requests."""
+at the cap closes the ones without a request to admit whole requests, or parks the new
+ones unread until a place frees."""
 
 from __future__ import annotations
 
@@ -164,15 +165,18 @@ async def test_an_idle_keep_alive_is_closed_and_a_busy_one_kept(
 
 
 SHED_AFTER = 0.5  # daemon.http._conn: how long a connection waits before it may be shed
-REFUSED = {
-    "error": f"too many connections from 127.0.0.1: {PER_IP} are open already, all in use "
-    "(http.max_connections_per_ip); reuse connections or retry shortly"
-}
+PARK_PER_CAP = 64  # daemon.http._conn: connections one IP may park, per place under its cap
 SHED = {
     "error": f"closed to make room: 127.0.0.1 opened more than {PER_IP} connections "
     "(http.max_connections_per_ip) and this one had not sent a whole request head; send "
     "requests at once, or retry shortly"
 }
+
+
+def _parked(service: Icespool) -> float:
+    value = service.metrics.registry.get_sample_value("icespool_http_connections_parked")
+    assert value is not None
+    return value
 
 
 async def _settle(http: HttpServer) -> None:
@@ -182,69 +186,128 @@ async def _settle(http: HttpServer) -> None:
     assert http.connections.open_from("127.0.0.1") <= PER_IP
 
 
-async def test_when_every_connection_of_an_ip_is_busy_the_next_gets_503(
-    shared: tuple[Icespool, HttpServer],
-) -> None:
-    service, http = shared
-    # Each holds a whole request head whose body has not come: busy, not to be shed.
-    held = [await _open(http) for _ in range(PER_IP)]
+async def _unanswered(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """No byte of an answer (nor a close) comes within ``seconds``."""
+    try:
+        await asyncio.wait_for(reader.read(1), seconds)
+    except TimeoutError:
+        return True
+    return False
+
+
+async def _busy(
+    http: HttpServer, count: int
+) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """Connections that each sent a whole ingest request head, its body not yet."""
+    held = [await _open(http) for _ in range(count)]
     for i, (_, writer) in enumerate(held):
         writer.write(
-            b"POST /v1/tables/demo.events/records HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/tables/demo.events/records HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
             b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n"
             % len(b'{"event_id": %d}\n' % i)
         )
+    return held
+
+
+async def _finish(held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
+    """Send the bodies `_busy` left out: each is acked and closed."""
+    for i, (reader, writer) in enumerate(held):
+        writer.write(b'{"event_id": %d}\n' % i)
+        assert (await _answer(reader))[::2] == (200, {"accepted": 1})
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_when_every_connection_of_an_ip_is_busy_the_next_waits_unread_for_a_place(
+    shared: tuple[Icespool, HttpServer],
+) -> None:
+    service, http = shared
+    held = await _busy(http, PER_IP)
     await asyncio.sleep(SHED_AFTER + 0.2)  # old enough to be shed, were they not busy
     reader, writer = await _open(http)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert await _unanswered(reader, SHED_AFTER + 0.2)
+    assert http.connections.open_from("127.0.0.1") == PER_IP
+    assert (http.connections.parked_from("127.0.0.1"), _parked(service)) == (1, 1)
+    # Another address is not held back.
+    await _served_meanwhile(http)
+    # The first busy connection closes after its answer: the waiting one takes its place.
+    await _finish(held[:1])
+    status, _, body = await _answer(reader)
+    assert (status, body) == (200, {"status": "ok"})
+    assert (http.connections.parked_from("127.0.0.1"), _parked(service)) == (0, 0)
+    await _finish(held[1:])
+    writer.close()
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (0, 0)
+
+
+async def test_a_waiting_request_closes_the_longest_idle_keep_alive_once_it_may(
+    shared: tuple[Icespool, HttpServer],
+) -> None:
+    service, http = shared
+    kept = [await _open(http) for _ in range(PER_IP)]
+    idle_since = time.monotonic()  # the first is idle from its answer on
+    for connection in kept:
+        assert await _get(*connection) == 200
+    newcomer = await _open(http)
+    assert await _get(*newcomer) == 200
+    assert time.monotonic() - idle_since >= SHED_AFTER
+    assert await asyncio.wait_for(kept[0][0].read(), 5) == b""  # closed without a word
+    for connection in kept[1:]:
+        assert await _get(*connection) == 200
+    assert http.connections.open_from("127.0.0.1") == PER_IP
+    for _, writer in (*kept, newcomer):
+        writer.close()
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (0, 1)
+
+
+async def test_a_connection_that_waits_the_header_timeout_for_a_place_gets_503(
+    served: tuple[Icespool, HttpServer],
+) -> None:
+    service, http = served
+    held = await _busy(http, PER_IP)  # busy: no header timer, the body has 60 s
+    reader, writer = await _open(http)
+    started = time.monotonic()
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     status, headers, body = await _answer(reader)
     assert (status, headers["retry-after"], headers["connection"], body) == (
         503,
         "1",
         "close",
-        REFUSED,
+        {
+            "error": f"too many connections from 127.0.0.1: {PER_IP} are open already, all "
+            f"in use, and this one waited {HEADER_TIMEOUT:g} s (http.header_timeout) for a "
+            "place (http.max_connections_per_ip); reuse connections or retry shortly"
+        },
     )
-    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert HEADER_TIMEOUT * 0.9 <= await _closed_after(reader, started) <= HEADER_TIMEOUT + SLACK
     writer.close()
-    # Another address is not held back; the busy requests finish as sent.
-    await _served_meanwhile(http)
-    for i, (reader, writer) in enumerate(held):
-        writer.write(b'{"event_id": %d}\n' % i)
-        assert (await _answer(reader))[::2] == (200, {"accepted": 1})
-    assert http.connections.open_from("127.0.0.1") == PER_IP
-    # Now idle keep-alives: once idle long enough, the longest idle makes room.
-    await asyncio.sleep(SHED_AFTER + 0.2)
-    newcomer = await _open(http)
-    assert await _get(*newcomer) == 200
-    assert await asyncio.wait_for(held[0][0].read(), 5) == b""  # closed without a word
-    for connection in held[1:]:
-        assert await _get(*connection) == 200
-    assert http.connections.open_from("127.0.0.1") == PER_IP
-    newcomer[1].close()
-    for _, other in held:
-        other.close()
-    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (1, 1)
+    assert _parked(service) == 0
+    await _finish(held)
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (1, 0)
 
 
 async def test_silent_and_trickling_connections_make_room_for_whole_requests(
     shared: tuple[Icespool, HttpServer],
 ) -> None:
     service, http = shared
+    opened = time.monotonic()
     silent = await _open(http)
     trickling = await _open(http)
     trickling[1].write(b"GET /healthz HTTP/1.1\r\nHost")
     kept = await _open(http)
     assert await _get(*kept) == 200
     await _settle(http)
-    # Just opened, they may still send their requests: a newcomer is refused.
-    reader, writer = await _open(http)
-    status, _, body = await _answer(reader)
-    assert (status, body) == (503, REFUSED)
-    writer.close()
+    # Just opened, they may still send their requests: a newcomer waits until the
+    # oldest may be closed, then takes its place.
+    newcomers = [await _open(http)]
+    assert await _get(*newcomers[-1]) == 200
+    assert time.monotonic() - opened >= SHED_AFTER
+    status, headers, body = await _answer(silent[0])
+    assert (status, headers["retry-after"], body) == (503, "1", SHED)
     await asyncio.sleep(SHED_AFTER + 0.2)
-    # Later each newcomer closes the oldest without a whole head, then the idle one.
-    newcomers = []
-    for victim in (silent, trickling, kept):
+    # Later each newcomer closes the oldest without a whole head, then the longest idle.
+    for victim in (trickling, kept):
         newcomers.append(await _open(http))
         assert await _get(*newcomers[-1]) == 200
         if victim is kept:
@@ -254,34 +317,44 @@ async def test_silent_and_trickling_connections_make_room_for_whole_requests(
             assert (status, headers["retry-after"], body) == (503, "1", SHED)
         assert http.connections.open_from("127.0.0.1") == PER_IP
         await asyncio.sleep(SHED_AFTER + 0.2)  # the newcomer is an idle keep-alive now
-    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (1, 3)
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (0, 3)
     for _, other in (silent, trickling, kept, *newcomers):
         other.close()
 
 
-async def test_one_client_opening_many_idle_connections_never_holds_more_than_the_cap(
+async def test_one_client_opening_many_silent_connections_is_read_on_the_cap_and_parks_64x(
     shared: tuple[Icespool, HttpServer],
 ) -> None:
     service, http = shared
-    opened = []
-    for i in range(60):
-        opened.append(await _open(http))
-        await _settle(http)  # asserts the cap after every single one
-        if i % 20 == 19:
-            await asyncio.sleep(SHED_AFTER + 0.1)  # the next ones shed the older ones
+    bound = PARK_PER_CAP * PER_IP
+    opened = [await _open(http) for _ in range(PER_IP + bound + 5)]
+    await _settle(http)
+    # Silent connections that wait make no room: nothing is closed for them.
+    await asyncio.sleep(SHED_AFTER + 0.2)
     assert http.connections.open_from("127.0.0.1") == PER_IP
-    await asyncio.sleep(0.2)
-    answered = []
-    for reader, _ in opened:
-        try:
-            answered.append((await asyncio.wait_for(_answer(reader), 0.05))[::2])
-        except TimeoutError:
-            answered.append(None)  # still open, waiting for its request
-    assert answered.count(None) == PER_IP
-    assert all(a in ((503, REFUSED), (503, SHED)) for a in answered if a is not None)
-    refused, shed = _closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")
-    assert refused + shed == 60 - PER_IP and shed == answered.count((503, SHED))
+    assert (http.connections.parked_from("127.0.0.1"), _parked(service)) == (bound, bound)
+    waiting = await asyncio.gather(*(_unanswered(reader, 0.3) for reader, _ in opened[:-5]))
+    assert waiting == [True] * (PER_IP + bound)
+    for reader, _ in opened[-5:]:
+        status, headers, body = await _answer(reader)
+        assert (status, headers["retry-after"], body) == (
+            503,
+            "1",
+            {
+                "error": f"too many connections from 127.0.0.1: {PER_IP} are open already, "
+                f"all in use, and {bound} more wait for a place "
+                "(http.max_connections_per_ip); reuse connections or retry shortly"
+            },
+        )
+    assert (_closed(service, "per_ip_limit"), _closed(service, "per_ip_shed")) == (5, 0)
     # Another address is served meanwhile.
     await _served_meanwhile(http, 1)
+    # The admitted ones hang up: the first parked ones take their places, in order.
+    for _, writer in opened[:PER_IP]:
+        writer.close()
+    for connection in opened[PER_IP : 2 * PER_IP]:
+        assert await _get(*connection) == 200
+    assert http.connections.open_from("127.0.0.1") == PER_IP
+    assert http.connections.parked_from("127.0.0.1") == bound - PER_IP
     for _, writer in opened:
         writer.close()

@@ -466,27 +466,19 @@ def _tables_offline(args: argparse.Namespace) -> int:
 def _add_dead_letters_parser(sub: Any) -> None:
     dead = sub.add_parser("dead-letters", help="work with Kafka dead-letter tables")
     actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list",
+        help="count the dead letters of a dead-letter table by target table and reason, "
+        "with the first and last time (read from the catalog; no daemon needed)",
+    )
+    _add_dead_letter_filters(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON")
     replay = actions.add_parser(
         "replay",
         help="ask the running daemon to re-ingest dead letters into their tables (exactly "
         "once) and remove them from the dead-letter table",
     )
-    _add_config_option(replay)
-    replay.add_argument(
-        "--table",
-        metavar="NAME",
-        help="the dead-letter table (default: the only one the config names)",
-    )
-    replay.add_argument("--reason", help="only dead letters with this reason (e.g. invalid)")
-    replay.add_argument("--topic", help="only records of this topic")
-    replay.add_argument("--partition", type=int, metavar="N", help="only this partition")
-    replay.add_argument("--from-offset", type=int, metavar="N", help="first offset (inclusive)")
-    replay.add_argument("--to-offset", type=int, metavar="N", help="last offset (inclusive)")
-    replay.add_argument(
-        "--since", metavar="TIME", help="dead-lettered at or after (ISO-8601, default UTC)"
-    )
-    replay.add_argument("--until", metavar="TIME", help="dead-lettered before (ISO-8601)")
-    replay.add_argument("--target-table", metavar="NAME", help="only records meant for it")
+    _add_dead_letter_filters(replay)
     replay.add_argument(
         "--limit", type=int, metavar="N", help="at most N dead letters (default 10000)"
     )
@@ -500,9 +492,30 @@ def _add_dead_letters_parser(sub: Any) -> None:
     )
 
 
+def _add_dead_letter_filters(parser: argparse.ArgumentParser) -> None:
+    """--config, --table and the filters `dead-letters list` and `replay` share."""
+    _add_config_option(parser)
+    parser.add_argument(
+        "--table",
+        metavar="NAME",
+        help="the dead-letter table (default: the only one the config names)",
+    )
+    parser.add_argument("--reason", help="only dead letters with this reason (e.g. invalid)")
+    parser.add_argument("--topic", help="only records of this topic")
+    parser.add_argument("--partition", type=int, metavar="N", help="only this partition")
+    parser.add_argument("--from-offset", type=int, metavar="N", help="first offset (inclusive)")
+    parser.add_argument("--to-offset", type=int, metavar="N", help="last offset (inclusive)")
+    parser.add_argument(
+        "--since", metavar="TIME", help="dead-lettered at or after (ISO-8601, default UTC)"
+    )
+    parser.add_argument("--until", metavar="TIME", help="dead-lettered before (ISO-8601)")
+    parser.add_argument("--target-table", metavar="NAME", help="only records meant for it")
+
+
 def _cmd_dead_letters(args: argparse.Namespace) -> int:
-    """`icespool dead-letters replay`: one POST to the running daemon, which holds the
-    spool lock and the writers (an offline replay would need it stopped)."""
+    """`icespool dead-letters list`: read from the catalog. `replay`: one POST to the
+    running daemon, which holds the spool lock and the writers (an offline replay would
+    need it stopped)."""
     config = _load(args)
     table = args.table
     if table is None:
@@ -517,8 +530,20 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
     from daemon.kafka import REPLAY_FILTER_KEYS
 
     filters = {
-        key: getattr(args, key) for key in REPLAY_FILTER_KEYS if getattr(args, key) is not None
+        key: getattr(args, key)
+        for key in REPLAY_FILTER_KEYS
+        if getattr(args, key, None) is not None
     }
+    if args.action == "list":
+        from daemon.cli._dead_letters import list_dead_letters
+        from daemon.errors import BadInputError
+
+        try:
+            print(list_dead_letters(config, table, filters, as_json=args.json), end="")
+        except BadInputError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+        return EXIT_OK
     from daemon.cli._client import DaemonRequestError, daemon_url, post_json, read_token
 
     url = args.url or daemon_url(config)

@@ -160,6 +160,7 @@ class HttpServer:
         if self._stopped:
             return
         self._stopped = True
+        self.connections.close()
         await self._runner.cleanup()
 
 
@@ -232,6 +233,7 @@ async def start_http(
         lambda reason: metrics.http_connections_closed.labels(reason=reason).inc(),
     )
     api.connections = connections
+    metrics.http_connections_parked.set_function(lambda: connections.parked)
     try:
         site = ListeningSite(runner, host, port, tls, connections)
         await site.start()

@@ -13,6 +13,8 @@
                 requirements of its lease
     _rest       which REST requests commit (and get an Idempotency-Key)
     _defaults   table properties the daemon sets on the tables it creates
+    _properties integer table properties: one parser; a warning and the default for
+                tuning ones, the table held back for write ones
     _upstream   the fence: everything that extends or replaces pyiceberg's internals
                 (the SQL catalog's commits, refresh, metadata without the deep copy,
                 snapshot producers...), checked against the installed pyiceberg on import

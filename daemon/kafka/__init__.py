@@ -8,10 +8,11 @@ _offsets      offset ranges kept in table properties; a commit's claims
 _commit       idle tables' ranges, consumer-group commits and lag
 _decode       JSON and raw values -> Arrow batches, dead records
 _avro         Avro values (registry or schema file) -> Arrow batches
-_dead_letter  the dead-letter table's rows and the topic alternative
+_dead_letter  the dead-letter table's rows, their summary, and the topic alternative
 _replay       dead letters back into their tables, exactly once
 _upstream     the fence around aiokafka's internals (batch-drained getmany, raw
-              fetches, topic ids, committed offsets), checked on import
+              fetches, topic ids, committed offsets, connection probes, its
+              bootstrap log), checked on import
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from typing import TYPE_CHECKING
 from daemon._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
+    from daemon.kafka._dead_letter import (
+        DEAD_LETTER_COLUMNS,
+        DeadLetterGroup,
+        dead_letter_schema,
+        summarize_dead_letters,
+    )
     from daemon.kafka._offsets import OffsetBook
     from daemon.kafka._replay import (
         FILTER_KEYS as REPLAY_FILTER_KEYS,
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEAD_LETTER_COLUMNS",
     "REPLAY_FILTER_KEYS",
+    "DeadLetterGroup",
     "DeadLetterReplay",
     "KafkaSource",
     "OffsetBook",
@@ -44,6 +51,7 @@ __all__ = [
     "ReplayResult",
     "dead_letter_schema",
     "replay_group",
+    "summarize_dead_letters",
 ]
 
 # Imported when first used: see daemon._lazy.
@@ -52,7 +60,9 @@ __getattr__ = lazy_exports(
     {
         "daemon.kafka._dead_letter": (
             "DEAD_LETTER_COLUMNS",
+            "DeadLetterGroup",
             "dead_letter_schema",
+            "summarize_dead_letters",
         ),
         "daemon.kafka._offsets": ("OffsetBook",),
         "daemon.kafka._replay": (

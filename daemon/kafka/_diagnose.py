@@ -16,7 +16,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from daemon.kafka._upstream._probe import connect_once, scram_final_message
+from daemon.kafka._upstream._probe import BOOTSTRAP_FAILED, connect_once, scram_final_message
 
 __all__ = ["connect_problem"]
 
@@ -56,7 +56,7 @@ async def connect_problem(exc: BaseException, options: Mapping[str, Any]) -> str
     """
     if not isinstance(exc, KafkaError | OSError):
         return _scram_refusal(exc, options)
-    if not (isinstance(exc, KafkaConnectionError) and "Unable to bootstrap" in str(exc)):
+    if not (isinstance(exc, KafkaConnectionError) and BOOTSTRAP_FAILED in str(exc)):
         return None
     client = {key: options[key] for key in _CLIENT_KEYS if key in options}
     causes = []

@@ -66,6 +66,7 @@ from daemon.kafka._partitions import Assignment, Partition, PartitionState
 from daemon.kafka._routing import Router, router_for
 from daemon.kafka._topic_life import PartitionChange, Resuming, find_changes, out_of_range
 from daemon.kafka._upstream._batches import getmany
+from daemon.kafka._upstream._bootstrap_log import quiet_bootstrap_log
 from daemon.kafka._upstream._raw_fetch import fetch_raw
 from daemon.kafka._upstream._topic_ids import topic_ids
 from daemon.metrics import Metrics
@@ -180,6 +181,7 @@ class KafkaSource:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        quiet_bootstrap_log()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"kafka-{self.name}")
 

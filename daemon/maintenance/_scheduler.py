@@ -509,7 +509,9 @@ class MaintenanceScheduler:
         assert self._catalog is not None
         catalog, name = self._catalog, state.name
         table = await self.off_lane(catalog.load_table, name)
-        settings = resolve(self.config, self._declared.get(name), table.metadata.properties)
+        settings = resolve(
+            self.config, self._declared.get(name), table.metadata.properties, name=name
+        )
         state.interval = settings.interval
         lease: Lease | None = None
         outcome = "ok"

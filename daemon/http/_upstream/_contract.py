@@ -25,7 +25,7 @@ PINS: Final[tuple[Pin, ...]] = (
     Pin(
         "_site.py",
         f"{_RUNNER}.BaseSite.__init__",
-        (accepts("runner", "ssl_context"), uses("_ssl_context", "_backlog", "_server")),
+        (accepts("runner", "ssl_context", "backlog"), uses("_ssl_context", "_backlog", "_server")),
     ),
     Pin("_site.py", f"{_RUNNER}.BaseSite.stop", (uses("_server"),)),
     Pin("_site.py", f"{_RUNNER}.TCPSite.start", (uses("_server", "_ssl_context", "_backlog"),)),

@@ -23,6 +23,12 @@ from daemon.http._conn import Connections
 
 __all__ = ["ListeningSite"]
 
+# Connections the kernel queues for accept while the loop is busy (Linux caps it at
+# net.core.somaxconn, 4096 by default). With aiohttp's 128, a burst of connections from
+# clients behind one ingress overflows the queue: the kernel drops their SYNs and the
+# clients resend them after 1, 3, 7, 15 s, so requests wait tens of seconds unseen.
+_BACKLOG = 4096
+
 
 class ListeningSite(web.BaseSite):
     """aiohttp's TCP site, listening through `Connections` (timeouts, per-IP cap)."""
@@ -35,7 +41,7 @@ class ListeningSite(web.BaseSite):
         tls: ssl.SSLContext | None,
         connections: Connections,
     ) -> None:
-        super().__init__(runner, ssl_context=tls)
+        super().__init__(runner, ssl_context=tls, backlog=_BACKLOG)
         self._host = host
         self._port = port
         self._connections = connections

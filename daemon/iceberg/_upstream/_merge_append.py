@@ -13,7 +13,6 @@ the producer's ``_added_data_files``, ``_snapshot_id``, ``_compression`` and
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
@@ -29,7 +28,6 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import TableProperties, Transaction
-from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import (
     Operation,
@@ -41,11 +39,10 @@ from pyiceberg.table.update.snapshot import (
 )
 from pyiceberg.utils.properties import property_as_bool
 
+from daemon.iceberg._properties import int_property, warn_bad_property
 from daemon.iceberg._upstream._delete_manifest import DeleteManifestWriter
 
 __all__ = ["DeleteMerging", "MergeAppend", "MergeRowDelta"]
-
-_log = logging.getLogger("icespool.commit")
 
 
 # Iceberg's defaults for the merge properties (Java's TableProperties: what Spark's
@@ -53,35 +50,6 @@ _log = logging.getLogger("icespool.commit")
 _MERGE_ENABLED_DEFAULT: Final = True
 _MIN_MERGE_COUNT_DEFAULT: Final = TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT
 _MERGE_TARGET_DEFAULT: Final = TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
-# (table uuid, property, value) already warned about; bounded, then forgotten.
-_garbage_warned: set[tuple[str, str, str]] = set()
-_GARBAGE_WARNED_MAX: Final = 1_000
-
-
-def _garbage_property(metadata: TableMetadata, key: str, value: str, default: object) -> None:
-    seen = (str(metadata.table_uuid), key, value)
-    if seen in _garbage_warned:
-        return
-    if len(_garbage_warned) >= _GARBAGE_WARNED_MAX:
-        _garbage_warned.clear()
-    _garbage_warned.add(seen)
-    _log.warning(
-        "table property %s=%r is not a valid value; commits use %s until it is fixed",
-        key,
-        value,
-        default,
-    )
-
-
-def _merge_int(metadata: TableMetadata, key: str, default: int) -> int:
-    value = metadata.properties.get(key)
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        _garbage_property(metadata, key, value, default)
-        return default
 
 
 class MergeAppend(_MergeAppendFiles):
@@ -118,13 +86,24 @@ class MergeAppend(_MergeAppendFiles):
             enabled = property_as_bool(metadata.properties, key, _MERGE_ENABLED_DEFAULT)
         except ValueError:
             enabled = _MERGE_ENABLED_DEFAULT
-            _garbage_property(metadata, key, metadata.properties[key], enabled)
+            value = metadata.properties[key]
+            problem = f"table property {key}={value!r} is not a boolean"
+            warn_bad_property(metadata.location, key, value, problem, enabled)
         self._merge_enabled = enabled
-        self._min_count_to_merge = _merge_int(
-            metadata, TableProperties.MANIFEST_MIN_MERGE_COUNT, _MIN_MERGE_COUNT_DEFAULT
+        # Any integer, as Iceberg takes them: they only tune merging.
+        self._min_count_to_merge = int_property(
+            metadata.properties,
+            TableProperties.MANIFEST_MIN_MERGE_COUNT,
+            _MIN_MERGE_COUNT_DEFAULT,
+            table=metadata.location,
+            minimum=None,
         )
-        self._target_size_bytes = _merge_int(
-            metadata, TableProperties.MANIFEST_TARGET_SIZE_BYTES, _MERGE_TARGET_DEFAULT
+        self._target_size_bytes = int_property(
+            metadata.properties,
+            TableProperties.MANIFEST_TARGET_SIZE_BYTES,
+            _MERGE_TARGET_DEFAULT,
+            table=metadata.location,
+            minimum=None,
         )
 
 

@@ -11,6 +11,7 @@ why, and what it relies on:
     _topic_ids   a Metadata v12 request for topic ids (aiokafka speaks up to v5)
     _consumer    the group's committed offsets in one request (the coordinator's)
     _probe       one bare connection (create_conn); the broker's SCRAM refusal
+    _bootstrap_log  aiokafka's per-server bootstrap failures logged at debug level
     _contract    what all of these rely on, checked here on import
 
 Importing the fence checks the installed aiokafka against ``_contract.PINS`` and raises

@@ -26,6 +26,7 @@ from daemon._upstream_contract import (
     has,
     locals_named,
     params,
+    says,
     uses,
     uses_exactly,
 )
@@ -264,10 +265,18 @@ PINS: Final[tuple[Pin, ...]] = (
             ),
         ),
     ),
+    # _probe.py: connect_problem probes when the bootstrap failed, told by its message
+    Pin("_probe.py", f"{_CLIENT}.bootstrap", (says("Unable to bootstrap from "),)),
     Pin(
         "_probe.py",
         "aiokafka.conn.ScramAuthenticator.process_server_final_message",
         (params("self", "server_final"), locals_named("server_final")),
+    ),
+    # _bootstrap_log.py: the per-server failures it lowers to debug, by format string
+    Pin(
+        "_bootstrap_log.py",
+        f"{_CLIENT}.bootstrap",
+        (says('Unable connect to "%s:%s": %s', 'Unable to request metadata from "%s:%s": %s'),),
     ),
 )
 

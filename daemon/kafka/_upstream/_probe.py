@@ -11,8 +11,9 @@ Two things aiokafka's public clients do not give, for ``daemon.kafka._diagnose``
   an RFC 5802 error (``e=unknown-user``), and the broker's message is only in that
   frame's ``server_final`` local, read here from the traceback.
 
-Relies on (checked by ``_contract``): ``aiokafka.conn.create_conn(host, port, ...)``
-taking the client's security options, and ``process_server_final_message`` with its
+Relies on (checked by ``_contract``): ``AIOKafkaClient.bootstrap`` failing with
+"Unable to bootstrap from ...", ``aiokafka.conn.create_conn(host, port, ...)`` taking the
+client's security options, and ``process_server_final_message`` with its
 ``server_final`` parameter.
 """
 
@@ -24,7 +25,10 @@ from typing import Any, Final
 
 from aiokafka.conn import create_conn
 
-__all__ = ["SCRAM_FINAL", "connect_once", "scram_final_message"]
+__all__ = ["BOOTSTRAP_FAILED", "SCRAM_FINAL", "connect_once", "scram_final_message"]
+
+#: What aiokafka's ``KafkaConnectionError`` says when no bootstrap server could be used.
+BOOTSTRAP_FAILED: Final = "Unable to bootstrap"
 
 #: aiokafka's ScramAuthenticator method that reads the broker's final SCRAM message.
 SCRAM_FINAL: Final = "process_server_final_message"

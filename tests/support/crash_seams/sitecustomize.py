@@ -115,10 +115,15 @@ elif _POINT == "after-compaction-commit":
     _compact.commit_rewrite = _commit_rewrite_then_die  # type: ignore[assignment]
 
 elif _POINT == "during-manifest-merge":
+    import functools
+
     from pyiceberg.table.update import snapshot
 
     _create_manifest = snapshot._ManifestMergeManager._create_manifest
 
+    # wraps: the daemon's fence reads the wrapped function's code (inspect.unwrap) when it
+    # checks what it relies on in pyiceberg.
+    @functools.wraps(_create_manifest)
     def _merge_then_die(self: Any, *args: Any, **kwargs: Any) -> Any:
         merged = _create_manifest(self, *args, **kwargs)
         _die(_POINT)
