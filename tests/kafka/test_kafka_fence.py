@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,7 @@ from aiokafka.conn import ScramAuthenticator
 from support.private_names import defined_by, outside, private_attributes, touches
 
 from daemon.kafka._upstream import _contract
+from daemon.kafka._upstream._bootstrap_log import quiet_bootstrap_log
 from daemon.kafka._upstream._contract import PINS, UpstreamContractError, check_contract
 from daemon.kafka._upstream._probe import scram_final_message
 
@@ -122,6 +124,22 @@ def test_several_changes_say_how_many_more(monkeypatch: pytest.MonkeyPatch) -> N
     )
 
 
+def test_a_message_no_longer_said_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def bootstrap(self: Any) -> None:
+        raise ConnectionError("Cannot bootstrap")  # an upstream that reworded its messages
+
+    monkeypatch.setattr(client_module.AIOKafkaClient, "bootstrap", bootstrap)
+    assert _raised() == (
+        f"aiokafka {VERSION}: aiokafka.client.AIOKafkaClient.bootstrap no longer says "
+        f"'Unable to bootstrap from '; {WHERE}_probe.py needs an update (and 1 more)"
+    )
+    assert _contract.problems()[1] == (
+        "aiokafka.client.AIOKafkaClient.bootstrap no longer says 'Unable connect to "
+        '"%s:%s": %s\', \'Unable to request metadata from "%s:%s": %s\'; '
+        f"{WHERE}_bootstrap_log.py"
+    )
+
+
 def test_a_version_outside_the_tested_range_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aiokafka, "__version__", "0.15.0")
     assert _raised() == (
@@ -193,6 +211,29 @@ def test_the_scram_refusal_is_read_from_aiokafkas_frame() -> None:
     assert exc.args == ("v",)
     assert scram_final_message(exc) == (True, "e=unknown-user")
     assert scram_final_message(KeyError("v")) == (False, None)
+
+
+def test_bootstrap_failures_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """aiokafka's own per-server line (its format string, as the fence pins it) is kept
+    at debug level only; its other error lines stay as they are."""
+    logger = logging.getLogger("aiokafka")
+    quiet_bootstrap_log()
+    filters = list(logger.filters)
+    quiet_bootstrap_log()  # idempotent: no second filter
+    assert logger.filters == filters
+    server = 'Unable connect to "%s:%s": %s'
+    with caplog.at_level(logging.INFO, logger="aiokafka"):
+        logger.error(server, "broker", 9092, "refused")
+        logger.error("Unable connect to node with id %s: %s", 1, "refused")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", "Unable connect to node with id 1: refused")
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="aiokafka"):
+        logger.error(server, "broker", 9092, "refused")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", 'Unable connect to "broker:9092": refused')
+    ]
 
 
 # ---------------------------------------------------------------- nothing outside the fence
