@@ -1,8 +1,11 @@
 # icespool container image.
 #   docker build -t icespool .
-#   docker run -p 8080:8080 -v icespool-data:/var/lib/icespool icespool
-# The config is /etc/icespool/icespool.toml (ICESPOOL_CONFIG); mount your own over it and
-# pass secrets as ICESPOOL__SECTION__KEY environment variables.
+#   openssl rand -hex 32 > icespool-token && chmod 0644 icespool-token
+#   docker run -p 8080:8080 -v icespool-data:/var/lib/icespool \
+#     -v "$PWD/icespool-token:/run/secrets/icespool-token:ro" icespool
+# The config is /etc/icespool/icespool.toml (ICESPOOL_CONFIG): it listens on every
+# interface and so needs the Bearer token file above (it does not start without it).
+# Mount your own config over it and pass secrets as ICESPOOL__SECTION__KEY variables.
 
 # ---------------------------------------------------------------- builder: wheel + venv
 FROM python:3.11-slim AS builder
@@ -13,17 +16,19 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/ requirements/
 COPY spool/ spool/
 COPY daemon/ daemon/
 # Every dependency ships manylinux wheels, so no compiler is needed even here; the venv
-# is self-contained and copied whole into the final stage. The extras: a Glue catalog
-# (boto3) and Azure storage (adlfs); REST, SQL and S3 need none.
-ARG ICESPOOL_EXTRAS=glue,azure
+# is self-contained and copied whole into the final stage. The dependencies come from the
+# lock (exact versions, sha256 hashes; `make lock`), the project itself without resolving
+# anything more. image.txt: a Glue catalog (boto3), Azure storage (adlfs) and a Hive
+# Metastore (thrift) besides REST, SQL and S3; ICESPOOL_LOCK=run.txt builds without them.
+ARG ICESPOOL_LOCK=image.txt
 RUN python -m venv /opt/icespool \
     && /opt/icespool/bin/pip install --upgrade pip==25.3 \
-    && /opt/icespool/bin/pip wheel --no-deps --wheel-dir /wheels . \
-    && set -- /wheels/icespool-*.whl \
-    && /opt/icespool/bin/pip install "$1[${ICESPOOL_EXTRAS}]"
+    && /opt/icespool/bin/pip install --require-hashes --no-deps -r "requirements/${ICESPOOL_LOCK}" \
+    && /opt/icespool/bin/pip install --no-deps --no-build-isolation .
 
 # ---------------------------------------------------------------- final: runtime only
 FROM python:3.11-slim

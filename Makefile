@@ -6,7 +6,10 @@
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
+#   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
+#   make lock-upgrade   the same, taking the newest versions pyproject.toml's bounds allow
 #   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
+#   make spark35   the Spark 3.5 venv + Iceberg runtime the tests also check (.test-tools/spark35/)
 #   make clean   remove caches and build artefacts (keeps .venv and icespool-data/)
 #   make distclean   clean + remove .venv
 
@@ -19,15 +22,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 PIP_FLAGS := --disable-pip-version-check --quiet
-# The stamps are rebuilt (packages reinstalled) only when pyproject.toml changes.
+# The stamps are rebuilt (packages reinstalled) only when pyproject.toml or the lock changes.
 STAMP_RUN := $(VENV)/.icespool-installed
 STAMP_TEST := $(VENV)/.icespool-installed-test
 STAMP_DEMO := $(VENV)/.icespool-installed-demo
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime demo clean \
-  distclean
+.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
+  clean distclean lock lock-upgrade
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -47,25 +50,63 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e .
+# Every install is from a lock in requirements/ (exact versions, sha256 hashes, made by
+# `make lock`): the dependencies with --require-hashes, then the project itself with
+# --no-deps and --no-build-isolation (the lock holds setuptools and wheel too).
+LOCK := requirements
+PIP_LOCKED := $(PIP) install $(PIP_FLAGS) --require-hashes --no-deps -r
+PIP_SELF := $(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+
+$(STAMP_RUN): pyproject.toml $(LOCK)/run.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/run.txt
+	$(PIP_SELF)
 	touch $@
 
 # helm-sdkpy (Helm v4's Go library, for tests/test_helm.py) declares Python >= 3.12, which
-# pyproject's marker honours; it works on 3.11 too, so there it is installed past the check.
-HELM_SDKPY := helm-sdkpy>=0.1.32
-
+# the lock's marker honours; it works on 3.11 too, so there its own pin is installed past
+# the check.
 # The tests install everything the demo needs too (the demo extra is a subset).
-$(STAMP_TEST): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e '.[test,spark,demo]'
+$(STAMP_TEST): pyproject.toml $(LOCK)/test.txt $(LOCK)/helm-sdkpy.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/test.txt
 	if $(BIN)/python -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then \
-	  $(PIP) install $(PIP_FLAGS) --ignore-requires-python '$(HELM_SDKPY)'; \
+	  $(PIP_LOCKED) $(LOCK)/helm-sdkpy.txt --ignore-requires-python; \
 	fi
+	$(PIP_SELF)
 	touch $@ $(STAMP_RUN) $(STAMP_DEMO)
 
-$(STAMP_DEMO): pyproject.toml | $(BIN)/python
-	$(PIP) install $(PIP_FLAGS) -e '.[demo]'
+$(STAMP_DEMO): pyproject.toml $(LOCK)/demo.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/demo.txt
+	$(PIP_SELF)
 	touch $@ $(STAMP_RUN)
+
+# ------------------------------------------------------------------ the lock
+# uv resolves (seconds, where pip-tools takes minutes over the test extra) for every
+# platform and Python >= 3.11 at once (--universal), so one lock serves Debian's python3,
+# the python:3.11 image and CI. test.txt is resolved first and constrains the others: the
+# image and `make run` get exactly the versions the suite ran against. Without
+# lock-upgrade, versions already locked are kept while pyproject.toml's bounds allow them.
+UV_VERSION := 0.13.8
+UV := $(BIN)/uv
+UV_PIN = $(UV) pip compile --quiet --generate-hashes --custom-compile-command 'make lock' \
+  $(UV_UPGRADE)
+UV_COMPILE = $(UV_PIN) --universal --python-version 3.11
+
+$(UV): | $(BIN)/python
+	$(PIP) install $(PIP_FLAGS) 'uv==$(UV_VERSION)'
+
+lock: | $(UV)
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in --extra test --extra spark --extra demo \
+	  -o $(LOCK)/test.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt -o $(LOCK)/run.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra demo \
+	  -o $(LOCK)/demo.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra glue --extra azure --extra hive \
+	  -o $(LOCK)/image.txt
+	$(UV_PIN) --python-version 3.12 --no-deps $(LOCK)/helm-sdkpy.in -c $(LOCK)/test.txt \
+	  -o $(LOCK)/helm-sdkpy.txt
+
+lock-upgrade:
+	$(MAKE) --no-print-directory lock UV_UPGRADE=--upgrade
 
 # ------------------------------------------------------------------ Debian test packages
 # TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool).
@@ -174,9 +215,80 @@ $(ICEBERG_REST_STAMP): tests/support/iceberg_rest/pom.xml
 	@ls $(ICEBERG_REST_DIR)/libs/iceberg-open-api-*-test-fixtures.jar >/dev/null
 	touch $@
 
+# Apache Hive's standalone metastore (tests/support/hive_metastore.py): the jars
+# tests/support/hive/pom.xml pins, copied into the ignored .test-tools/hive/libs/, and its
+# Derby schema scripts (only in the metastore's "bin" tar.gz) unpacked into
+# .test-tools/hive/dist/ (again only when the POM changes).
+HIVE_DIR := .test-tools/hive
+HIVE_STAMP := $(HIVE_DIR)/.installed
+
+$(HIVE_STAMP): tests/support/hive/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it assembles the test Hive Metastore" >&2; \
+	  exit 1; }
+	rm -rf $(HIVE_DIR)
+	@mvn -B -q -Dstyle.color=never -f tests/support/hive/pom.xml dependency:copy-dependencies \
+	  -DoutputDirectory=$(CURDIR)/$(HIVE_DIR)/libs dependency:unpack@derby-scripts \
+	  -Dhive.dist.dir=$(CURDIR)/$(HIVE_DIR)/dist || { \
+	  echo "error: mvn could not fetch the Hive Metastore's jars or scripts \
+(tests/support/hive/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(HIVE_DIR); exit 1; }
+	@ls $(HIVE_DIR)/libs/hive-standalone-metastore-server-*.jar \
+	  $(HIVE_DIR)/dist/apache-hive-metastore-*-bin/scripts/metastore/upgrade/derby >/dev/null
+	touch $@
+
+# Spark 3.5 beside the suite's Spark 4.1 (tests/spark/test_spark35.py): a venv holding only
+# the pyspark tests/support/spark35/requirements.txt pins, and Iceberg's Spark 3.5 runtime
+# (deploy/spark/pom.xml's profile spark-3.5) in .test-tools/spark35/{venv,runtime}; made
+# again only when the requirements or the POM change (pip keeps the built wheel in its cache).
+SPARK35_DIR := .test-tools/spark35
+SPARK35_STAMP := $(SPARK35_DIR)/.installed
+
+$(SPARK35_STAMP): tests/support/spark35/requirements.txt deploy/spark/pom.xml | $(BIN)/python
+	$(call install_debs,$(SPARK_DEB_PACKAGES))
+	rm -rf $(SPARK35_DIR)
+	$(BIN)/python -m venv $(SPARK35_DIR)/venv
+	$(SPARK35_DIR)/venv/bin/python -m pip install $(PIP_FLAGS) \
+	  -r tests/support/spark35/requirements.txt
+	@mvn -B -q -Dstyle.color=never -f deploy/spark/pom.xml -P spark-3.5 \
+	  dependency:copy-dependencies -DexcludeTransitive=true \
+	  -DoutputDirectory=$(CURDIR)/$(SPARK35_DIR)/runtime || { \
+	  echo "error: mvn could not fetch the Iceberg Spark 3.5 runtime's jars \
+	(deploy/spark/pom.xml, profile spark-3.5) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(SPARK35_DIR); exit 1; }
+	@ls $(SPARK35_DIR)/runtime/iceberg-spark-runtime-3.5_2.12-*.jar >/dev/null
+	touch $@
+
+spark35: $(SPARK35_STAMP)
+
+# Apicurio Registry, the schema registry the Avro tests run (tests/support/apicurio.py):
+# the release's own distribution (a Quarkus fast-jar) that tests/support/apicurio/pom.xml
+# pins, unpacked into the ignored .test-tools/apicurio/ (again only when the POM changes).
+# Its classes are Java 21: Debian 12 has no such JDK, so one must be there already
+# (JAVA_HOME, PATH or /usr/lib/jvm/*, as tests/support/apicurio.py looks).
+APICURIO_DIR := .test-tools/apicurio
+APICURIO_STAMP := $(APICURIO_DIR)/.installed
+
+$(APICURIO_STAMP): tests/support/apicurio/pom.xml
+	$(call install_debs,openjdk-17-jre-headless maven)
+	@command -v mvn >/dev/null || { \
+	  echo "error: mvn (Debian package maven) is missing: it fetches the test schema registry" >&2; \
+	  exit 1; }
+	@$(PYTHON) tests/support/apicurio.py --java >/dev/null
+	rm -rf $(APICURIO_DIR)
+	@mvn -B -q -Dstyle.color=never -f tests/support/apicurio/pom.xml dependency:unpack \
+	  -Dapicurio.dir=$(CURDIR)/$(APICURIO_DIR) || { \
+	  echo "error: mvn could not fetch the Apicurio Registry distribution \
+(tests/support/apicurio/pom.xml) from Maven Central: is it reachable?" >&2; \
+	  rm -rf $(APICURIO_DIR); exit 1; }
+	@ls $(APICURIO_DIR)/quarkus-run.jar >/dev/null
+	touch $@
+
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
-test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP)
+test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP) \
+  $(HIVE_STAMP) $(SPARK35_STAMP) $(APICURIO_STAMP)
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 
@@ -184,9 +296,9 @@ spark-deps:
 	$(call install_debs,$(SPARK_DEB_PACKAGES))
 
 # ------------------------------------------------------------------ Spark runtime
-# The Iceberg Spark runtime for pyspark 3.5: the jars deploy/spark/pom.xml pins (the Iceberg
-# runtime, the AWS bundle, the PostgreSQL and SQLite JDBC drivers), copied from Maven
-# Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
+# The Iceberg Spark runtime for pyspark 4.1: the jars deploy/spark/pom.xml pins (the Iceberg
+# runtime, the AWS and GCP bundles, the PostgreSQL and SQLite JDBC drivers), copied from
+# Maven Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
 # wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the
 # installed Python packages (pyspark) change: otherwise it costs nothing.
 SPARK_RUNTIME := .spark-runtime

@@ -12,22 +12,27 @@ In-process use::
 
 from __future__ import annotations
 
-from daemon.config import Config, load_config
-from daemon.errors import (
-    BackpressureError,
-    BadInputError,
-    CatalogError,
-    CommitError,
-    ConfigError,
-    IcespoolError,
-    SchemaError,
-    ShuttingDownError,
-    UnknownTableError,
-)
-from daemon.ingest import Column, TableInput
-from daemon.lanes import Lane, LaneClosedError, LanePool
-from daemon.service import Icespool
-from daemon.writer import FlushResult, TableWriter
+from typing import TYPE_CHECKING
+
+from daemon._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daemon.config import Config, load_config
+    from daemon.errors import (
+        BackpressureError,
+        BadInputError,
+        CatalogError,
+        CommitError,
+        ConfigError,
+        IcespoolError,
+        SchemaError,
+        ShuttingDownError,
+        UnknownTableError,
+    )
+    from daemon.ingest import Column, TableInput
+    from daemon.lanes import Lane, LaneClosedError, LanePool
+    from daemon.service import Icespool
+    from daemon.writer import FlushResult, TableWriter
 
 __all__ = [
     "BackpressureError",
@@ -50,3 +55,39 @@ __all__ = [
     "UnknownTableError",
     "load_config",
 ]
+
+# Imported when first used: see daemon._lazy.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "daemon.config": (
+            "Config",
+            "load_config",
+        ),
+        "daemon.errors": (
+            "BackpressureError",
+            "BadInputError",
+            "CatalogError",
+            "CommitError",
+            "ConfigError",
+            "IcespoolError",
+            "SchemaError",
+            "ShuttingDownError",
+            "UnknownTableError",
+        ),
+        "daemon.ingest": (
+            "Column",
+            "TableInput",
+        ),
+        "daemon.lanes": (
+            "Lane",
+            "LaneClosedError",
+            "LanePool",
+        ),
+        "daemon.service": ("Icespool",),
+        "daemon.writer": (
+            "FlushResult",
+            "TableWriter",
+        ),
+    },
+)

@@ -33,6 +33,7 @@ from daemon.encode_pool import flush_calls
 from daemon.errors import ConfigError, IcespoolError
 from daemon.http import HttpServer, load_tokens, server_context, start_http
 from daemon.http._conn import ConnectionLimits
+from daemon.readiness import log_readiness
 from daemon.reload import reload
 from daemon.sd_notify import SystemdNotifier, status_line
 from daemon.service import Icespool
@@ -56,8 +57,8 @@ AFTER_GRACE_SECONDS = 5.0
 #: A blocking call was still stuck when the shutdown deadline passed (EX_TEMPFAIL).
 EXIT_STUCK = 75
 _EXIT_FAILED = 1
-# The ready line names this many tables, then counts the rest.
-_READY_LISTS = 20
+# The started line names this many tables, then counts the rest.
+_STARTED_LISTS = 20
 _EXIT_FORCED = 130
 
 
@@ -169,25 +170,29 @@ async def _serve(
     # otherwise paused ingest for 30-45 ms every ~10 s).
     gc.freeze()
     names = service.table_names
-    listed = ", ".join(names[:_READY_LISTS]) or "(none)"
-    if len(names) > _READY_LISTS:  # one line, not 10,000 names (GET /v1/status lists all)
-        listed += f" and {len(names) - _READY_LISTS} more ({len(names)} tables)"
+    listed = ", ".join(names[:_STARTED_LISTS]) or "(none)"
+    if len(names) > _STARTED_LISTS:  # one line, not 10,000 names (GET /v1/status lists all)
+        listed += f" and {len(names) - _STARTED_LISTS} more ({len(names)} tables)"
+    url = f"{scheme}://{config.http.host}:{http.port}"
+    # Started, not ready: a Kafka source may still be connecting. "icespool ready" is
+    # logged by log_readiness once /readyz says so.
     _log.info(
-        "icespool ready: %s://%s:%d, tables %s, spool %s",
-        scheme,
-        config.http.host,
-        http.port,
+        "icespool started: %s, tables %s, spool %s",
+        url,
         listed,
         config.spool.dir,
-        extra={"port": http.port, "tables": names[:_READY_LISTS], "table_count": len(names)},
+        extra={"port": http.port, "tables": names[:_STARTED_LISTS], "table_count": len(names)},
     )
-    # After the ready line: recovery is done and the socket accepts, as READY=1 promises.
+    # After the started line: recovery is done and the socket accepts, as READY=1 promises
+    # (it means started; /readyz is the readiness probe).
     systemd.ready()
-    # Serving: SIGHUP reloads run beside, and end with it.
+    # Serving: SIGHUP reloads and the readiness log run beside, and end with it.
     async with asyncio.TaskGroup() as group:
         reloader = group.create_task(_reload_on_hangup(service, http, hangup, reload_config))
+        readiness = group.create_task(log_readiness(service.not_ready_reason, url, http.port))
         await stop.wait()
         reloader.cancel()
+        readiness.cancel()
     deadline = time.monotonic() + grace + AFTER_GRACE_SECONDS
     _log.info("shutting down: committing pending records (grace %gs)", grace)
     service.draining = True  # ingest answers 503 from now on; status stays readable

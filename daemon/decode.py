@@ -49,8 +49,15 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pj
 
 from daemon.errors import BadInputError, SchemaError
+from daemon.json_types import first_conflict, merge_inferred
 from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
-from daemon.schema import HUGE_EXPONENT, cast_array, check_required_children, find_out_of_range
+from daemon.schema import (
+    HUGE_EXPONENT,
+    SchemaChangeError,
+    cast_array,
+    check_required_children,
+    find_out_of_range,
+)
 
 __all__ = [
     "JsonOptions",
@@ -361,8 +368,25 @@ def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.S
     """The Arrow schema pyarrow infers for an NDJSON body (for schema evolution).
 
     Same guards as `decode_ndjson` (nesting depth; pyarrow must not see a top-level
-    null); raises `BadInputError` when the body is not one JSON object per line.
+    null); raises `BadInputError` when the body is not one JSON object per line, and
+    `SchemaChangeError` naming the field, both JSON types and their lines when two
+    records give a field types no column holds both of (`daemon.json_types`).
     """
+    try:
+        return _inferred(body, max_depth)
+    except BadInputError as exc:
+        if _KIND_MIX in str(exc):
+            conflict = first_conflict(body.split(b"\n"))
+            if conflict is not None:
+                raise SchemaChangeError(conflict.path, conflict.problem()) from None
+        raise
+
+
+# pyarrow.json's words for a field whose JSON kind differs between records.
+_KIND_MIX: Final = ") changed from "
+
+
+def _inferred(body: bytes, max_depth: int) -> pa.Schema:
     if _BLANK.fullmatch(body):
         raise BadInputError("no records: the body is empty; send one JSON object per line")
     check_depth(body, max_depth)
@@ -381,28 +405,28 @@ def infer_records_schema(
     """The inferred types of ``columns`` (None: all) in these JSON records (blocking).
 
     One inference over all of them first; when that fails (some record is bad in
-    another way) record by record, keeping a column's type only when the records
-    that carry it agree (long and double agree on double).
+    another way, or records disagree on a field's type) record by record, merged by
+    `merge_inferred`: long and double make double, and where no type holds both, the
+    type seen first stays (the records that do not fit it are refused on their own).
     """
     try:
-        return infer_ndjson_schema(b"\n".join(values), max_depth)
+        return _inferred(b"\n".join(values), max_depth)
     except BadInputError:
         pass
-    found: dict[str, pa.DataType | None] = {}
+    found: dict[str, pa.DataType] = {}
+    # A nested column ("payload.kind") is inferred as its top-level one.
+    wanted = None if columns is None else {c.split(".", 1)[0] for c in columns}
     for value in values:
         try:
-            schema = infer_ndjson_schema(value, max_depth)
+            schema = _inferred(value, max_depth)
         except BadInputError:
             continue
         for inferred in schema:
-            if columns is not None and inferred.name not in columns:
+            if wanted is not None and inferred.name not in wanted:
                 continue
             seen = found.setdefault(inferred.name, inferred.type)
-            if seen is None or seen == inferred.type:
-                continue
-            numbers = {seen, inferred.type} <= {pa.int64(), pa.float64()}
-            found[inferred.name] = pa.float64() if numbers else None
-    return pa.schema([(name, t) for name, t in found.items() if t is not None])
+            found[inferred.name] = merge_inferred(seen, inferred.type)
+    return pa.schema(list(found.items()))
 
 
 def check_depth(body: bytes, max_depth: int) -> None:

@@ -51,7 +51,7 @@ from daemon.config import Config
 from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from daemon.errors import BadInputError, ReadOnlyTableError, SchemaError
 from daemon.json_array import JSON, array_error, ndjson_from_array
-from daemon.schema import Policy, conform
+from daemon.schema import Policy, SchemaChangeError, conform
 from daemon.writer import TableWriter
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "TableInput",
     "Tables",
     "Wants",
+    "refuse_changes",
 ]
 
 NDJSON: Final = "application/x-ndjson"
@@ -178,7 +179,7 @@ class Ingest:
         if content_type == NDJSON:
             return await self._records(name, writer, body)
         raw = await asyncio.to_thread(decode_arrow_stream, body)
-        _refuse_changes(name, raw.schema, writer)
+        refuse_changes(name, raw.schema, writer)
         if writer is None:
             writer = await self.create(name, lambda: raw.schema)
         # An upsert table takes rows (upserts) or, in Arrow, change batches as they are.
@@ -313,7 +314,7 @@ class Ingest:
         elif writer.key:
             batch = await self.conformed_changes(writer, data)
         else:
-            _refuse_changes(writer.name, data.schema, writer)
+            refuse_changes(writer.name, data.schema, writer)
             batch = await self.conformed(writer, data)
         return await writer.append(batch, meta)
 
@@ -356,31 +357,45 @@ class Ingest:
         allows. Returns the last result and, by column, why the table could not be
         changed for it: `SchemaChangeError` when the policy refuses the change, another
         `SchemaError` when the records' shape cannot be a column at all (an empty field
-        name, a type Iceberg has no equivalent for).
+        name, a type Iceberg has no equivalent for). Raises the `SchemaChangeError` of
+        ``wants``'s inference when the records of an all-or-nothing input disagree on a
+        field's type.
 
-        It ends: every round changes the table for at least one column it has not tried
-        for this input before, and an input has finitely many columns.
+        It ends: every round tries the table for at least one column and input type it
+        has not tried for this input before, and an input has finitely many of both.
         """
         refused: dict[str, SchemaError] = {}
-        tried: set[str] = set()
+        # (column, the input's type for it): records the first round's type did not fit
+        # are inferred again on their own, and their other type is one more try.
+        tried: set[tuple[str, str]] = set()
         result = await asyncio.to_thread(decode, writer.arrow_schema)
         while writer.evolve_policy != "none":
             want = wants(result)
-            if want is None or not want.columns - tried - refused.keys():
+            if want is None or not want.columns - refused.keys():
                 break
             try:
                 incoming = await asyncio.to_thread(want.incoming)
+            except SchemaChangeError:
+                raise  # records of one all-or-nothing input disagree on a field's type
             except BadInputError:
                 break  # the records' types cannot even be inferred: the decode error stands
-            only = None if want.exact else _evolvable(want.columns, incoming, writer) - tried
-            if only is not None and not only:
+            columns = want.columns if want.exact else _evolvable(want.columns, incoming, writer)
+            new = {c for c in columns - refused.keys() if _tried(c, incoming) not in tried}
+            if not new:
                 break
-            tried |= want.columns if only is None else only
+            only = None if want.exact else new
+            tried |= {_tried(c, incoming) for c in new}
             before = writer.arrow_schema
             try:
                 await writer.evolve(incoming, only=only, exact=want.exact)
             except SchemaError as exc:
-                for column in {*want.columns, *(only or ()), exc.column}:
+                top = exc.column.split(".", 1)[0]
+                blamed: set[str] = {*want.columns, *(only or ()), exc.column}
+                if only is not None and any(_top(c) == top for c in only) and len(only) > 1:
+                    # A plan is refused whole, for one column: the others go again without it.
+                    tried -= {_tried(c, incoming) for c in only if _top(c) != top}
+                    blamed = {c for c in blamed if _top(c) == top}
+                for column in blamed:
                     refused.setdefault(column, exc)
                 continue
             # Evolved here, or by a replica first (the plan was empty, the schema new).
@@ -503,6 +518,15 @@ def _keyed(writer: TableWriter) -> tuple[str, ...]:
     return writer.key
 
 
+def _top(column: str) -> str:
+    return column.split(".", 1)[0]
+
+
+def _tried(column: str, incoming: pa.Schema) -> tuple[str, str]:
+    index = incoming.get_field_index(_top(column))
+    return column, str(incoming.field(index).type) if index >= 0 else ""
+
+
 def _evolvable(failed: frozenset[str], incoming: pa.Schema, writer: TableWriter) -> set[str]:
     """The columns an inferred input evolves the table for in one round: those the decode
     failed on that the input has a type for, and every top-level column the table lacks
@@ -541,7 +565,7 @@ def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) ->
     return conform(pa.table(arrays), schema)
 
 
-def _refuse_changes(name: str, schema: pa.Schema, writer: TableWriter | None) -> None:
+def refuse_changes(name: str, schema: pa.Schema, writer: TableWriter | None) -> None:
     """A change batch (op column) for a table without a key is refused before any
     schema change: evolving or creating the table for it would make the op a column
     and keep every delete as a row."""

@@ -161,11 +161,11 @@ def _check_elements(
 def array_error(exc: BadInputError) -> BadInputError:
     """``exc`` (raised by the NDJSON decoder for `ndjson_from_array`'s output) telling
     the array index (0-based) where it told the line."""
-    if type(exc) is SchemaError:
+    if isinstance(exc, SchemaError):  # SchemaChangeError too: same fields, same class
         problem = _array_words(exc.problem)
         if problem == exc.problem:
             return exc
-        return SchemaError(exc.column, problem).because(exc.reason)
+        return type(exc)(exc.column, problem).because(exc.reason)
     message = _array_words(str(exc))
     if type(exc) is not BadInputError or message == str(exc):
         return exc

@@ -18,13 +18,14 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from daemon.config import Config, KafkaConfig, TableConfig
+from daemon.early_acks import EarlyAcks
 from daemon.encode_pool import flush_executor
 from daemon.errors import (
     BackpressureError,
@@ -48,7 +49,6 @@ from daemon.iceberg import (
 from daemon.ingest import AUTO_CREATED, Ingest, TableInput
 from daemon.kafka import (
     DeadLetterReplay,
-    KafkaSource,
     OffsetBook,
     ReplayFilter,
     ReplayResult,
@@ -73,7 +73,10 @@ from daemon.spool_claim import SpoolClaim, SpoolContestedError
 from daemon.spool_watch import SpoolWatch
 from daemon.startup import StartWait, load_catalog_waiting
 from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
-from spool import FileSystem, QuarantinedSegment, Spool
+from spool import FileSystem, QuarantinedSegment, SegmentInfo, Spool
+
+if TYPE_CHECKING:
+    from daemon.kafka import KafkaSource
 
 __all__ = ["Icespool", "Totals"]
 
@@ -169,6 +172,8 @@ class Icespool:
         self._starting = "starting (spool recovery)"
         # What the start waits for (the catalog, with its last error); None otherwise.
         self.start_wait: StartWait | None = None
+        # Acks records of tables with a known schema while the start waits (the daemon).
+        self._early: EarlyAcks | None = None
         self._progress_line = progress_line
         # Start-up recovery's progress (None: nothing was spooled); kept after it ends.
         self.recovery: Progress | None = None
@@ -195,10 +200,13 @@ class Icespool:
         self.metrics.quarantined_segments.inc(len(report.quarantined))
         self.metrics.truncated_segments.inc(len(report.truncated))
         self.metrics.spool_max_bytes.set(self.config.spool.max_bytes)
+        if wait_for_catalog:
+            self._early = EarlyAcks(self.config, self._spool, self.metrics)
         try:
             self._catalog = await load_catalog_waiting(
                 self.config, retry=wait_for_catalog, waiting=self._waiting
             )
+            acked_early = [] if self._early is None else await self._early.settled()
             self._starting = "starting (loading tables)"
             await self._pool.start()
             await self._load_tables()
@@ -207,7 +215,7 @@ class Icespool:
                 f"waited out for up to {self.config.spool.claim_ttl:.0f}s)"
             )
             await self._claim_spool()
-            await self._recover()
+            await self._recover(acked_early)
         except BaseException:
             await self._abort()
             raise
@@ -239,6 +247,10 @@ class Icespool:
         # Sources start last: recovered segments are committed, so the offsets the
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
+            # Imported here: the Kafka client (aiokafka, and the internals of it that
+            # daemon.kafka._batches and _raw_fetch use) only where a source is configured.
+            from daemon.kafka import KafkaSource
+
             source = KafkaSource(
                 kafka,
                 name=f"kafka[{i}]",
@@ -339,9 +351,19 @@ class Icespool:
 
     def _waiting(self, wait: StartWait | None) -> None:
         self.start_wait = wait
+        if self._early is not None:
+            self._early.waiting(wait)
+
+    def accepting_while_waiting(self, name: str) -> EarlyAcks | None:
+        """What acks records for ``name`` while the start waits for the catalog, if
+        its schema is known (`daemon.early_acks`); None otherwise."""
+        early = self._early
+        return early if early is not None and not self.draining and early.accepts(name) else None
 
     async def _abort(self) -> None:
         self._state = "stopped"
+        if self._early is not None:
+            await self._early.shut()
         await self._pressure.stop()
         await self._pool.stop(drain=False)
         await self._spool.close()
@@ -358,7 +380,8 @@ class Icespool:
             if self.recovery is not None and not self.recovery.finished:
                 return f"starting ({self.recovery.text()})"
             if self.start_wait is not None:
-                return self.start_wait.reason()
+                early = "" if self._early is None else self._early.note()
+                return self.start_wait.reason() + early
             return self._starting
         if self.catalog_problem is not None:
             return self.catalog_problem
@@ -658,13 +681,14 @@ class Icespool:
                     "%s: leaving its group failed: %s: %s", source.name, type(exc).__name__, exc
                 )
 
-    async def _recover(self) -> None:
-        """Commit leftover segments before any new record is accepted.
+    async def _recover(self, acked_early: list[SegmentInfo]) -> None:
+        """Commit leftover segments, and those acked while the catalog was awaited
+        (``acked_early``), before any new record is accepted.
 
         A table that cannot commit its leftovers is left degraded (its writer
         keeps retrying, its segments stay spooled); it never stops the others.
         """
-        recovered = self._spool.recovered.segments
+        recovered = [*self._spool.recovered.segments, *acked_early]
         leftovers = {s.table for s in recovered}
         if not leftovers:
             return
@@ -912,6 +936,8 @@ class Icespool:
             "not_ready": self.not_ready_reason(),
             # What the start waits for (the catalog and its last error), else null.
             "waiting_for": None if self.start_wait is None else self.start_wait.snapshot(),
+            # Tables whose records are acked meanwhile (their schema is known).
+            "accepting_while_waiting": [] if self._early is None else self._early.accepting(),
             "draining": self.draining,
             "degraded": self.degraded(),
             "quarantine": {

@@ -12,8 +12,11 @@ Pure mapping from the ``[catalog]`` section to Iceberg Spark runtime properties:
 - ``rest`` -> ``RESTCatalog`` (same URI, credential/token, warehouse), ``glue`` ->
   ``GlueCatalog``, ``hive`` -> ``HiveCatalog``.
 
-Object stores: an ``s3://`` warehouse (or a Glue catalog) adds Iceberg's ``S3FileIO``, which
-needs the AWS SDK v2 of ``org.apache.iceberg:iceberg-aws-bundle``. pyiceberg's S3 keys are
+Object stores: a ``gs://`` warehouse adds Iceberg's ``GCSFileIO`` and the Google Cloud
+Storage client of ``org.apache.iceberg:iceberg-gcp-bundle``; pyiceberg's ``gcs.*`` keys that
+Iceberg Java reads (``gcs.service.host``, ``gcs.project-id``, ``gcs.oauth2.token`` and its
+expiry) are spelled the same on both sides. An ``s3://`` warehouse (or a Glue catalog) adds
+``S3FileIO``, which needs the AWS SDK v2 of ``iceberg-aws-bundle``. pyiceberg's S3 keys are
 mostly Iceberg Java's too; the two that differ are translated: ``s3.region`` is
 ``client.region``, and ``s3.force-virtual-addressing`` is the inverse of
 ``s3.path-style-access``. pyiceberg addresses buckets path-style unless told otherwise, the
@@ -27,6 +30,10 @@ default, which some S3-compatible stores refuse, and Iceberg has no catalog key 
 yet; the SDK's own system properties (``aws.requestChecksumCalculation`` /
 ``aws.responseChecksumValidation`` = ``when_required``) go into the driver's and executors'
 ``defaultJavaOptions`` (JVM settings: they apply only to a JVM Spark starts with them).
+
+Spark versions: Iceberg publishes one runtime per Spark line and Scala version; ``spark``
+picks it (4.1, Scala 2.13, by default; 3.5, Scala 2.12). A Spark session built in this
+process takes the line of the installed pyspark.
 
 Jars: with a local runtime directory (``make spark-runtime`` copies the jars
 ``deploy/spark/pom.xml`` pins from Maven Central) every jar in it goes into ``spark.jars``,
@@ -47,48 +54,61 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
-from urllib.parse import urlencode
+from typing import TYPE_CHECKING, Final, Literal
+from urllib.parse import parse_qsl, unquote, urlencode
 
-from daemon.config import CatalogConfig, Config, is_secret_key, redact_uri
 from daemon.errors import SparkConfError
 
+if TYPE_CHECKING:  # the CLI's parser reads the Spark lines below without the config model
+    from daemon.config import CatalogConfig, Config
+
 __all__ = [
+    "DEFAULT_SPARK",
     "EXTENSIONS",
     "FORMATS",
     "ICEBERG_VERSION",
     "MAVEN_AWS_BUNDLE",
-    "MAVEN_ICEBERG_RUNTIME",
+    "MAVEN_GCP_BUNDLE",
     "MAVEN_POSTGRESQL",
     "MAVEN_SQLITE",
     "RUNTIME_DIR_ENV",
     "S3_COMPATIBLE_JAVA_OPTIONS",
+    "SPARK_RUNTIMES",
     "JdbcConnection",
     "SparkConfError",
     "SparkSettings",
     "catalog_options",
     "jdbc_connection",
+    "maven_iceberg_runtime",
     "render",
     "runtime_jars",
+    "spark_line",
     "spark_settings",
 ]
 
 #: The Iceberg release the Maven coordinates are pinned to: deploy/spark/pom.xml's (which
 #: `make spark-runtime` copies) must be the same.
 ICEBERG_VERSION: Final = "1.11.0"
-MAVEN_ICEBERG_RUNTIME: Final = (
-    f"org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:{ICEBERG_VERSION}"
-)
+#: Spark line -> the artifact of Iceberg's runtime for it (Spark 4 is built for Scala 2.13,
+#: Spark 3.5's pyspark for 2.12). Only lines the tests run on: Iceberg publishes 4.0 too.
+SPARK_RUNTIMES: Final = {
+    "4.1": "iceberg-spark-runtime-4.1_2.13",
+    "3.5": "iceberg-spark-runtime-3.5_2.12",
+}
+DEFAULT_SPARK: Final = "4.1"
 MAVEN_AWS_BUNDLE: Final = f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}"
+MAVEN_GCP_BUNDLE: Final = f"org.apache.iceberg:iceberg-gcp-bundle:{ICEBERG_VERSION}"
 MAVEN_SQLITE: Final = "org.xerial:sqlite-jdbc:3.54.1.0"
 MAVEN_POSTGRESQL: Final = "org.postgresql:postgresql:42.7.14"
 # The jar of a runtime directory that stands for a Maven package (Maven's file names).
 _PACKAGE_JARS: Final = {
     MAVEN_AWS_BUNDLE: "iceberg-aws-bundle-*.jar",
+    MAVEN_GCP_BUNDLE: "iceberg-gcp-bundle-*.jar",
     MAVEN_SQLITE: "sqlite-jdbc-*.jar",
     MAVEN_POSTGRESQL: "postgresql-*.jar",
 }
@@ -105,7 +125,6 @@ RUNTIME_DIR_ENV: Final = "ICESPOOL_SPARK_RUNTIME"
 FORMATS: Final = ("spark-submit", "properties", "json")
 Format = Literal["spark-submit", "properties", "json"]
 
-_RUNTIME_JAR_GLOB: Final = "iceberg-spark-runtime-3.5_2.12-*.jar"
 # Catalog keys pyiceberg and Iceberg Java spell the same way and mean the same thing: the
 # REST client's (only for rest catalogs) and the FileIO/cloud clients' (for every catalog).
 _REST_KEYS: Final = frozenset(
@@ -147,6 +166,24 @@ class SparkSettings:
     omitted_secrets: tuple[str, ...] = field(default=())
 
 
+def spark_line(version: str) -> str:
+    """The Spark line (``"4.1"``) of a Spark or pyspark version (``"4.1.4"``, ``"4.1"``);
+    SparkConfError naming the lines there is a runtime for when it has none."""
+    line = ".".join(version.strip().split(".")[:2])
+    if line not in SPARK_RUNTIMES:
+        raise SparkConfError(
+            f"Spark {version.strip()!r}: icespool's Iceberg {ICEBERG_VERSION} runtimes are for "
+            f"Spark {' and '.join(SPARK_RUNTIMES)} (pip install 'icespool[spark]' brings "
+            f"pyspark {DEFAULT_SPARK})"
+        )
+    return line
+
+
+def maven_iceberg_runtime(spark: str = DEFAULT_SPARK) -> str:
+    """The Maven coordinates of Iceberg's runtime for the Spark line ``spark``."""
+    return f"org.apache.iceberg:{SPARK_RUNTIMES[spark_line(spark)]}:{ICEBERG_VERSION}"
+
+
 def jdbc_connection(uri: str) -> JdbcConnection:
     """The JDBC form of a pyiceberg SQL catalog's SQLAlchemy ``uri``.
 
@@ -155,14 +192,8 @@ def jdbc_connection(uri: str) -> JdbcConnection:
     ``postgresql+psycopg2://user:pw@host:port/db?sslmode=require`` ->
     ``jdbc:postgresql://host:port/db?sslmode=require`` with user and password apart.
     """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(uri)
-    except ArgumentError as exc:
-        raise SparkConfError(f"catalog.uri {uri!r} is not a database URI: {exc}") from None
-    backend = url.get_backend_name()
+    url = _database_uri(uri)
+    backend = url.backend
     if backend == "sqlite":
         database = url.database or ""
         if not database or database == ":memory:" or database.startswith("file:"):
@@ -178,15 +209,13 @@ def jdbc_connection(uri: str) -> JdbcConnection:
         if ":" in host:  # IPv6 literal
             host = f"[{host}]"
         port = url.port or 5432
-        query = urlencode(
-            [(k, v) for k, values in url.query.items() for v in _as_list(values)], safe="/:"
-        )
+        query = urlencode(url.query, safe="/:")
         suffix = f"?{query}" if query else ""
         return JdbcConnection(
             f"jdbc:postgresql://{host}:{port}/{url.database}{suffix}",
             MAVEN_POSTGRESQL,
             user=url.username,
-            password=url.password if isinstance(url.password, str) else None,
+            password=url.password,
         )
     raise SparkConfError(
         f"catalog.uri {uri!r}: no JDBC mapping for the {backend!r} database; "
@@ -194,8 +223,63 @@ def jdbc_connection(uri: str) -> JdbcConnection:
     )
 
 
-def _as_list(values: str | Sequence[str]) -> list[str]:
-    return [values] if isinstance(values, str) else list(values)
+# SQLAlchemy's URL grammar (sqlalchemy.engine.url._parse_url), read here without importing
+# SQLAlchemy: its import alone is most of spark-conf's start-up time.
+_DATABASE_URI: Final = re.compile(
+    r"""
+    (?P<name>[\w+]+)://
+    (?:(?P<username>[^:/]*)(?::(?P<password>[^@]*))?@)?
+    (?:(?:\[(?P<ipv6host>[^/?]+)\]|(?P<ipv4host>[^/:?]+))?(?::(?P<port>[^/?]*))?)?
+    (?:/(?P<database>[^?]*))?
+    (?:\?(?P<query>.*))?
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _DatabaseUri:
+    """The parts of a SQLAlchemy database URI that a JDBC URL takes."""
+
+    backend: str  # the dialect: the driver name left of any "+driver"
+    host: str | None
+    port: int | None
+    database: str | None
+    username: str | None
+    password: str | None
+    query: list[tuple[str, str]]
+
+
+def _database_uri(uri: str) -> _DatabaseUri:
+    """``uri`` parsed as SQLAlchemy's ``make_url`` parses it (SparkConfError if it cannot)."""
+    match = _DATABASE_URI.match(uri)
+    if match is None:
+        raise SparkConfError(
+            f"catalog.uri {uri!r} is not a database URI: Could not parse SQLAlchemy URL "
+            "from given URL string"
+        )
+    parts = match.groupdict()
+    port = parts["port"]
+    if port is not None and not port.isdecimal():
+        raise SparkConfError(f"catalog.uri {uri!r}: port {port!r} is not a number")
+
+    def unquoted(name: str) -> str | None:
+        return None if parts[name] is None else unquote(parts[name])
+
+    # Repeated keys side by side, in the order of their first use (SQLAlchemy's query dict).
+    query: dict[str, list[str]] = {}
+    for key, value in parse_qsl(parts["query"] or ""):
+        query.setdefault(key, []).append(value)
+
+    return _DatabaseUri(
+        backend=parts["name"].split("+")[0],
+        host=parts["ipv4host"] or parts["ipv6host"],
+        port=int(port) if port else None,
+        database=unquoted("database"),
+        username=unquoted("username"),
+        password=unquoted("password"),
+        query=[(key, value) for key, values in query.items() for value in values],
+    )
 
 
 def _passed_on(kind: str, key: str) -> bool:
@@ -264,9 +348,15 @@ def catalog_options(catalog: CatalogConfig) -> tuple[dict[str, str], list[str]]:
         if not _passed_on(kind, key):
             continue
         options.setdefault(key, value)
-    if kind != "glue" and _on_s3(catalog) and MAVEN_AWS_BUNDLE not in packages:
+    # A Glue catalog has S3FileIO and the AWS bundle already.
+    if kind != "glue" and _on_s3(catalog):
         options.setdefault("io-impl", "org.apache.iceberg.aws.s3.S3FileIO")
         packages.append(MAVEN_AWS_BUNDLE)
+    elif kind != "glue" and _on_gcs(catalog):
+        # JdbcCatalog's default HadoopFileIO has no gs:// file system without Hadoop's
+        # GCS connector; Iceberg's own GCSFileIO needs only the GCP bundle.
+        options.setdefault("io-impl", "org.apache.iceberg.gcp.gcs.GCSFileIO")
+        packages.append(MAVEN_GCP_BUNDLE)
     options.update(_s3_java_options(extra))
     return options, packages
 
@@ -277,6 +367,14 @@ def _on_s3(catalog: CatalogConfig) -> bool:
     warehouse = catalog.warehouse or ""
     return warehouse.startswith(("s3://", "s3a://")) or (
         "://" not in warehouse and any(key.startswith("s3.") for key in catalog.extra_properties)
+    )
+
+
+def _on_gcs(catalog: CatalogConfig) -> bool:
+    """Whether the tables are on Google Cloud Storage (as `_on_s3` decides for S3)."""
+    warehouse = catalog.warehouse or ""
+    return warehouse.startswith("gs://") or (
+        "://" not in warehouse and any(key.startswith("gcs.") for key in catalog.extra_properties)
     )
 
 
@@ -295,10 +393,12 @@ def _s3_java_options(extra: Mapping[str, str]) -> dict[str, str]:
     return options
 
 
-def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every jar of a local runtime directory, the Iceberg runtime first.
+def runtime_jars(runtime_dir: str | os.PathLike[str], spark: str = DEFAULT_SPARK) -> list[Path]:
+    """Every jar of a local runtime directory for the Spark line ``spark``, the Iceberg
+    runtime first.
 
-    Raises SparkConfError naming the directory when it holds no Iceberg runtime jar.
+    Raises SparkConfError naming the directory when it holds no Iceberg runtime for that
+    line (and the other Spark's runtime jar it holds, if any).
     """
     directory = Path(runtime_dir).resolve()
     if not directory.is_dir():
@@ -306,11 +406,14 @@ def runtime_jars(runtime_dir: str | os.PathLike[str]) -> list[Path]:
             f"Spark runtime directory {str(directory)!r} does not exist; build it with "
             "'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
         )
-    runtime = sorted(directory.glob(_RUNTIME_JAR_GLOB))
+    pattern = f"{SPARK_RUNTIMES[spark_line(spark)]}-*.jar"
+    runtime = sorted(directory.glob(pattern))
     if not runtime:
+        held = sorted(jar.name for jar in directory.glob("iceberg-spark-runtime-*.jar"))
+        found = f" (it holds {', '.join(held)}: another Spark's)" if held else ""
         raise SparkConfError(
-            f"Spark runtime directory {str(directory)!r} has no {_RUNTIME_JAR_GLOB}; build "
-            "it with 'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
+            f"Spark runtime directory {str(directory)!r} has no {pattern}{found}; build it "
+            "with 'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
         )
     others = sorted(p for p in directory.glob("*.jar") if p not in runtime)
     return [*runtime, *others]
@@ -322,13 +425,18 @@ def spark_settings(
     catalog_name: str | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
     include_secrets: bool = False,
+    spark: str = DEFAULT_SPARK,
 ) -> SparkSettings:
     """The Spark properties that read (and write) the daemon's catalog.
 
     ``catalog_name`` defaults to the daemon's ``[catalog] name``; a SQL catalog cannot be
     renamed (see the module docstring). ``runtime_dir``: a local runtime directory whose
-    jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven).
+    jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven). ``spark``: the
+    Spark line whose Iceberg runtime is named (or looked for in ``runtime_dir``).
     """
+    from daemon.config import is_secret_key, redact_uri
+
+    spark = spark_line(spark)
     catalog = config.catalog
     name = catalog_name or catalog.name
     if not name.replace("_", "a").isalnum() or name[0].isdigit():
@@ -346,13 +454,13 @@ def spark_settings(
     options, packages = catalog_options(catalog)
     conf: dict[str, str] = {}
     if runtime_dir is not None:
-        jars = runtime_jars(runtime_dir)
+        jars = runtime_jars(runtime_dir, spark)
         conf["spark.jars"] = ",".join(str(jar) for jar in jars)
         missing = [package for package in packages if not _held(package, jars)]
         if missing:
             conf["spark.jars.packages"] = ",".join(missing)
     else:
-        conf["spark.jars.packages"] = ",".join([MAVEN_ICEBERG_RUNTIME, *packages])
+        conf["spark.jars.packages"] = ",".join([maven_iceberg_runtime(spark), *packages])
     if catalog.extra_properties.get("s3.endpoint") and (
         catalog.type.lower() == "glue" or _on_s3(catalog)
     ):

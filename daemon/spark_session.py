@@ -20,9 +20,15 @@ from typing import Any, Final
 
 from daemon.config import Config
 from daemon.errors import SparkConfError
-from daemon.spark_conf import RUNTIME_DIR_ENV, spark_settings
+from daemon.spark_conf import DEFAULT_SPARK, RUNTIME_DIR_ENV, spark_line, spark_settings
 
-__all__ = ["DEFAULT_SESSION_CONF", "import_pyspark_sql", "register_catalog", "spark_session"]
+__all__ = [
+    "DEFAULT_SESSION_CONF",
+    "import_pyspark_sql",
+    "installed_spark_line",
+    "register_catalog",
+    "spark_session",
+]
 
 #: Settings every session built here starts from; ``conf`` overrides them.
 DEFAULT_SESSION_CONF: Final[Mapping[str, str]] = {
@@ -38,8 +44,16 @@ def import_pyspark_sql() -> Any:
     except ModuleNotFoundError as exc:
         raise SparkConfError(
             f"pyspark is not installed ({exc}); install it with \"pip install 'icespool[spark]'\" "
-            "(pyspark 3.5, which needs Java 17)"
+            f"(pyspark {DEFAULT_SPARK}, which needs Java 17 or later)"
         ) from None
+
+
+def installed_spark_line() -> str:
+    """The Spark line of the installed pyspark (SparkConfError when Iceberg's runtimes
+    here have none for it): a session started in this process needs that line's jars."""
+    import_pyspark_sql()
+    version: str = importlib.import_module("pyspark").__version__
+    return spark_line(version)
 
 
 def _runtime_dir(runtime_dir: str | os.PathLike[str] | None) -> str | os.PathLike[str] | None:
@@ -61,9 +75,10 @@ def spark_session(
 
     ``runtime_dir``: a local Iceberg Spark runtime (``make spark-runtime``); None means
     ``$ICESPOOL_SPARK_RUNTIME``, and without that Spark fetches the Maven packages.
-    ``master`` None leaves it to spark-submit. Secrets go into the session's conf (never
-    printed). Spark applies jars and extensions only when the JVM starts: a session that
-    already runs in this process gets the catalog settings but keeps its jars.
+    ``master`` None leaves it to spark-submit. The Iceberg runtime is the one for the
+    installed pyspark's Spark line. Secrets go into the session's conf (never printed).
+    Spark applies jars and extensions only when the JVM starts: a session that already
+    runs in this process gets the catalog settings but keeps its jars.
     """
     sql = import_pyspark_sql()
     settings = spark_settings(
@@ -71,6 +86,7 @@ def spark_session(
         catalog_name=catalog_name,
         runtime_dir=_runtime_dir(runtime_dir),
         include_secrets=True,
+        spark=installed_spark_line(),
     )
     builder = sql.SparkSession.builder.appName(app_name)
     if master is not None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
-from daemon.cdc import OP_COLUMN, change_schema, conform_changes, last_changes
+from daemon.cdc import OP_COLUMN, change_schema, last_changes, spoolable
 from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
 from daemon.config import WriterSettings
 from daemon.encode_pool import in_flush_thread
@@ -36,7 +36,6 @@ from daemon.errors import (
     CatalogError,
     CommitError,
     IcespoolError,
-    SchemaError,
     ShuttingDownError,
 )
 from daemon.iceberg import (
@@ -62,8 +61,6 @@ from daemon.schema import (
     Policy,
     apply_plan,
     arrow_schema_for,
-    conform,
-    find_out_of_range,
 )
 from spool import (
     SegmentCorruptError,
@@ -242,21 +239,10 @@ class TableWriter:
         """
         if self._closing:
             raise ShuttingDownError(f"table {self.name} is closing; retry elsewhere or later")
-        if self.key:
-            batch = await asyncio.to_thread(conform_changes, data, self.arrow_schema, self.key)
-        else:
-            batch = await asyncio.to_thread(conform, data, self.arrow_schema)
+        batch = await asyncio.to_thread(spoolable, data, self.arrow_schema, self.key)
         rows: int = batch.num_rows
         if rows == 0:
             return 0
-        # HTTP and Kafka refused such values per record at decode; this is the one
-        # check the in-process API passes through (one min/max per temporal leaf).
-        for name, values in zip(batch.schema.names, batch.columns, strict=True):
-            if name == OP_COLUMN:
-                continue
-            found = find_out_of_range(values)
-            if found is not None:
-                raise SchemaError(found.column(name), found.problem)
         incoming = batch.nbytes
         self.check_capacity(incoming)
         # Reserved until the spool answers, so concurrent appends cannot all pass

@@ -40,6 +40,7 @@ from ._recovery import (
     quarantine,
     recover,
 )
+from ._schemas import load_schemas, newest_segment_schemas, record_schemas
 from ._segment import OpenSegment
 
 Durability = Literal["page-cache", "fsync"]
@@ -200,6 +201,9 @@ class Spool:
         self._fsyncs = 0
         self._state: Literal["new", "open", "closed"] = "new"
         self._acking: set[asyncio.Task[None]] = set()
+        # Each table's newest segment schema, and what the schemas file holds (_schemas.py).
+        self._schemas: dict[str, pa.Schema] = {}
+        self._recorded: Mapping[str, pa.Schema] = {}
         self.id = ""  # set by open(): this directory's identity (see _spool_id)
         # Set by open(): this process (see _incarnation.py), and the earlier processes
         # this directory recorded, oldest first.
@@ -236,6 +240,12 @@ class Spool:
             self._bytes += info.bytes
             new_segment_id.follow(info.id)
         await self._in_thread(self.quarantined)
+        self._recorded = await self._in_thread(load_schemas, self.directory)
+        leftovers = [(s.table, s.path) for s in self.recovered.segments]
+        self._schemas = {
+            **self._recorded,
+            **await self._in_thread(newest_segment_schemas, leftovers),
+        }
         if self._quarantined:
             _log.warning(
                 "%d quarantined segment files hold %d bytes in %s; they count against "
@@ -265,6 +275,7 @@ class Spool:
                     await self.seal(table)
                 except (OSError, SpoolIOError):
                     _log.exception("sealing %s on close failed", table)
+            await self._record_schemas()
         finally:
             assert self._executor is not None
             self._executor.shutdown(wait=True)
@@ -340,6 +351,7 @@ class Spool:
                 segment = OpenSegment(
                     self.directory, table, group[0].batch.schema, new_segment_id(), self._fs
                 )
+                self._schemas[table] = group[0].batch.schema
                 lane.open = segment
                 lane.sync = _GroupSync(functools.partial(self._fsync, segment))
             sync = lane.sync
@@ -402,6 +414,17 @@ class Spool:
         if lane.sealing:
             await asyncio.wait(set(lane.sealing))
         return None if sealing is None else sealing.result()
+
+    @property
+    def schemas(self) -> Mapping[str, pa.Schema]:
+        """The Arrow schema of each table's newest segment, also of segments committed
+        and deleted since, in this run or (recorded at close) an earlier one."""
+        return self._schemas
+
+    async def _record_schemas(self) -> None:
+        self._recorded = await self._in_thread(
+            record_schemas, self.directory, dict(self._schemas), self._recorded, self._fs
+        )
 
     def segments(self, table: str) -> list[SegmentInfo]:
         """The table's sealed, not yet deleted segments, oldest first."""

@@ -13,6 +13,7 @@ import psycopg2  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
 from support.apache_kafka import KafkaBroker
+from support.apicurio import ApicurioRegistry
 from support.debezium import DebeziumPostgres
 from support.fixture_types import (
     REST_CATALOGS,
@@ -22,6 +23,7 @@ from support.fixture_types import (
     rest_catalog_server,
 )
 from support.gcs import FakeGcs
+from support.hive_metastore import HiveMetastore
 from support.iceberg_rest import IcebergRest
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
@@ -134,6 +136,18 @@ def broker(apache_kafka: KafkaBroker) -> KafkaBroker:
 
 
 @pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
+    """Apicurio Registry (support/apicurio.py): a real Confluent-compatible schema registry,
+    one JVM per session, i.e. per xdist worker, basic auth on. Tests share it, so each
+    registers under subjects of its own and uses the ids ``register`` returns."""
+    running = ApicurioRegistry.start(tmp_path_factory.mktemp("apicurio"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     """SeaweedFS (S3 API + Iceberg REST catalog) on loopback, once per session; each test
     takes its own warehouse with ``object_store.warehouse()``."""
@@ -152,6 +166,18 @@ def iceberg_rest(
     in SQLite, its tables in a bucket of their own on `object_store`); each test empties
     it with ``iceberg_rest.warehouse()``."""
     server = IcebergRest.start(tmp_path_factory.mktemp("iceberg-rest"), object_store)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def hive_metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HiveMetastore]:
+    """Apache Hive's standalone metastore (one JVM per session, started by the first test
+    that asks: Derby embedded, tables in a local directory); each test empties it with
+    ``hive_metastore.warehouse()``."""
+    server = HiveMetastore.start(tmp_path_factory.mktemp("hive-metastore"))
     try:
         yield server
     finally:

@@ -297,7 +297,7 @@ def test_spark_conf_prints_the_jdbc_catalog_and_leaves_the_password_out(tmp_path
         "or rerun with --include-secrets and keep the output private\n",
     )
     assert proc.stdout == (
-        "--conf spark.jars.packages=org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.11.0,"
+        "--conf spark.jars.packages=org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0,"
         "org.postgresql:postgresql:42.7.14\n"
         "--conf spark.sql.extensions="
         "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions\n"

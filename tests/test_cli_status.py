@@ -624,5 +624,5 @@ async def test_status_with_a_port_0_config_asks_for_url(tmp_path: Path) -> None:
     assert (code, out) == (1, "")
     assert err == (
         "error: http.listen '127.0.0.1:0' picks a free port at start; pass --url with the "
-        "port the daemon's 'icespool ready' log line names\n"
+        "port the daemon's 'icespool listening' log line names\n"
     )

@@ -973,6 +973,25 @@ def test_rendered_toml_reads_back_as_the_same_config() -> None:
     assert validate_config(tomllib.loads(text)) == config
 
 
+def test_rendered_toml_leaves_out_unset_values_at_every_depth() -> None:
+    data = {
+        "top": None,
+        "section": {"kept": 1, "unset": None, "nested": {"a": None, "b": "x"}},
+        "entries": [{"name": "t", "doc": None, "cols": [{"n": "c", "d": None}]}],
+    }
+
+    text = render_toml(data, header="one")
+
+    assert text.startswith("# one\n\n")
+    assert tomllib.loads(text) == {
+        "section": {"kept": 1, "nested": {"b": "x"}},
+        "entries": [{"name": "t", "cols": [{"n": "c"}]}],
+    }
+    assert render_toml({}) == "\n"
+    with pytest.raises(TypeError, match="set"):
+        render_toml({"bad": {1, 2}})
+
+
 @pytest.mark.parametrize(
     ("kafka", "key", "fragment"),
     [

@@ -137,18 +137,18 @@ def _log_problems(text: str) -> list[str]:
 
 # Rounds of kill -9: 6 in CI keeps the suite within its time budget (each round costs
 # ~9 s); ICESPOOL_KILL_ROUNDS=50 for a long soak. The REST catalogs on S3 (SeaweedFS's and
-# Apache Iceberg's reference server) and the PostgreSQL catalog on Google Cloud Storage
-# (fake-gcs-server) run the same rounds, fewer of them in CI (their other faults have
-# their own tests).
+# Apache Iceberg's reference server), the PostgreSQL catalog on Google Cloud Storage
+# (fake-gcs-server) and the Hive Metastore run the same rounds, fewer of them in CI (their
+# other faults have their own tests).
 KILL_ROUNDS = max(4, int(os.environ.get("ICESPOOL_KILL_ROUNDS", "6")))
-# Rounds of the REST and gs:// variants.
+# Rounds of the REST, gs:// and Hive variants.
 REST_KILL_ROUNDS = max(3, int(os.environ.get("ICESPOOL_REST_KILL_ROUNDS", "3")))
 CLIENTS = 4
 KILL_MODES = ("random", "after_flush", "during_commit")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sql", "rest-s3", "rest-iceberg", "sql-gcs"])
+@pytest.mark.parametrize("backend", ["sql", "rest-s3", "rest-iceberg", "sql-gcs", "hive"])
 async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_once(
     backend: str, make_daemon: MakeDaemon, request: pytest.FixtureRequest
 ) -> None:
@@ -167,6 +167,13 @@ async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_
             **gcs.catalog_properties(f"gs://{bucket}/warehouse"),
         }
         rounds = REST_KILL_ROUNDS
+    elif backend == "hive":
+        # Apache Hive's standalone metastore, tables in a local directory.
+        metastore = request.getfixturevalue("hive_metastore")
+        catalog = metastore.catalog_properties(metastore.warehouse())
+        rounds = REST_KILL_ROUNDS
+        # Hive holds no maintenance lease either (README, Table maintenance).
+        extra = '[maintenance]\nlease = "none"\n'
     elif backend != "sql":
         store = rest_catalog_server(backend, request)
         catalog = store.catalog_properties(store.warehouse())
@@ -235,7 +242,7 @@ async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_
             # Kill while recovery commits the previous round's leftovers: the
             # "replaying" line comes right before that commit.
             start_deadline = time.monotonic() + 30
-            while "replaying" not in (log := daemon.log()) and "icespool ready" not in log:
+            while "replaying" not in (log := daemon.log()) and "icespool started" not in log:
                 assert daemon.running, f"daemon died during startup\n{daemon.tail()}"
                 assert time.monotonic() < start_deadline, f"startup hangs\n{daemon.tail()}"
                 await asyncio.sleep(0.002)
@@ -245,7 +252,7 @@ async def test_kill_9_during_concurrent_ingest_keeps_every_acked_record_exactly_
             log = daemon.log()
             phase = (
                 "after ready"
-                if "icespool ready" in log
+                if "icespool started" in log
                 else "after the recovery commit"
                 if "replayed" in log
                 else "during the recovery commit"

@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -21,7 +22,7 @@ import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from support.daemon_harness import daemon_command
+from support.daemon_harness import Daemon, DaemonDir, daemon_command
 from support.fixture_types import MakeConfig, RunDaemon
 
 from daemon.app import SHUTDOWN_GRACE_SECONDS
@@ -244,6 +245,7 @@ def test_example_configs_load_with_the_project_loader(clean_env: None) -> None:
     assert vm.table_settings("web.events").batch_timeout == 300.0
     container = load_config(CONTAINER_CONFIG)
     assert container.http.listen == "0.0.0.0:8080"
+    assert container.http.auth_token_file == Path("/run/secrets/icespool-token")
     assert container.spool.dir == Path("/var/lib/icespool/spool")
     assert container.table_names == ["demo.events"]
     # The commented [[kafka]] example is valid config once uncommented.
@@ -257,6 +259,50 @@ def test_example_configs_load_with_the_project_loader(clean_env: None) -> None:
 
 
 # ------------------------------------------------------------------ container
+
+
+async def test_container_config_needs_its_token_file_to_listen_on_every_interface(
+    tmp_path: Path,
+) -> None:
+    """The image's config, run with its paths moved under tmp_path: without the token
+    file it does not start; with it, records need the token."""
+    home = DaemonDir(tmp_path / "c")
+    home.root.mkdir(parents=True)
+    home.warehouse.mkdir(parents=True)
+    shutil.copy(CONTAINER_CONFIG, home.config_path)
+    env = {
+        "ICESPOOL__CATALOG__URI": f"sqlite:///{home.catalog_db}",
+        "ICESPOOL__CATALOG__WAREHOUSE": home.warehouse.as_uri(),
+        "ICESPOOL__SPOOL__DIR": str(home.spool_dir),
+        "ICESPOOL__HTTP__LISTEN": "127.0.0.1:0",
+    }
+    daemon = Daemon(home)
+    try:
+        if not Path("/run/secrets/icespool-token").exists():  # as in a container without it
+            daemon.start(env=env)
+            assert await daemon.wait_exit(within=60) == 1, daemon.tail()
+            assert (
+                "cannot start: config key 'http.auth_token_file': cannot read the token file "
+                "/run/secrets/icespool-token: No such file or directory"
+            ) in daemon.log()
+            assert "icespool listening" not in daemon.log()
+        token = tmp_path / "token"
+        token.write_text("c0ntainer-t0ken\n")
+        daemon.start(env={**env, "ICESPOOL__HTTP__AUTH_TOKEN_FILE": str(token)})
+        await daemon.wait_ready()
+        body = b'{"event_id": 1, "kind": "click"}\n'
+        url = daemon.records_url("demo.events")
+        headers = {"Content-Type": "application/x-ndjson"}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=body, headers=headers) as resp:
+                assert resp.status == 401, await resp.text()
+            bearer = {**headers, "Authorization": "Bearer c0ntainer-t0ken"}
+            async with session.post(url, data=body, headers=bearer) as resp:
+                assert (resp.status, await resp.json()) == (200, {"accepted": 1})
+        daemon.signal(signal.SIGTERM)
+        assert await daemon.wait_exit(within=60) == 0, daemon.tail()
+    finally:
+        daemon.cleanup()
 
 
 def _stages(text: str) -> list[list[str]]:

@@ -10,6 +10,7 @@ the ServiceMonitor gives the targets.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -547,3 +548,85 @@ def test_replicas_refuse_sqlite_in_any_spelling(values: dict[str, Any]) -> None:
         render_chart(CHART, "prod", full)
     assert "replicaCount=2 needs a catalog that all replicas share" in str(refused.value)
     assert "is SQLite" in str(refused.value)
+
+
+# ------------------------------------------------------------------ the install notes
+
+
+def _run_drain_note(render: Render, tmp_path: Path, ordinal: int) -> list[list[str]]:
+    """Run the notes' drain commands with bash, N set to ``ordinal``, against a kubectl
+    that records its arguments (no cluster here); returns each call's arguments."""
+    notes: str = render.result["info"]["notes"]
+    lines = notes.splitlines()
+    start = lines.index("  N=2")
+    end = next(i for i, line in enumerate(lines) if "delete pvc" in line)
+    script = "\n".join(
+        [f"N={ordinal}", *lines[start + 1 : end - 2], lines[end]]  # the two prose lines out
+    )
+    calls = tmp_path / "calls"
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"with open({str(calls)!r}, 'a') as f: f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+    )
+    kubectl.chmod(0o755)
+    env = {**os.environ, "PATH": f"{kubectl.parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-euc", script], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, ""), script
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_drain_note_is_a_command_that_runs(any_render: Render, tmp_path: Path) -> None:
+    render = any_render
+    fullname = f"{render.release}-icespool"
+    sts = render.one("StatefulSet")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    run, delete = _run_drain_note(render, tmp_path, 2)
+    overrides = [a for a in run if a.startswith("--overrides=")]
+    assert len(overrides) == 1
+    assert [a for a in run if a != overrides[0]] == [
+        "-n",
+        "icespool",
+        "run",
+        "icespool-drain-2",
+        "--rm",
+        "--attach",
+        "--restart=Never",
+        f"--image={container['image']}",
+    ]
+    pod = json.loads(overrides[0].removeprefix("--overrides="))
+    spec = pod["spec"]
+    [drain] = spec["containers"]
+    assert drain["name"] == "icespool-drain" and drain["image"] == container["image"]
+    assert drain["args"] == ["replay", "--config", "/etc/icespool/icespool.toml"]
+    # The same secrets, config, mounts and security as the replica it drains.
+    secret_env = [e for e in container["env"] if "valueFrom" in e]
+    secret_env = [e for e in secret_env if e["name"] != "ICESPOOL__HTTP__AUTH_TOKEN_FILE"]
+    assert drain["env"] == secret_env
+    assert drain["securityContext"] == container["securityContext"]
+    mounts = [m for m in container["volumeMounts"] if m["name"] != "token"]
+    assert drain["volumeMounts"] == mounts
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["spool"] == {
+        "name": "spool",
+        "persistentVolumeClaim": {"claimName": f"spool-{fullname}-2"},
+    }
+    assert volumes["config"]["configMap"] == {"name": render.one("ConfigMap")["metadata"]["name"]}
+    pod_security = dict(sts["spec"]["template"]["spec"]["securityContext"])
+    del pod_security["fsGroupChangePolicy"]  # a StatefulSet volume's concern
+    assert spec["securityContext"] == pod_security
+    assert spec["restartPolicy"] == "Never"
+    # `kubectl run` builds a Pod around it: with the name it gives, a valid Pod.
+    full = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "icespool-drain-2"}}
+    full["spec"] = spec
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(full, version, strict=True)
+    assert delete == ["-n", "icespool", "delete", "pvc", f"spool-{fullname}-2"]
+    notes = render.result["info"]["notes"]
+    if render.release == "lake":  # the default values: no token
+        assert "WARNING: no secrets.authToken.existingSecret" in notes
+    else:
+        assert "WARNING" not in notes

@@ -155,8 +155,9 @@ async def test_icespool_run_speaks_the_notify_protocol(
                 ready_lines = message[1]
                 break
             before_ready.append(message[1])
-        # READY=1 comes only after recovery and once HTTP listens: /readyz answers now.
-        assert "icespool ready: http://127.0.0.1:" in daemon.log()
+        # READY=1 means started: after recovery, with HTTP listening (no Kafka source
+        # here, so /readyz answers 200 too, and the log says "icespool ready" after it).
+        assert "icespool started: http://127.0.0.1:" in daemon.log()
         port = await daemon.wait_ready(within=5)
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:

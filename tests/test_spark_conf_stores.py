@@ -9,6 +9,7 @@ these settings is tests/spark/test_spark_s3.py's part; here the POM that
 
 from __future__ import annotations
 
+import json
 import re
 import xml.etree.ElementTree as ET
 import zipfile
@@ -22,14 +23,20 @@ from daemon.spark_conf import (
     EXTENSIONS,
     ICEBERG_VERSION,
     MAVEN_AWS_BUNDLE,
-    MAVEN_ICEBERG_RUNTIME,
+    MAVEN_GCP_BUNDLE,
     MAVEN_POSTGRESQL,
     MAVEN_SQLITE,
     RUNTIME_DIR_ENV,
+    SparkConfError,
+    runtime_jars,
+    spark_line,
     spark_settings,
 )
 
 POM = Path(__file__).resolve().parents[1] / "deploy" / "spark" / "pom.xml"
+# Iceberg's runtime for Spark 4.1 (the default) and for Spark 3.5 (--spark 3.5).
+MAVEN_ICEBERG_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
+MAVEN_ICEBERG_RUNTIME_35 = "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.11.0"
 AWS_BUNDLE_JAR = f"iceberg-aws-bundle-{ICEBERG_VERSION}.jar"
 CHECKSUMS = (
     "-Daws.requestChecksumCalculation=when_required -Daws.responseChecksumValidation=when_required"
@@ -174,7 +181,7 @@ def test_runtime_directory_without_the_bundle_asks_spark_to_fetch_only_it(
 ) -> None:
     runtime = tmp_path / "runtime"
     runtime.mkdir()
-    names = [f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar", "sqlite-jdbc-3.54.1.0.jar"]
+    names = [f"iceberg-spark-runtime-4.1_2.13-{ICEBERG_VERSION}.jar", "sqlite-jdbc-3.54.1.0.jar"]
     for name in names:
         _jar(runtime / name)
     config = validate_config({"catalog": REST_S3})
@@ -212,27 +219,171 @@ def test_spark_conf_cli_prints_rest_on_s3_and_names_the_secrets_left_out(
     assert "wJalrXUtnFEMI" not in printed.out + printed.err
 
 
-def _pom_coordinates() -> set[str]:
-    """group:artifact:version of every dependency deploy/spark/pom.xml pins."""
+def _pom_coordinates(profile: str | None = None) -> set[str]:
+    """group:artifact:version of every dependency deploy/spark/pom.xml pins, with the
+    properties of ``profile`` (None: the default build)."""
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     root = ET.parse(POM).getroot()
     props = {el.tag.split("}")[1]: el.text or "" for el in root.find("m:properties", ns) or []}
+    for candidate in root.findall("m:profiles/m:profile", ns):
+        if candidate.findtext("m:id", "", ns) == profile:
+            section = candidate.find("m:properties", ns) or []
+            props.update({el.tag.split("}")[1]: el.text or "" for el in section})
     found = set()
     for dep in root.findall("m:dependencies/m:dependency", ns):
         group, artifact, version = (
-            dep.findtext(f"m:{k}", "", ns) for k in ("groupId", "artifactId", "version")
+            re.sub(r"\$\{([^}]+)\}", lambda m: props[m.group(1)], dep.findtext(f"m:{k}", "", ns))
+            for k in ("groupId", "artifactId", "version")
         )
-        version = re.sub(r"\$\{([^}]+)\}", lambda m: props[m.group(1)], version)
         found.add(f"{group}:{artifact}:{version}")
     return found
 
 
-def test_the_pom_make_spark_runtime_copies_pins_what_spark_conf_prints() -> None:
-    """`make spark-runtime` (the local jars) and spark.jars.packages (Spark fetching them)
-    must be the same releases: a runtime directory stands in for these packages."""
-    assert _pom_coordinates() == {
-        MAVEN_ICEBERG_RUNTIME,
+@pytest.mark.parametrize(
+    ("profile", "runtime"), [(None, MAVEN_ICEBERG_RUNTIME), ("spark-3.5", MAVEN_ICEBERG_RUNTIME_35)]
+)
+def test_the_pom_make_spark_runtime_copies_pins_what_spark_conf_prints(
+    profile: str | None, runtime: str
+) -> None:
+    """`make spark-runtime` (the local jars; `make spark35` with the profile) and
+    spark.jars.packages (Spark fetching them) must be the same releases: a runtime
+    directory stands in for these packages."""
+    assert _pom_coordinates(profile) == {
+        runtime,
         MAVEN_AWS_BUNDLE,
+        MAVEN_GCP_BUNDLE,
         MAVEN_POSTGRESQL,
         MAVEN_SQLITE,
     }
+
+
+GCS = {
+    "name": "lake",
+    "type": "sql",
+    "uri": "sqlite:////var/lib/icespool/catalog.db",
+    "warehouse": "gs://lake/warehouse",
+    "gcs.service.host": "http://127.0.0.1:4443",
+    "gcs.project-id": "icespool",
+    "gcs.oauth2.token": "ya29.secret-token",
+    "gcs.oauth2.token-expires-at": "4102444800000",
+}
+
+
+def test_gs_warehouse_gets_gcs_file_io_and_the_gcp_bundle() -> None:
+    """JdbcCatalog's default HadoopFileIO cannot open gs://; pyiceberg's gcs.* keys are
+    Iceberg Java's too and pass on as written."""
+    settings = spark_settings(validate_config({"catalog": GCS}))
+    assert settings.conf == {
+        "spark.jars.packages": f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_SQLITE},{MAVEN_GCP_BUNDLE}",
+        "spark.sql.extensions": EXTENSIONS,
+        P: "org.apache.iceberg.spark.SparkCatalog",
+        f"{P}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        f"{P}.uri": "jdbc:sqlite:/var/lib/icespool/catalog.db",
+        f"{P}.jdbc.schema-version": "V1",
+        f"{P}.jdbc.init-catalog-tables": "false",
+        f"{P}.warehouse": "gs://lake/warehouse",
+        f"{P}.cache-enabled": "false",
+        f"{P}.gcs.project-id": "icespool",
+        f"{P}.gcs.service.host": "http://127.0.0.1:4443",
+        f"{P}.io-impl": "org.apache.iceberg.gcp.gcs.GCSFileIO",
+    }
+    # check-config redacts the token's expiry too (a "token" key): it is left out alike.
+    assert settings.omitted_secrets == (
+        f"{P}.gcs.oauth2.token",
+        f"{P}.gcs.oauth2.token-expires-at",
+    )
+    # A warehouse *name* (a REST catalog's) with gcs.* keys: the tables are on GCS still.
+    rest = {"name": "lake", "type": "rest", "uri": "http://127.0.0.1:8181", "warehouse": "lake"}
+    named = spark_settings(validate_config({"catalog": {**rest, "gcs.project-id": "p"}}))
+    assert named.conf["spark.jars.packages"] == f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_GCP_BUNDLE}"
+    assert named.conf[f"{P}.io-impl"] == "org.apache.iceberg.gcp.gcs.GCSFileIO"
+    # Elsewhere neither the GCP bundle nor GCSFileIO.
+    local = spark_settings(validate_config({"catalog": {**GCS, "warehouse": "file:///w"}}))
+    assert local.conf["spark.jars.packages"] == f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_SQLITE}"
+    assert f"{P}.io-impl" not in local.conf
+
+
+def test_spark_35_names_its_own_runtime_and_finds_it_in_a_directory(tmp_path: Path) -> None:
+    config = validate_config({"catalog": REST_S3})
+    settings = spark_settings(config, spark="3.5")
+    assert settings.conf["spark.jars.packages"] == f"{MAVEN_ICEBERG_RUNTIME_35},{MAVEN_AWS_BUNDLE}"
+    assert {k: v for k, v in settings.conf.items() if k != "spark.jars.packages"} == (
+        REST_S3_CATALOG
+    )
+
+    runtime = tmp_path / "runtime35"
+    runtime.mkdir()
+    jars = [
+        _jar(runtime / f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar"),
+        _jar(runtime / AWS_BUNDLE_JAR),
+    ]
+    assert runtime_jars(runtime, "3.5") == jars
+    from_dir = spark_settings(config, runtime_dir=runtime, spark="3.5")
+    assert from_dir.conf["spark.jars"] == ",".join(str(jar) for jar in jars)
+    assert "spark.jars.packages" not in from_dir.conf
+
+
+def test_a_runtime_directory_of_another_spark_is_refused_naming_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    runtime = tmp_path / "runtime35"
+    runtime.mkdir()
+    _jar(runtime / f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar")
+
+    with pytest.raises(SparkConfError) as refused:
+        spark_settings(validate_config({"catalog": REST_S3}), runtime_dir=runtime)
+    assert str(refused.value) == (
+        f"Spark runtime directory {str(runtime)!r} has no iceberg-spark-runtime-4.1_2.13-*.jar "
+        f"(it holds iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar: another Spark's); "
+        "build it with 'make spark-runtime' (deploy/spark/pom.xml's jars from Maven Central)"
+    )
+
+
+@pytest.mark.parametrize(("version", "line"), [("4.1.4", "4.1"), ("3.5.9", "3.5"), ("4.1", "4.1")])
+def test_spark_line_of_a_version(version: str, line: str) -> None:
+    assert spark_line(version) == line
+
+
+@pytest.mark.parametrize("version", ["4.3.0", "4.0.1", "3.4.4", "four"])
+def test_a_spark_without_an_iceberg_runtime_here_is_refused_naming_those_there_are(
+    version: str,
+) -> None:
+    with pytest.raises(SparkConfError) as refused:
+        spark_settings(validate_config({"catalog": REST_S3}), spark=version)
+    assert str(refused.value) == (
+        f"Spark {version!r}: icespool's Iceberg 1.11.0 runtimes are for Spark 4.1 and 3.5 "
+        "(pip install 'icespool[spark]' brings pyspark 4.1)"
+    )
+
+
+def test_spark_conf_cli_spark_35_prints_the_35_runtime(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(RUNTIME_DIR_ENV, raising=False)
+    path = tmp_path / "icespool.toml"
+    path.write_text('[catalog]\nname = "lake"\ntype = "sql"\nuri = "sqlite:////db/catalog.db"\n')
+
+    assert main(["spark-conf", "--config", str(path), "--spark", "3.5", "--format", "json"]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == ""
+    assert json.loads(printed.out)["spark.jars.packages"] == (
+        f"{MAVEN_ICEBERG_RUNTIME_35},{MAVEN_SQLITE}"
+    )
+    assert main(["spark-conf", "--config", str(path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spark.jars.packages"] == (
+        f"{MAVEN_ICEBERG_RUNTIME},{MAVEN_SQLITE}"
+    )
+
+
+def test_spark_conf_cli_refuses_a_spark_it_has_no_runtime_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "icespool.toml"
+    path.write_text('[catalog]\nname = "lake"\ntype = "sql"\nuri = "sqlite:////db/catalog.db"\n')
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["spark-conf", "--config", str(path), "--spark", "4.3"])
+    assert stopped.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert "argument --spark: invalid choice: '4.3' (choose from '4.1', '3.5')" in printed.err

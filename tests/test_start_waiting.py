@@ -4,9 +4,11 @@ or stays silent from the first connection, then forwards.
 
 The daemon listens before the catalog answers: /healthz 200, /readyz 503 naming the
 catalog and its last error, /metrics (``icespool_ready 0``), /v1/status and
-`icespool status` with the waiting state, and the record endpoints 503 + Retry-After
-accepting nothing. Clients that retry through the outage have every record acked once
-the catalog is back, and each is committed exactly once.
+`icespool status` with the waiting state, and the record endpoints of a table whose
+schema is not known yet (``infer = true``, nothing spooled) 503 + Retry-After accepting
+nothing (tables of known schema ack meanwhile: test_start_waiting_acks.py). Clients
+that retry through the outage have every record acked once the catalog is back, and
+each is committed exactly once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def _daemon(tmp_path: Path, uri: str) -> Daemon:
     home.write_config(
         batch_timeout="60s",
         extra='\n[timeouts]\ncatalog_connect = "1s"\ncatalog_request = "1s"\n',
+        # Created from its first records: no schema is known while the catalog is down.
+        table="create = true\ninfer = true",
     )
     return Daemon(home)
 

@@ -17,23 +17,30 @@ change per key (`last_changes`). Readers of the merged state (`read_merged`,
                batches (`body_schema`, `to_changes`)
 """
 
-from daemon.cdc._body import (
-    HTTP_OP,
-    OP_NAMES,
-    body_schema,
-    key_error,
-    line_of,
-    no_key,
-    row_of,
-    to_changes,
-    without_op,
-)
-from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
-from daemon.cdc._conform import conform_changes
-from daemon.cdc._deletes import LiveData, LiveDelete, LiveFiles, applies, droppable, live_files
-from daemon.cdc._key import key_type_problem
-from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
-from daemon.cdc._read import read_merged
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from daemon._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daemon.cdc._body import (
+        HTTP_OP,
+        OP_NAMES,
+        body_schema,
+        key_error,
+        line_of,
+        no_key,
+        row_of,
+        to_changes,
+        without_op,
+    )
+    from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+    from daemon.cdc._conform import conform_changes, spoolable
+    from daemon.cdc._deletes import LiveData, LiveDelete, LiveFiles, applies, droppable, live_files
+    from daemon.cdc._key import key_type_problem
+    from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
+    from daemon.cdc._read import read_merged
 
 __all__ = [
     "DELETE",
@@ -59,7 +66,49 @@ __all__ = [
     "no_key",
     "read_merged",
     "row_of",
+    "spoolable",
     "to_changes",
     "with_ops",
     "without_op",
 ]
+
+# Imported when first used: see daemon._lazy.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "daemon.cdc._body": (
+            "HTTP_OP",
+            "OP_NAMES",
+            "body_schema",
+            "key_error",
+            "line_of",
+            "no_key",
+            "row_of",
+            "to_changes",
+            "without_op",
+        ),
+        "daemon.cdc._changes": (
+            "DELETE",
+            "OP_COLUMN",
+            "UPSERT",
+            "change_schema",
+            "with_ops",
+        ),
+        "daemon.cdc._conform": ("conform_changes", "spoolable"),
+        "daemon.cdc._deletes": (
+            "LiveData",
+            "LiveDelete",
+            "LiveFiles",
+            "applies",
+            "droppable",
+            "live_files",
+        ),
+        "daemon.cdc._key": ("key_type_problem",),
+        "daemon.cdc._merge": (
+            "Resolved",
+            "apply_equality_deletes",
+            "last_changes",
+        ),
+        "daemon.cdc._read": ("read_merged",),
+    },
+)

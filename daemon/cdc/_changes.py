@@ -7,10 +7,10 @@ from typing import Final
 
 import pyarrow as pa
 
+from daemon.cdc._key import OP_COLUMN
+
 __all__ = ["DELETE", "OP_COLUMN", "UPSERT", "change_schema", "with_ops"]
 
-#: The reserved trailing column of a change batch (never a table column).
-OP_COLUMN: Final = "_icespool_op"
 UPSERT: Final = 0
 DELETE: Final = 1
 _OP_FIELD: Final = pa.field(OP_COLUMN, pa.int8(), nullable=False)

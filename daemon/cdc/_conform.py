@@ -10,9 +10,28 @@ import pyarrow.compute as pc
 
 from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema
 from daemon.errors import BackpressureError, BadInputError, SchemaError
-from daemon.schema import conform
+from daemon.schema import conform, find_out_of_range
 
-__all__ = ["conform_changes"]
+__all__ = ["conform_changes", "spoolable"]
+
+
+def spoolable(
+    data: pa.RecordBatch | pa.Table, schema: pa.Schema, key: Sequence[str]
+) -> pa.RecordBatch:
+    """``data`` as a batch to spool for a table of Arrow ``schema`` (an upsert table's
+    when ``key``: `conform_changes`), every temporal and decimal value checked against
+    what readers hold. Blocking. Raises what `conform` / `conform_changes` raise, and
+    `SchemaError` naming the column of a value out of range."""
+    batch = conform_changes(data, schema, key) if key else conform(data, schema)
+    # HTTP and Kafka refused such values per record at decode; this is the one check
+    # the in-process API passes through (one min/max per temporal leaf).
+    for name, values in zip(batch.schema.names, batch.columns, strict=True):
+        if name == OP_COLUMN:
+            continue
+        found = find_out_of_range(values)
+        if found is not None:
+            raise SchemaError(found.column(name), found.problem)
+    return batch
 
 
 def conform_changes(

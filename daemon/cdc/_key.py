@@ -3,13 +3,20 @@
 Iceberg's identifier-field rules: a key column is required, primitive, and not a
 float or double (NaN and -0.0 make equality ambiguous). Equality deletes match rows
 on exactly these columns, so the same rules decide what an upsert table may declare.
+The op column's name lives here too: the config refuses it as a column name, and this
+module stays light enough for the config to import (no pyarrow).
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from pyiceberg.types import DoubleType, FloatType, IcebergType, PrimitiveType
 
-__all__ = ["key_type_problem"]
+__all__ = ["OP_COLUMN", "key_type_problem"]
+
+#: The reserved trailing column of a change batch (never a table column).
+OP_COLUMN: Final = "_icespool_op"
 
 
 def key_type_problem(iceberg_type: IcebergType) -> str | None:

@@ -52,7 +52,7 @@ def daemon_url(config: Config) -> str:
     if http.port == 0:
         raise DaemonRequestError(
             f"http.listen {http.listen!r} picks a free port at start; pass --url with the "
-            "port the daemon's 'icespool ready' log line names"
+            "port the daemon's 'icespool listening' log line names"
         )
     host = _WILDCARDS.get(http.host, http.host)
     if ":" in host:

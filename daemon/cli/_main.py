@@ -16,19 +16,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from daemon.config import (
-    Config,
-    ConfigFileError,
-    env_overrides,
-    load_config,
-    redacted,
-    render_toml,
-    resolve_config_path,
-)
 from daemon.errors import ConfigError, IcespoolError, SparkConfError
+
+# The config model (pydantic, the type grammar) is imported by the commands that load a
+# config, not by --help, --version or a status call given --url and --token-file.
+if TYPE_CHECKING:
+    from daemon.config import Config
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -40,10 +35,20 @@ _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def _version() -> str:
+    from importlib import metadata  # scans the installed distributions: only for --version
+
     try:
         return metadata.version("icespool")
     except metadata.PackageNotFoundError:  # running from a source tree without installing
         return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, with the version looked up only when asked for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"icespool {_version()}")
+        parser.exit()
 
 
 def _add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ingestion daemon: Kafka/HTTP -> durable Arrow IPC spool -> Parquet -> "
         "Apache Iceberg.",
     )
-    parser.add_argument("--version", action="version", version=f"icespool {_version()}")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        nargs=0,
+        help="show program's version number and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the daemon in the foreground")
@@ -197,6 +207,15 @@ def _add_spark_conf_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Spark catalog name (default: [catalog] name; a sql catalog must keep it)",
     )
+    from daemon.spark_conf import DEFAULT_SPARK, SPARK_RUNTIMES
+
+    parser.add_argument(
+        "--spark",
+        choices=tuple(SPARK_RUNTIMES),
+        default=DEFAULT_SPARK,
+        help="the Spark line whose Iceberg runtime is named (or taken from --runtime-dir): "
+        f"{', '.join(SPARK_RUNTIMES)} (default: {DEFAULT_SPARK})",
+    )
     parser.add_argument(
         "--runtime-dir",
         metavar="DIR",
@@ -216,6 +235,8 @@ def _error(message: str) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
+    from daemon.config import load_config
+
     config = load_config(args.config)
     updates: dict[str, Any] = {}
     if getattr(args, "log_level", None):
@@ -228,6 +249,8 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    from daemon.config import env_overrides, redacted, render_toml, resolve_config_path
+
     config = _load(args)
     _check_http_files(config)
     data = redacted(config)
@@ -308,6 +331,7 @@ def _cmd_spark_conf(args: argparse.Namespace) -> int:
             catalog_name=args.catalog_name,
             runtime_dir=runtime_dir,
             include_secrets=args.include_secrets,
+            spark=args.spark,
         )
     except SparkConfError as exc:
         _error(str(exc))
@@ -442,27 +466,19 @@ def _tables_offline(args: argparse.Namespace) -> int:
 def _add_dead_letters_parser(sub: Any) -> None:
     dead = sub.add_parser("dead-letters", help="work with Kafka dead-letter tables")
     actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list",
+        help="count the dead letters of a dead-letter table by target table and reason, "
+        "with the first and last time (read from the catalog; no daemon needed)",
+    )
+    _add_dead_letter_filters(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON")
     replay = actions.add_parser(
         "replay",
         help="ask the running daemon to re-ingest dead letters into their tables (exactly "
         "once) and remove them from the dead-letter table",
     )
-    _add_config_option(replay)
-    replay.add_argument(
-        "--table",
-        metavar="NAME",
-        help="the dead-letter table (default: the only one the config names)",
-    )
-    replay.add_argument("--reason", help="only dead letters with this reason (e.g. invalid)")
-    replay.add_argument("--topic", help="only records of this topic")
-    replay.add_argument("--partition", type=int, metavar="N", help="only this partition")
-    replay.add_argument("--from-offset", type=int, metavar="N", help="first offset (inclusive)")
-    replay.add_argument("--to-offset", type=int, metavar="N", help="last offset (inclusive)")
-    replay.add_argument(
-        "--since", metavar="TIME", help="dead-lettered at or after (ISO-8601, default UTC)"
-    )
-    replay.add_argument("--until", metavar="TIME", help="dead-lettered before (ISO-8601)")
-    replay.add_argument("--target-table", metavar="NAME", help="only records meant for it")
+    _add_dead_letter_filters(replay)
     replay.add_argument(
         "--limit", type=int, metavar="N", help="at most N dead letters (default 10000)"
     )
@@ -476,9 +492,30 @@ def _add_dead_letters_parser(sub: Any) -> None:
     )
 
 
+def _add_dead_letter_filters(parser: argparse.ArgumentParser) -> None:
+    """--config, --table and the filters `dead-letters list` and `replay` share."""
+    _add_config_option(parser)
+    parser.add_argument(
+        "--table",
+        metavar="NAME",
+        help="the dead-letter table (default: the only one the config names)",
+    )
+    parser.add_argument("--reason", help="only dead letters with this reason (e.g. invalid)")
+    parser.add_argument("--topic", help="only records of this topic")
+    parser.add_argument("--partition", type=int, metavar="N", help="only this partition")
+    parser.add_argument("--from-offset", type=int, metavar="N", help="first offset (inclusive)")
+    parser.add_argument("--to-offset", type=int, metavar="N", help="last offset (inclusive)")
+    parser.add_argument(
+        "--since", metavar="TIME", help="dead-lettered at or after (ISO-8601, default UTC)"
+    )
+    parser.add_argument("--until", metavar="TIME", help="dead-lettered before (ISO-8601)")
+    parser.add_argument("--target-table", metavar="NAME", help="only records meant for it")
+
+
 def _cmd_dead_letters(args: argparse.Namespace) -> int:
-    """`icespool dead-letters replay`: one POST to the running daemon, which holds the
-    spool lock and the writers (an offline replay would need it stopped)."""
+    """`icespool dead-letters list`: read from the catalog. `replay`: one POST to the
+    running daemon, which holds the spool lock and the writers (an offline replay would
+    need it stopped)."""
     config = _load(args)
     table = args.table
     if table is None:
@@ -493,8 +530,20 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
     from daemon.kafka import REPLAY_FILTER_KEYS
 
     filters = {
-        key: getattr(args, key) for key in REPLAY_FILTER_KEYS if getattr(args, key) is not None
+        key: getattr(args, key)
+        for key in REPLAY_FILTER_KEYS
+        if getattr(args, key, None) is not None
     }
+    if args.action == "list":
+        from daemon.cli._dead_letters import list_dead_letters
+        from daemon.errors import BadInputError
+
+        try:
+            print(list_dead_letters(config, table, filters, as_json=args.json), end="")
+        except BadInputError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+        return EXIT_OK
     from daemon.cli._client import DaemonRequestError, daemon_url, post_json, read_token
 
     url = args.url or daemon_url(config)
@@ -530,6 +579,8 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``icespool`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from daemon.config import ConfigFileError
+
     try:
         return _COMMANDS[args.command](args)
     except ConfigFileError as exc:

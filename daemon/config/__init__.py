@@ -51,15 +51,9 @@ from daemon.config._model import (
     TokenConfig,
     WriterSettings,
     embedded_catalog,
-)
-from daemon.config._redact import (
-    REDACTED,
-    hide_secrets,
-    is_secret_key,
-    redact_uri,
-    redact_value,
     redacted,
 )
+from daemon.config._redact import REDACTED, hide_secrets, is_secret_key, redact_uri, redact_value
 from daemon.config._render import render_toml
 from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 

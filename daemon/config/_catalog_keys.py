@@ -20,6 +20,8 @@ import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from daemon.config._redact import is_secret_key
+
 __all__ = [
     "CATALOG_TYPES",
     "SECRET_FILE_SUFFIX",
@@ -164,7 +166,7 @@ _REST = frozenset(
     }
 )
 
-# pyiceberg.catalog.hive.HiveCatalog (not verified here: no Hive Metastore is available).
+# pyiceberg.catalog.hive.HiveCatalog (tests/test_hive.py runs Hive's standalone metastore).
 _HIVE = frozenset(
     {
         "ugi",
@@ -232,15 +234,9 @@ def _fold(key: str) -> str:
     return key.replace("_", "-")
 
 
-def _is_secret(key: str) -> bool:
-    from daemon.config._redact import is_secret_key  # _redact imports the model
-
-    return is_secret_key(key)
-
-
 def is_secret_file_key(key: str) -> bool:
     """Whether ``key`` (canonical) names the file of a secret key (``credential-file``)."""
-    return key.endswith(SECRET_FILE_SUFFIX) and _is_secret(key.removesuffix(SECRET_FILE_SUFFIX))
+    return key.endswith(SECRET_FILE_SUFFIX) and is_secret_key(key.removesuffix(SECRET_FILE_SUFFIX))
 
 
 def _lookup(keys: CatalogKeys, key: str) -> str | None:
@@ -282,7 +278,7 @@ def canonical_catalog_keys(
         canonical = _lookup(spec, key)
         if canonical is None and _fold(key).endswith(SECRET_FILE_SUFFIX):
             base = _lookup(spec, key[: -len(SECRET_FILE_SUFFIX)])
-            if base is not None and _is_secret(base):
+            if base is not None and is_secret_key(base):
                 canonical = base + SECRET_FILE_SUFFIX
         if canonical is None:
             problems.append(KeyProblem(key, _unknown(catalog_type, key, spec)))
@@ -292,7 +288,7 @@ def canonical_catalog_keys(
     for key, canonical in mapping.items():
         plain = canonical.removesuffix(SECRET_FILE_SUFFIX)
         if plain in seen and seen[plain] != key:
-            if _is_secret(plain):
+            if is_secret_key(plain):
                 fix = f"; set the value or '{plain}{SECRET_FILE_SUFFIX}' (a file holding it), once"
             else:
                 fix = "('_' and '-' are alike); set it once"

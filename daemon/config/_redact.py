@@ -15,9 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from daemon.config._model import Config
-
-__all__ = ["REDACTED", "hide_secrets", "is_secret_key", "redact_uri", "redact_value", "redacted"]
+__all__ = [
+    "REDACTED",
+    "hide_secrets",
+    "is_secret_key",
+    "redact_config",
+    "redact_uri",
+    "redact_value",
+]
 
 REDACTED = "***"
 
@@ -126,9 +131,8 @@ def redact_value(value: Any) -> Any:
     return value
 
 
-def redacted(config: Config) -> dict[str, Any]:
-    """The effective config as plain data (the spelling a config file uses), secrets hidden."""
-    data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+def redact_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dumped as plain data (the spelling a config file uses), secrets hidden."""
     result: dict[str, Any] = redact_value(data)
     # A table's ``key`` is its list of key columns (an upsert table), not a secret
     # such as a catalog's bare ``key`` property.

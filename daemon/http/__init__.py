@@ -8,10 +8,17 @@ _tls       the listener's certificate, reloaded on SIGHUP
 _openapi   the OpenAPI 3 document (openapi.json), served at /v1/openapi.json
 """
 
-from daemon.http._api import ARROW_STREAM, JSON, NDJSON, HttpServer, start_http
-from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
-from daemon.http._openapi import OPENAPI_FILE, openapi_document
-from daemon.http._tls import load_certificate, server_context
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from daemon._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daemon.http._api import ARROW_STREAM, JSON, NDJSON, HttpServer, start_http
+    from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
+    from daemon.http._openapi import OPENAPI_FILE, openapi_document
+    from daemon.http._tls import load_certificate, server_context
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
@@ -29,3 +36,32 @@ __all__ = [
     "server_context",
     "start_http",
 ]
+
+# Imported when first used: see daemon._lazy.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "daemon.http._api": (
+            "ARROW_STREAM",
+            "JSON",
+            "NDJSON",
+            "HttpServer",
+            "start_http",
+        ),
+        "daemon.http._auth": (
+            "ADMIN_TOKEN_NAME",
+            "Denied",
+            "Token",
+            "Tokens",
+            "load_tokens",
+        ),
+        "daemon.http._openapi": (
+            "OPENAPI_FILE",
+            "openapi_document",
+        ),
+        "daemon.http._tls": (
+            "load_certificate",
+            "server_context",
+        ),
+    },
+)

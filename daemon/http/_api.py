@@ -389,9 +389,11 @@ class _Api:
 
     async def _take(self, request: web.Request, *, changes: bool) -> web.StreamResponse:
         name = request.match_info["table"]
+        # While the start waits for the catalog, a table of known schema acks anyway.
+        early = self._service.accepting_while_waiting(name)
         # Readiness and the table first (404/503 before anything else); an infer = true
         # table is created from the schema of its first body.
-        if not self._service.awaiting_schema(name):
+        if early is None and not self._service.awaiting_schema(name):
             self._writer(name)
         if request.content_type not in FORMATS:
             raise _Problem(
@@ -408,11 +410,12 @@ class _Api:
             # Spares reading and decoding a body whose table is already full; the
             # writer checks again, exactly, at append time.
             # Refusals that need no body (a dead-letter table, a full queue) come first.
-            self._service.ingest.check(name)
+            if early is None:
+                self._service.ingest.check(name)
             body, held = await self._read_body(request, name)
             if applied:
                 body, held = await self._decoded(body, held, applied, name)
-            accepted = await self._service.ingest.body(
+            accepted = await (early or self._service.ingest).body(
                 name, body, request.content_type, changes=changes
             )
         except ReadOnlyTableError as exc:

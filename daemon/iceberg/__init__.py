@@ -6,13 +6,18 @@
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
-    _commit     ONE snapshot per flush, idempotent per spool segment; property commits;
-                snapshot expiry and replace snapshots for maintenance, with the
-                compare-and-swap requirements of its lease
-    _refresh    refresh a table, skipping the metadata parse when nothing changed
-    _sql        the SQL catalog with commits that do not re-read the table's history
-    _metadata   metadata with updates applied, without pyiceberg's deep copy
+    _transforms the partition transforms, vectorized over Arrow arrays
+    _commit     every commit by kind (its doc lists the modules): ONE snapshot per flush,
+                idempotent per spool segment; property commits; snapshot expiry and
+                replace snapshots for maintenance, with the compare-and-swap
+                requirements of its lease
+    _rest       which REST requests commit (and get an Idempotency-Key)
     _defaults   table properties the daemon sets on the tables it creates
+    _properties integer table properties: one parser; a warning and the default for
+                tuning ones, the table held back for write ones
+    _upstream   the fence: everything that extends or replaces pyiceberg's internals
+                (the SQL catalog's commits, refresh, metadata without the deep copy,
+                snapshot producers...), checked against the installed pyiceberg on import
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
@@ -54,11 +59,8 @@ from daemon.iceberg._parquet import (
     DELETE_FILE_MARK,
     encode_data_files,
     encode_equality_deletes,
-    partition_transform,
     remove_files,
 )
-from daemon.iceberg._refresh import refresh_table
-from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._tables import (
     check_key,
     check_upsert_layout,
@@ -74,6 +76,9 @@ from daemon.iceberg._timeouts import (
     startup_timeout,
     unavailable,
 )
+from daemon.iceberg._transforms import partition_transform
+from daemon.iceberg._upstream._refresh import refresh_table
+from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
 
 __all__ = [
     "COMPRESSION_CODECS",

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from pyiceberg.catalog import Catalog
@@ -29,10 +30,13 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from daemon.errors import CatalogError, SchemaError
 from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
-from daemon.iceberg._rest import BoundedRestCatalog
-from daemon.iceberg._sql import IcespoolSqlCatalog
 from daemon.iceberg._timeouts import catalog_properties, short_error
+from daemon.iceberg._upstream._rest import BoundedRestCatalog
+from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
 from daemon.schema import SchemaDifference, schema_diff
+
+if TYPE_CHECKING:
+    from daemon.iceberg._upstream._hive import BoundedHiveCatalog
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
@@ -65,12 +69,17 @@ def load_catalog(
     except ValueError as exc:
         raise CatalogError(f"catalog {name!r}: {exc}") from None
     properties = catalog_properties(typed, timeouts)
+    kind = str(properties.get("type", "")).lower()
+    hive = _hive_catalog() if kind == "hive" else None
     for attempt in range(3):
         try:
-            if str(properties.get("type", "")).lower() == "rest":
+            if kind == "rest":
                 # Not through pyiceberg's load_catalog: the constructor already sends
                 # requests, which only a subclass can bound (_rest).
                 return BoundedRestCatalog(name, timeouts, **properties)
+            if hive is not None:
+                # Bounded Thrift calls, a connection per thread (_hive).
+                return hive(name, timeouts, **properties)
             return _own_sql(_pyiceberg_load_catalog(name, **properties))
         except Exception as exc:
             # SqlCatalog creates its tables on first use; replicas starting together on
@@ -82,6 +91,19 @@ def load_catalog(
                 continue
             raise _catalog_error(name, exc, properties) from exc
     raise AssertionError("unreachable")
+
+
+def _hive_catalog() -> type[BoundedHiveCatalog]:
+    """`BoundedHiveCatalog`, imported only for a Hive catalog: it needs thrift, which only
+    the ``hive`` extra installs."""
+    try:
+        from daemon.iceberg._upstream._hive import BoundedHiveCatalog
+    except ImportError as exc:
+        raise CatalogError(
+            f"catalog type 'hive' needs the thrift package ({exc}): install "
+            "'icespool[hive]' (pip install '/path/to/icespool[hive]')"
+        ) from None
+    return BoundedHiveCatalog
 
 
 def _own_sql(catalog: Catalog) -> Catalog:
@@ -246,7 +268,19 @@ def _create(
     except TableAlreadyExistsError:
         return None
     except Exception as exc:
+        # A catalog that checks, then inserts, reports a replica's insert in between as a
+        # failure of its own (the Hive Metastore: a MetaException for the unique key);
+        # then the table exists, and theirs is the one to use.
+        if _exists(catalog, full):
+            return None
         raise CatalogError(f"cannot create table {'.'.join(full)!r} ({short_error(exc)})") from exc
+
+
+def _exists(catalog: Catalog, full: tuple[str, ...]) -> bool:
+    try:
+        return catalog.table_exists(full)
+    except Exception:
+        return False  # the create's own error is the one to report
 
 
 def _create_namespace(catalog: Catalog, namespace: tuple[str, ...]) -> None:

@@ -7,7 +7,7 @@ properties, so Spark and other engines read the same policy:
 
 - ``commit.manifest-merge.enabled`` / ``commit.manifest.min-count-to-merge`` /
   ``commit.manifest.target-size-bytes``: each commit adds one manifest; once
-  MIN_MERGE_COUNT small ones are due, the commit merges them (``iceberg/_commit.py``)
+  MIN_MERGE_COUNT small ones are due, the commit merges them (``_upstream/_merge_append.py``)
   into manifests of up to MANIFEST_TARGET_SIZE, so the manifest list a commit reads
   and writes, and the manifests a reader plans over, stay bounded; a merged manifest
   that reached the target size is never rewritten again.

@@ -40,37 +40,24 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionSpec
+from pyiceberg.partitioning import PartitionKey, PartitionSpec
 from pyiceberg.schema import Schema, sanitize_column_names
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import LocationProvider
-from pyiceberg.transforms import (
-    BucketTransform,
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    TruncateTransform,
-    YearTransform,
-)
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
     DateType,
-    IcebergType,
-    IntegerType,
-    LongType,
     PrimitiveType,
-    TimestampNanoType,
     TimestampType,
-    TimestamptzNanoType,
     TimestamptzType,
     TimeType,
-    UUIDType,
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_micros
 
 from daemon.errors import CatalogError, SchemaError, TablePropertyError
+from daemon.iceberg._properties import write_int_property
+from daemon.iceberg._transforms import partition_transform
+from daemon.iceberg._upstream._partition_key import physical_partition_key
 from daemon.schema import arrow_schema_for, conform, fill_masked_children
 
 __all__ = [
@@ -135,40 +122,6 @@ class _WriteSettings:
     write_batch_size: int | None
 
 
-def _optional_int_property(properties: dict[str, str], key: str) -> int | None:
-    raw = properties.get(key)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise TablePropertyError(
-            f"table property {key}={raw!r} is not an integer; fix the table"
-        ) from None
-    if value <= 0:
-        raise TablePropertyError(f"table property {key}={raw!r} must be positive; fix the table")
-    return value
-
-
-def _compression_level(properties: dict[str, str]) -> int | None:
-    # Not _optional_int_property: zstd accepts negative ("fast") levels.
-    raw = properties.get(TableProperties.PARQUET_COMPRESSION_LEVEL)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise TablePropertyError(
-            f"table property {TableProperties.PARQUET_COMPRESSION_LEVEL}={raw!r} is not an "
-            "integer; fix the table"
-        ) from None
-
-
-def _int_property(properties: dict[str, str], key: str, default: int) -> int:
-    value = _optional_int_property(properties, key)
-    return default if value is None else value
-
-
 def _statistics_plan(schema: Schema, properties: dict[str, str]) -> dict[int, StatisticsCollector]:
     """pyiceberg's statistics plan; a ``write.metadata.metrics.*`` value it cannot parse
     is the table's fault (TablePropertyError), not the rows'."""
@@ -214,205 +167,34 @@ def _settings(
             )
         except ValueError as exc:
             raise TablePropertyError(f"{exc}; fix the table") from None
-    target = _int_property(
+    target = write_int_property(
         properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, target_file_size
     )
-    row_groups = _int_property(
+    row_groups = write_int_property(
         properties, TableProperties.PARQUET_ROW_GROUP_LIMIT, row_group_records
     )
     return _WriteSettings(
         compression=codec,
-        compression_level=_compression_level(properties),
+        # zstd accepts negative ("fast") levels.
+        compression_level=write_int_property(
+            properties, TableProperties.PARQUET_COMPRESSION_LEVEL, None, minimum=None
+        ),
         target_file_size=target,
         row_group_records=row_groups,
         # Page and dictionary limits only when the table sets them: pyarrow's defaults
         # (1 MiB dictionary pages, 1024-row batches) encode high-cardinality columns
         # ~35% faster and ~12% smaller than Iceberg's nominal 2 MiB/20000, measured on
         # 8-column events, because Arrow does not re-encode a failed dictionary page.
-        data_page_size=_optional_int_property(properties, TableProperties.PARQUET_PAGE_SIZE_BYTES),
-        dictionary_pagesize_limit=_optional_int_property(
-            properties, TableProperties.PARQUET_DICT_SIZE_BYTES
+        data_page_size=write_int_property(
+            properties, TableProperties.PARQUET_PAGE_SIZE_BYTES, None
         ),
-        write_batch_size=_optional_int_property(properties, TableProperties.PARQUET_PAGE_ROW_LIMIT),
-    )
-
-
-# ---------------------------------------------------------------- partition transforms
-# Vectorized (pyarrow.compute) implementations of the Iceberg transforms, returning the
-# partition values in Iceberg's physical representation (days, hours, micros, bytes),
-# which is what manifests store. pyiceberg's own vectorized transforms need the
-# optional native pyiceberg-core package; these are checked against pyiceberg's
-# scalar reference implementation in the tests.
-
-_U32: Final = pa.uint32()
-_UNITS_PER_SECOND: Final = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
-
-
-def _floor_div(values: pa.Array, divisor: int) -> pa.Array:
-    """Floor division of an int64 array; Arrow's integer divide truncates toward zero."""
-    quotient = pc.divide(values, divisor)
-    remainder = pc.subtract(values, pc.multiply(quotient, divisor))
-    return pc.if_else(pc.less(remainder, 0), pc.subtract(quotient, 1), quotient)
-
-
-def _u32(value: int) -> pa.Scalar:
-    # Scalars must be uint32 too, or Arrow widens to int64 and the multiplications stop
-    # wrapping modulo 2**32 as MurmurHash3 requires.
-    return pa.scalar(value, _U32)
-
-
-def _rotl32(values: pa.Array, bits: int) -> pa.Array:
-    return pc.bit_wise_or(
-        pc.shift_left(values, _u32(bits)), pc.shift_right(values, _u32(32 - bits))
-    )
-
-
-def _murmur3_block(h: pa.Array | pa.Scalar, k: pa.Array) -> pa.Array:
-    k = pc.multiply(k, _u32(0xCC9E2D51))
-    k = _rotl32(k, 15)
-    k = pc.multiply(k, _u32(0x1B873593))
-    h = _rotl32(pc.bit_wise_xor(h, k), 13)
-    return pc.add(pc.multiply(h, _u32(5)), _u32(0xE6546B64))
-
-
-def _murmur3_long(values: pa.Array) -> pa.Array:
-    """MurmurHash3 x86 32-bit (seed 0) of each int64 as 8 little-endian bytes."""
-    low = pc.bit_wise_and(values, 0xFFFFFFFF).cast(_U32)
-    high = pc.bit_wise_and(pc.shift_right(values, 32), 0xFFFFFFFF).cast(_U32)
-    h = _murmur3_block(_u32(0), low)
-    h = _murmur3_block(h, high)
-    h = pc.bit_wise_xor(h, _u32(8))
-    h = pc.bit_wise_xor(h, pc.shift_right(h, _u32(16)))
-    h = pc.multiply(h, _u32(0x85EBCA6B))
-    h = pc.bit_wise_xor(h, pc.shift_right(h, _u32(13)))
-    h = pc.multiply(h, _u32(0xC2B2AE35))
-    return pc.bit_wise_xor(h, pc.shift_right(h, _u32(16)))
-
-
-def _as_long(source: IcebergType, values: pa.Array) -> pa.Array:
-    """The int64 that Iceberg hashes for integer-like types (micros for timestamps)."""
-    if isinstance(source, (TimestampNanoType, TimestamptzNanoType)):
-        return _floor_div(values.cast(pa.int64()), 1_000)
-    if isinstance(source, DateType):
-        # Arrow casts date32 only to its own storage width.
-        return values.cast(pa.int32()).cast(pa.int64())
-    return values.cast(pa.int64())
-
-
-def _by_distinct_values(
-    transform: Transform[Any, Any], source: IcebergType, values: pa.Array, result: pa.DataType
-) -> pa.Array:
-    """Apply pyiceberg's scalar transform once per distinct value, then scatter.
-
-    Used for the variable-width hashes (bucket of string/binary/uuid/decimal) and
-    decimal truncation, which pyarrow.compute cannot express; the Python work is per
-    distinct value of the flush, not per row.
-    """
-    if isinstance(values, pa.ExtensionArray):
-        # uuid: hash its 16 bytes (what pyiceberg's transform does with a UUID), and
-        # extension arrays have no dictionary_encode kernel.
-        values = values.storage
-    encoded = values.dictionary_encode()
-    function = transform.transform(source)
-    mapped = pa.array([function(v) for v in encoded.dictionary.to_pylist()], type=result)
-    return mapped.take(encoded.indices)
-
-
-def _bucket(transform: BucketTransform[Any], source: IcebergType, values: pa.Array) -> pa.Array:
-    if isinstance(
-        source,
-        (
-            IntegerType,
-            LongType,
-            DateType,
-            TimeType,
-            TimestampType,
-            TimestamptzType,
-            TimestampNanoType,
-            TimestamptzNanoType,
+        dictionary_pagesize_limit=write_int_property(
+            properties, TableProperties.PARQUET_DICT_SIZE_BYTES, None
         ),
-    ):
-        hashed = pc.bit_wise_and(
-            _murmur3_long(_as_long(source, values)).cast(pa.int64()), 0x7FFFFFFF
-        )
-        buckets = transform.num_buckets
-        bucket = pc.subtract(hashed, pc.multiply(pc.divide(hashed, buckets), buckets))
-        return bucket.cast(pa.int32())
-    return _by_distinct_values(transform, source, values, pa.int32())
-
-
-def _truncate(transform: TruncateTransform[Any], source: IcebergType, values: pa.Array) -> pa.Array:
-    width = transform.width
-    if isinstance(source, (IntegerType, LongType)):
-        floored = pc.multiply(_floor_div(values.cast(pa.int64()), width), width)
-        # Java computes this in the column's own width, so int overflow wraps there too.
-        return floored.cast(values.type, safe=False)
-    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        # Iceberg truncates strings to W code points; Arrow's "codeunits" here are code points.
-        return pc.utf8_slice_codeunits(values, 0, width)
-    if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
-        return pc.binary_slice(values, 0, width)
-    return _by_distinct_values(transform, source, values, values.type)
-
-
-def _time(transform: Transform[Any, Any], source: IcebergType, values: pa.Array) -> pa.Array:
-    if isinstance(source, DateType):
-        raw_days = values.cast(pa.int32()).cast(pa.int64())
-        calendar = values
-        per_day, per_hour = 1, None
-    else:
-        unit = values.type.unit
-        raw = values.cast(pa.int64())
-        # Drop the zone: Iceberg timestamptz values are UTC instants, and Arrow would
-        # otherwise extract year/month in the column's zone.
-        calendar = raw.cast(pa.timestamp(unit))
-        per_second = _UNITS_PER_SECOND[unit]
-        raw_days, per_day, per_hour = raw, per_second * 86_400, per_second * 3_600
-    if isinstance(transform, YearTransform):
-        result = pc.subtract(pc.year(calendar), 1970)
-    elif isinstance(transform, MonthTransform):
-        years = pc.subtract(pc.year(calendar), 1970)
-        result = pc.add(pc.multiply(years, 12), pc.subtract(pc.month(calendar), 1))
-    elif isinstance(transform, DayTransform):
-        result = _floor_div(raw_days, per_day)
-    else:
-        assert per_hour is not None  # hour(date) is rejected by can_transform
-        result = _floor_div(raw_days, per_hour)
-    return result.cast(pa.int32())
-
-
-def _identity(source: IcebergType, values: pa.Array) -> pa.Array:
-    if isinstance(source, DateType):
-        return values.cast(pa.int32())
-    if isinstance(
-        source, (TimeType, TimestampType, TimestamptzType, TimestampNanoType, TimestamptzNanoType)
-    ):
-        return values.cast(pa.int64())
-    if isinstance(source, UUIDType) and isinstance(values, pa.ExtensionArray):
-        return values.storage
-    return values
-
-
-def partition_transform(
-    transform: Transform[Any, Any], source: IcebergType, values: pa.Array
-) -> pa.Array:
-    """Apply an Iceberg partition transform to an Arrow array, vectorized.
-
-    Returns partition values in Iceberg's physical representation (int days/hours/
-    months/years since epoch, int micros for identity timestamps, bytes for uuid), the
-    form manifests store and pyiceberg's ``PartitionKey`` expects.
-    """
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(transform, IdentityTransform):
-        return _identity(source, values)
-    if isinstance(transform, (YearTransform, MonthTransform, DayTransform, HourTransform)):
-        return _time(transform, source, values)
-    if isinstance(transform, BucketTransform):
-        return _bucket(transform, source, values)
-    if isinstance(transform, TruncateTransform):
-        return _truncate(transform, source, values)
-    raise ValueError(f"partition transform {transform} is not supported by the encoder")
+        write_batch_size=write_int_property(
+            properties, TableProperties.PARQUET_PAGE_ROW_LIMIT, None
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -451,17 +233,8 @@ def _split_partitions(spec: PartitionSpec, schema: Schema, data: pa.Table) -> li
         values = [column[group] for column in key_values]
         _check_renderable(spec, schema, values)
         record = Record(*values)
-        partition_key = PartitionKey(
-            field_values=[
-                PartitionFieldValue(field=field, value=value)
-                for field, value in zip(spec.fields, values, strict=True)
-            ],
-            partition_spec=spec,
-            schema=schema,
-        )
-        # The values are already physical; seed the cached record so pyiceberg does not
-        # re-convert them (its conversion rejects ints for time columns).
-        partition_key.__dict__["partition"] = record
+        # The values are already physical: pyiceberg must not convert them again.
+        partition_key = physical_partition_key(spec, schema, values, record)
         indices = row_lists[group].values
         first, count = indices[0].as_py(), len(indices)
         if indices[count - 1].as_py() - first + 1 == count:

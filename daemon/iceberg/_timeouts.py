@@ -9,8 +9,8 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
   sees those statements, and libpq itself would wait forever.
 - SQL catalog on SQLite: ``timeout`` (how long to wait for another writer's lock, at
   most 5 s).
-- REST catalog: (connect, read) timeouts on every request of its requests sessions,
-  from the constructor's first token and config requests on (``_rest.BoundedRestCatalog``).
+- REST catalog: (connect, read) timeouts on every request of its requests sessions, from
+  the constructor's first token and config requests on (``_upstream/_rest.py``).
 - FileIO: ``s3.connect-timeout`` and ``s3.request-timeout`` (pyarrow and fsspec S3), and
   ``s3.retry-strategy-impl`` = ``StorageRetries``: the AWS SDK's standard retries
   (jittered exponential backoff) with ``timeouts.storage_attempts`` attempts per call.
@@ -19,7 +19,7 @@ pyiceberg takes no timeout for most of its clients, so each one is set where it 
 - FileIO on Google Cloud Storage (``gs://``): pyarrow's GCS client retries a failing call
   for 15 minutes by default and pyiceberg passes it no limit, so a ``gs://`` warehouse
   gets ``GcsBoundedFileIO`` as its ``py-io-impl``: pyiceberg's pyarrow FileIO whose GCS
-  client gives up retrying after ``timeouts.storage_request``.
+  client gives up retrying after ``timeouts.storage_request`` (``_upstream/_gcs_io.py``).
 - Glue catalog (boto3): connect and read timeouts as the default client config of the
   botocore session pyiceberg builds its Glue client on (``botocore_session``); botocore's
   own retries (``glue.max-retries``, ``glue.retry-mode``) still apply on top.
@@ -38,26 +38,18 @@ import math
 import select
 import time
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
 import requests
 import sqlalchemy.exc
-from pyarrow.fs import AwsStandardS3RetryStrategy, FileSystem, GcsFileSystem
+from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.exceptions import ServerError, ServiceUnavailableError
-from pyiceberg.io import (
-    GCS_DEFAULT_LOCATION,
-    GCS_SERVICE_HOST,
-    GCS_TOKEN,
-    GCS_TOKEN_EXPIRES_AT_MS,
-)
-from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.utils.datetime import millis_to_datetime
 from sqlalchemy.engine import make_url
 
 from daemon.config import TimeoutsConfig
 from daemon.errors import CatalogError
+from daemon.iceberg._upstream._gcs_io import GcsBoundedFileIO
 
 __all__ = [
     "GcsBoundedFileIO",
@@ -97,6 +89,7 @@ def catalog_properties(props: Mapping[str, Any], timeouts: TimeoutsConfig) -> di
     if urlparse(str(properties.get("warehouse", ""))).scheme in _GCS_SCHEMES:
         # pyiceberg 0.12 writes gs:// through pyarrow's FileIO only: this is the same
         # FileIO with a bounded GCS client. A py-io-impl the user wrote wins.
+        # This module's name: the class is re-exported here, the path users have seen.
         properties.setdefault(_PY_IO_IMPL, f"{__name__}.{GcsBoundedFileIO.__name__}")
     uri = str(properties.get("uri", ""))
     kind = str(properties.get("type", "")).lower()
@@ -120,32 +113,6 @@ class StorageRetries(AwsStandardS3RetryStrategy):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__(max_attempts=type(self).attempts)
-
-
-class GcsBoundedFileIO(PyArrowFileIO):
-    """pyiceberg's pyarrow FileIO whose GCS client stops retrying a call after
-    ``retry_limit`` seconds (pyarrow's default is 15 minutes, for a store that refuses
-    connections too). The ``gcs.*`` properties are read as pyiceberg 0.12 reads them.
-
-    pyiceberg builds ``py-io-impl`` from properties alone, so the limit is a class
-    attribute that ``catalog_properties`` sets (process-wide: a daemon has one catalog).
-    """
-
-    retry_limit = 60.0  # timeouts.storage_request's default
-
-    def _initialize_gcs_fs(self) -> FileSystem:
-        kwargs: dict[str, Any] = {"retry_time_limit": timedelta(seconds=type(self).retry_limit)}
-        if access_token := self.properties.get(GCS_TOKEN):
-            kwargs["access_token"] = access_token
-        if expiration := self.properties.get(GCS_TOKEN_EXPIRES_AT_MS):
-            kwargs["credential_token_expiration"] = millis_to_datetime(int(expiration))
-        if bucket_location := self.properties.get(GCS_DEFAULT_LOCATION):
-            kwargs["default_bucket_location"] = bucket_location
-        if endpoint := self.properties.get(GCS_SERVICE_HOST):
-            url = urlparse(endpoint)
-            kwargs["scheme"] = url.scheme
-            kwargs["endpoint_override"] = url.netloc
-        return GcsFileSystem(**kwargs)
 
 
 def _glue_session(timeouts: TimeoutsConfig) -> Any:

@@ -9,26 +9,39 @@ _commit       idle tables' ranges, consumer-group commits and lag
 _decode       JSON and raw values -> Arrow batches, dead records
 _avro         Avro values (registry or schema file) -> Arrow batches
 _raw_fetch    reading past records the client cannot parse
-_dead_letter  the dead-letter table's rows and the topic alternative
+_dead_letter  the dead-letter table's rows, their summary, and the topic alternative
 _replay       dead letters back into their tables, exactly once
 """
 
-from daemon.kafka._dead_letter import DEAD_LETTER_COLUMNS, dead_letter_schema
-from daemon.kafka._offsets import OffsetBook
-from daemon.kafka._replay import (
-    FILTER_KEYS as REPLAY_FILTER_KEYS,
-)
-from daemon.kafka._replay import (
-    DeadLetterReplay,
-    ReplayFilter,
-    ReplayResult,
-    replay_group,
-)
-from daemon.kafka._source import KafkaSource
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from daemon._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daemon.kafka._dead_letter import (
+        DEAD_LETTER_COLUMNS,
+        DeadLetterGroup,
+        dead_letter_schema,
+        summarize_dead_letters,
+    )
+    from daemon.kafka._offsets import OffsetBook
+    from daemon.kafka._replay import (
+        FILTER_KEYS as REPLAY_FILTER_KEYS,
+    )
+    from daemon.kafka._replay import (
+        DeadLetterReplay,
+        ReplayFilter,
+        ReplayResult,
+        replay_group,
+    )
+    from daemon.kafka._source import KafkaSource
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
     "REPLAY_FILTER_KEYS",
+    "DeadLetterGroup",
     "DeadLetterReplay",
     "KafkaSource",
     "OffsetBook",
@@ -36,4 +49,27 @@ __all__ = [
     "ReplayResult",
     "dead_letter_schema",
     "replay_group",
+    "summarize_dead_letters",
 ]
+
+# Imported when first used: see daemon._lazy.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "daemon.kafka._dead_letter": (
+            "DEAD_LETTER_COLUMNS",
+            "DeadLetterGroup",
+            "dead_letter_schema",
+            "summarize_dead_letters",
+        ),
+        "daemon.kafka._offsets": ("OffsetBook",),
+        "daemon.kafka._replay": (
+            ("REPLAY_FILTER_KEYS", "FILTER_KEYS"),
+            "DeadLetterReplay",
+            "ReplayFilter",
+            "ReplayResult",
+            "replay_group",
+        ),
+        "daemon.kafka._source": ("KafkaSource",),
+    },
+)

@@ -175,7 +175,9 @@ class RegistrySchemas(AvroSchemas):
     def _fetch(self, schema_id: int) -> WriterSchema:
         label = f"schema id {schema_id}"
         error = ""
+        tries = 0
         for attempt in range(_TRIES):
+            tries += 1
             if attempt:
                 time.sleep(_BACKOFF[min(attempt - 1, len(_BACKOFF) - 1)])
             try:
@@ -203,10 +205,10 @@ class RegistrySchemas(AvroSchemas):
                 return parse_writer_schema(text, label)
             except ValueError as exc:
                 raise SchemaUnavailable("invalid", str(exc)) from None
-        _log.warning("Avro %s is unavailable after %d tries: %s", label, _TRIES, error)
-        raise SchemaUnavailable(
-            "schema_unavailable", f"{label} unavailable after {_TRIES} tries: {error}"
-        )
+        # Rejected credentials end the loop after one try: say how many were made.
+        made = "1 try" if tries == 1 else f"{tries} tries"
+        _log.warning("Avro %s is unavailable after %s: %s", label, made, error)
+        raise SchemaUnavailable("schema_unavailable", f"{label} unavailable after {made}: {error}")
 
     def _request(self, url: str) -> bytes:
         request = urllib.request.Request(url, headers=self._headers)

@@ -6,11 +6,16 @@ certificate not trusted, client certificate refused, SASL login refused) and onl
 logs the real error. And a SCRAM login the broker refuses with an RFC 5802 error
 (``e=unknown-user``, ``e=invalid-proof``) surfaces as ``KeyError: 'v'`` from its
 SCRAM client. ``connect_problem`` turns both into a reason for ``/v1/status``.
+
+aiokafka also logs each bootstrap server it cannot reach, at error level, on every
+attempt: next to the source's own "Kafka unavailable, retrying: <every server's cause>"
+that made two lines per retry. `quiet_bootstrap_log` keeps those at debug level.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -18,9 +23,13 @@ from typing import Any
 from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-__all__ = ["connect_problem"]
+__all__ = ["connect_problem", "quiet_bootstrap_log"]
 
 _PROBE_SECONDS = 5.0
+# aiokafka.client's messages for a bootstrap server it cannot use (logger "aiokafka").
+_BOOTSTRAP_MESSAGES = frozenset(
+    {'Unable connect to "%s:%s": %s', 'Unable to request metadata from "%s:%s": %s'}
+)
 # aiokafka's ScramAuthenticator method that reads the broker's final SCRAM message.
 _SCRAM_FINAL = "process_server_final_message"
 _CLIENT_KEYS = (
@@ -90,3 +99,29 @@ async def connect_problem(exc: BaseException, options: Mapping[str, Any]) -> str
             conn.close()
             return None  # reachable again: the next attempt will tell
     return f"cannot connect to Kafka ({'; '.join(causes)})"
+
+
+class _BootstrapAtDebug(logging.Filter):
+    """aiokafka's per-server bootstrap failures, as debug records (dropped above it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in _BOOTSTRAP_MESSAGES:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        # The logger checked its level against the original one; check it again.
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_BOOTSTRAP_FILTER = _BootstrapAtDebug()
+
+
+def quiet_bootstrap_log() -> None:
+    """Log aiokafka's per-server bootstrap failures at debug level (idempotent).
+
+    When every server fails, the source's one warning names each server's cause
+    (`connect_problem`); when one of several fails and another answers, debug level
+    still shows which.
+    """
+    logger = logging.getLogger("aiokafka")
+    if _BOOTSTRAP_FILTER not in logger.filters:
+        logger.addFilter(_BOOTSTRAP_FILTER)

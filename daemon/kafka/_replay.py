@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -59,8 +59,10 @@ from daemon.config._model import REPLAY_GROUP_PREFIX as _CONFIG_PREFIX
 from daemon.errors import BackpressureError, BadInputError, ShuttingDownError
 from daemon.kafka._decode import Fetch
 from daemon.kafka._offsets import Ranges, batch_meta, ranges_from_properties
-from daemon.kafka._source import KafkaSource
 from daemon.writer import TableWriter
+
+if TYPE_CHECKING:  # the Kafka client is imported only where a source is configured
+    from daemon.kafka._source import KafkaSource
 
 __all__ = [
     "CHUNK_ROWS",

@@ -52,7 +52,7 @@ from daemon.kafka._client import (
 )
 from daemon.kafka._commit import OffsetCommitter
 from daemon.kafka._decode import Decoded, Fetch
-from daemon.kafka._diagnose import connect_problem
+from daemon.kafka._diagnose import connect_problem, quiet_bootstrap_log
 from daemon.kafka._handover import Dead, Handover
 from daemon.kafka._offsets import (
     OffsetBook,
@@ -180,6 +180,7 @@ class KafkaSource:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        quiet_bootstrap_log()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"kafka-{self.name}")
 

@@ -94,11 +94,11 @@ from daemon.iceberg._commit import (
     commit_replace,
 )
 from daemon.iceberg._parquet import (
-    _int_property,
     _remove_quietly,
     encode_data_files,
     partition_transform,
 )
+from daemon.iceberg._properties import write_int_property
 from daemon.maintenance._orphans import (
     COMPACTION_PREFIX,
     compaction_file_prefix,
@@ -377,8 +377,8 @@ def plan_compaction(
     snapshot = metadata.snapshot_by_name(MAIN_BRANCH)
     if snapshot is None or metadata.format_version >= _ROW_LINEAGE_FORMAT:
         return []
-    target = _int_property(
-        dict(metadata.properties), TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, target_file_size
+    target = write_int_property(
+        metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, target_file_size
     )
     spec_id = metadata.default_spec_id
     small = small_file_fraction * target

@@ -290,7 +290,8 @@ class MaintenanceScheduler:
             # says why per table.
             _log.warning(
                 "maintenance is off: a %s catalog cannot hold the maintenance lease "
-                "(it does not check commit requirements itself); set [maintenance] lease = "
+                "(the daemon cannot commit to it with a compare-and-swap check of the "
+                "lease); set [maintenance] lease = "
                 '"none" on exactly ONE replica to maintain from it',
                 self.config.catalog.type,
             )
@@ -508,7 +509,9 @@ class MaintenanceScheduler:
         assert self._catalog is not None
         catalog, name = self._catalog, state.name
         table = await self.off_lane(catalog.load_table, name)
-        settings = resolve(self.config, self._declared.get(name), table.metadata.properties)
+        settings = resolve(
+            self.config, self._declared.get(name), table.metadata.properties, name=name
+        )
         state.interval = settings.interval
         lease: Lease | None = None
         outcome = "ok"
@@ -516,7 +519,7 @@ class MaintenanceScheduler:
             state.disabled, outcome = "maintenance = { enabled = false }", "disabled"
         elif self.config.maintenance.lease == "catalog" and not validates_locally(catalog):
             state.disabled = (
-                f"catalog type {type(catalog).__name__} cannot hold the maintenance lease; "
+                f"a {self.config.catalog.type} catalog cannot hold the maintenance lease; "
                 'set [maintenance] lease = "none" on one replica'
             )
             outcome = "disabled"

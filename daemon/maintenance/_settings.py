@@ -15,6 +15,7 @@ from typing import Final
 
 from daemon.config import Config, MaintenanceConfig, TableConfig, TimeoutsConfig
 from daemon.iceberg import MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, table_defaults
+from daemon.iceberg._properties import int_property
 from daemon.retry import CONFLICTS
 
 __all__ = [
@@ -51,16 +52,6 @@ class MaintenanceSettings:
     lease_ttl: float
 
 
-def _positive_int(properties: Mapping[str, str], key: str) -> int | None:
-    """A standard property's value, or None when unset or not a positive integer (a
-    value Iceberg's own expiry would refuse too: the daemon's default applies)."""
-    try:
-        value = int(properties.get(key, ""))
-    except ValueError:
-        return None
-    return value if value > 0 else None
-
-
 def commit_window(timeouts: TimeoutsConfig) -> float:
     """The longest a daemon sharing these ``[timeouts]`` may take from writing a data
     file to committing it (``commit_files``: its attempts, each a refresh and a swap
@@ -95,20 +86,31 @@ def created_table_properties(config: Config, table: TableConfig | None) -> dict[
 
 
 def resolve(
-    config: Config, table: TableConfig | None, properties: Mapping[str, str]
+    config: Config,
+    table: TableConfig | None,
+    properties: Mapping[str, str],
+    *,
+    name: str | None = None,
 ) -> MaintenanceSettings:
     """The settings of a table (``table``: its ``[[tables]]`` entry, None for tables
-    not declared: dead-letter and auto-created ones) whose properties are ``properties``."""
+    not declared: dead-letter and auto-created ones) whose properties are ``properties``.
+
+    A retention property that is no positive integer (a value Iceberg's own expiry would
+    refuse too) is logged naming the table (``name``, else the entry's) and the
+    daemon's setting applies."""
+    label = name or (table.name if table is not None else "(undeclared)")
     merged = effective(config, table)
     explicit = set(table.maintenance.overrides()) if table and table.maintenance else set()
     max_age = merged.max_snapshot_age
     if "max_snapshot_age" not in explicit:
-        age_ms = _positive_int(properties, MAX_SNAPSHOT_AGE_PROPERTY)
+        age_ms = int_property(properties, MAX_SNAPSHOT_AGE_PROPERTY, None, table=label)
         if age_ms is not None:
             max_age = age_ms / 1000
     min_snapshots = merged.min_snapshots
     if "min_snapshots" not in explicit:
-        min_snapshots = _positive_int(properties, MIN_SNAPSHOTS_PROPERTY) or min_snapshots
+        min_snapshots = (
+            int_property(properties, MIN_SNAPSHOTS_PROPERTY, None, table=label) or min_snapshots
+        )
     writer = config.defaults.model_copy(update=table.overrides()) if table else config.defaults
     return MaintenanceSettings(
         enabled=merged.enabled,

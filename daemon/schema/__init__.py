@@ -13,49 +13,61 @@ config validates types and partitions with the same code that builds the tables.
     _avro        Avro writer schemas (registry or .avsc) parsed for the decoder
 """
 
-from daemon.schema._arrow import (
-    FIELD_ID_KEY,
-    arrow_schema_for,
-    cast_array,
-    check_required_children,
-    conform,
-    fill_masked_children,
-)
-from daemon.schema._avro import WriterSchema, load_schema_file, parse_writer_schema
-from daemon.schema._declare import (
-    parse_partition_spec,
-    parse_schema,
-    parse_sort_order,
-    parse_type,
-)
-from daemon.schema._evolution import (
-    EvolutionPlan,
-    Policy,
-    SchemaChangeError,
-    apply_plan,
-    check_width,
-    count_columns,
-    plan_evolution,
-    type_columns,
-)
-from daemon.schema._grammar import (
-    PRIMITIVE_TYPES,
-    TYPE_HELP,
-    PartitionTerm,
-    parse_partition,
-    parse_sort,
-    parse_type_string,
-    render_type,
-    transform_accepts,
-)
-from daemon.schema._infer import MAX_INFERRED_FIELDS, SchemaDifference, infer_schema, schema_diff
-from daemon.schema._ranges import (
-    HUGE_EXPONENT,
-    OutOfRange,
-    find_out_of_range,
-    has_huge_exponent,
-    temporal_bounds,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from daemon._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daemon.schema._arrow import (
+        FIELD_ID_KEY,
+        arrow_schema_for,
+        cast_array,
+        check_required_children,
+        conform,
+        fill_masked_children,
+    )
+    from daemon.schema._avro import WriterSchema, load_schema_file, parse_writer_schema
+    from daemon.schema._declare import (
+        parse_partition_spec,
+        parse_schema,
+        parse_sort_order,
+        parse_type,
+    )
+    from daemon.schema._evolution import (
+        EvolutionPlan,
+        Policy,
+        SchemaChangeError,
+        apply_plan,
+        check_width,
+        plan_evolution,
+    )
+    from daemon.schema._grammar import (
+        PRIMITIVE_TYPES,
+        TYPE_HELP,
+        PartitionTerm,
+        count_columns,
+        parse_partition,
+        parse_sort,
+        parse_type_string,
+        render_type,
+        transform_accepts,
+        type_columns,
+    )
+    from daemon.schema._infer import (
+        MAX_INFERRED_FIELDS,
+        SchemaDifference,
+        infer_schema,
+        schema_diff,
+    )
+    from daemon.schema._ranges import (
+        HUGE_EXPONENT,
+        OutOfRange,
+        find_out_of_range,
+        has_huge_exponent,
+        temporal_bounds,
+    )
 
 __all__ = [
     "FIELD_ID_KEY",
@@ -97,3 +109,62 @@ __all__ = [
     "transform_accepts",
     "type_columns",
 ]
+
+# Imported when first used: see daemon._lazy.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "daemon.schema._arrow": (
+            "FIELD_ID_KEY",
+            "arrow_schema_for",
+            "cast_array",
+            "check_required_children",
+            "conform",
+            "fill_masked_children",
+        ),
+        "daemon.schema._avro": (
+            "WriterSchema",
+            "load_schema_file",
+            "parse_writer_schema",
+        ),
+        "daemon.schema._declare": (
+            "parse_partition_spec",
+            "parse_schema",
+            "parse_sort_order",
+            "parse_type",
+        ),
+        "daemon.schema._evolution": (
+            "EvolutionPlan",
+            "Policy",
+            "SchemaChangeError",
+            "apply_plan",
+            "check_width",
+            "plan_evolution",
+        ),
+        "daemon.schema._grammar": (
+            "PRIMITIVE_TYPES",
+            "TYPE_HELP",
+            "PartitionTerm",
+            "count_columns",
+            "parse_partition",
+            "parse_sort",
+            "parse_type_string",
+            "render_type",
+            "transform_accepts",
+            "type_columns",
+        ),
+        "daemon.schema._infer": (
+            "MAX_INFERRED_FIELDS",
+            "SchemaDifference",
+            "infer_schema",
+            "schema_diff",
+        ),
+        "daemon.schema._ranges": (
+            "HUGE_EXPONENT",
+            "OutOfRange",
+            "find_out_of_range",
+            "has_huge_exponent",
+            "temporal_bounds",
+        ),
+    },
+)

@@ -28,7 +28,7 @@ together.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,7 +55,7 @@ from pyiceberg.types import (
 
 from daemon.errors import SchemaError
 from daemon.retry import retry_conflicts
-from daemon.schema._grammar import render_type
+from daemon.schema._grammar import count_columns, render_type, type_columns
 from daemon.schema._infer import infer_schema
 
 __all__ = [
@@ -64,9 +64,7 @@ __all__ = [
     "SchemaChangeError",
     "apply_plan",
     "check_width",
-    "count_columns",
     "plan_evolution",
-    "type_columns",
 ]
 
 _log = logging.getLogger("icespool.evolution")
@@ -97,23 +95,6 @@ class EvolutionPlan:
     def added_columns(self) -> int:
         """Columns the plan adds, nested ones counted (widening adds none)."""
         return sum(type_columns(t) for _, t in self.adds)
-
-
-def count_columns(fields: Iterable[NestedField]) -> int:
-    """Columns of a schema's ``fields``: every field with an Iceberg field id (struct
-    fields, list elements, map keys and values included)."""
-    return sum(type_columns(f.field_type) for f in fields)
-
-
-def type_columns(field_type: IcebergType) -> int:
-    """Columns one field of ``field_type`` counts for: itself and its nested fields."""
-    if isinstance(field_type, StructType):
-        return 1 + count_columns(field_type.fields)
-    if isinstance(field_type, ListType):
-        return 1 + type_columns(field_type.element_type)
-    if isinstance(field_type, MapType):
-        return 1 + type_columns(field_type.key_type) + type_columns(field_type.value_type)
-    return 1
 
 
 def check_width(table: str, columns: int, max_columns: int, first: str) -> None:

@@ -15,7 +15,7 @@ schema from the same code.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -48,11 +48,13 @@ __all__ = [
     "PRIMITIVE_TYPES",
     "TYPE_HELP",
     "PartitionTerm",
+    "count_columns",
     "parse_partition",
     "parse_sort",
     "parse_type_string",
     "render_type",
     "transform_accepts",
+    "type_columns",
 ]
 
 #: Primitive type keywords (format versions 1 and 2).
@@ -287,6 +289,23 @@ def render_type(iceberg_type: IcebergType) -> str:
     if isinstance(iceberg_type, TimestamptzNanoType):
         return "timestamptz_ns"
     return str(iceberg_type)
+
+
+def count_columns(fields: Iterable[NestedField]) -> int:
+    """Columns of a schema's ``fields``: every field with an Iceberg field id (struct
+    fields, list elements, map keys and values included)."""
+    return sum(type_columns(f.field_type) for f in fields)
+
+
+def type_columns(field_type: IcebergType) -> int:
+    """Columns one field of ``field_type`` counts for: itself and its nested fields."""
+    if isinstance(field_type, StructType):
+        return 1 + count_columns(field_type.fields)
+    if isinstance(field_type, ListType):
+        return 1 + type_columns(field_type.element_type)
+    if isinstance(field_type, MapType):
+        return 1 + type_columns(field_type.key_type) + type_columns(field_type.value_type)
+    return 1
 
 
 _SORT_RE: Final = re.compile(

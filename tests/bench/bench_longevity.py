@@ -60,9 +60,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 
 from daemon.config import validate_config
-from daemon.config._model import embedded_catalog
+from daemon.config._sections import embedded_catalog
 from daemon.iceberg import load_catalog
-from daemon.iceberg._commit import _commit_once, new_transaction
+from daemon.iceberg._commit_common import commit_once as _commit_once
+from daemon.iceberg._commit_common import new_transaction
 from daemon.service import Icespool
 
 ROWS = 10

@@ -1,8 +1,9 @@
 """daemon.kafka._changes: Kafka records -> one change batch per table, unit level.
 
 Every Debezium variant (JSON with and without Kafka Connect's schema envelope, Avro
-through a real HTTP schema registry), keyed records, tombstones, key type edges and
-poison; each test asserts the exact rows, ops, positions and dead letters.
+through a real schema registry, Apicurio's Confluent-compatible API), keyed records,
+tombstones, key type edges and poison; each test asserts the exact rows, ops, positions
+and dead letters.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
-from aiohttp import web
+from support.apicurio import PASSWORD, USERNAME, ApicurioRegistry
+from support.kafka_harness import unique_name
 
 from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema
 from daemon.config import Config
@@ -445,53 +447,36 @@ def _avro(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> byt
     return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
 
 
-@pytest.fixture
-async def registry_url() -> AsyncIterator[str]:
-    """A real HTTP registry (``GET /schemas/ids/{id}``) on a free port."""
-    schemas = {1: _ENVELOPE, 2: _KEY, 3: _WRONG}
-
-    async def handle(request: web.Request) -> web.Response:
-        found = schemas.get(int(request.match_info["id"]))
-        if found is None:
-            return web.json_response({"error_code": 40403, "message": "not found"}, status=404)
-        return web.json_response({"schema": json.dumps(found)})
-
-    app = web.Application()
-    app.router.add_get("/schemas/ids/{id}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    assert site._server is not None
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
-async def test_debezium_avro_envelopes_and_keys_through_the_registry(registry_url: str) -> None:
-    schemas = RegistrySchemas(registry_url, timeout=2.0)
+async def test_debezium_avro_envelopes_and_keys_through_the_registry(
+    schema_registry: ApicurioRegistry,
+) -> None:
+    # Debezium's Avro converter registers the topic's key and value subjects.
+    topic = unique_name("cdc-avro")
+    envelope_id = schema_registry.register(f"{topic}-value", _ENVELOPE)
+    key_id = schema_registry.register(f"{topic}-key", _KEY)
+    wrong_id = schema_registry.register(f"{unique_name('cdc-wrong')}-value", _WRONG)
+    unknown_id = 2**31 - 1  # a registry's ids count up from 1
+    schemas = RegistrySchemas(schema_registry.url, USERNAME, PASSWORD, timeout=2.0)
     source = {"db": "shop", "lsn": 7}
 
     def env(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> bytes:
         record = {"before": before, "after": after, "source": source, "op": op, "ts_ms": 1}
-        return _avro(1, _ENVELOPE, record)
+        return _avro(envelope_id, _ENVELOPE, record)
 
     row = {"id": 1, "name": "a", "qty": 1}
     values = [
         env("r", None, row),
         env("u", row, {"id": 1, "name": None, "qty": 2}),
         env("d", row, None),
-        None,  # tombstone: the key (Avro, schema id 2)
+        None,  # tombstone: the key (Avro, the key subject's id)
         env("t", None, None),
         b"\x01\x00\x00\x00\x01xx",  # not the Confluent wire format
-        _avro(99, _KEY, {"id": 1}),  # a schema id the registry does not know
+        _avro(unknown_id, _KEY, {"id": 1}),  # a schema id the registry does not know
         env("c", None, row)[:-3],  # cut short
-        _avro(3, _WRONG, {"op": 1}),  # a schema whose op is not a string
+        _avro(wrong_id, _WRONG, {"op": 1}),  # a schema whose op is not a string
         None,  # tombstone whose key is not Avro
     ]
-    keys = [None, None, None, _avro(2, _KEY, {"id": 8}), None, None, None, None, None, b"8"]
+    keys = [None, None, None, _avro(key_id, _KEY, {"id": 8}), None, None, None, None, None, b"8"]
     envelopes = avro_rows(schemas, ignore_unknown=True)
     decoded = await asyncio.to_thread(
         decode_changes,
@@ -519,6 +504,11 @@ async def test_debezium_avro_envelopes_and_keys_through_the_registry(registry_ur
         (8, "invalid"),
         (9, "bad_key"),
     ]
+    unknown = next(d for d in decoded.dead if d.index == 6)
+    assert unknown.error == (
+        f"schema id {unknown_id} unavailable after 3 tries: the registry answered 404: "
+        f"Schema {unknown_id} not found."
+    )
 
 
 # ------------------------------------------------------------------ config

@@ -24,10 +24,10 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import DataFileContent
+from support.apicurio import PASSWORD, USERNAME, ApicurioRegistry
 from support.daemon_harness import TABLE as HARNESS_TABLE
 from support.daemon_harness import Daemon, DaemonDir
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
@@ -336,10 +336,10 @@ async def test_keyed_records_and_an_append_table(make_config: MakeConfig, broker
 
 
 async def test_debezium_avro_through_the_schema_registry(
-    make_config: MakeConfig, broker: Broker
+    make_config: MakeConfig, broker: Broker, schema_registry: ApicurioRegistry
 ) -> None:
     """``format = "avro"``, ``key_format = "avro"``: Debezium's Avro envelopes and keys
-    (Confluent wire format) through a real HTTP registry into the upsert table."""
+    (Confluent wire format) through a real schema registry into the upsert table."""
     row = {
         "type": "record",
         "name": "Value",
@@ -363,22 +363,11 @@ async def test_debezium_avro_through_the_schema_registry(
         ],
     }
     key_schema = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}
-    schemas = {1: envelope, 2: key_schema}
-
-    async def handle(request: web.Request) -> web.Response:
-        found = schemas.get(int(request.match_info["id"]))
-        if found is None:
-            return web.json_response({"error_code": 40403, "message": "not found"}, status=404)
-        return web.json_response({"schema": json.dumps(found)})
-
-    app = web.Application()
-    app.router.add_get("/schemas/ids/{id}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    assert site._server is not None
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    # Debezium's Avro converter registers the topic's value and key subjects.
+    topic = unique_name("cdc-avro")
+    envelope_id = schema_registry.register(f"{topic}-value", envelope)
+    key_id = schema_registry.register(f"{topic}-key", key_schema)
+    unknown_id = 2**31 - 1  # a registry's ids count up from 1
 
     def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
         out = io.BytesIO()
@@ -391,25 +380,24 @@ async def test_debezium_avro_through_the_schema_registry(
     poison: dict[int, str] = {}
     for n in range(400):
         i = rng.randrange(40)
-        key = framed(2, key_schema, {"id": i})
+        key = framed(key_id, key_schema, {"id": i})
         before = state.get(i)
         if before is not None and rng.random() < 0.3:
             change = {"before": before, "after": None, "op": "d"}
             del state[i]
-            records.append((0, key, framed(1, envelope, {**change, "source": {}})))
+            records.append((0, key, framed(envelope_id, envelope, {**change, "source": {}})))
             records.append((0, key, None))  # tombstone: the Avro key says which
         else:
             after = {"id": i, "name": f"n{n}", "qty": n}
             op = "u" if before else "c"
             change = {"before": before, "after": after, "op": op, "source": {"db": "shop"}}
             state[i] = after
-            records.append((0, key, framed(1, envelope, change)))
+            records.append((0, key, framed(envelope_id, envelope, change)))
         if n % 50 == 0:
             poison[len(records)] = "bad_change"
-            records.append((0, key, framed(1, envelope, {"op": "t", "source": {}})))
+            records.append((0, key, framed(envelope_id, envelope, {"op": "t", "source": {}})))
             poison[len(records)] = "schema_unavailable"
-            records.append((0, key, framed(9, envelope, {"op": "c", "source": {}})))
-    topic = unique_name("cdc-avro")
+            records.append((0, key, framed(unknown_id, envelope, {"op": "c", "source": {}})))
     await create_topic(broker.bootstrap, topic, 1)
     await _produce(broker.bootstrap, topic, records)
     config = make_config(
@@ -425,22 +413,25 @@ async def test_debezium_avro_through_the_schema_registry(
                 "changes": "debezium",
                 "format": "avro",
                 "key_format": "avro",
-                "schema_registry_url": url,
+                "schema_registry_url": schema_registry.url,
+                "schema_registry_username": USERNAME,
+                "schema_registry_password": PASSWORD,
                 "schema_registry_timeout": "1s",
             }
         ],
     )
-    try:
-        async with Icespool(config) as service:
-            counts = Counter(p for p, _, _ in records)
-            assert await _wait_claims(service, f"g-{topic}", topic, counts)
-            rows = await asyncio.to_thread(merged, service, TABLE)
-            dead = await asyncio.to_thread(table_rows, service, DEAD)
-    finally:
-        await runner.cleanup()
+    async with Icespool(config) as service:
+        counts = Counter(p for p, _, _ in records)
+        assert await _wait_claims(service, f"g-{topic}", topic, counts)
+        rows = await asyncio.to_thread(merged, service, TABLE)
+        dead = await asyncio.to_thread(table_rows, service, DEAD)
     assert len(rows) == len(state) and _by_key(rows) == state
     assert {d["offset"]: d["reason"] for d in dead} == poison
     assert len(dead) == len(poison)
+    unknown = f"schema id {unknown_id} unavailable after 3 tries: the registry answered 404"
+    assert {d["error"] for d in dead if d["reason"] == "schema_unavailable"} == {
+        f"{unknown}: Schema {unknown_id} not found."
+    }
 
 
 @pytest.mark.slow

@@ -1,19 +1,19 @@
-"""Kafka format "avro": a real HTTP schema registry served by the test (aiohttp), a real
-Apache Kafka broker, an in-process daemon, and the rows read back from Iceberg through pyiceberg.
+"""Kafka format "avro": a real schema registry (Apicurio Registry's Confluent-compatible API,
+support/apicurio.py), a real Apache Kafka broker, an in-process daemon, and the rows read back
+from Iceberg through pyiceberg. Producers register their schemas as a Confluent serializer
+does and write the Confluent wire format (byte 0, the 4-byte schema id, Avro binary).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import io
 import json
-import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import fastavro
 import numpy as np
 import pytest
-from aiohttp import web
+from support.apicurio import CCOMPAT, PASSWORD, USERNAME, ApicurioRegistry
 from support.kafka_harness import (
     SESSION_TIMEOUT,
     Broker,
@@ -29,6 +29,7 @@ from support.kafka_harness import (
     produce_values,
     unique_name,
 )
+from support.proxy import Mode, TcpProxy
 from support.service_helpers import metric, table_rows, wait_rows
 
 from daemon.config import Config, redacted
@@ -41,6 +42,8 @@ from daemon.service import Icespool
 MakeConfig = Callable[..., Config]
 UTC = dt.UTC
 TABLE = "demo.avro_events"
+# A schema id no registry here hands out: a registry's ids count up from 1.
+UNKNOWN_ID = 2**31 - 1
 
 # Every column type a table supports, plus `note`, which only schema version 2 has.
 COLUMNS: list[dict[str, Any]] = [
@@ -177,72 +180,34 @@ def _framed(schema_id: int, body: bytes) -> bytes:
     return b"\x00" + schema_id.to_bytes(4, "big") + body
 
 
-# ------------------------------------------------------------------ the registry
-
-
-class Registry:
-    """A Confluent-compatible schema registry's ``GET /schemas/ids/{id}``, counting requests."""
-
-    def __init__(self, schemas: dict[int, dict[str, Any]], auth: tuple[str, str] | None) -> None:
-        self.schemas = schemas
-        self.auth = auth
-        self.requests: Counter[int] = Counter()
-        self.unauthorized = 0
-        self.url = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        schema_id = int(request.match_info["id"])
-        self.requests[schema_id] += 1
-        if self.auth is not None:
-            token = base64.b64encode(":".join(self.auth).encode()).decode()
-            if request.headers.get("Authorization") != f"Basic {token}":
-                self.unauthorized += 1
-                return web.json_response({"error_code": 401, "message": "Unauthorized"}, status=401)
-        if schema_id not in self.schemas:
-            return web.json_response(
-                {"error_code": 40403, "message": f"Schema {schema_id} not found"}, status=404
-            )
-        return web.json_response({"schema": json.dumps(self.schemas[schema_id])})
-
-
-async def _serve(registry: Registry) -> web.AppRunner:
-    app = web.Application()
-    app.router.add_get("/schemas/ids/{id}", registry.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    assert server is not None
-    port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    registry.url = f"http://127.0.0.1:{port}"
-    return runner
-
-
-@pytest.fixture
-async def registry() -> AsyncIterator[Registry]:
-    running = Registry(
-        {1: _schema(1), 2: _schema(2), 3: _schema(1, amount_precision=20)},
-        auth=("icespool", "s3cret"),
-    )
-    runner = await _serve(running)
-    try:
-        yield running
-    finally:
-        await runner.cleanup()
-
-
 # ------------------------------------------------------------------ helpers
 
 
 # ------------------------------------------------------------------ end to end
 
 
+def _registry_source(registry: ApicurioRegistry, **source: Any) -> dict[str, Any]:
+    """A ``[[kafka]]`` section reading Avro through ``registry`` with its credentials."""
+    return source | {
+        "format": "avro",
+        "schema_registry_url": registry.url,
+        "schema_registry_username": USERNAME,
+        "schema_registry_password": PASSWORD,
+    }
+
+
 async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_lettered(
-    make_config: MakeConfig, broker: Broker, registry: Registry
+    make_config: MakeConfig, broker: Broker, schema_registry: ApicurioRegistry
 ) -> None:
     topic = unique_name("avro-registry")
     await create_topic(broker.bootstrap, topic, 1)
+    # Three versions of the topic's value subject: the two encodings of the columns, and
+    # one whose decimal is wider than the table's column.
+    subject = f"{topic}-value"
+    ids = {version: schema_registry.register(subject, _schema(version)) for version in (1, 2)}
+    wide = schema_registry.register(subject, _schema(1, amount_precision=20))
+    assert len({*ids.values(), wide}) == 3
+    mark = schema_registry.log_mark()
     values: list[bytes | None] = []
     expected: dict[int, dict[str, Any]] = {}
     dead: dict[int, tuple[str, str]] = {}  # offset -> (reason, error fragment)
@@ -251,13 +216,17 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
         record = _record(i, version)
         body = _avro(_schema(version), record)
         if i % 50 == 11:
-            values.append(_framed(99, body))
-            dead[i] = ("schema_unavailable", "schema id 99 unavailable after 3 tries")
+            values.append(_framed(UNKNOWN_ID, body))
+            dead[i] = (
+                "schema_unavailable",
+                f"schema id {UNKNOWN_ID} unavailable after 3 tries: the registry answered "
+                f"404: Schema {UNKNOWN_ID} not found.",
+            )
         elif i % 50 == 23:
-            values.append(_framed(version, body[: len(body) // 2]))
-            dead[i] = ("invalid", f"not Avro of schema id {version}")
+            values.append(_framed(ids[version], body[: len(body) // 2]))
+            dead[i] = ("invalid", f"not Avro of schema id {ids[version]}")
         elif i % 50 == 30:
-            values.append(b"\x01" + _framed(version, body)[1:])
+            values.append(b"\x01" + _framed(ids[version], body)[1:])
             dead[i] = ("invalid", "magic byte is 1, not 0")
         elif i % 50 == 31:
             values.append(b"\x00\x00\x01")
@@ -265,32 +234,29 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
         elif i % 50 == 37:
             # Written with decimal(20,3): 10^10 does not fit the table's decimal(12,3).
             record = _record(i, 1) | {"amount": Decimal("12345678901.5")}
-            values.append(_framed(3, _avro(_schema(1, amount_precision=20), record)))
+            values.append(_framed(wide, _avro(_schema(1, amount_precision=20), record)))
             dead[i] = ("invalid", "column 'amount'")
         elif i % 50 == 45:
             values.append(None)
             dead[i] = ("empty", "no value")
         else:
-            values.append(_framed(version, body))
+            values.append(_framed(ids[version], body))
             expected[i] = _expected(record)
     await produce_values(broker.bootstrap, topic, values)
     config = make_config(
         tables=[{"name": TABLE, "create": True, "schema": [*COLUMNS, *METADATA]}],
         defaults={"batch_timeout": "1s"},
         kafka=[
-            {
-                "bootstrap_servers": broker.bootstrap,
-                "topics": [topic],
-                "group_id": f"g-{topic}",
-                "session_timeout": SESSION_TIMEOUT,
-                "table": TABLE,
-                "format": "avro",
-                "schema_registry_url": registry.url,
-                "schema_registry_username": "icespool",
-                "schema_registry_password": "s3cret",
-                "metadata_columns": ["_kafka_offset", "_kafka_key"],
-                "offset_commit_interval": "1s",
-            }
+            _registry_source(
+                schema_registry,
+                bootstrap_servers=broker.bootstrap,
+                topics=[topic],
+                group_id=f"g-{topic}",
+                session_timeout=SESSION_TIMEOUT,
+                table=TABLE,
+                metadata_columns=["_kafka_offset", "_kafka_key"],
+                offset_commit_interval="1s",
+            )
         ],
     )
     async with Icespool(config) as service:
@@ -311,14 +277,88 @@ async def test_registry_framed_avro_lands_every_type_exactly_and_poison_is_dead_
             reason, fragment = dead[d["offset"]]
             assert (d["reason"], d["topic"], d["target_table"]) == (reason, topic, TABLE), d
             assert fragment in d["error"], d
+            if reason == "schema_unavailable":
+                assert d["error"] == fragment, d  # the registry's own words, the id named
             assert d["value"] == values[d["offset"]]
         for reason, count in Counter(r for r, _ in dead.values()).items():
             counted = metric(service, "icespool_dead_letters_total", table=TABLE, reason=reason)
             assert counted == count, reason
     # Each known schema was fetched once (cached after); the unknown id was tried 3
-    # times, then remembered as unavailable for the rest of the (quick) run.
-    assert dict(registry.requests) == {1: 1, 2: 1, 3: 1, 99: 3}
-    assert registry.unauthorized == 0
+    # times, then remembered as unavailable for the rest of the (quick) run. (The
+    # registry answers 401 to a request without the configured credentials: the rows
+    # landing at all say they were sent.)
+    assert schema_registry.lookups(mark) == {ids[1]: 1, ids[2]: 1, wide: 1, UNKNOWN_ID: 3}
+
+
+# Version 1 and 2 of a subject under BACKWARD compatibility: 2 adds a field with a default.
+_READING_V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Reading",
+    "namespace": "demo",
+    "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}],
+}
+_READING_V2: dict[str, Any] = _READING_V1 | {
+    "fields": [*_READING_V1["fields"], {"name": "note", "type": "string", "default": "none"}]
+}
+
+
+async def test_a_version_registered_while_the_daemon_runs_is_fetched_when_first_seen(
+    make_config: MakeConfig, broker: Broker, schema_registry: ApicurioRegistry
+) -> None:
+    topic = unique_name("avro-evolve")
+    await create_topic(broker.bootstrap, topic, 1)
+    subject = f"{topic}-value"
+    v1 = schema_registry.register(subject, _READING_V1)
+    schema_registry.set_compatibility(subject, "BACKWARD")
+    mark = schema_registry.log_mark()
+    first = [{"id": i, "name": f"r{i}"} for i in range(100)]
+    await produce_values(
+        broker.bootstrap, topic, [_framed(v1, _avro(_READING_V1, r)) for r in first]
+    )
+    table = "demo.readings"
+    columns = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "name", "type": "string"},
+        {"name": "note", "type": "string"},
+    ]
+    config = make_config(
+        tables=[{"name": table, "create": True, "schema": columns}],
+        defaults={"batch_timeout": "1s"},
+        kafka=[
+            _registry_source(
+                schema_registry,
+                bootstrap_servers=broker.bootstrap,
+                topics=[topic],
+                group_id=f"g-{topic}",
+                session_timeout=SESSION_TIMEOUT,
+                table=table,
+                offset_commit_interval="1s",
+            )
+        ],
+    )
+    async with Icespool(config) as service:
+        await wait_rows(service, table, len(first))
+        # The producer moves to version 2 while the daemon runs: the registry accepts it
+        # under BACKWARD (the new field has a default), and the daemon meets its id only
+        # in the records that follow.
+        v2 = schema_registry.register(subject, _READING_V2)
+        assert v2 != v1
+        second = [
+            {"id": i, "name": f"r{i}", "note": f"n{i}" if i % 2 else "none"}
+            for i in range(100, 200)
+        ]
+        await produce_values(
+            broker.bootstrap, topic, [_framed(v2, _avro(_READING_V2, r)) for r in second]
+        )
+        await wait_rows(service, table, len(first) + len(second))
+        await asyncio.sleep(1.5)  # nothing more arrives
+        rows = await asyncio.to_thread(table_rows, service, table)
+        assert await asyncio.to_thread(table_rows, service, f"{table}_dead_letter") == []
+    assert sorted(r["id"] for r in rows) == list(range(200))  # every id once
+    # A version-1 record has no `note`: the column is null (no reader schema fills in
+    # version 2's default).
+    assert sorted(rows, key=lambda r: r["id"]) == [r | {"note": None} for r in first] + second
+    assert schema_registry.lookups(mark) == {v1: 1, v2: 1}
 
 
 async def test_fixed_schema_file_with_header_routing(
@@ -424,34 +464,85 @@ def _fetch(values: list[bytes | None]) -> Fetch:
     return Fetch("t", 0, np.arange(n, dtype=np.int64), values, [None] * n, [0] * n, [[]] * n)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def test_an_unreachable_registry_is_retried_then_its_records_are_dead_letters() -> None:
+@pytest.mark.parametrize(
+    ("mode", "cause", "waits"),
+    [
+        ("refuse", "[Errno 111] Connection refused", 0.0),
+        ("silent", "timed out", 1.5),  # three requests of 0.5 s that get no answer
+    ],
+)
+def test_a_registry_outage_dead_letters_after_3_tries_and_the_schema_is_fetched_once_back(
+    schema_registry: ApicurioRegistry, mode: Mode, cause: str, waits: float
+) -> None:
     schema = arrow_schema_for(parse_schema(COLUMNS))
-    body = _framed(1, _avro(_schema(1), _record(1, 1)))
-    schemas = RegistrySchemas(f"http://127.0.0.1:{_closed_port()}")
-    began = time.monotonic()
-    decoded = decode_avro(_fetch([body, body]), schema, schemas=schemas)
-    took = time.monotonic() - began
-    assert decoded.batch is None and decoded.rows.tolist() == []
-    assert [(d.index, d.reason) for d in decoded.dead] == [
-        (0, "schema_unavailable"),
-        (1, "schema_unavailable"),
-    ]
-    assert decoded.dead[0].error.startswith(
-        "schema id 1 unavailable after 3 tries: the registry is unreachable:"
-    )
-    assert 1.0 <= took < 3.0  # two pauses (0.25 s + 0.75 s), one lookup for both records
+    schema_id = schema_registry.register(f"{unique_name('avro-outage')}-value", _schema(1))
+    body = _framed(schema_id, _avro(_schema(1), _record(1, 1)))
+    mark = schema_registry.log_mark()
+    with TcpProxy(("127.0.0.1", schema_registry.port)) as proxy:
+        url = f"http://127.0.0.1:{proxy.port}{CCOMPAT}"
+        schemas = RegistrySchemas(url, USERNAME, PASSWORD, timeout=0.5)
+        proxy.mode = mode
+        began = time.monotonic()
+        decoded = decode_avro(_fetch([body, body]), schema, schemas=schemas)
+        took = time.monotonic() - began
+        failed_at = time.monotonic()
+        error = (
+            f"schema id {schema_id} unavailable after 3 tries: the registry is unreachable: {cause}"
+        )
+        assert decoded.batch is None and decoded.rows.tolist() == []
+        assert [(d.index, d.reason, d.error) for d in decoded.dead] == [
+            (0, "schema_unavailable", error),
+            (1, "schema_unavailable", error),
+        ]
+        # One lookup for both records: two pauses (0.25 s + 0.75 s) and the requests.
+        assert 1.0 + waits <= took < 3.0 + waits
+        # Back, but the failure is remembered for 5 s: records meanwhile are dead letters
+        # at once, without a request. (The requests a silent proxy holds are dropped first:
+        # forwarded now, they would reach the registry after their client gave up.)
+        proxy.mode = "reset"
+        proxy.mode = "forward"
+        began = time.monotonic()
+        again = decode_avro(_fetch([body]), schema, schemas=schemas)
+        assert time.monotonic() - began < 0.5
+        assert [(d.index, d.reason, d.error) for d in again.dead] == [
+            (0, "schema_unavailable", error)
+        ]
+        time.sleep(max(0.0, failed_at + 5.2 - time.monotonic()))
+        back = decode_avro(_fetch([body, body]), schema, schemas=schemas)
+        assert back.dead == [] and back.rows.tolist() == [0, 1]
+        assert back.batch is not None and back.batch.column("id").to_pylist() == [1, 1]
+    # Nothing reached the registry during the outage.
+    assert schema_registry.lookups(mark) == {schema_id: 1}
 
 
-async def test_schemas_are_cached_and_fields_map_to_columns_by_name() -> None:
+def test_credentials_the_registry_refuses_make_dead_letters_without_retrying(
+    schema_registry: ApicurioRegistry,
+) -> None:
+    schema = arrow_schema_for(parse_schema(COLUMNS))
+    schema_id = schema_registry.register(f"{unique_name('avro-auth')}-value", _schema(1))
+    body = _framed(schema_id, _avro(_schema(1), _record(1, 1)))
+    mark = schema_registry.log_mark()
+    for username, password, detail in [
+        (USERNAME, "wrong", ""),  # Apicurio answers a bad password with an empty body
+        (None, None, ": User is not authenticated."),
+    ]:
+        schemas = RegistrySchemas(schema_registry.url, username, password)
+        began = time.monotonic()
+        decoded = decode_avro(_fetch([body]), schema, schemas=schemas)
+        assert time.monotonic() - began < 0.5  # no pause: a 401 is not retried
+        error = f"schema id {schema_id} unavailable after 1 try: the registry answered 401"
+        assert [(d.index, d.reason, d.error) for d in decoded.dead] == [
+            (0, "schema_unavailable", error + detail)
+        ]
+    assert schema_registry.lookups(mark) == {schema_id: 2}
+
+
+async def test_schemas_are_cached_and_fields_map_to_columns_by_name(
+    schema_registry: ApicurioRegistry,
+) -> None:
     # A schema whose fields come in another order than the table's columns, a nested
-    # record with a field the table's struct lacks (id 5), and one that is not a record.
+    # record with a field the table's struct lacks, one that is not a record, and a JSON
+    # Schema (a topic whose producer registered JSON, not Avro).
     reordered = {
         "type": "record",
         "name": "R",
@@ -473,45 +564,61 @@ async def test_schemas_are_cached_and_fields_map_to_columns_by_name() -> None:
     extra = json.loads(json.dumps(reordered))
     extra["fields"][2]["type"]["fields"].append({"name": "z", "type": "int"})
     array = {"type": "array", "items": "long"}
-    registry = Registry({4: reordered, 5: extra, 6: array, 7: _schema(2)}, None)
-    runner = await _serve(registry)
-    try:
-        schema = arrow_schema_for(parse_schema(COLUMNS))
-        schemas = RegistrySchemas(registry.url)
-        values: list[bytes | None] = [
-            _framed(4, _avro(reordered, {"name": "a", "id": 1, "point": {"y": 0.5}})),
-            _framed(5, _avro(extra, {"name": "b", "id": 2, "point": {"y": 1.0, "z": 3}})),
-            _framed(4, _avro(reordered, {"name": "c", "id": 3, "point": {"y": 2.5}})),
-            _framed(6, _avro(array, [1, 2])),
-            _framed(7, _avro(_schema(2), _record(4, 2))),  # all optional fields null
-            _framed(4, _avro(reordered, {"name": "e", "id": 5, "point": {"y": 4.5}})),
+    json_schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+    }
+    name = unique_name("avro-shapes")
+    ids = {
+        "reordered": schema_registry.register(f"{name}-reordered-value", reordered),
+        "extra": schema_registry.register(f"{name}-extra-value", extra),
+        "array": schema_registry.register(f"{name}-array-value", array),
+        "events": schema_registry.register(f"{name}-events-value", _schema(2)),
+        "json": schema_registry.register(f"{name}-json-value", json.dumps(json_schema), "JSON"),
+    }
+    assert len(set(ids.values())) == len(ids)
+    mark = schema_registry.log_mark()
+    schema = arrow_schema_for(parse_schema(COLUMNS))
+    schemas = RegistrySchemas(schema_registry.url, USERNAME, PASSWORD)
+    reordered_id = ids["reordered"]
+    values: list[bytes | None] = [
+        _framed(reordered_id, _avro(reordered, {"name": "a", "id": 1, "point": {"y": 0.5}})),
+        _framed(ids["extra"], _avro(extra, {"name": "b", "id": 2, "point": {"y": 1.0, "z": 3}})),
+        _framed(reordered_id, _avro(reordered, {"name": "c", "id": 3, "point": {"y": 2.5}})),
+        _framed(ids["array"], _avro(array, [1, 2])),
+        _framed(ids["events"], _avro(_schema(2), _record(4, 2))),  # optional fields null
+        _framed(reordered_id, _avro(reordered, {"name": "e", "id": 5, "point": {"y": 4.5}})),
+        _framed(ids["json"], json.dumps({"id": 6}).encode()),
+    ]
+    for _ in range(2):
+        decoded = await asyncio.to_thread(decode_avro, _fetch(values), schema, schemas=schemas)
+        assert decoded.batch is not None
+        # Rows come back in fetch order although each schema id is decoded apart.
+        assert decoded.rows.tolist() == [0, 2, 4, 5]
+        assert decoded.batch.select(["id", "name", "point", "amount"]).to_pylist() == [
+            {"id": 1, "name": "a", "point": {"x": None, "y": 0.5}, "amount": None},
+            {"id": 3, "name": "c", "point": {"x": None, "y": 2.5}, "amount": None},
+            {"id": 4, "name": None, "point": None, "amount": None},
+            {"id": 5, "name": "e", "point": {"x": None, "y": 4.5}, "amount": None},
         ]
-        for _ in range(2):
-            decoded = await asyncio.to_thread(decode_avro, _fetch(values), schema, schemas=schemas)
-            assert decoded.batch is not None
-            # Rows come back in fetch order although each schema id is decoded apart.
-            assert decoded.rows.tolist() == [0, 2, 4, 5]
-            assert decoded.batch.select(["id", "name", "point", "amount"]).to_pylist() == [
-                {"id": 1, "name": "a", "point": {"x": None, "y": 0.5}, "amount": None},
-                {"id": 3, "name": "c", "point": {"x": None, "y": 2.5}, "amount": None},
-                {"id": 4, "name": None, "point": None, "amount": None},
-                {"id": 5, "name": "e", "point": {"x": None, "y": 4.5}, "amount": None},
-            ]
-            assert [(d.index, d.reason, d.error) for d in decoded.dead] == [
-                (
-                    1,
-                    "invalid",
-                    "schema id 5: column 'point.z': Avro field is not in the table's struct",
-                ),
-                (
-                    3,
-                    "invalid",
-                    "schema id 6: the top-level Avro schema must be a record, not array",
-                ),
-            ]
-        assert dict(registry.requests) == {4: 1, 5: 1, 6: 1, 7: 1}
-    finally:
-        await runner.cleanup()
+        assert [(d.index, d.reason, d.error) for d in decoded.dead] == [
+            (
+                1,
+                "invalid",
+                f"schema id {ids['extra']}: column 'point.z': Avro field is not in the "
+                "table's struct",
+            ),
+            (
+                3,
+                "invalid",
+                f"schema id {ids['array']}: the top-level Avro schema must be a record, not array",
+            ),
+            (6, "invalid", f"schema id {ids['json']} is a JSON schema, not Avro"),
+        ]
+    # Each fetched once: the second pass is served from the cache (a schema that is not
+    # Avro is remembered as unusable, as any failure is, for 5 s).
+    assert schema_registry.lookups(mark) == dict.fromkeys(ids.values(), 1)
 
 
 # ------------------------------------------------------------------ config

@@ -25,8 +25,13 @@ from support.spark_helpers import unique_catalog_name
 
 from daemon.config import Config, validate_config
 from daemon.errors import SparkConfError
-from daemon.spark_conf import RUNTIME_DIR_ENV, S3_COMPATIBLE_JAVA_OPTIONS, runtime_jars
-from daemon.spark_session import register_catalog, spark_session
+from daemon.spark_conf import (
+    DEFAULT_SPARK,
+    RUNTIME_DIR_ENV,
+    S3_COMPATIBLE_JAVA_OPTIONS,
+    runtime_jars,
+)
+from daemon.spark_session import installed_spark_line, register_catalog, spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = Path(os.environ.get(RUNTIME_DIR_ENV) or REPO / ".spark-runtime")
@@ -46,14 +51,15 @@ TEST_SESSION_CONF = {
     # SeaweedFS (a custom s3.endpoint) are set from the start.
     "spark.driver.defaultJavaOptions": S3_COMPATIBLE_JAVA_OPTIONS,
 }
-# The jars every Spark test needs in the runtime directory (S3 tables need the AWS SDK).
-REQUIRED_JARS = ("iceberg-spark-runtime-3.5_2.12-*.jar", "iceberg-aws-bundle-*.jar")
+# The jars every Spark test needs in the runtime directory besides the Iceberg runtime
+# (S3 tables need the AWS SDK, gs:// tables the Google Cloud Storage client).
+REQUIRED_JARS = ("iceberg-aws-bundle-*.jar", "iceberg-gcp-bundle-*.jar")
 
 
-# pyspark 3.5 reads every collect()'s result from a fresh local socket to the JVM and never
-# closes it (its _load_from_socket leaves the socket to the garbage collector), so each
-# collect() emits a ResourceWarning for an unclosed socket to 127.0.0.1. Ignored for the
-# Spark tests only, and only that exact shape of warning.
+# pyspark (4.1 as 3.5) reads every collect()'s result from a fresh local socket to the JVM
+# and never closes it (its _load_from_socket leaves the socket to the garbage collector), so
+# each collect() emits a ResourceWarning for an unclosed socket to 127.0.0.1. Ignored for
+# the Spark tests only, and only that exact shape of warning.
 _PYSPARK_SOCKET_LEAK = r"ignore:unclosed <socket\.socket .*raddr=\('127\.0\.0\.1':ResourceWarning"
 
 
@@ -69,9 +75,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
-        jars = runtime_jars(RUNTIME_DIR)
+        line = installed_spark_line()
+        jars = runtime_jars(RUNTIME_DIR, line)
     except SparkConfError as exc:
         pytest.fail(f"the Iceberg Spark runtime is not usable: {exc}", pytrace=False)
+    if line != DEFAULT_SPARK:
+        pytest.fail(
+            f"the Spark tests run on Spark {DEFAULT_SPARK}, but this venv has Spark {line}'s "
+            "pyspark: reinstall the test extra ('make pytest' does)",
+            pytrace=False,
+        )
     for pattern in REQUIRED_JARS:
         if not any(jar.match(pattern) for jar in jars):
             pytest.fail(

@@ -181,11 +181,12 @@ async def test_spark_reads_every_type_the_daemon_wrote_over_http(
     ]
 
 
-async def test_a_time_column_makes_the_table_unreadable_by_spark_3_5(
+async def test_a_time_column_makes_the_table_unreadable_by_spark(
     make_config: Any, run_daemon: Any, spark: Any, register: Any, catalog_name: str
 ) -> None:
-    """Iceberg's Spark 3.5 integration has no TIME type: it refuses to load the table's
-    schema at all (not just the column). This pins the limit; see the README."""
+    """Iceberg 1.11's Spark integration has no TIME type (Spark 4.1's TIME is not mapped):
+    it refuses to load the table's schema at all (not just the column). This pins the
+    limit; see the README."""
     config = make_config(
         catalog={"name": catalog_name},
         tables=[

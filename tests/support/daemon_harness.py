@@ -2,7 +2,7 @@
 
 Everything lives under one directory (normally pytest's ``tmp_path``): the TOML
 config, a SQLite SQL catalog, the warehouse, the spool, and one log file per start.
-The daemon listens on ``127.0.0.1:0``; its "icespool ready" log line names the port
+The daemon listens on ``127.0.0.1:0``; its "icespool listening" log line names the port
 it bound, so restarts never race other processes for a pre-picked port.
 
 Failures carry the tail of the daemon's log, so a red test says what the daemon saw.
@@ -42,10 +42,16 @@ __all__ = [
 TABLE = "t.events"
 CATALOG_NAME = "lake"
 NDJSON = "application/x-ndjson"
-_READY_RE = re.compile(r"icespool ready: https?://(?P<host>[^\s,]+):(?P<port>\d+)")
+# Logged once /readyz first answers 200.
+_READY_LINE = "icespool ready: "
 # Logged before the start (recovery, the catalog): the port answers probes from then on.
 _LISTENING_RE = re.compile(r"icespool listening: https?://(?P<host>[^\s,]+):(?P<port>\d+)")
 _READY_TIMEOUT = 60.0
+_DECLARED = """create = true
+schema = [
+  { name = "id", type = "long", required = true },
+  { name = "v", type = "string" },
+]"""
 
 
 class DaemonError(AssertionError):
@@ -114,8 +120,10 @@ class DaemonDir:
         encode_workers: int = 2,
         extra: str = "",
         spool_extra: str = "",
+        table: str | None = None,
     ) -> Path:
-        """Write the daemon's TOML: table ``t.events`` (id long required, v string)."""
+        """Write the daemon's TOML: table ``t.events`` (id long required, v string), or
+        ``table``: the keys of its [[tables]] entry instead of that declaration."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.warehouse.mkdir(parents=True, exist_ok=True)
         catalog = "\n".join(
@@ -147,11 +155,7 @@ format = "text"
 
 [[tables]]
 name = "{TABLE}"
-create = true
-schema = [
-  {{ name = "id", type = "long", required = true }},
-  {{ name = "v", type = "string" }},
-]
+{_DECLARED if table is None else table}
 {extra}"""
         self.config_path.write_text(text)
         return self.config_path
@@ -244,31 +248,20 @@ class Daemon:
         )
 
     async def wait_ready(self, within: float = _READY_TIMEOUT) -> int:
-        """Wait for the ready log line, then for ``GET /readyz`` == 200; returns the port."""
+        """Wait for ``GET /readyz`` == 200 and the "icespool ready" line; returns the port."""
         proc = self._require_proc()
         deadline = time.monotonic() + within
-        while self.port is None:
-            match = _READY_RE.search(self.log())
-            if match:
-                self.port = int(match.group("port"))
-                break
-            if proc.poll() is not None:
-                raise DaemonError(
-                    f"daemon exited with {_describe_exit(proc.returncode)} before it was "
-                    f"ready\n{self.tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise DaemonError(f"daemon not ready after {within:.0f}s\n{self.tail()}")
-            await asyncio.sleep(0.02)
+        if self.port is None:
+            await self.wait_listening(within)
         if self.port == 0:
-            raise DaemonError(f"the ready line names port 0, not the bound port\n{self.tail()}")
+            raise DaemonError(f"the listening line names port 0, not the bound port\n{self.tail()}")
         connector = aiohttp.TCPConnector(ssl=self.tls if self.tls is not None else True)
         async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
                     async with session.get(f"{self.url}/readyz") as resp:
                         if resp.status == 200:
-                            return self.port
+                            break
                         last = f"{resp.status} {await resp.text()}"
                 except aiohttp.ClientError as exc:
                     last = repr(exc)
@@ -281,6 +274,15 @@ class Daemon:
                 if time.monotonic() > deadline:
                     raise DaemonError(f"/readyz never answered 200 (last: {last})\n{self.tail()}")
                 await asyncio.sleep(0.02)
+        # The log says ready within a readiness poll of /readyz saying so (naming the
+        # configured host, e.g. 0.0.0.0, and the bound port).
+        line = re.compile(rf"{_READY_LINE}https?://[^\s,]+:{self.port}\b")
+        until = max(deadline, time.monotonic() + 1.0)
+        while not line.search(self.log()):
+            if time.monotonic() > until:
+                raise DaemonError(f"/readyz answers 200 but no ready line\n{self.tail()}")
+            await asyncio.sleep(0.01)
+        return self.port
 
     async def wait_listening(self, within: float = _READY_TIMEOUT) -> int:
         """Wait for the "icespool listening" line (before the start finishes); returns

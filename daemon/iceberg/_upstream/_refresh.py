@@ -1,4 +1,5 @@
-"""Refresh a table without re-reading metadata that has not changed.
+"""Replaces ``Table.refresh`` where it can: refresh a table without re-reading
+metadata that has not changed.
 
 ``Table.refresh()`` loads the catalog's current metadata file and parses it, every
 time. The file holds every retained snapshot, so parsing costs grow with the table's
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from daemon.iceberg._sql import current_location
+from daemon.iceberg._upstream._sql import current_location
 
 __all__ = ["refresh_table"]
 

@@ -1,0 +1,290 @@
+"""Apache Hive's standalone metastore, the Hive catalog (``type = "hive"``) the tests run.
+
+    metastore = HiveMetastore.start(tmp_dir)      # one JVM on a free loopback port
+    props = metastore.catalog_properties(metastore.warehouse())  # emptied per test
+    metastore.stop()
+
+``org.apache.hadoop.hive.metastore.HiveMetaStore`` 4.0.0 serves the Thrift API on
+127.0.0.1 in front of an embedded Derby database of its own, whose schema its schematool
+(``MetastoreSchemaTool -initSchema -dbType derby``) creates at start: only that schema has
+the transaction tables behind the table locks pyiceberg's and Iceberg Java's HiveCatalog
+take to commit. Tables live in a local directory (``file://``) both the metastore and the
+clients on this machine reach. The jars and schema scripts are the ones
+tests/support/hive/pom.xml pins, which `make test-deps` puts under .test-tools/hive/.
+
+It serves one catalog, so a test's fresh warehouse is the metastore emptied:
+``warehouse()`` drops every database but ``default`` (with its tables) and deletes their
+files. Tests of one session run one after another.
+
+A metastore that cannot start fails the test run with its log; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+from xml.sax.saxutils import escape
+
+from hive_metastore.ThriftHiveMetastore import Client
+from thrift.protocol import TBinaryProtocol
+from thrift.transport import TSocket, TTransport
+
+__all__ = ["HIVE_DIR", "HiveMetastore", "HiveMetastoreMissing"]
+
+REPO = Path(__file__).resolve().parents[2]
+HIVE_DIR = REPO / ".test-tools" / "hive"
+LIBS = HIVE_DIR / "libs"
+_START_TIMEOUT = 90.0
+_SCHEMA_TIMEOUT = 120.0
+_CALL_TIMEOUT_MS = 30_000
+_MAIN = "org.apache.hadoop.hive.metastore.HiveMetaStore"
+_SCHEMA_TOOL = "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool"
+_JVM_OPTIONS = (
+    "-Xms64m",
+    "-Xmx384m",
+    # A test server lives for minutes: C1 and the serial collector start fastest and leave
+    # the machine's cores to the tests.
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-XX:-UsePerfData",
+    "-Djava.awt.headless=true",
+    "-Djava.net.preferIPv4Stack=true",
+)
+_LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{ISO8601}} %p [%t] %c{{2}}: %m%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+# One line per Thrift call and per DataNucleus statement would bury what a failed start says.
+logger.audit.name = org.apache.hadoop.hive.metastore.HiveMetaStore.audit
+logger.audit.level = warn
+logger.datanucleus.name = DataNucleus
+logger.datanucleus.level = warn
+"""
+
+
+class HiveMetastoreMissing(RuntimeError):
+    """Java or the metastore's jars are not installed (``make test-deps`` installs them)."""
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    candidates = [str(Path(home) / "bin" / "java")] if home else []
+    candidates.append(shutil.which("java") or "")
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise HiveMetastoreMissing(
+        "no java for the test Hive Metastore (JAVA_HOME unset and none on PATH): run "
+        "`make test-deps` (it installs openjdk-17-jre-headless)"
+    )
+
+
+def _installed() -> tuple[str, Path]:
+    """(classpath, the distribution home whose scripts/ schematool reads)."""
+    homes = sorted((HIVE_DIR / "dist").glob("apache-hive-metastore-*-bin"))
+    scripts = homes[-1] / "scripts" / "metastore" / "upgrade" / "derby" if homes else None
+    if not any(LIBS.glob("hive-standalone-metastore-server-*.jar")) or not (
+        scripts and scripts.is_dir()
+    ):
+        raise HiveMetastoreMissing(
+            f"the Hive Metastore's jars or schema scripts are missing from {HIVE_DIR}: run "
+            "`make test-deps` (it fetches what tests/support/hive/pom.xml pins from Maven "
+            "Central)"
+        )
+    return f"{LIBS}/*", homes[-1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _site_xml(settings: dict[str, str]) -> str:
+    properties = "\n".join(
+        f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>"
+        for k, v in settings.items()
+    )
+    return f"<configuration>\n{properties}\n</configuration>\n"
+
+
+@dataclass
+class HiveMetastore:
+    process: subprocess.Popen[bytes]
+    root: Path
+    log_path: Path
+    port: int
+    started_in: float = 0.0
+    schema_in: float = 0.0
+
+    @property
+    def uri(self) -> str:
+        return f"thrift://127.0.0.1:{self.port}"
+
+    @property
+    def location(self) -> Path:
+        """The metastore's warehouse: where a database's tables go by default."""
+        return self.root / "warehouse"
+
+    @classmethod
+    def start(cls, root: Path) -> HiveMetastore:
+        java = _java()
+        classpath, home = _installed()
+        root.mkdir(parents=True, exist_ok=True)
+        conf = root / "conf"
+        conf.mkdir(exist_ok=True)
+        port = _free_port()
+        log_path = root / "metastore.log"
+        (conf / "metastore-log4j2.properties").write_text(_LOG4J2.format(log=log_path))
+        (conf / "metastore-site.xml").write_text(
+            _site_xml(
+                {
+                    "javax.jdo.option.ConnectionURL": (
+                        f"jdbc:derby:;databaseName={root / 'metastore_db'};create=true"
+                    ),
+                    "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
+                    # Iceberg tables are external tables, which Hive 4 refuses inside the
+                    # managed tables' root: the two are apart.
+                    "metastore.warehouse.dir": (root / "managed").as_uri(),
+                    "metastore.warehouse.external.dir": (root / "warehouse").as_uri(),
+                    "metastore.thrift.bind.host": "127.0.0.1",
+                    "metastore.thrift.port": str(port),
+                    # Async logging needs LMAX Disruptor, which the metastore does not bring.
+                    "metastore.async.log.enabled": "false",
+                    # A client killed -9 inside a commit leaves its table lock behind (no
+                    # client heartbeats it), and the table's commits wait until the
+                    # housekeeper times it out: 300 s by default, 10 s here so that the
+                    # kill -9 tests see the same wait, shorter.
+                    "metastore.housekeeping.threads.on": "true",
+                    "metastore.txn.timeout": "10s",
+                    "metastore.acid.housekeeper.interval": "2s",
+                }
+            )
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HADOOP_", "HIVE_"))}
+        env["METASTORE_HOME"] = str(home)
+        cp = f"{conf}:{classpath}"
+        log4j = f"-Dlog4j2.configurationFile={conf / 'metastore-log4j2.properties'}"
+        derby = f"-Dderby.stream.error.file={root / 'derby.log'}"
+        jvm = [java, *_JVM_OPTIONS, log4j, derby, "-cp", cp]
+        began = time.monotonic()
+        with log_path.open("ab") as out:
+            schema = subprocess.run(
+                [*jvm, _SCHEMA_TOOL, "-initSchema", "-dbType", "derby"],
+                cwd=root,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=_SCHEMA_TIMEOUT,
+                check=False,
+            )
+        schema_in = time.monotonic() - began
+        if schema.returncode != 0:
+            raise RuntimeError(
+                f"the Hive Metastore's schematool -initSchema exited with {schema.returncode}:"
+                f"\n{_tail(log_path)}"
+            )
+        with log_path.open("ab") as out:
+            process = subprocess.Popen(
+                [*jvm, _MAIN],
+                cwd=root,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        metastore = cls(process, root, log_path, port, schema_in=schema_in)
+        try:
+            metastore._wait_ready()
+        except BaseException:
+            metastore.stop()
+            raise
+        metastore.started_in = time.monotonic() - began
+        return metastore
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the Hive Metastore exited with {self.process.returncode} before it was "
+                    f"ready:\n{self.log_tail()}"
+                )
+            try:
+                # A plain connect first: thrift logs every refused open as an error.
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                with self.client() as client:
+                    client.get_all_databases()
+                return
+            except (OSError, TTransport.TTransportException) as exc:
+                last = repr(exc)
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"the Hive Metastore did not answer get_all_databases within {_START_TIMEOUT:g} s "
+            f"(last: {last}):\n{self.log_tail()}"
+        )
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[Client]:
+        """A Thrift client of the metastore (every call bounded to 30 s)."""
+        sock = TSocket.TSocket("127.0.0.1", self.port)
+        sock.setTimeout(_CALL_TIMEOUT_MS)
+        transport = TTransport.TBufferedTransport(sock)
+        transport.open()
+        try:
+            yield Client(TBinaryProtocol.TBinaryProtocol(transport))
+        finally:
+            transport.close()
+
+    def warehouse(self) -> str:
+        """The metastore emptied of what earlier tests left, as its warehouse location."""
+        with self.client() as client:
+            for database in client.get_all_databases():
+                if database == "default":
+                    continue
+                location = client.get_database(database).locationUri
+                client.drop_database(database, True, True)  # deleteData, cascade
+                # Iceberg tables are external: the metastore leaves their files.
+                path = urlparse(location).path if location else ""
+                if path and Path(path).is_relative_to(self.location):
+                    shutil.rmtree(path, ignore_errors=True)
+        self.location.mkdir(parents=True, exist_ok=True)
+        return self.location.as_uri()
+
+    def catalog_properties(self, warehouse: str) -> dict[str, str]:
+        """``[catalog]`` of this metastore as a user writes it."""
+        return {"type": "hive", "uri": self.uri, "warehouse": warehouse}
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, lines)
+
+    def stop(self) -> None:
+        """SIGKILL: its state is a temporary directory nothing else uses."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+        self.process.wait(timeout=10)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])

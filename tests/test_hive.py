@@ -1,0 +1,162 @@
+"""The Hive Metastore as the catalog (``type = "hive"``): real ``icespool run`` processes
+against Apache Hive's standalone metastore 4.0.0 (tests/support/hive_metastore.py), tables
+in a local directory, read back with pyiceberg's own HiveCatalog.
+
+1. Two replicas (spools of their own) commit concurrently to one table: every id once.
+2. The maintenance lease: refused on Hive with the reason, in /v1/status and the log.
+3. ``lease = "none"``: one replica maintains a Hive table (expiry), nothing lost.
+
+The kill -9 rounds on Hive are tests/test_daemon_faults.py's ``hive`` variant; Spark
+reading a Hive table is tests/spark/test_spark_hive.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from support.daemon_harness import TABLE, Daemon, DaemonDir
+from support.hive_metastore import HiveMetastore
+
+_TIMEOUT = aiohttp.ClientTimeout(total=30)
+_LEASE_REFUSED = (
+    "a hive catalog cannot hold the maintenance lease; "
+    'set [maintenance] lease = "none" on one replica'
+)
+
+MakeDaemon = Callable[..., tuple[DaemonDir, Daemon]]
+
+
+@pytest.fixture
+def make_daemon(tmp_path: Path, hive_metastore: HiveMetastore) -> Iterator[MakeDaemon]:
+    """Daemons on the metastore, emptied once for the test (they share its table); every
+    child is SIGKILLed and reaped at teardown."""
+    catalog = hive_metastore.catalog_properties(hive_metastore.warehouse())
+    made: list[Daemon] = []
+
+    def make(extra: str = "", **config: Any) -> tuple[DaemonDir, Daemon]:
+        home = DaemonDir(tmp_path / f"d{len(made)}", catalog=catalog)
+        home.write_config(extra=extra, **config)
+        daemon = Daemon(home)
+        made.append(daemon)
+        return home, daemon
+
+    yield make
+    for daemon in made:
+        daemon.cleanup()
+
+
+def _records(ids: range) -> list[dict[str, Any]]:
+    return [{"id": i, "v": f"v{i}"} for i in ids]
+
+
+async def _status(session: aiohttp.ClientSession, daemon: Daemon) -> dict[str, Any]:
+    async with session.get(f"{daemon.url}/v1/status") as resp:
+        assert resp.status == 200, await resp.text()
+        body: dict[str, Any] = json.loads(await resp.text())
+        return body
+
+
+async def test_two_replicas_commit_to_one_hive_table_every_id_once(
+    make_daemon: MakeDaemon,
+) -> None:
+    """Both replicas create-or-load the table and commit every ~200 ms at once: the
+    metastore's table lock serialises their commits, each conflict is refreshed and
+    retried, and every acked id is in the table exactly once."""
+    homes_daemons = [make_daemon(batch_timeout="200ms") for _ in range(2)]
+    daemons = [d for _, d in homes_daemons]
+    for daemon in daemons:
+        daemon.start()
+    await asyncio.gather(*(d.wait_ready() for d in daemons))
+    batches, size = 20, 250
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+
+        async def feed(replica: int) -> None:
+            for batch in range(batches):
+                first = (replica * batches + batch) * size
+                await daemons[replica].ingest(session, _records(range(first, first + size)))
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(feed(0), feed(1))
+        for daemon in daemons:
+            await daemon.flush(session)
+    for daemon in daemons:
+        daemon.signal(signal.SIGTERM)
+    codes = [await d.wait_exit(35) for d in daemons]
+    assert codes == [0, 0], "\n".join(d.tail() for d in daemons)
+    rows, table = homes_daemons[0][0].read_rows()
+    counts = Counter(row["id"] for row in rows)
+    expected = set(range(2 * batches * size))
+    assert set(counts) == expected, sorted(expected ^ set(counts))[:20]
+    assert [i for i, c in counts.items() if c > 1] == []
+    assert all(row["v"] == f"v{row['id']}" for row in rows)
+    # Each replica's commits record its last segments under a property of its spool's own.
+    spools = [
+        key
+        for key in table.metadata.properties
+        if key.startswith("icespool.spool.") and key.endswith(".last-segments")
+    ]
+    assert len(spools) == 2, spools
+    conflicts = sum(d.all_logs().count("commit conflict") for d in daemons)
+    print(f"two replicas on Hive: {len(table.metadata.snapshots)} snapshots, {conflicts} conflicts")
+
+
+async def test_maintenance_lease_is_refused_on_hive_with_the_reason(
+    make_daemon: MakeDaemon,
+) -> None:
+    """pyiceberg's HiveCatalog checks requirements under a metastore lock that nothing
+    heartbeats and that the metastore times out, not by compare-and-swap: the daemon does
+    not take the lease there and says why, per table and in its log; ingest goes on."""
+    _, daemon = make_daemon(batch_timeout="200ms", extra='[maintenance]\ninterval = "1s"\n')
+    daemon.start()
+    await daemon.wait_ready()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        await daemon.ingest(session, _records(range(100)))
+        await daemon.flush(session)
+        deadline = time.monotonic() + 15
+        while True:
+            maintenance = (await _status(session, daemon))["tables"][TABLE]["maintenance"]
+            if maintenance["disabled"] is not None or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert maintenance["disabled"] == _LEASE_REFUSED, maintenance
+    assert maintenance["lease"] is None
+    assert "maintenance is off: a hive catalog cannot hold the maintenance lease" in daemon.log()
+    rows, _ = daemon.home.read_rows()
+    assert sorted(row["id"] for row in rows) == list(range(100))
+
+
+async def test_one_replica_maintains_a_hive_table_with_lease_none(
+    make_daemon: MakeDaemon,
+) -> None:
+    """``lease = "none"``: expiry runs on the Hive table (its commits go through the
+    metastore like ingest's) and keeps every id once."""
+    maintenance = (
+        '[maintenance]\nlease = "none"\ninterval = "1s"\nmin_snapshots = 1\nmax_snapshots = 2\n'
+    )
+    home, daemon = make_daemon(extra=maintenance)
+    daemon.start()
+    await daemon.wait_ready()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        for batch in range(6):
+            await daemon.ingest(session, _records(range(batch * 100, (batch + 1) * 100)))
+            await daemon.flush(session)
+        deadline = time.monotonic() + 30
+        while True:
+            table, _ = home.load_table()
+            if len(table.metadata.snapshots) <= 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        status = (await _status(session, daemon))["tables"][TABLE]["maintenance"]
+    assert len(table.metadata.snapshots) <= 2, (len(table.metadata.snapshots), status)
+    assert status["disabled"] is None
+    rows, _ = home.read_rows()
+    assert sorted(row["id"] for row in rows) == list(range(600))
