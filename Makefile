@@ -6,6 +6,7 @@
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
 #   make bench   run every tests/bench/bench_*.py script
+#   make docs    generate the reference pages and build the docs site (strict) into build/site
 #   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
 #   make lock-upgrade   the same, taking the newest versions pyproject.toml's bounds allow
 #   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
@@ -30,7 +31,7 @@ STAMP_DEMO := $(VENV)/.icespool-installed-demo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
-  clean distclean lock lock-upgrade
+  clean distclean lock lock-upgrade docs
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -330,6 +331,12 @@ run: $(STAMP_RUN)
 # `icespool run` consuming them into ./icespool-demo/, then a Spark SQL query over the table.
 demo: $(STAMP_DEMO) $(KAFKA_STAMP) spark-runtime
 	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/python deploy/demo/demo.py
+
+# The documentation site: the reference pages generated from the code, then MkDocs in
+# strict mode (a broken link, a missing page or one outside the nav fails) into build/site.
+docs: $(STAMP_TEST)
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check .

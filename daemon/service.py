@@ -960,7 +960,7 @@ class Icespool:
                 "max_bytes": self.config.spool.max_bytes,
                 "segments": stats.segments,
                 "durability": self.config.spool.durability,
-                # Quarantined files count against max_bytes (see the README).
+                # Quarantined files count against max_bytes (docs/guarantees.md).
                 "quarantine_bytes": stats.quarantine_bytes,
                 "quarantined_segments": stats.quarantined,
                 # Why the spool directory cannot be read (null: it can); the figures

@@ -249,7 +249,7 @@ class Spool:
         if self._quarantined:
             _log.warning(
                 "%d quarantined segment files hold %d bytes in %s; they count against "
-                "spool.max_bytes until restored or removed (see the README)",
+                "spool.max_bytes until restored or removed (icespool replay --segment)",
                 self._quarantined,
                 self._quarantine_bytes,
                 self.directory / QUARANTINE,

@@ -483,16 +483,17 @@ def test_rendered_rules_pass_the_promtool_unit_tests(full_render: Render, tmp_pa
     assert old.returncode == 1 and "FAILED" in old.stdout + old.stderr
 
 
-# ------------------------------------------------------------------ README: REST + S3 example
+# ------------------------------------------------------------------ docs: REST + S3 example
 
-_README = ROOT / "README.md"
+_EXAMPLE_DOC = ROOT / "docs" / "operations.md"
 _EXAMPLE_MARK = "<!-- helm example: rest-s3 -->"
 
 
 def _readme_example() -> dict[str, Any]:
-    """The values of the README's REST + S3 example (the yaml block after its marker)."""
-    text = _README.read_text()
-    assert _EXAMPLE_MARK in text, "the README lost its REST + S3 Helm example"
+    """The values of the operations page's REST + S3 example (the yaml block after its
+    marker)."""
+    text = _EXAMPLE_DOC.read_text()
+    assert _EXAMPLE_MARK in text, "docs/operations.md lost its REST + S3 Helm example"
     block = text.split(_EXAMPLE_MARK, 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     values: dict[str, Any] = yaml.safe_load(block)
     return values

@@ -306,5 +306,5 @@ def _unknown(catalog_type: str, key: str, spec: CatalogKeys) -> str:
     prefixes = [f"{p}<name>" for p in spec.prefixes]
     return (
         f"unknown key for a {catalog_type.lower()} catalog; {did_you_mean}valid keys: "
-        f"{', '.join(plain + prefixes + families)} (README, Configuration: catalogs)"
+        f"{', '.join(plain + prefixes + families)} (docs/catalogs-stores.md)"
     )

@@ -1,5 +1,6 @@
-"""The whole config: ``Config``, exactly the documented keys (README, Configuration), unknown
-keys rejected, and the checks that relate values of several sections.
+"""The whole config: ``Config``, exactly the documented keys
+(docs/reference/configuration.md), unknown keys rejected, and the checks that relate
+values of several sections.
 
 Single-value checks live on the fields (``daemon.config._values``) so pydantic reports the
 exact location; checks that relate several values live in ``Config._cross_check`` (and

@@ -1,4 +1,4 @@
-"""The HTTP endpoints of the daemon's contract (README, HTTP API), on aiohttp.
+"""The HTTP endpoints of the daemon's contract (docs/http.md), on aiohttp.
 
     POST /v1/tables/{table}/records   ingest (NDJSON, a JSON array, or Arrow IPC stream)
     POST /v1/tables/{table}/changes   keyed upserts and deletes for an upsert table (same formats)

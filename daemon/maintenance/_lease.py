@@ -22,7 +22,7 @@ clock's idea of the expiry comes round.
 
 Catalogs that send requirements to a server (REST) cannot check this one; the
 scheduler then does not maintain unless ``[maintenance] lease = "none"`` says an
-operator runs maintenance on one replica only (see the README).
+operator runs maintenance on one replica only (docs/maintenance.md).
 
 Everything here blocks (catalog commits); the scheduler runs it in the table's lane.
 """

@@ -32,7 +32,7 @@ writing process chose, and from the spool's record of its incarnations, never fr
 clock. Another replica's clock, a paused replica, an object store's server-side
 timestamps: none of them makes a file of another process look like one of ours. Files
 of a replica that is gone for good are left to Spark's ``remove_orphan_files`` (the
-README says which ``older_than`` is safe beside the daemon).
+docs/maintenance.md says which ``older_than`` is safe beside the daemon).
 
 Why this spool's own files can be judged without timing: the files the running process
 writes for a segment can only be committed while the spool holds the segment (it is

@@ -61,7 +61,8 @@ ROWS = int(os.environ.get("ICESPOOL_ENCODE_ROWS", "11000"))  # per transport
 EXAMPLES = int(os.environ.get("ICESPOOL_ENCODE_EXAMPLES", "4"))
 TABLE = "matrix.t"
 WRITER_SETTINGS = {"target_file_size": "128KiB", "row_group_records": 2_000}
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The configuration page of the docs holds the table examples.
+CONFIG_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 # ------------------------------------------------------------------ through a real daemon
@@ -158,24 +159,24 @@ def test_every_type_at_volume_round_trips_through_http_ndjson_and_arrow(
     )
 
 
-# ------------------------------------------------------------------ the README's shop.orders
+# ------------------------------------------------------------------ the configuration page's shop.orders
 
 
 def _readme_table(name: str) -> dict[str, Any]:
-    """The ``[[tables]]`` entry named ``name`` from the README's TOML examples."""
-    text = README.read_text()
+    """The ``[[tables]]`` entry named ``name`` from the configuration page's TOML examples."""
+    text = CONFIG_DOC.read_text()
     for block in text.split("```toml")[1:]:
         parsed = tomllib.loads(block.split("```")[0])
         for table in parsed.get("tables", []):
             if table["name"] == name:
                 return dict(table)
-    raise AssertionError(f"README.md has no [[tables]] example named {name}")
+    raise AssertionError(f"docs/configuration.md has no [[tables]] example named {name}")
 
 
 def test_readme_shop_orders_flush_of_2000_mostly_distinct_rows(
     make_config: MakeConfig, run_daemon: RunDaemon
 ) -> None:
-    """Issue 11 item 3 as reported: the README's shop.orders (a uuid inside a struct)
+    """Issue 11 item 3 as reported: the documented shop.orders (a uuid inside a struct)
     and a flush of >= 1,000 rows with mostly distinct columns answered 500 forever."""
     table = _readme_table("shop.orders")
     assert "uuid not null" in str(table["schema"])  # the shape the bug needs

@@ -40,6 +40,7 @@ class TcpProxy:
         self._mode: Mode = "forward"
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
+        self._resets = 0  # _reset_all calls so far
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -108,18 +109,24 @@ class TcpProxy:
             if self._mode == "reset":
                 _reset(client)
                 continue
-            self._spawn(self._serve, client)
+            # Registered before its thread runs, with the resets so far: a reset that
+            # comes first still ends it (never forwarded later, when the mode allows).
+            with self._lock:
+                self._open.add(client)
+                epoch = self._resets
+            self._spawn(self._serve, client, epoch)
 
-    def _serve(self, client: socket.socket) -> None:
+    def _serve(self, client: socket.socket, epoch: int) -> None:
         upstream: socket.socket | None = None
-        with self._lock:
-            self._open.add(client)
         try:
             while not self._closed.is_set() and upstream is None:
                 if self._mode == "silent":  # accepted, never answered
                     time.sleep(_TICK)
                     continue
-                if client.fileno() < 0:
+                with self._lock:
+                    reset_since = self._resets != epoch
+                if reset_since or client.fileno() < 0:
+                    _reset(client)
                     return
                 upstream = socket.create_connection(self.upstream, timeout=5)
             if upstream is None:
@@ -158,6 +165,7 @@ class TcpProxy:
 
     def _reset_all(self) -> None:
         with self._lock:
+            self._resets += 1
             sockets = list(self._open)
             self._open.clear()
         for sock in sockets:
