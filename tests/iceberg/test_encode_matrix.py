@@ -159,7 +159,7 @@ def test_every_type_at_volume_round_trips_through_http_ndjson_and_arrow(
     )
 
 
-# ------------------------------------------------------------------ the configuration page's shop.orders
+# ------------------------------------------------------------------ the documented shop.orders
 
 
 def _readme_table(name: str) -> dict[str, Any]:
