@@ -4,7 +4,7 @@
 #   make run     install and run the daemon on the embedded default config
 #   make test    install test extras + Debian test packages, lint, run the test suite
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
-#   make lint    ruff check, ruff format --check, mypy (strict) on spool/ and daemon/
+#   make lint    ruff check, ruff format --check, mypy (strict) on the icespool package
 #   make bench   run every tests/bench/bench_*.py script
 #   make docs    generate the reference pages and build the docs site (strict) into build/site
 #   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
@@ -31,7 +31,7 @@ STAMP_DEMO := $(VENV)/.icespool-installed-demo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
-  clean distclean lock lock-upgrade docs
+  clean distclean lock lock-upgrade docs pkgroot
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -338,10 +338,21 @@ docs: $(STAMP_TEST)
 	$(BIN)/python docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-lint: $(STAMP_TEST)
+# The packages under their import names, as links: icespool/ holds daemon/'s entries
+# and icespool/spool is spool/ (pyproject's package-dir, which mypy cannot follow). mypy
+# checks it (pyproject's mypy_path); PYTHONPATH=$(CURDIR)/build/pkgroot runs this checkout
+# where the venv's editable install is another's. Made again on every use (new modules).
+PKGROOT := build/pkgroot
+
+pkgroot:
+	rm -rf $(PKGROOT) && mkdir -p $(PKGROOT)/icespool
+	ln -s $(CURDIR)/daemon/* $(PKGROOT)/icespool/
+	ln -s $(CURDIR)/spool $(PKGROOT)/icespool/spool
+
+lint: $(STAMP_TEST) pkgroot
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy spool daemon
+	$(BIN)/mypy
 
 # The suite runs on PYTEST_WORKERS processes (pytest-xdist): most of its time is spent
 # waiting on child processes (daemons, brokers, JVMs), so two workers on two cores take

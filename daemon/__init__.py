@@ -2,7 +2,7 @@
 
 In-process use::
 
-    from daemon import Icespool, load_config
+    from icespool import Icespool, load_config
 
     async with Icespool(load_config("icespool.toml")) as ice:
         writer = ice.writer("demo.events")
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daemon._lazy import lazy_exports
+from icespool._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from daemon.config import Config, load_config
-    from daemon.errors import (
+    from icespool.config import Config, load_config
+    from icespool.errors import (
         BackpressureError,
         BadInputError,
         CatalogError,
@@ -29,10 +29,10 @@ if TYPE_CHECKING:
         ShuttingDownError,
         UnknownTableError,
     )
-    from daemon.ingest import Column, TableInput
-    from daemon.lanes import Lane, LaneClosedError, LanePool
-    from daemon.service import Icespool
-    from daemon.writer import FlushResult, TableWriter
+    from icespool.ingest import Column, TableInput
+    from icespool.lanes import Lane, LaneClosedError, LanePool
+    from icespool.service import Icespool
+    from icespool.writer import FlushResult, TableWriter
 
 __all__ = [
     "BackpressureError",
@@ -56,15 +56,15 @@ __all__ = [
     "load_config",
 ]
 
-# Imported when first used: see daemon._lazy.
+# Imported when first used: see icespool._lazy.
 __getattr__ = lazy_exports(
     __name__,
     {
-        "daemon.config": (
+        "icespool.config": (
             "Config",
             "load_config",
         ),
-        "daemon.errors": (
+        "icespool.errors": (
             "BackpressureError",
             "BadInputError",
             "CatalogError",
@@ -75,17 +75,17 @@ __getattr__ = lazy_exports(
             "ShuttingDownError",
             "UnknownTableError",
         ),
-        "daemon.ingest": (
+        "icespool.ingest": (
             "Column",
             "TableInput",
         ),
-        "daemon.lanes": (
+        "icespool.lanes": (
             "Lane",
             "LaneClosedError",
             "LanePool",
         ),
-        "daemon.service": ("Icespool",),
-        "daemon.writer": (
+        "icespool.service": ("Icespool",),
+        "icespool.writer": (
             "FlushResult",
             "TableWriter",
         ),

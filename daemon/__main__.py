@@ -1,5 +1,5 @@
-"""``python -m daemon`` is the ``icespool`` command."""
+"""``python -m icespool`` is the ``icespool`` command."""
 
-from daemon.cli import main
+from icespool.cli import main
 
 raise SystemExit(main())

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.errors import IcespoolError
+from icespool.errors import IcespoolError
 
 __all__ = [
     "Check",

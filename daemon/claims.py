@@ -22,7 +22,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from daemon.errors import CommitError
+from icespool.errors import CommitError
 
 __all__ = ["NO_CLAIMS", "Claims", "ClaimsFactory", "ClaimsMovedError"]
 

@@ -48,10 +48,10 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.json as pj
 
-from daemon.errors import BadInputError, SchemaError
-from daemon.json_types import first_conflict, merge_inferred
-from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
-from daemon.schema import (
+from icespool.errors import BadInputError, SchemaError
+from icespool.json_types import first_conflict, merge_inferred
+from icespool.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
+from icespool.schema import (
     HUGE_EXPONENT,
     SchemaChangeError,
     cast_array,
@@ -370,7 +370,7 @@ def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.S
     Same guards as `decode_ndjson` (nesting depth; pyarrow must not see a top-level
     null); raises `BadInputError` when the body is not one JSON object per line, and
     `SchemaChangeError` naming the field, both JSON types and their lines when two
-    records give a field types no column holds both of (`daemon.json_types`).
+    records give a field types no column holds both of (`icespool.json_types`).
     """
     try:
         return _inferred(body, max_depth)
@@ -591,7 +591,7 @@ def _flip(plan: _Plan, message: str) -> frozenset[str] | None:
 
 
 def decode_arrow_stream(body: bytes) -> pa.Table:
-    """Read an Arrow IPC stream as it is; `daemon.ingest` conforms it to the table
+    """Read an Arrow IPC stream as it is; `icespool.ingest` conforms it to the table
     (evolving the table where its policy allows) and names a failing column."""
     if not body:
         raise BadInputError("no records: the body is empty; send an Arrow IPC stream")

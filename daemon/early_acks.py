@@ -1,6 +1,6 @@
 """Acks while the start waits for the catalog, for tables whose schema is known without it.
 
-While `daemon.startup.load_catalog_waiting` retries, an HTTP record body for a
+While `icespool.startup.load_catalog_waiting` retries, an HTTP record body for a
 ``[[tables]]`` entry with a known schema is decoded against that schema and spooled
 (the ack, durable per ``spool.durability`` as always); once the catalog answers, the
 gate shuts, the appends in flight finish, and start-up recovery commits what was
@@ -31,16 +31,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from daemon.cdc import OP_COLUMN, spoolable
-from daemon.config import Config, TableConfig
-from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson
-from daemon.errors import BackpressureError, BadInputError, SchemaError
-from daemon.ingest import NDJSON, refuse_changes
-from daemon.json_array import JSON, array_error, ndjson_from_array
-from daemon.metrics import Metrics
-from daemon.schema import arrow_schema_for, parse_schema
-from daemon.startup import StartWait
-from spool import AppendAck, SegmentInfo, Spool, SpoolError
+from icespool.cdc import OP_COLUMN, spoolable
+from icespool.config import Config, TableConfig
+from icespool.decode import JsonOptions, decode_arrow_stream, decode_ndjson
+from icespool.errors import BackpressureError, BadInputError, SchemaError
+from icespool.ingest import NDJSON, refuse_changes
+from icespool.json_array import JSON, array_error, ndjson_from_array
+from icespool.metrics import Metrics
+from icespool.schema import arrow_schema_for, parse_schema
+from icespool.spool import AppendAck, SegmentInfo, Spool, SpoolError
+from icespool.startup import StartWait
 
 __all__ = ["EarlyAcks", "known_schemas"]
 

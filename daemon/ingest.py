@@ -16,7 +16,7 @@ Every path meets the same three steps:
    `SchemaChangeError` naming the column and the policy.
 3. **append**: the decoded batch goes to the table's writer, which spools it (the ack).
 
-Errors are domain errors (`daemon.errors`); each source maps them: HTTP to a status,
+Errors are domain errors (`icespool.errors`); each source maps them: HTTP to a status,
 Kafka to a dead letter, the Python API raises them.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc import (
+from icespool.cdc import (
     DELETE,
     HTTP_OP,
     OP_COLUMN,
@@ -47,12 +47,12 @@ from daemon.cdc import (
     with_ops,
     without_op,
 )
-from daemon.config import Config
-from daemon.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
-from daemon.errors import BadInputError, ReadOnlyTableError, SchemaError
-from daemon.json_array import JSON, array_error, ndjson_from_array
-from daemon.schema import Policy, SchemaChangeError, conform
-from daemon.writer import TableWriter
+from icespool.config import Config
+from icespool.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
+from icespool.errors import BadInputError, ReadOnlyTableError, SchemaError
+from icespool.json_array import JSON, array_error, ndjson_from_array
+from icespool.schema import Policy, SchemaChangeError, conform
+from icespool.writer import TableWriter
 
 __all__ = [
     "ARROW_STREAM",
@@ -71,7 +71,7 @@ __all__ = [
 NDJSON: Final = "application/x-ndjson"
 ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
 #: Body formats `Ingest.body` takes (HTTP Content-Type values). ``application/json`` is
-#: a JSON array of objects, taken as the NDJSON of its elements (`daemon.json_array`).
+#: a JSON array of objects, taken as the NDJSON of its elements (`icespool.json_array`).
 FORMATS: Final = frozenset({NDJSON, ARROW_STREAM, JSON})
 #: The evolve policy of tables a Kafka source creates for new routes: they take new
 #: fields as they come.
@@ -81,7 +81,7 @@ _R = TypeVar("_R")
 
 
 class Tables(Protocol):
-    """What the way in needs of the daemon's tables (`daemon.service.Icespool`)."""
+    """What the way in needs of the daemon's tables (`icespool.service.Icespool`)."""
 
     @property
     def config(self) -> Config: ...
@@ -166,7 +166,7 @@ class Ingest:
 
         ``changes``: the body holds keyed changes (each row the table's columns plus
         ``"_op": "upsert" | "delete"``; a delete needs only the key) for an upsert
-        table (`daemon.cdc`); otherwise records (upserts, on an upsert table).
+        table (`icespool.cdc`); otherwise records (upserts, on an upsert table).
 
         Raises `BadInputError` / `SchemaError` (the body), `UnknownTableError`,
         `BackpressureError` (degraded, full, shutting down) or what the catalog
@@ -332,7 +332,7 @@ class Ingest:
     async def conformed_changes(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
     ) -> pa.RecordBatch:
-        """Rows (upserts) or a change batch (`daemon.cdc`) cast for ``writer``'s upsert
+        """Rows (upserts) or a change batch (`icespool.cdc`) cast for ``writer``'s upsert
         table (`conform_changes`), evolving the table first for columns it lacks where
         the policy allows (as `conformed` does for rows)."""
         key = writer.key

@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
-from daemon.errors import IcespoolError
+from icespool.errors import IcespoolError
 
 __all__ = ["Lane", "LaneClosedError", "LanePool"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:  # the CLI renders sizes without importing the spool (and pyarrow)
-    from spool import SegmentInfo
+    from icespool.spool import SegmentInfo
 
 __all__ = ["Progress", "human_bytes", "human_seconds"]
 

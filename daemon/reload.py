@@ -8,7 +8,7 @@ check, flush and schema change, so swapping the settings object is enough.
 
 Also applied: the HTTP secrets (``http.auth_token_file``, ``http.tokens``,
 ``http.tls_cert_file``/``tls_key_file`` while TLS stays on): the daemon reads the token
-files and the certificate again on every SIGHUP (`daemon.http.HttpServer.reload`),
+files and the certificate again on every SIGHUP (`icespool.http.HttpServer.reload`),
 so rotating one is rewriting its file and sending SIGHUP.
 
 Everything else (catalog, spool, the rest of http, encode, Kafka sources, tables added or
@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from daemon.config import Config, HttpConfig, TableConfig, WriterSettings
-from daemon.errors import ConfigError
-from daemon.logs import configure_logging
+from icespool.config import Config, HttpConfig, TableConfig, WriterSettings
+from icespool.errors import ConfigError
+from icespool.logs import configure_logging
 
 if TYPE_CHECKING:  # only for annotations: the service module imports pyiceberg
-    from daemon.service import Icespool
+    from icespool.service import Icespool
 
 __all__ = ["RELOADABLE_TABLE_KEYS", "ReloadPlan", "apply_reload", "plan_reload", "reload"]
 

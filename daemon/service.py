@@ -23,18 +23,18 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from daemon.config import Config, KafkaConfig, TableConfig
-from daemon.early_acks import EarlyAcks
-from daemon.encode_pool import flush_executor
-from daemon.errors import (
+from icespool.config import Config, KafkaConfig, TableConfig
+from icespool.early_acks import EarlyAcks
+from icespool.encode_pool import flush_executor
+from icespool.errors import (
     BackpressureError,
     CommitError,
     ReplayInProgressError,
     ShuttingDownError,
     UnknownTableError,
 )
-from daemon.fanout import CATALOG_CONCURRENCY, Tally, fan_out
-from daemon.iceberg import (
+from icespool.fanout import CATALOG_CONCURRENCY, Tally, fan_out
+from icespool.iceberg import (
     CatalogHealth,
     create_inferred,
     create_with,
@@ -45,37 +45,37 @@ from daemon.iceberg import (
     table_names,
     unavailable,
 )
-from daemon.ingest import AUTO_CREATED, Ingest, TableInput
-from daemon.kafka import (
+from icespool.ingest import AUTO_CREATED, Ingest, TableInput
+from icespool.kafka import (
     DeadLetterReplay,
     OffsetBook,
     ReplayFilter,
     ReplayResult,
     dead_letter_schema,
 )
-from daemon.lanes import LanePool
-from daemon.maintenance import (
+from icespool.lanes import LanePool
+from icespool.maintenance import (
     DEFAULT_TASKS,
     FileOwner,
     MaintenanceScheduler,
     created_table_properties,
 )
-from daemon.metrics import Metrics
-from daemon.pressure import PressureRelief
-from daemon.progress import Progress
-from daemon.retry import Backoff, retry_async
-from daemon.schema import (
+from icespool.metrics import Metrics
+from icespool.pressure import PressureRelief
+from icespool.progress import Progress
+from icespool.retry import Backoff, retry_async
+from icespool.schema import (
     Policy,
     arrow_schema_for,
 )
-from daemon.spool_claim import SpoolClaim, SpoolContestedError
-from daemon.spool_watch import SpoolWatch
-from daemon.startup import StartWait, load_catalog_waiting
-from daemon.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
-from spool import FileSystem, QuarantinedSegment, SegmentInfo, Spool
+from icespool.spool import FileSystem, QuarantinedSegment, SegmentInfo, Spool
+from icespool.spool_claim import SpoolClaim, SpoolContestedError
+from icespool.spool_watch import SpoolWatch
+from icespool.startup import StartWait, load_catalog_waiting
+from icespool.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
 
 if TYPE_CHECKING:
-    from daemon.kafka import KafkaSource
+    from icespool.kafka import KafkaSource
 
 __all__ = ["Icespool", "Totals"]
 
@@ -247,8 +247,8 @@ class Icespool:
         # tables hold are final when the first partitions are assigned.
         for i, kafka in enumerate(self.config.kafka):
             # Imported here: the Kafka client (aiokafka, and the internals of it that
-            # daemon.kafka._upstream reaches into) only where a source is configured.
-            from daemon.kafka import KafkaSource
+            # icespool.kafka._upstream reaches into) only where a source is configured.
+            from icespool.kafka import KafkaSource
 
             source = KafkaSource(
                 kafka,
@@ -355,7 +355,7 @@ class Icespool:
 
     def accepting_while_waiting(self, name: str) -> EarlyAcks | None:
         """What acks records for ``name`` while the start waits for the catalog, if
-        its schema is known (`daemon.early_acks`); None otherwise."""
+        its schema is known (`icespool.early_acks`); None otherwise."""
         early = self._early
         return early if early is not None and not self.draining and early.accepts(name) else None
 
@@ -853,7 +853,7 @@ class Icespool:
     async def replay_dead_letters(self, table: str, selection: ReplayFilter) -> ReplayResult:
         """Re-ingest the dead letters of ``table`` that ``selection`` picks into their
         targets, exactly once, and remove them from ``table`` (see
-        `daemon.kafka.DeadLetterReplay`).
+        `icespool.kafka.DeadLetterReplay`).
 
         Raises `UnknownTableError` (not a dead-letter table of this daemon),
         `ReplayInProgressError` (one runs already), `BackpressureError` (shutting

@@ -62,10 +62,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import parse_qsl, unquote, urlencode
 
-from daemon.errors import SparkConfError
+from icespool.errors import SparkConfError
 
 if TYPE_CHECKING:  # the CLI's parser reads the Spark lines below without the config model
-    from daemon.config import CatalogConfig, Config
+    from icespool.config import CatalogConfig, Config
 
 __all__ = [
     "DEFAULT_SPARK",
@@ -434,7 +434,7 @@ def spark_settings(
     jars go into ``spark.jars``; None means ``spark.jars.packages`` (Maven). ``spark``: the
     Spark line whose Iceberg runtime is named (or looked for in ``runtime_dir``).
     """
-    from daemon.config import is_secret_key, redact_uri
+    from icespool.config import is_secret_key, redact_uri
 
     spark = spark_line(spark)
     catalog = config.catalog

@@ -1,7 +1,7 @@
 """A SparkSession configured to read and write the daemon's catalog, for jobs and tests.
 
-    from daemon import load_config
-    from daemon.spark_session import spark_session
+    from icespool import load_config
+    from icespool.spark_session import spark_session
 
     spark = spark_session(load_config("icespool.toml"), runtime_dir=".spark-runtime")
     spark.table("lake.demo.events").count()
@@ -18,9 +18,9 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from daemon.config import Config
-from daemon.errors import SparkConfError
-from daemon.spark_conf import DEFAULT_SPARK, RUNTIME_DIR_ENV, spark_line, spark_settings
+from icespool.config import Config
+from icespool.errors import SparkConfError
+from icespool.spark_conf import DEFAULT_SPARK, RUNTIME_DIR_ENV, spark_line, spark_settings
 
 __all__ = [
     "DEFAULT_SESSION_CONF",

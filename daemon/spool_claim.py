@@ -37,9 +37,9 @@ from typing import Final
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError
 
-from daemon.errors import IcespoolError
-from daemon.retry import Backoff
-from spool import Incarnation
+from icespool.errors import IcespoolError
+from icespool.retry import Backoff
+from icespool.spool import Incarnation
 
 __all__ = ["SpoolClaim", "SpoolContestedError", "holder_key"]
 

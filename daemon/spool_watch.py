@@ -13,8 +13,8 @@ from __future__ import annotations
 import errno
 import logging
 
-from daemon.metrics import Metrics
-from spool import QuarantinedSegment, Spool
+from icespool.metrics import Metrics
+from icespool.spool import QuarantinedSegment, Spool
 
 __all__ = ["SpoolWatch", "describe_os_error"]
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from daemon.config import Config
-from daemon.errors import CatalogError
-from daemon.iceberg import load_catalog, startup_timeout
-from daemon.retry import Backoff
+from icespool.config import Config
+from icespool.errors import CatalogError
+from icespool.iceberg import load_catalog, startup_timeout
+from icespool.retry import Backoff
 
 __all__ = ["StartWait", "load_catalog_waiting"]
 

@@ -26,11 +26,11 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
-from daemon.cdc import OP_COLUMN, change_schema, last_changes, spoolable
-from daemon.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
-from daemon.config import WriterSettings
-from daemon.encode_pool import in_flush_thread
-from daemon.errors import (
+from icespool.cdc import OP_COLUMN, change_schema, last_changes, spoolable
+from icespool.claims import NO_CLAIMS, Claims, ClaimsFactory, ClaimsMovedError
+from icespool.config import WriterSettings
+from icespool.encode_pool import in_flush_thread
+from icespool.errors import (
     BackpressureError,
     BadInputError,
     CatalogError,
@@ -38,7 +38,7 @@ from daemon.errors import (
     IcespoolError,
     ShuttingDownError,
 )
-from daemon.iceberg import (
+from icespool.iceberg import (
     DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
@@ -53,16 +53,16 @@ from daemon.iceberg import (
     remove_files,
     unavailable,
 )
-from daemon.lanes import Lane
-from daemon.metrics import Metrics
-from daemon.retry import Backoff, retry_async
-from daemon.schema import (
+from icespool.lanes import Lane
+from icespool.metrics import Metrics
+from icespool.retry import Backoff, retry_async
+from icespool.schema import (
     EvolutionPlan,
     Policy,
     apply_plan,
     arrow_schema_for,
 )
-from spool import (
+from icespool.spool import (
     SegmentCorruptError,
     SegmentData,
     SegmentInfo,
@@ -150,13 +150,13 @@ class TableWriter:
         on_spool_refused: Callable[[str, SpoolError], None] | None = None,
     ) -> None:
         """``on_spool_refused(table, error)``: told of every append the spool refused
-        (the daemon's `daemon.pressure.PressureRelief` frees room held by other tables)."""
+        (the daemon's `icespool.pressure.PressureRelief` frees room held by other tables)."""
         self.name = name
         # Why this process must not commit now (its spool claim: daemon/spool_claim.py).
         self._commit_refusal = commit_refusal
         self.arrow_schema = arrow_schema
         # An upsert table's key columns (empty: an append table). Its spooled batches
-        # are plain rows (all upserts) or change batches (`daemon.cdc`); each commit
+        # are plain rows (all upserts) or change batches (`icespool.cdc`); each commit
         # keeps the last change per key (`_encode_and_commit`).
         self.key: tuple[str, ...] = tuple(key)
         self.evolve_policy: Policy = evolve
@@ -229,10 +229,10 @@ class TableWriter:
         """Spool a batch in the table's schema; returns the record count once acked.
 
         On an upsert table (``key``) the batch is rows (each an upsert) or a change
-        batch in `change_schema` (`daemon.cdc.conform_changes`: a row without its key
+        batch in `change_schema` (`icespool.cdc.conform_changes`: a row without its key
         is a `BadInputError` naming the key column).
 
-        The way in (`daemon.ingest`) decodes and evolves first; this only conforms
+        The way in (`icespool.ingest`) decodes and evolves first; this only conforms
         (a cheap re-check: the schema may have changed since) and raises
         `SchemaError` naming the column when the data does not fit (nothing of it
         is spooled), `BackpressureError` when the table's queue or the spool is full.
@@ -291,7 +291,7 @@ class TableWriter:
 
     @property
     def change_schema(self) -> pa.Schema:
-        """An upsert table's change-batch schema (`daemon.cdc.change_schema`) for the
+        """An upsert table's change-batch schema (`icespool.cdc.change_schema`) for the
         table's current Arrow schema; ValueError on an append table."""
         if not self.key:
             raise ValueError(f"table {self.name} has no key: it takes appends, not changes")

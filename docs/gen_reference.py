@@ -3,7 +3,7 @@
     python docs/gen_reference.py            # rewrite docs/reference/*.md
     python docs/gen_reference.py --check    # exit 1 naming each page that differs
 
-- ``configuration.md`` from the pydantic model (`daemon.config.Config`): every section and
+- ``configuration.md`` from the pydantic model (`icespool.config.Config`): every section and
   key, its type, default (in the spelling a config file uses), bounds and description;
 - ``http-api.md`` from ``daemon/http/openapi.json`` (what ``GET /v1/openapi.json`` serves);
 - ``metrics.md`` from a live ``Metrics`` registry: every metric the daemon exports, its
@@ -63,7 +63,7 @@ def _json_type(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> str:
 
 def _unit_kind(field: FieldInfo) -> str | None:
     """ "size" or "duration" for the config's unit types (their serializers say which)."""
-    from daemon.config._units import format_bytes, format_duration
+    from icespool.config._units import format_bytes, format_duration
 
     kinds = {format_bytes: "size", format_duration: "duration"}
     for annotation in (field.annotation, *getattr(field.annotation, "__args__", ())):
@@ -133,7 +133,7 @@ def _models_in(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
 
 
 def configuration() -> str:
-    from daemon.config import Config
+    from icespool.config import Config
 
     schema = Config.model_json_schema(mode="validation", by_alias=True)
     defs = schema.get("$defs", {})
@@ -226,7 +226,7 @@ def _resolve(spec: Mapping[str, Any], ref: str) -> dict[str, Any]:
 def metrics() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from daemon.metrics import Metrics
+    from icespool.metrics import Metrics
 
     live = Metrics()
     rows = []

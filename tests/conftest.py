@@ -28,9 +28,9 @@ from support.iceberg_rest import IcebergRest
 from support.object_store import SeaweedFS
 from support.proxy import TcpProxy
 
-from daemon.config import Config, embedded_default, validate_config
-from daemon.http import start_http
-from daemon.service import Icespool
+from icespool.config import Config, embedded_default, validate_config
+from icespool.http import start_http
+from icespool.service import Icespool
 
 # No per-example deadline (hypothesis's default is 200 ms): the suite runs on two xdist
 # workers beside daemons, brokers and JVMs, where an example's wall time says nothing about

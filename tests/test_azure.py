@@ -32,10 +32,10 @@ from support.fixture_types import MakeConfig, RunDaemon
 from support.service_helpers import metric
 from support.store_config import write_store_config
 
-from daemon.cli import main
-from daemon.errors import CatalogError
-from daemon.iceberg import load_catalog as icespool_load_catalog
-from daemon.writer import SEGMENT_ATTEMPTS
+from icespool.cli import main
+from icespool.errors import CatalogError
+from icespool.iceberg import load_catalog as icespool_load_catalog
+from icespool.writer import SEGMENT_ATTEMPTS
 
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
 _SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "v", "type": "string"}]

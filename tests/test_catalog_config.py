@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from daemon.config import (
+from icespool.config import (
     apply_env_overrides,
     embedded_default,
     hide_secrets,
@@ -21,8 +21,8 @@ from daemon.config import (
     render_toml,
     validate_config,
 )
-from daemon.errors import CatalogError, ConfigError
-from daemon.iceberg import load_catalog
+from icespool.errors import CatalogError, ConfigError
+from icespool.iceberg import load_catalog
 
 REST = {
     "name": "lake",

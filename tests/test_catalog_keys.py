@@ -7,7 +7,7 @@ import pyiceberg.catalog.glue as glue_module
 import pyiceberg.io as io_module
 import pytest
 
-from daemon.config import CATALOG_TYPES, STORAGE_KEYS, canonical_catalog_keys, pyiceberg_value
+from icespool.config import CATALOG_TYPES, STORAGE_KEYS, canonical_catalog_keys, pyiceberg_value
 
 
 def _constants(module: object, prefix: str) -> set[str]:

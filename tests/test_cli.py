@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import structlog
 
-from daemon.cli import main
-from daemon.logs import configure_logging
-from daemon.schema._grammar import TYPE_HELP
+from icespool.cli import main
+from icespool.logs import configure_logging
+from icespool.schema._grammar import TYPE_HELP
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "icespool"
-# The installed console script and `python -m daemon` must behave the same.
+# The installed console script and `python -m icespool` must behave the same.
 COMMANDS = {
     "console-script": [str(CONSOLE_SCRIPT)],
-    "python-m-daemon": [sys.executable, "-m", "daemon"],
+    "python-m-icespool": [sys.executable, "-m", "icespool"],
 }
 
 GOOD_CONFIG = """

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from daemon.config import (
+from icespool.config import (
     ConfigFileError,
     TableConfig,
     WriterSettings,
@@ -31,8 +31,8 @@ from daemon.config import (
     render_toml,
     validate_config,
 )
-from daemon.errors import ConfigError, UnknownTableError
-from daemon.schema import PartitionTerm, parse_partition
+from icespool.errors import ConfigError, UnknownTableError
+from icespool.schema import PartitionTerm, parse_partition
 
 MiB = 2**20
 GiB = 2**30

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from daemon.config import Config
+from icespool.config import Config
 
 # Every model a config file can hold, reached from Config.
 SECTION_MODELS = {

@@ -12,9 +12,9 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from daemon.decode import decode_arrow_stream, decode_ndjson
-from daemon.errors import BadInputError, SchemaError
-from daemon.schema import arrow_schema_for, parse_schema
+from icespool.decode import decode_arrow_stream, decode_ndjson
+from icespool.errors import BadInputError, SchemaError
+from icespool.schema import arrow_schema_for, parse_schema
 
 UTC = dt.UTC
 

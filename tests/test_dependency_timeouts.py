@@ -15,10 +15,10 @@ import requests
 import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
-from daemon.config import TimeoutsConfig
-from daemon.errors import CatalogError, CommitError
-from daemon.iceberg._catalog import load_catalog
-from daemon.iceberg._timeouts import catalog_properties, unavailable
+from icespool.config import TimeoutsConfig
+from icespool.errors import CatalogError, CommitError
+from icespool.iceberg._catalog import load_catalog
+from icespool.iceberg._timeouts import catalog_properties, unavailable
 
 _TIMEOUTS = TimeoutsConfig(
     catalog_connect=4.0, catalog_request=1.5, storage_connect=3.0, storage_request=7.0

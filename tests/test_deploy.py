@@ -25,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.daemon_harness import Daemon, DaemonDir, daemon_command
 from support.fixture_types import MakeConfig, RunDaemon
 
-from daemon.app import SHUTDOWN_GRACE_SECONDS
-from daemon.config import load_config, validate_config
-from daemon.metrics import Metrics
+from icespool.app import SHUTDOWN_GRACE_SECONDS
+from icespool.config import load_config, validate_config
+from icespool.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy/systemd/icespool.service"
@@ -160,7 +160,7 @@ def test_systemd_install_steps_create_what_the_example_config_needs(
     import os
     import pwd
 
-    from daemon.http import load_tokens
+    from icespool.http import load_tokens
 
     root = tmp_path / "root"
     (root / "etc/systemd/system").mkdir(parents=True)

@@ -23,8 +23,8 @@ def test_the_generated_reference_pages_match_the_code() -> None:
 
 def test_every_config_key_and_metric_is_in_the_reference() -> None:
     """Spot checks that the generator reads the live model and registry, not a copy."""
-    from daemon.config import Config
-    from daemon.metrics import Metrics
+    from icespool.config import Config
+    from icespool.metrics import Metrics
 
     config_page = (REPO / "docs" / "reference" / "configuration.md").read_text()
     for section, model in Config.model_fields.items():

@@ -27,11 +27,11 @@ from support.fixture_types import MakeConfig, RunDaemon
 from support.gcs import FakeGcs
 from support.store_config import write_store_config
 
-from daemon.cli import main
-from daemon.config import load_config
-from daemon.errors import CatalogError
-from daemon.iceberg import check_catalog
-from daemon.iceberg._timeouts import GcsBoundedFileIO
+from icespool.cli import main
+from icespool.config import load_config
+from icespool.errors import CatalogError
+from icespool.iceberg import check_catalog
+from icespool.iceberg._timeouts import GcsBoundedFileIO
 
 _NDJSON = {"Content-Type": "application/x-ndjson"}
 _TOKEN = "fake-gcs-accepts-any-token"
@@ -133,11 +133,11 @@ def test_check_config_connect_fails_within_storage_request_when_gcs_is_down(
 def test_gs_warehouse_gets_the_bounded_file_io_unless_one_is_set(
     fake_gcs: FakeGcs, tmp_path: Path
 ) -> None:
-    from daemon.iceberg import load_catalog as icespool_load_catalog
+    from icespool.iceberg import load_catalog as icespool_load_catalog
 
     warehouse = f"gs://{_bucket(fake_gcs)}/warehouse"
     catalog = icespool_load_catalog("lake", _sql_catalog(tmp_path, {"warehouse": warehouse}))
-    assert catalog.properties["py-io-impl"] == "daemon.iceberg._timeouts.GcsBoundedFileIO"
+    assert catalog.properties["py-io-impl"] == "icespool.iceberg._timeouts.GcsBoundedFileIO"
     assert isinstance(catalog._load_file_io(location=warehouse), GcsBoundedFileIO)
     chosen = "pyiceberg.io.pyarrow.PyArrowFileIO"
     own = icespool_load_catalog(

@@ -22,11 +22,11 @@ from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.emulators import MotoServer
 from support.store_config import write_store_config
 
-from daemon.cli import main
-from daemon.config import TimeoutsConfig, load_config, validate_config
-from daemon.errors import ConfigError
-from daemon.iceberg import check_catalog, unavailable
-from daemon.iceberg import load_catalog as icespool_load_catalog
+from icespool.cli import main
+from icespool.config import TimeoutsConfig, load_config, validate_config
+from icespool.errors import ConfigError
+from icespool.iceberg import check_catalog, unavailable
+from icespool.iceberg import load_catalog as icespool_load_catalog
 
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
 _BUCKET = "lake"

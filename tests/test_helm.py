@@ -239,8 +239,7 @@ def _check_config(
     path = tmp_path / "icespool.toml"
     path.write_text(toml_text)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}
-    clean["PYTHONPATH"] = str(ROOT)
-    argv = [sys.executable, "-m", "daemon", "check-config", "--config", str(path)]
+    argv = [sys.executable, "-m", "icespool", "check-config", "--config", str(path)]
     return subprocess.run(
         argv,
         env=clean | (env or {}),

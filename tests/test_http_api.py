@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import load_catalog
 from yarl import URL
 
-from daemon.config import Config
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.service import Icespool
 
 # The fixtures of the same names in conftest.py.
 MakeConfig = Callable[..., Config]

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from support.fixture_types import MakeConfig
 
-from daemon.http import HttpServer, start_http
-from daemon.http._conn import ConnectionLimits
-from daemon.service import Icespool
+from icespool.http import HttpServer, start_http
+from icespool.http._conn import ConnectionLimits
+from icespool.service import Icespool
 
 HEADER_TIMEOUT = 0.6
 IDLE_TIMEOUT = 0.8
@@ -164,8 +164,8 @@ async def test_an_idle_keep_alive_is_closed_and_a_busy_one_kept(
     assert _closed(service, "idle_timeout") == 1
 
 
-SHED_AFTER = 0.5  # daemon.http._conn: how long a connection waits before it may be shed
-PARK_PER_CAP = 64  # daemon.http._conn: connections one IP may park, per place under its cap
+SHED_AFTER = 0.5  # icespool.http._conn: how long a connection waits before it may be shed
+PARK_PER_CAP = 64  # icespool.http._conn: connections one IP may park, per place under its cap
 SHED = {
     "error": f"closed to make room: 127.0.0.1 opened more than {PER_IP} connections "
     "(http.max_connections_per_ip) and this one had not sent a whole request head; send "

@@ -24,9 +24,9 @@ from support.cdc_tables import merged_rows
 from support.fixture_types import MakeConfig, RunDaemon
 from support.service_helpers import table_rows
 
-from daemon.config import embedded_default
-from daemon.http._encoding import DecodedTooLarge, Decoding, codings
-from daemon.service import Icespool
+from icespool.config import embedded_default
+from icespool.http._encoding import DecodedTooLarge, Decoding, codings
+from icespool.service import Icespool
 
 DEMO = "demo.events"
 KEYED = "shop.items"

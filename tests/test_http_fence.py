@@ -14,8 +14,8 @@ import aiohttp.web_runner as runner_module
 import pytest
 from support.private_names import defined_by, outside, private_attributes, touches
 
-from daemon.http._upstream import _contract
-from daemon.http._upstream._contract import PINS, UpstreamContractError, check_contract
+from icespool.http._upstream import _contract
+from icespool.http._upstream._contract import PINS, UpstreamContractError, check_contract
 
 REPO = Path(__file__).resolve().parents[1]
 FENCE = REPO / "daemon" / "http" / "_upstream"

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 from support.fixture_types import MakeConfig, RunDaemon
 
-from daemon.config import validate_config
-from daemon.errors import ConfigError, ReadOnlyTableError
-from daemon.http import load_tokens
-from daemon.service import Icespool
+from icespool.config import validate_config
+from icespool.errors import ConfigError, ReadOnlyTableError
+from icespool.http import load_tokens
+from icespool.service import Icespool
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 DLT = "demo.events_dead_letter"

@@ -27,8 +27,8 @@ import pytest
 from support.daemon_harness import Daemon, DaemonDir
 
 CAP = 256  # http.max_connections_per_ip's default
-SHED_AFTER = 0.5  # daemon.http._conn: how long a connection waits before it may be shed
-PARK_PER_CAP = 64  # daemon.http._conn: connections one IP may park, per place under its cap
+SHED_AFTER = 0.5  # icespool.http._conn: how long a connection waits before it may be shed
+PARK_PER_CAP = 64  # icespool.http._conn: connections one IP may park, per place under its cap
 SHED = (
     f'{{"error": "closed to make room: 127.0.0.1 opened more than {CAP} connections '
     "(http.max_connections_per_ip) and this one had not sent a whole request head; send "

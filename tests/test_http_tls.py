@@ -21,12 +21,12 @@ from support.daemon_harness import Daemon, DaemonDir
 from support.fixture_types import MakeConfig
 from support.tls_certs import LocalCA
 
-from daemon.cli import main
-from daemon.config import Config
-from daemon.errors import ConfigError
-from daemon.http import HttpServer, server_context, start_http
-from daemon.http._conn import ConnectionLimits
-from daemon.service import Icespool
+from icespool.cli import main
+from icespool.config import Config
+from icespool.errors import ConfigError
+from icespool.http import HttpServer, server_context, start_http
+from icespool.http._conn import ConnectionLimits
+from icespool.service import Icespool
 
 
 class Raw:

@@ -14,12 +14,12 @@ import aiohttp
 import pytest
 from support.fixture_types import MakeConfig
 
-from daemon.cli import main
-from daemon.config import Config, validate_config
-from daemon.errors import ConfigError
-from daemon.http import HttpServer, load_tokens, start_http
-from daemon.reload import plan_reload
-from daemon.service import Icespool
+from icespool.cli import main
+from icespool.config import Config, validate_config
+from icespool.errors import ConfigError
+from icespool.http import HttpServer, load_tokens, start_http
+from icespool.reload import plan_reload
+from icespool.service import Icespool
 
 NDJSON = "application/x-ndjson"
 SECRETS = {"admin": "tok-admin-1", "producer": "tok-producer-2", "ops": "tok-ops-3"}

@@ -46,10 +46,10 @@ from support.daemon_harness import (
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, unique_name
 from support.service_helpers import metric
 
-import daemon.service as service_module
-from daemon import BackpressureError, Icespool
-from daemon.config import Config, embedded_default, validate_config
-from spool import Spool, UnknownSegmentError, segment_file_name
+import icespool.service as service_module
+from icespool import BackpressureError, Icespool
+from icespool.config import Config, embedded_default, validate_config
+from icespool.spool import Spool, UnknownSegmentError, segment_file_name
 
 GOOD = "t.good"
 _TIMEOUT = aiohttp.ClientTimeout(total=60)

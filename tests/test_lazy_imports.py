@@ -4,7 +4,7 @@
 fraction of a second, so they import no pyarrow, no catalog side of pyiceberg, no Kafka
 client and no aiohttp server (the config model's type grammar may use pyiceberg's type
 classes: `pyiceberg.types` and what it imports). A daemon without `[[kafka]]` never imports
-aiokafka (nor the fence daemon.kafka._upstream, which reaches into its internals).
+aiokafka (nor the fence icespool.kafka._upstream, which reaches into its internals).
 Each case runs in a fresh interpreter and reports its `sys.modules`; the contrast cases
 (`check-config --connect`, a Kafka source configured) show the probe sees the imports.
 """
@@ -26,7 +26,7 @@ from support.fixture_types import RunDaemon
 # Runs the CLI's main in-process with argv, then reports its exit code, output and modules.
 CLI_RUNNER = """
 import contextlib, io, json, sys
-from daemon.cli import main
+from icespool.cli import main
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     try:
@@ -37,16 +37,16 @@ print(json.dumps({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue
                   "modules": sorted(sys.modules)}))
 """
 
-# What `icespool run` imports (daemon.app), then a started service behind the HTTP server
+# What `icespool run` imports (icespool.app), then a started service behind the HTTP server
 # with the embedded default under argv[1] and the [[kafka]] list argv[2]; one record goes
 # in and is committed over HTTP before the modules are reported.
 SERVICE_RUNNER = """
 import asyncio, json, sys, urllib.request
 from pathlib import Path
-import daemon.app
-from daemon.config import embedded_default, validate_config
-from daemon.http import start_http
-from daemon.service import Icespool
+import icespool.app
+from icespool.config import embedded_default, validate_config
+from icespool.http import start_http
+from icespool.service import Icespool
 
 def post(url, body):
     request = urllib.request.Request(url, data=body, method="POST",
@@ -81,21 +81,21 @@ HEAVY = (
     "aiokafka",
     "aiohttp",
     "numpy",
-    "daemon.app",
-    "daemon.service",
-    "daemon.writer",
-    "daemon.ingest",
-    "daemon.iceberg",
-    "daemon.kafka._source",
-    "daemon.http._api",
+    "icespool.app",
+    "icespool.service",
+    "icespool.writer",
+    "icespool.ingest",
+    "icespool.iceberg",
+    "icespool.kafka._source",
+    "icespool.http._api",
 )
 # pyiceberg's type classes (the config's column-type grammar builds them) and what
 # pyiceberg.types imports; any other pyiceberg module is the catalog/table side.
 PYICEBERG_TYPES = ("pyiceberg.types", "pyiceberg.typedef", "pyiceberg.exceptions")
 KAFKA_CLIENT = (
     "aiokafka",
-    "daemon.kafka._source",
-    "daemon.kafka._upstream",
+    "icespool.kafka._source",
+    "icespool.kafka._upstream",
 )
 
 
@@ -165,7 +165,7 @@ def test_help_and_version_load_no_config(tmp_path: Path, argv: list[str], first_
     report = run_cli(tmp_path, *argv)
     assert (report["code"], report["stderr"]) == (0, "")
     assert report["stdout"].startswith(first_line)
-    assert [m for m in report["modules"] if _within(m, ("pydantic", "daemon.config"))] == []
+    assert [m for m in report["modules"] if _within(m, ("pydantic", "icespool.config"))] == []
 
 
 async def test_status_and_tables_import_nothing_heavy(
@@ -214,7 +214,7 @@ def _service_modules(tmp_path: Path, kafka: list[dict[str, Any]]) -> list[str]:
 
 def test_http_only_daemon_never_imports_the_kafka_client(tmp_path: Path) -> None:
     modules = _service_modules(tmp_path, [])
-    assert "daemon.http._api" in modules and "pyiceberg.catalog.sql" in modules
+    assert "icespool.http._api" in modules and "pyiceberg.catalog.sql" in modules
     assert [m for m in modules if _within(m, KAFKA_CLIENT)] == []
 
 
@@ -232,14 +232,14 @@ def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
     modules = _service_modules(tmp_path, kafka)
     for name in (
         "aiokafka",
-        "daemon.kafka._source",
-        "daemon.kafka._upstream",
+        "icespool.kafka._source",
+        "icespool.kafka._upstream",
     ):
         assert name in modules, name
 
 
 @pytest.mark.parametrize(
-    "package", ["daemon", "daemon.cdc", "daemon.http", "daemon.kafka", "daemon.schema"]
+    "package", ["icespool", "icespool.cdc", "icespool.http", "icespool.kafka", "icespool.schema"]
 )
 def test_lazy_packages_export_every_name(package: str) -> None:
     module = importlib.import_module(package)

@@ -32,10 +32,10 @@ from pyiceberg.types import LongType, NestedField
 from support.failing_io import RefusingDeletes
 from support.fixture_types import MakeConfig
 
-from daemon.config import Config, embedded_default, validate_config
-from daemon.errors import ConfigError
-from daemon.iceberg import commit_properties, table_defaults
-from daemon.maintenance import (
+from icespool.config import Config, embedded_default, validate_config
+from icespool.errors import ConfigError
+from icespool.iceberg import commit_properties, table_defaults
+from icespool.maintenance import (
     LEASE_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
     MIN_SNAPSHOTS_PROPERTY,
@@ -49,8 +49,8 @@ from daemon.maintenance import (
     release,
     resolve,
 )
-from daemon.retry import Backoff
-from daemon.service import Icespool
+from icespool.retry import Backoff
+from icespool.service import Icespool
 
 TABLE = "m.events"
 SCHEMA = [{"name": "id", "type": "long", "required": True}]

@@ -27,7 +27,7 @@ import aiohttp
 from support.daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, DaemonError, ndjson
 from support.kafka_harness import Broker, create_topic, produce, unique_name
 
-from daemon.maintenance import FileOwner, remove_orphans
+from icespool.maintenance import FileOwner, remove_orphans
 
 SEAMS_DIR = Path(__file__).resolve().parent / "support" / "crash_seams"
 SEAMS = ("during-compaction-rewrite", "after-compaction-commit", "during-manifest-merge")

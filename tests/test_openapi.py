@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from support.daemon_harness import Daemon, DaemonDir
 
-from daemon.http import openapi_document
+from icespool.http import openapi_document
 
 REPO_DOCUMENT = Path(__file__).resolve().parents[1] / "daemon" / "http" / "openapi.json"
 ADMIN, PRODUCER = "admin-secret-1", "producer-secret-2"

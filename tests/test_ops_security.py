@@ -15,7 +15,7 @@ import pytest
 from support.daemon_harness import daemon_command
 from support.fixture_types import RunDaemon
 
-from daemon.config import REDACTED, embedded_default, is_secret_key, redacted, validate_config
+from icespool.config import REDACTED, embedded_default, is_secret_key, redacted, validate_config
 
 PASSWORD = "hunter2-Secret"
 DEMO = "demo.events"

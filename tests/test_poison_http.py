@@ -27,10 +27,10 @@ from pyiceberg.catalog import load_catalog
 from support.daemon_harness import CATALOG_NAME, Daemon, DaemonDir
 from support.daemon_harness import TABLE as HARNESS_TABLE
 
-from daemon.config import validate_config
-from daemon.decode import JsonOptions, decode_ndjson
-from daemon.errors import BadInputError, ConfigError
-from daemon.nesting import depth, too_deep_lines
+from icespool.config import validate_config
+from icespool.decode import JsonOptions, decode_ndjson
+from icespool.errors import BadInputError, ConfigError
+from icespool.nesting import depth, too_deep_lines
 
 TABLE = "t.poison"
 INFERRED = "t.inferred"

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 
-from daemon.config import Config, embedded_default, validate_config
-from daemon.reload import plan_reload
+from icespool.config import Config, embedded_default, validate_config
+from icespool.reload import plan_reload
 
 
 def _raw(tmp_path: Path) -> dict[str, Any]:

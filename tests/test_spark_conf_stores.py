@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
-from daemon.config import validate_config
-from daemon.spark_conf import (
+from icespool.cli import main
+from icespool.config import validate_config
+from icespool.spark_conf import (
     EXTENSIONS,
     ICEBERG_VERSION,
     MAVEN_AWS_BUNDLE,

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from daemon.errors import SparkConfError
-from daemon.spark_conf import _database_uri, jdbc_connection
+from icespool.errors import SparkConfError
+from icespool.spark_conf import _database_uri, jdbc_connection
 
 URIS = [
     "sqlite:////var/lib/icespool/catalog.db",

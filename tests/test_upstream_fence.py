@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import subprocess
 import sys
 import textwrap
@@ -51,17 +52,17 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 from support.private_names import defined_by, outside, private_attributes, touches
 
-from daemon.iceberg._upstream import _contract
-from daemon.iceberg._upstream._contract import (
+from icespool.iceberg._upstream import _contract
+from icespool.iceberg._upstream._contract import (
     HIVE_PINS,
     PINS,
     UpstreamContractError,
     check_contract,
 )
-from daemon.iceberg._upstream._metadata import apply_updates
-from daemon.iceberg._upstream._partition_key import physical_partition_key
-from daemon.iceberg._upstream._summary import summary_value
-from daemon.iceberg._upstream._transaction import Staging, staged_updates
+from icespool.iceberg._upstream._metadata import apply_updates
+from icespool.iceberg._upstream._partition_key import physical_partition_key
+from icespool.iceberg._upstream._summary import summary_value
+from icespool.iceberg._upstream._transaction import Staging, staged_updates
 
 REPO = Path(__file__).resolve().parents[1]
 FENCE = REPO / "daemon" / "iceberg" / "_upstream"
@@ -189,7 +190,7 @@ def test_the_command_line_fails_with_the_one_line(tmp_path: Path) -> None:
         import sys
         import pyiceberg.table.update as update
         del update._TableMetadataUpdateContext  # an upstream that renamed it
-        from daemon.cli import main
+        from icespool.cli import main
         sys.exit(main(["check-config", "--connect", "--config", sys.argv[1]]))
         """
     )
@@ -203,7 +204,7 @@ def test_the_command_line_fails_with_the_one_line(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PATH": "/usr/bin:/bin"},
         cwd=tmp_path,
     )
     assert done.returncode == 1, done.stderr

@@ -36,13 +36,13 @@ from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
 from support.many_tables import declared_tables, make_tables
 from support.service_helpers import metric, table_rows, wait_rows
 
-from daemon.config import Config
-from daemon.fanout import fan_out
-from daemon.kafka import _handover
-from daemon.kafka._decode import Fetch
-from daemon.kafka._routing import DynamicRouter
-from daemon.sd_notify import status_line
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.fanout import fan_out
+from icespool.kafka import _handover
+from icespool.kafka._decode import Fetch
+from icespool.kafka._routing import DynamicRouter
+from icespool.sd_notify import status_line
+from icespool.service import Icespool
 
 # ------------------------------------------------------------------ cost per table
 

@@ -11,12 +11,12 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
-from daemon import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
-from daemon.config import Config, embedded_default, validate_config
-from daemon.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
-from daemon.iceberg._parquet import encode_data_files
-from daemon.schema import arrow_schema_for
-from spool import Spool
+from icespool import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
+from icespool.config import Config, embedded_default, validate_config
+from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
+from icespool.iceberg._parquet import encode_data_files
+from icespool.schema import arrow_schema_for
+from icespool.spool import Spool
 
 TABLE = "t.events"
 

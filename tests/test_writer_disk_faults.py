@@ -9,8 +9,8 @@ import pytest
 from support.faulty_fs import FaultyFileSystem
 from test_writer import TABLE, _batch, _config, _rows
 
-from daemon import BackpressureError, Icespool
-from spool import SpoolIOError
+from icespool import BackpressureError, Icespool
+from icespool.spool import SpoolIOError
 
 
 async def test_a_failed_seal_still_commits_the_sealed_segments(tmp_path: Path) -> None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daemon._lazy import lazy_exports
+from icespool._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from daemon.cdc._body import (
+    from icespool.cdc._body import (
         HTTP_OP,
         OP_NAMES,
         body_schema,
@@ -35,12 +35,19 @@ if TYPE_CHECKING:
         to_changes,
         without_op,
     )
-    from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
-    from daemon.cdc._conform import conform_changes, spoolable
-    from daemon.cdc._deletes import LiveData, LiveDelete, LiveFiles, applies, droppable, live_files
-    from daemon.cdc._key import key_type_problem
-    from daemon.cdc._merge import Resolved, apply_equality_deletes, last_changes
-    from daemon.cdc._read import read_merged
+    from icespool.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+    from icespool.cdc._conform import conform_changes, spoolable
+    from icespool.cdc._deletes import (
+        LiveData,
+        LiveDelete,
+        LiveFiles,
+        applies,
+        droppable,
+        live_files,
+    )
+    from icespool.cdc._key import key_type_problem
+    from icespool.cdc._merge import Resolved, apply_equality_deletes, last_changes
+    from icespool.cdc._read import read_merged
 
 __all__ = [
     "DELETE",
@@ -72,11 +79,11 @@ __all__ = [
     "without_op",
 ]
 
-# Imported when first used: see daemon._lazy.
+# Imported when first used: see icespool._lazy.
 __getattr__ = lazy_exports(
     __name__,
     {
-        "daemon.cdc._body": (
+        "icespool.cdc._body": (
             "HTTP_OP",
             "OP_NAMES",
             "body_schema",
@@ -87,15 +94,15 @@ __getattr__ = lazy_exports(
             "to_changes",
             "without_op",
         ),
-        "daemon.cdc._changes": (
+        "icespool.cdc._changes": (
             "DELETE",
             "OP_COLUMN",
             "UPSERT",
             "change_schema",
             "with_ops",
         ),
-        "daemon.cdc._conform": ("conform_changes", "spoolable"),
-        "daemon.cdc._deletes": (
+        "icespool.cdc._conform": ("conform_changes", "spoolable"),
+        "icespool.cdc._deletes": (
             "LiveData",
             "LiveDelete",
             "LiveFiles",
@@ -103,12 +110,12 @@ __getattr__ = lazy_exports(
             "droppable",
             "live_files",
         ),
-        "daemon.cdc._key": ("key_type_problem",),
-        "daemon.cdc._merge": (
+        "icespool.cdc._key": ("key_type_problem",),
+        "icespool.cdc._merge": (
             "Resolved",
             "apply_equality_deletes",
             "last_changes",
         ),
-        "daemon.cdc._read": ("read_merged",),
+        "icespool.cdc._read": ("read_merged",),
     },
 )

@@ -15,8 +15,8 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, with_ops
-from daemon.errors import BadInputError, SchemaError
+from icespool.cdc._changes import DELETE, OP_COLUMN, UPSERT, with_ops
+from icespool.errors import BadInputError, SchemaError
 
 __all__ = [
     "HTTP_OP",
@@ -73,7 +73,7 @@ def to_changes(
     required: Sequence[str],
     where: Callable[[int], str],
 ) -> pa.RecordBatch:
-    """A change batch (`daemon.cdc.change_schema` of the table) from ``decoded`` (in
+    """A change batch (`icespool.cdc.change_schema` of the table) from ``decoded`` (in
     `body_schema`). ``required``: the table's required non-key columns (an upsert must
     carry them); ``where(row)`` says where row ``row`` is in the body (`` (line 3)``).
 

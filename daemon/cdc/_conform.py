@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema
-from daemon.errors import BackpressureError, BadInputError, SchemaError
-from daemon.schema import conform, find_out_of_range
+from icespool.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema
+from icespool.errors import BackpressureError, BadInputError, SchemaError
+from icespool.schema import conform, find_out_of_range
 
 __all__ = ["conform_changes", "spoolable"]
 

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc._changes import OP_COLUMN, UPSERT, change_schema
-from daemon.schema import conform
+from icespool.cdc._changes import OP_COLUMN, UPSERT, change_schema
+from icespool.schema import conform
 
 __all__ = ["Resolved", "apply_equality_deletes", "last_changes"]
 

@@ -2,7 +2,7 @@
 
 pyiceberg 0.12's scan refuses tables with equality deletes, so the daemon's own
 readers (tests, tools) read through this instead. Which delete applies to which data
-file is `daemon.cdc._deletes`' (Iceberg's scoping rules, shared with compaction);
+file is `icespool.cdc._deletes`' (Iceberg's scoping rules, shared with compaction);
 this applies them to the rows: position deletes by (file, position), equality
 deletes by key, each as one join over the whole table. Blocking; the whole table is
 read into memory (a reader for checks and small tables, not a query engine).
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
-from daemon.cdc._deletes import LiveData, LiveDelete, live_files
-from daemon.schema import arrow_schema_for, conform
+from icespool.cdc._deletes import LiveData, LiveDelete, live_files
+from icespool.schema import arrow_schema_for, conform
 
 __all__ = ["read_merged"]
 

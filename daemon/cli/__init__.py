@@ -7,6 +7,6 @@ _view     the human views of ``status`` and ``tables``
 _dead_letters  ``dead-letters list``: a dead-letter table by target and reason
 """
 
-from daemon.cli._main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, build_parser, main
+from icespool.cli._main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, build_parser, main
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from daemon.config import Config
-from daemon.errors import IcespoolError
+from icespool.config import Config
+from icespool.errors import IcespoolError
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.config import Config
-from daemon.errors import CatalogError
+from icespool.config import Config
+from icespool.errors import CatalogError
 
 __all__ = ["list_dead_letters"]
 
@@ -27,8 +27,8 @@ def list_dead_letters(
     # Imported here: the other commands do not need Kafka's or pyiceberg's modules.
     from pyiceberg.exceptions import NoSuchTableError
 
-    from daemon.iceberg import load_catalog
-    from daemon.kafka import ReplayFilter, summarize_dead_letters
+    from icespool.iceberg import load_catalog
+    from icespool.kafka import ReplayFilter, summarize_dead_letters
 
     selection = ReplayFilter.from_json(dict(filters))
     name = config.catalog.name

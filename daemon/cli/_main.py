@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from daemon.errors import ConfigError, IcespoolError, SparkConfError
+from icespool.errors import ConfigError, IcespoolError, SparkConfError
 
 # The config model (pydantic, the type grammar) is imported by the commands that load a
 # config, not by --help, --version or a status call given --url and --token-file.
 if TYPE_CHECKING:
-    from daemon.config import Config
+    from icespool.config import Config
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -207,7 +207,7 @@ def _add_spark_conf_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Spark catalog name (default: [catalog] name; a sql catalog must keep it)",
     )
-    from daemon.spark_conf import DEFAULT_SPARK, SPARK_RUNTIMES
+    from icespool.spark_conf import DEFAULT_SPARK, SPARK_RUNTIMES
 
     parser.add_argument(
         "--spark",
@@ -235,7 +235,7 @@ def _error(message: str) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
-    from daemon.config import load_config
+    from icespool.config import load_config
 
     config = load_config(args.config)
     updates: dict[str, Any] = {}
@@ -249,7 +249,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    from daemon.config import env_overrides, redacted, render_toml, resolve_config_path
+    from icespool.config import env_overrides, redacted, render_toml, resolve_config_path
 
     config = _load(args)
     _check_http_files(config)
@@ -271,7 +271,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 def _check_http_files(config: Config) -> None:
     """The TLS certificate and key load, and the named token files read (ConfigError
     naming the key otherwise); values are never printed."""
-    from daemon.http import load_tokens, server_context
+    from icespool.http import load_tokens, server_context
 
     server_context(config.http)
     load_tokens(config.http, admin_file=False)
@@ -279,7 +279,7 @@ def _check_http_files(config: Config) -> None:
 
 def _check_connect(config: Config) -> int:
     # Imported here: pyiceberg is heavy and only --connect needs it.
-    from daemon.iceberg import check_catalog
+    from icespool.iceberg import check_catalog
 
     sys.stdout.flush()
     try:
@@ -294,12 +294,12 @@ def _check_connect(config: Config) -> int:
 
 def _app() -> Any:
     # Imported lazily: the CLI (check-config, --help) must work without the daemon's heavy
-    # imports, and import_module keeps type checking independent of daemon.app's state.
-    return importlib.import_module("daemon.app")
+    # imports, and import_module keeps type checking independent of icespool.app's state.
+    return importlib.import_module("icespool.app")
 
 
 def _configure_logging(config: Config) -> None:
-    from daemon.logs import configure_logging
+    from icespool.logs import configure_logging
 
     configure_logging(config.log.level, config.log.format)
 
@@ -321,7 +321,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_spark_conf(args: argparse.Namespace) -> int:
-    from daemon.spark_conf import RUNTIME_DIR_ENV, render, spark_settings
+    from icespool.spark_conf import RUNTIME_DIR_ENV, render, spark_settings
 
     config = _load(args)
     runtime_dir = args.runtime_dir or os.environ.get(RUNTIME_DIR_ENV) or None
@@ -348,7 +348,7 @@ def _cmd_spark_conf(args: argparse.Namespace) -> int:
 
 def _status_fetcher(args: argparse.Namespace) -> tuple[str, Callable[[], dict[str, Any]]]:
     """The daemon's URL, and a function that asks it for its status once."""
-    from daemon.cli._client import DEFAULT_TIMEOUT, daemon_url, fetch_status, read_token
+    from icespool.cli._client import DEFAULT_TIMEOUT, daemon_url, fetch_status, read_token
 
     config = _load(args) if args.config or not args.url or not args.token_file else None
     url = args.url or daemon_url(_require(config))
@@ -364,7 +364,7 @@ def _require(config: Config | None) -> Config:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from daemon.cli._view import render_status
+    from icespool.cli._view import render_status
 
     url, fetch = _status_fetcher(args)
 
@@ -386,7 +386,7 @@ def _watch(
 ) -> int:
     """Redraw until Ctrl-C (exit 0). A daemon that goes away (restart) is shown, not fatal;
     a refused token is (it will not fix itself)."""
-    from daemon.cli._client import DaemonRequestError
+    from icespool.cli._client import DaemonRequestError
 
     tty = sys.stdout.isatty()
     try:
@@ -415,7 +415,7 @@ def _watch(
 def _rendered(render: Callable[..., str], status: dict[str, Any], *args: Any) -> str:
     """A view of ``status``; a status of an unexpected shape (another program on the
     port, a daemon of another version) is an error naming that, not a traceback."""
-    from daemon.cli._client import DaemonRequestError
+    from icespool.cli._client import DaemonRequestError
 
     try:
         return render(status, *args)
@@ -429,7 +429,7 @@ def _rendered(render: Callable[..., str], status: dict[str, Any], *args: Any) ->
 def _cmd_tables(args: argparse.Namespace) -> int:
     if args.offline:
         return _tables_offline(args)
-    from daemon.cli._view import render_tables
+    from icespool.cli._view import render_tables
 
     _, fetch = _status_fetcher(args)
     status = fetch()
@@ -445,7 +445,7 @@ def _cmd_tables(args: argparse.Namespace) -> int:
 
 
 def _tables_offline(args: argparse.Namespace) -> int:
-    from daemon.iceberg import catalog_tables
+    from icespool.iceberg import catalog_tables
 
     config = _load(args)
     rows = catalog_tables(config, timeout=args.timeout)
@@ -527,7 +527,7 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
         table = tables[0]
-    from daemon.kafka import REPLAY_FILTER_KEYS
+    from icespool.kafka import REPLAY_FILTER_KEYS
 
     filters = {
         key: getattr(args, key)
@@ -535,8 +535,8 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
         if getattr(args, key, None) is not None
     }
     if args.action == "list":
-        from daemon.cli._dead_letters import list_dead_letters
-        from daemon.errors import BadInputError
+        from icespool.cli._dead_letters import list_dead_letters
+        from icespool.errors import BadInputError
 
         try:
             print(list_dead_letters(config, table, filters, as_json=args.json), end="")
@@ -544,7 +544,7 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
             _error(str(exc))
             return EXIT_USAGE
         return EXIT_OK
-    from daemon.cli._client import DaemonRequestError, daemon_url, post_json, read_token
+    from icespool.cli._client import DaemonRequestError, daemon_url, post_json, read_token
 
     url = args.url or daemon_url(config)
     token = read_token(args.token_file or config.http.auth_token_file)
@@ -579,7 +579,7 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``icespool`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from daemon.config import ConfigFileError
+    from icespool.config import ConfigFileError
 
     try:
         return _COMMANDS[args.command](args)
@@ -591,9 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _error(problem.line())
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
-        if exc.name != "daemon.app":
+        if exc.name != "icespool.app":
             raise
-        _error(f"'icespool {args.command}' needs the daemon (daemon.app), which is not built yet")
+        _error(f"'icespool {args.command}' needs the daemon (icespool.app), which is not built yet")
         return EXIT_USAGE
     except IcespoolError as exc:
         _error(str(exc))

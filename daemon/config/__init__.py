@@ -3,19 +3,19 @@
     config = load_config("/etc/icespool/icespool.toml")  # None: $ICESPOOL_CONFIG or the default
     settings = config.table_settings("demo.events")       # [defaults] + the table's overrides
 
-Every problem is a ``daemon.errors.ConfigError`` whose ``key`` is the dotted path of the value
+Every problem is a ``icespool.errors.ConfigError`` whose ``key`` is the dotted path of the value
 at fault (``tables[0].schema[1].type``) and whose message says how to fix it.
 """
 
 from __future__ import annotations
 
-from daemon.config._catalog_keys import (
+from icespool.config._catalog_keys import (
     CATALOG_TYPES,
     STORAGE_KEYS,
     canonical_catalog_keys,
     pyiceberg_value,
 )
-from daemon.config._load import (
+from icespool.config._load import (
     CONFIG_ENV,
     ENV_PREFIX,
     ConfigFileError,
@@ -28,7 +28,7 @@ from daemon.config._load import (
     resolve_config_path,
     validate_config,
 )
-from daemon.config._model import (
+from icespool.config._model import (
     COLUMN_TYPES,
     DEFAULT_DATA_DIR,
     LEASE_CLOCK_MARGIN,
@@ -53,9 +53,9 @@ from daemon.config._model import (
     embedded_catalog,
     redacted,
 )
-from daemon.config._redact import REDACTED, hide_secrets, is_secret_key, redact_uri, redact_value
-from daemon.config._render import render_toml
-from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
+from icespool.config._redact import REDACTED, hide_secrets, is_secret_key, redact_uri, redact_value
+from icespool.config._render import render_toml
+from icespool.config._units import format_bytes, format_duration, parse_bytes, parse_duration
 
 __all__ = [
     "CATALOG_TYPES",

@@ -9,7 +9,7 @@ entry per type; ``STORAGE_KEYS``: FileIO keys every type passes to its tables' F
 
 Spelling: keys are matched with ``_`` and ``-`` treated alike (an environment variable
 ``ICESPOOL__CATALOG__S3__SECRET_ACCESS_KEY`` cannot spell a ``-``) and stored in the
-canonical spelling below. Every secret key ``K`` (``daemon.config.is_secret_key``) may be
+canonical spelling below. Every secret key ``K`` (``icespool.config.is_secret_key``) may be
 given as ``K-file`` instead: the path of a file holding the value (a Kubernetes Secret
 mounted as a file), read when the catalog is loaded.
 """
@@ -20,7 +20,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from daemon.config._redact import is_secret_key
+from icespool.config._redact import is_secret_key
 
 __all__ = [
     "CATALOG_TYPES",

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 
 # Submodules, not the packages: these import no pyarrow, so loading a config (the CLI)
 # stays light.
-from daemon.cdc._key import OP_COLUMN, key_type_problem
-from daemon.config._entries import KafkaConfig, TableConfig
-from daemon.config._sections import MaintenanceConfig
-from daemon.config._units import format_duration
-from daemon.config._values import LEASE_CLOCK_MARGIN, LEASE_WORK_MIN
-from daemon.errors import ConfigError
-from daemon.schema._grammar import (
+from icespool.cdc._key import OP_COLUMN, key_type_problem
+from icespool.config._entries import KafkaConfig, TableConfig
+from icespool.config._sections import MaintenanceConfig
+from icespool.config._units import format_duration
+from icespool.config._values import LEASE_CLOCK_MARGIN, LEASE_WORK_MIN
+from icespool.errors import ConfigError
+from icespool.schema._grammar import (
     parse_partition,
     parse_sort,
     parse_type_string,
@@ -54,7 +54,7 @@ def check_avro(i: int, kafka: KafkaConfig) -> None:
             "format 'avro' routes records before decoding them; route by 'route_header'",
         )
     if schema_file is not None:
-        from daemon.schema._avro import load_schema_file  # fastavro: only for this check
+        from icespool.schema._avro import load_schema_file  # fastavro: only for this check
 
         try:
             load_schema_file(schema_file)

@@ -2,7 +2,7 @@
 ``[[kafka]]`` sources.
 
 Checks of one entry that need its position in the file (``tables[2].key``) live in
-``daemon.config._checks``; a nested model does not know where it stands.
+``icespool.config._checks``; a nested model does not know where it stands.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from daemon.config._sections import MaintenanceOverride, Section, WriterSettings
-from daemon.config._values import (
+from icespool.config._sections import MaintenanceOverride, Section, WriterSettings
+from icespool.config._values import (
     BootstrapServers,
     Bytes,
     ColumnType,
@@ -35,7 +35,7 @@ from daemon.config._values import (
     TimestampUnit,
     TopicName,
 )
-from daemon.schema._grammar import PartitionTerm, parse_partition
+from icespool.schema._grammar import PartitionTerm, parse_partition
 
 __all__ = ["ColumnConfig", "KafkaConfig", "TableConfig", "matches_template"]
 

@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from daemon.config._model import Config, annotation_at, embedded_catalog, keys_at
-from daemon.errors import ConfigError
+from icespool.config._model import Config, annotation_at, embedded_catalog, keys_at
+from icespool.errors import ConfigError
 
 __all__ = [
     "CONFIG_ENV",

@@ -2,9 +2,9 @@
 (docs/reference/configuration.md), unknown keys rejected, and the checks that relate
 values of several sections.
 
-Single-value checks live on the fields (``daemon.config._values``) so pydantic reports the
+Single-value checks live on the fields (``icespool.config._values``) so pydantic reports the
 exact location; checks that relate several values live in ``Config._cross_check`` (and
-``daemon.config._checks``) and raise ConfigError with the dotted key themselves, because a
+``icespool.config._checks``) and raise ConfigError with the dotted key themselves, because a
 nested model does not know its own position in the file.
 """
 
@@ -17,17 +17,17 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, model_validator
 
-from daemon.config._catalog_keys import pyiceberg_value
-from daemon.config._checks import (
+from icespool.config._catalog_keys import pyiceberg_value
+from icespool.config._checks import (
     check_avro,
     check_changes,
     check_maintenance,
     check_table,
     check_width,
 )
-from daemon.config._entries import ColumnConfig, KafkaConfig, TableConfig, matches_template
-from daemon.config._redact import redact_config
-from daemon.config._sections import (
+from icespool.config._entries import ColumnConfig, KafkaConfig, TableConfig, matches_template
+from icespool.config._redact import redact_config
+from icespool.config._sections import (
     DEFAULT_DATA_DIR,
     CatalogConfig,
     EncodeConfig,
@@ -42,8 +42,8 @@ from daemon.config._sections import (
     WriterSettings,
     embedded_catalog,
 )
-from daemon.config._units import format_bytes
-from daemon.config._values import (
+from icespool.config._units import format_bytes
+from icespool.config._values import (
     COLUMN_TYPES,
     LEASE_CLOCK_MARGIN,
     Compression,
@@ -53,7 +53,7 @@ from daemon.config._values import (
     TimestampUnit,
     check_topic,
 )
-from daemon.errors import ConfigError, UnknownTableError
+from icespool.errors import ConfigError, UnknownTableError
 
 __all__ = [
     "COLUMN_TYPES",
@@ -85,7 +85,7 @@ __all__ = [
     "redacted",
 ]
 
-#: The claims group prefix of dead-letter replay (`daemon.kafka._replay`), which no
+#: The claims group prefix of dead-letter replay (`icespool.kafka._replay`), which no
 #: consumer group may use (the config package cannot import the Kafka one).
 REPLAY_GROUP_PREFIX = "dead-letter-replay/"
 

@@ -16,12 +16,12 @@ from typing import Annotated, Any
 from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from daemon.config._catalog_keys import (
+from icespool.config._catalog_keys import (
     SECRET_FILE_SUFFIX,
     canonical_catalog_keys,
     is_secret_file_key,
 )
-from daemon.config._values import (
+from icespool.config._values import (
     AbsPath,
     Bytes,
     CompactionMinFiles,
@@ -46,7 +46,7 @@ from daemon.config._values import (
     non_empty,
     split_listen,
 )
-from daemon.errors import ConfigError
+from icespool.errors import ConfigError
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -83,7 +83,7 @@ class Section(BaseModel):
 class CatalogConfig(BaseModel):
     """``[catalog]``: passed to pyiceberg ``load_catalog(name, **properties())``.
 
-    Besides the fields, the keys the catalog type takes (``daemon.config._catalog_keys``:
+    Besides the fields, the keys the catalog type takes (``icespool.config._catalog_keys``:
     ``s3.endpoint``, ``credential``, ...), as strings in their canonical spelling; any other
     key is an error naming it. A secret key ``K`` may be given as ``K-file`` (a path);
     ``properties()`` reads the file.
@@ -278,7 +278,7 @@ class HttpConfig(Section):
     """Seconds a kept-alive connection may wait for a request before it is closed."""
     # Beyond the cap a new connection waits unread for a place (a connection of that IP
     # without a request is closed to admit one whose request arrived); 503 after
-    # header_timeout (daemon.http._conn).
+    # header_timeout (icespool.http._conn).
     max_connections_per_ip: Annotated[int, Ge(0)] = 256
     """Connections one client IP may have read at once (0: no cap); more wait for a place."""
 

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 from annotated_types import Ge, Gt, Le
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer
 
-from daemon.config._units import format_bytes, format_duration, parse_bytes, parse_duration
-from daemon.schema._grammar import parse_partition, parse_sort, parse_type_string, render_type
+from icespool.config._units import format_bytes, format_duration, parse_bytes, parse_duration
+from icespool.schema._grammar import parse_partition, parse_sort, parse_type_string, render_type
 
 __all__ = [
     "COLUMN_TYPES",

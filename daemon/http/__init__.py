@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daemon._lazy import lazy_exports
+from icespool._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from daemon.http._api import ARROW_STREAM, JSON, NDJSON, HttpServer, start_http
-    from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
-    from daemon.http._openapi import OPENAPI_FILE, openapi_document
-    from daemon.http._tls import load_certificate, server_context
+    from icespool.http._api import ARROW_STREAM, JSON, NDJSON, HttpServer, start_http
+    from icespool.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
+    from icespool.http._openapi import OPENAPI_FILE, openapi_document
+    from icespool.http._tls import load_certificate, server_context
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
@@ -37,29 +37,29 @@ __all__ = [
     "start_http",
 ]
 
-# Imported when first used: see daemon._lazy.
+# Imported when first used: see icespool._lazy.
 __getattr__ = lazy_exports(
     __name__,
     {
-        "daemon.http._api": (
+        "icespool.http._api": (
             "ARROW_STREAM",
             "JSON",
             "NDJSON",
             "HttpServer",
             "start_http",
         ),
-        "daemon.http._auth": (
+        "icespool.http._auth": (
             "ADMIN_TOKEN_NAME",
             "Denied",
             "Token",
             "Tokens",
             "load_tokens",
         ),
-        "daemon.http._openapi": (
+        "icespool.http._openapi": (
             "OPENAPI_FILE",
             "openapi_document",
         ),
-        "daemon.http._tls": (
+        "icespool.http._tls": (
             "load_certificate",
             "server_context",
         ),

@@ -30,9 +30,9 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from daemon.config import HttpConfig
-from daemon.decode import count_ndjson_records, decode_arrow_stream
-from daemon.errors import (
+from icespool.config import HttpConfig
+from icespool.decode import count_ndjson_records, decode_arrow_stream
+from icespool.errors import (
     BackpressureError,
     BadInputError,
     IcespoolError,
@@ -41,27 +41,27 @@ from daemon.errors import (
     ShuttingDownError,
     UnknownTableError,
 )
-from daemon.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
-from daemon.http._conn import ConnectionLimits, Connections
-from daemon.http._encoding import (
+from icespool.http._auth import ADMIN_TOKEN_NAME, Denied, Token, Tokens, load_tokens
+from icespool.http._conn import ConnectionLimits, Connections
+from icespool.http._encoding import (
     CorruptEncoding,
     DecodedTooLarge,
     Decoding,
     EncodingError,
     codings,
 )
-from daemon.http._openapi import openapi_document
-from daemon.http._tls import load_certificate
-from daemon.http._upstream._site import ListeningSite
-from daemon.iceberg import short_error, unavailable
-from daemon.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
-from daemon.json_array import ndjson_from_array
-from daemon.kafka import ReplayFilter
-from daemon.metrics import CONTENT_TYPE_LATEST
-from daemon.schema import SchemaChangeError
-from daemon.service import Icespool
-from daemon.writer import FlushResult, TableWriter
-from spool import SpoolIOError
+from icespool.http._openapi import openapi_document
+from icespool.http._tls import load_certificate
+from icespool.http._upstream._site import ListeningSite
+from icespool.iceberg import short_error, unavailable
+from icespool.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
+from icespool.json_array import ndjson_from_array
+from icespool.kafka import ReplayFilter
+from icespool.metrics import CONTENT_TYPE_LATEST
+from icespool.schema import SchemaChangeError
+from icespool.service import Icespool
+from icespool.spool import SpoolIOError
+from icespool.writer import FlushResult, TableWriter
 
 __all__ = ["ARROW_STREAM", "JSON", "NDJSON", "HttpServer", "start_http"]
 
@@ -181,14 +181,14 @@ async def start_http(
     """Serve ``service`` on ``host:port`` (0 picks a free port) until ``stop()``.
 
     ``auth_token``: when set, ingest, flush and status need ``Authorization: Bearer
-    <token>`` (an admin token); ``tokens``: named, scoped tokens (`daemon.http._auth`).
+    <token>`` (an admin token); ``tokens``: named, scoped tokens (`icespool.http._auth`).
     ``max_body_bytes`` bounds a request body (413 beyond it);
     ``max_inflight_bytes`` (default 4 x ``max_body_bytes``) bounds the bodies of all
     ingest requests in progress together (503 + Retry-After beyond it);
     ``body_timeout`` bounds the time to receive a body (408), so slow clients cannot
     hold a request open forever. ``tls``: serve HTTPS with this server context
-    (`daemon.http._tls.server_context`). ``limits``: header and idle timeouts and the
-    per-IP connection cap (`daemon.http._conn`).
+    (`icespool.http._tls.server_context`). ``limits``: header and idle timeouts and the
+    per-IP connection cap (`icespool.http._conn`).
     """
     if auth_token is not None and not auth_token.strip():
         raise ValueError("auth_token must not be empty; pass None to disable auth")
@@ -212,8 +212,8 @@ async def start_http(
     app.router.add_get("/healthz", api.healthz, name="healthz")
     app.router.add_get("/readyz", api.readyz, name="readyz")
     # access_log=None: no log line per request at info; the middleware logs at debug.
-    # aiohttp's own keep-alive timer is left behind ours (daemon.http._conn closes first).
-    # auto_decompress=False: Content-Encoding is undone in one place, daemon.http._encoding
+    # aiohttp's own keep-alive timer is left behind ours (icespool.http._conn closes first).
+    # auto_decompress=False: Content-Encoding is undone in one place, icespool.http._encoding
     # (aiohttp's parser knows fewer codings, and would answer the others differently).
     runner = web.AppRunner(
         app,
@@ -350,7 +350,7 @@ class _Api:
         return await self._take(request, changes=False)
 
     async def changes(self, request: web.Request) -> web.StreamResponse:
-        """Keyed changes (`daemon.cdc`): as ingest, each row with ``_op``."""
+        """Keyed changes (`icespool.cdc`): as ingest, each row with ``_op``."""
         return await self._take(request, changes=True)
 
     async def _take(self, request: web.Request, *, changes: bool) -> web.StreamResponse:

@@ -19,8 +19,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Final
 
-from daemon.config import HttpConfig
-from daemon.errors import ConfigError
+from icespool.config import HttpConfig
+from icespool.errors import ConfigError
 
 __all__ = ["ADMIN_TOKEN_NAME", "Denied", "Token", "Tokens", "load_tokens"]
 

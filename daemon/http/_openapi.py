@@ -9,11 +9,11 @@ from importlib.resources import files
 
 __all__ = ["OPENAPI_FILE", "openapi_document"]
 
-#: The document's name inside the ``daemon.http`` package.
+#: The document's name inside the ``icespool.http`` package.
 OPENAPI_FILE = "openapi.json"
 
 
 @functools.cache
 def openapi_document() -> bytes:
     """The document's bytes, exactly as in the package."""
-    return files("daemon.http").joinpath(OPENAPI_FILE).read_bytes()
+    return files("icespool.http").joinpath(OPENAPI_FILE).read_bytes()

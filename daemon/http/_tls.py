@@ -12,8 +12,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from daemon.config import HttpConfig
-from daemon.errors import ConfigError
+from icespool.config import HttpConfig
+from icespool.errors import ConfigError
 
 __all__ = ["load_certificate", "server_context"]
 

@@ -22,9 +22,9 @@
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
 
-from daemon.iceberg._catalog import check_compatible, ensure_table, load_catalog, split_identifier
-from daemon.iceberg._check import catalog_tables, check_catalog
-from daemon.iceberg._commit import (
+from icespool.iceberg._catalog import check_compatible, ensure_table, load_catalog, split_identifier
+from icespool.iceberg._check import catalog_tables, check_catalog
+from icespool.iceberg._commit import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
     AssertProperty,
@@ -46,22 +46,22 @@ from daemon.iceberg._commit import (
     last_segments_key,
     validates_locally,
 )
-from daemon.iceberg._defaults import (
+from icespool.iceberg._defaults import (
     MAX_SNAPSHOT_AGE_MS,
     MIN_SNAPSHOTS_TO_KEEP,
     TABLE_DEFAULTS,
     apply_defaults,
     table_defaults,
 )
-from daemon.iceberg._health import CatalogHealth
-from daemon.iceberg._parquet import (
+from icespool.iceberg._health import CatalogHealth
+from icespool.iceberg._parquet import (
     COMPRESSION_CODECS,
     DELETE_FILE_MARK,
     encode_data_files,
     encode_equality_deletes,
     remove_files,
 )
-from daemon.iceberg._tables import (
+from icespool.iceberg._tables import (
     check_key,
     check_upsert_layout,
     create_inferred,
@@ -70,15 +70,15 @@ from daemon.iceberg._tables import (
     load_declared,
     table_names,
 )
-from daemon.iceberg._timeouts import (
+from icespool.iceberg._timeouts import (
     catalog_properties,
     short_error,
     startup_timeout,
     unavailable,
 )
-from daemon.iceberg._transforms import partition_transform
-from daemon.iceberg._upstream._refresh import refresh_table
-from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
+from icespool.iceberg._transforms import partition_transform
+from icespool.iceberg._upstream._refresh import refresh_table
+from icespool.iceberg._upstream._sql import IcespoolSqlCatalog
 
 __all__ = [
     "COMPRESSION_CODECS",

@@ -64,9 +64,9 @@ from pyiceberg.table.snapshots import (
     Operation,
 )
 
-from daemon.claims import ClaimsMovedError
-from daemon.errors import CommitError
-from daemon.iceberg._commit_common import (
+from icespool.claims import ClaimsMovedError
+from icespool.errors import CommitError
+from icespool.iceberg._commit_common import (
     PERMANENT_ERRORS,
     CommitResult,
     check_summary,
@@ -77,7 +77,7 @@ from daemon.iceberg._commit_common import (
     table_name,
     try_refresh,
 )
-from daemon.iceberg._segments import (
+from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
     committed_marks,
@@ -85,10 +85,10 @@ from daemon.iceberg._segments import (
     last_segment_records_key,
     last_segments_key,
 )
-from daemon.iceberg._upstream._merge_append import MergeAppend, MergeRowDelta
-from daemon.iceberg._upstream._transaction import Staging, abandon
-from daemon.retry import CONFLICTS, Backoff
-from daemon.retry import retry as retry_attempts
+from icespool.iceberg._upstream._merge_append import MergeAppend, MergeRowDelta
+from icespool.iceberg._upstream._transaction import Staging, abandon
+from icespool.retry import CONFLICTS, Backoff
+from icespool.retry import retry as retry_attempts
 
 __all__ = ["PropertyUpdate", "StaleEncodingError", "commit_files"]
 

@@ -26,17 +26,17 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
-from daemon.config import TimeoutsConfig, hide_secrets, pyiceberg_value
-from daemon.errors import CatalogError, SchemaError
-from daemon.iceberg._defaults import TABLE_DEFAULTS, with_defaults
-from daemon.iceberg._timeouts import catalog_properties, short_error
-from daemon.iceberg._upstream._rest import BoundedRestCatalog
-from daemon.iceberg._upstream._sql import IcespoolSqlCatalog
-from daemon.retry import retry
-from daemon.schema import SchemaDifference, schema_diff
+from icespool.config import TimeoutsConfig, hide_secrets, pyiceberg_value
+from icespool.errors import CatalogError, SchemaError
+from icespool.iceberg._defaults import TABLE_DEFAULTS, with_defaults
+from icespool.iceberg._timeouts import catalog_properties, short_error
+from icespool.iceberg._upstream._rest import BoundedRestCatalog
+from icespool.iceberg._upstream._sql import IcespoolSqlCatalog
+from icespool.retry import retry
+from icespool.schema import SchemaDifference, schema_diff
 
 if TYPE_CHECKING:
-    from daemon.iceberg._upstream._hive import BoundedHiveCatalog
+    from icespool.iceberg._upstream._hive import BoundedHiveCatalog
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
 
@@ -100,7 +100,7 @@ def _hive_catalog() -> type[BoundedHiveCatalog]:
     """`BoundedHiveCatalog`, imported only for a Hive catalog: it needs thrift, which only
     the ``hive`` extra installs."""
     try:
-        from daemon.iceberg._upstream._hive import BoundedHiveCatalog
+        from icespool.iceberg._upstream._hive import BoundedHiveCatalog
     except ImportError as exc:
         raise CatalogError(
             f"catalog type 'hive' needs the thrift package ({exc}): install "

@@ -24,12 +24,12 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table import Table
 
-from daemon.config import Config, hide_secrets
-from daemon.errors import CatalogError
-from daemon.iceberg._catalog import load_catalog
-from daemon.iceberg._tables import table_names
-from daemon.iceberg._timeouts import short_error, startup_timeout
-from spool import new_uuid7
+from icespool.config import Config, hide_secrets
+from icespool.errors import CatalogError
+from icespool.iceberg._catalog import load_catalog
+from icespool.iceberg._tables import table_names
+from icespool.iceberg._timeouts import short_error, startup_timeout
+from icespool.spool import new_uuid7
 
 __all__ = ["catalog_tables", "check_catalog"]
 

@@ -18,8 +18,8 @@ place).
 
 from __future__ import annotations
 
-from daemon.iceberg._append import PropertyUpdate, StaleEncodingError, commit_files
-from daemon.iceberg._commit_common import (
+from icespool.iceberg._append import PropertyUpdate, StaleEncodingError, commit_files
+from icespool.iceberg._commit_common import (
     AssertProperty,
     AssertUnreferenced,
     CommitRejectedError,
@@ -27,14 +27,18 @@ from daemon.iceberg._commit_common import (
     new_transaction,
     validates_locally,
 )
-from daemon.iceberg._housekeeping import (
+from icespool.iceberg._housekeeping import (
     ExpiredSnapshots,
     commit_expiry,
     commit_properties,
     delete_rows,
 )
-from daemon.iceberg._replace import CommitOutcomeUnknownError, ReplaceConflictError, commit_replace
-from daemon.iceberg._segments import (
+from icespool.iceberg._replace import (
+    CommitOutcomeUnknownError,
+    ReplaceConflictError,
+    commit_replace,
+)
+from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
     committed_marks,

@@ -40,10 +40,10 @@ from pyiceberg.table.update import (
     ValidatableTableRequirement,
 )
 
-from daemon.errors import CommitError
-from daemon.iceberg._segments import SEGMENT_RECORDS_SUMMARY_KEY, SEGMENTS_SUMMARY_KEY
-from daemon.iceberg._upstream._refresh import refresh_table
-from daemon.iceberg._upstream._transaction import Staging, abandon, send, staged_table, tidy
+from icespool.errors import CommitError
+from icespool.iceberg._segments import SEGMENT_RECORDS_SUMMARY_KEY, SEGMENTS_SUMMARY_KEY
+from icespool.iceberg._upstream._refresh import refresh_table
+from icespool.iceberg._upstream._transaction import Staging, abandon, send, staged_table, tidy
 
 __all__ = [
     "PERMANENT_ERRORS",

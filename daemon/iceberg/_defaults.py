@@ -31,7 +31,7 @@ from typing import Final
 from pyiceberg.table import Table
 from pyiceberg.table.update import ValidatableTableRequirement
 
-from daemon.iceberg._commit import commit_properties
+from icespool.iceberg._commit import commit_properties
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_AGE_MS",

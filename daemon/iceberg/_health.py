@@ -13,7 +13,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from daemon.iceberg._timeouts import short_error, unavailable
+from icespool.iceberg._timeouts import short_error, unavailable
 
 __all__ = ["CatalogHealth"]
 

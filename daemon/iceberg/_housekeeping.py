@@ -26,8 +26,8 @@ from pyiceberg.table.update import (
     ValidatableTableRequirement,
 )
 
-from daemon.errors import CommitError
-from daemon.iceberg._commit_common import (
+from icespool.errors import CommitError
+from icespool.iceberg._commit_common import (
     PERMANENT_ERRORS,
     AssertProperty,
     AssertUnreferenced,
@@ -36,9 +36,9 @@ from daemon.iceberg._commit_common import (
     try_refresh,
     validates_locally,
 )
-from daemon.iceberg._upstream._refresh import refresh_table
-from daemon.iceberg._upstream._transaction import Staging, stage, staged_updates
-from daemon.retry import CONFLICTS, Backoff, retry_conflicts
+from icespool.iceberg._upstream._refresh import refresh_table
+from icespool.iceberg._upstream._transaction import Staging, stage, staged_updates
+from icespool.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = ["ExpiredSnapshots", "commit_expiry", "commit_properties", "delete_rows"]
 

@@ -54,11 +54,11 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.datetime import date_to_days, datetime_to_micros, time_to_micros
 
-from daemon.errors import CatalogError, SchemaError, TablePropertyError
-from daemon.iceberg._properties import write_int_property
-from daemon.iceberg._transforms import partition_transform
-from daemon.iceberg._upstream._partition_key import physical_partition_key
-from daemon.schema import arrow_schema_for, conform, fill_masked_children
+from icespool.errors import CatalogError, SchemaError, TablePropertyError
+from icespool.iceberg._properties import write_int_property
+from icespool.iceberg._transforms import partition_transform
+from icespool.iceberg._upstream._partition_key import physical_partition_key
+from icespool.schema import arrow_schema_for, conform, fill_masked_children
 
 __all__ = [
     "COMPRESSION_CODECS",

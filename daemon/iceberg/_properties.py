@@ -22,7 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import Final, overload
 
-from daemon.errors import TablePropertyError
+from icespool.errors import TablePropertyError
 
 __all__ = ["int_property", "parse_int_property", "warn_bad_property", "write_int_property"]
 

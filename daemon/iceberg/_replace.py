@@ -26,8 +26,8 @@ from pyiceberg.table.update import (
     ValidatableTableRequirement,
 )
 
-from daemon.errors import CommitError
-from daemon.iceberg._commit_common import (
+from icespool.errors import CommitError
+from icespool.iceberg._commit_common import (
     PERMANENT_ERRORS,
     TABLE_GONE,
     CommitRejectedError,
@@ -38,9 +38,9 @@ from daemon.iceberg._commit_common import (
     table_name,
     try_refresh,
 )
-from daemon.iceberg._upstream._replace import ReplaceFiles
-from daemon.iceberg._upstream._transaction import Staging
-from daemon.retry import CONFLICTS, Backoff, retry_conflicts
+from icespool.iceberg._upstream._replace import ReplaceFiles
+from icespool.iceberg._upstream._transaction import Staging
+from icespool.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = ["CommitOutcomeUnknownError", "ReplaceConflictError", "commit_replace"]
 

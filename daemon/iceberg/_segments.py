@@ -17,7 +17,7 @@ from pyiceberg.table.snapshots import (
     Snapshot,
 )
 
-from daemon.iceberg._upstream._summary import summary_value
+from icespool.iceberg._upstream._summary import summary_value
 
 __all__ = [
     "SEGMENTS_SUMMARY_KEY",

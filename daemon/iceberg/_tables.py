@@ -19,12 +19,12 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from daemon.cdc import key_type_problem
-from daemon.config import TableConfig
-from daemon.errors import CatalogError, TableLayoutError
-from daemon.iceberg._catalog import ensure_table
-from daemon.iceberg._defaults import TABLE_DEFAULTS
-from daemon.schema import (
+from icespool.cdc import key_type_problem
+from icespool.config import TableConfig
+from icespool.errors import CatalogError, TableLayoutError
+from icespool.iceberg._catalog import ensure_table
+from icespool.iceberg._defaults import TABLE_DEFAULTS
+from icespool.schema import (
     check_width,
     count_columns,
     infer_schema,

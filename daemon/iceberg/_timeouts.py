@@ -47,9 +47,9 @@ from pyarrow.fs import AwsStandardS3RetryStrategy
 from pyiceberg.exceptions import ServerError, ServiceUnavailableError
 from sqlalchemy.engine import make_url
 
-from daemon.config import TimeoutsConfig
-from daemon.errors import CatalogError
-from daemon.iceberg._upstream._gcs_io import GcsBoundedFileIO
+from icespool.config import TimeoutsConfig
+from icespool.errors import CatalogError
+from icespool.iceberg._upstream._gcs_io import GcsBoundedFileIO
 
 __all__ = [
     "GcsBoundedFileIO",

@@ -19,26 +19,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daemon._lazy import lazy_exports
+from icespool._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from daemon.kafka._dead_letter import (
+    from icespool.kafka._dead_letter import (
         DEAD_LETTER_COLUMNS,
         DeadLetterGroup,
         dead_letter_schema,
         summarize_dead_letters,
     )
-    from daemon.kafka._offsets import OffsetBook
-    from daemon.kafka._replay import (
+    from icespool.kafka._offsets import OffsetBook
+    from icespool.kafka._replay import (
         FILTER_KEYS as REPLAY_FILTER_KEYS,
     )
-    from daemon.kafka._replay import (
+    from icespool.kafka._replay import (
         DeadLetterReplay,
         ReplayFilter,
         ReplayResult,
         replay_group,
     )
-    from daemon.kafka._source import KafkaSource
+    from icespool.kafka._source import KafkaSource
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
@@ -54,24 +54,24 @@ __all__ = [
     "summarize_dead_letters",
 ]
 
-# Imported when first used: see daemon._lazy.
+# Imported when first used: see icespool._lazy.
 __getattr__ = lazy_exports(
     __name__,
     {
-        "daemon.kafka._dead_letter": (
+        "icespool.kafka._dead_letter": (
             "DEAD_LETTER_COLUMNS",
             "DeadLetterGroup",
             "dead_letter_schema",
             "summarize_dead_letters",
         ),
-        "daemon.kafka._offsets": ("OffsetBook",),
-        "daemon.kafka._replay": (
+        "icespool.kafka._offsets": ("OffsetBook",),
+        "icespool.kafka._replay": (
             ("REPLAY_FILTER_KEYS", "FILTER_KEYS"),
             "DeadLetterReplay",
             "ReplayFilter",
             "ReplayResult",
             "replay_group",
         ),
-        "daemon.kafka._source": ("KafkaSource",),
+        "icespool.kafka._source": ("KafkaSource",),
     },
 )

@@ -41,12 +41,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from daemon.decode import split_failures
-from daemon.errors import BadInputError, SchemaError
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
-from daemon.nesting import DEFAULT_MAX_DEPTH
-from daemon.retry import retry
-from daemon.schema import (
+from icespool.decode import split_failures
+from icespool.errors import BadInputError, SchemaError
+from icespool.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from icespool.nesting import DEFAULT_MAX_DEPTH
+from icespool.retry import retry
+from icespool.schema import (
     WriterSchema,
     cast_array,
     conform,
@@ -56,7 +56,7 @@ from daemon.schema import (
 )
 
 if TYPE_CHECKING:
-    from daemon.config import KafkaConfig
+    from icespool.config import KafkaConfig
 
 __all__ = [
     "AvroSchemas",
@@ -758,7 +758,7 @@ def avro_rows(
     tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]],
 ]:
     """Avro values (Kafka values or keys) at given positions -> rows in a schema, for
-    `daemon.kafka._changes` (Debezium's envelope: ``ignore_unknown`` skips its
+    `icespool.kafka._changes` (Debezium's envelope: ``ignore_unknown`` skips its
     ``source``, ``ts_ms``, ``transaction``). Same wire rules and dead letters as
     `decode_avro`; the good rows come back in position order."""
 

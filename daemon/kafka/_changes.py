@@ -1,4 +1,4 @@
-"""Kafka change records -> ONE change batch per table (`daemon.cdc`), in offset order.
+"""Kafka change records -> ONE change batch per table (`icespool.cdc`), in offset order.
 
     values (BinaryArray) --prescreen--> tombstones (null value: delete by Kafka key)
                                         oversized / too deep -> dead letters
@@ -23,7 +23,7 @@ types), ``not_upsert`` (a delete for a table without a key), ``bad_change`` (an
 envelope without a usable ``op`` or ``after``, an unknown op such as t or m).
 
 Nothing here parses a record in Python on the good path: whole-fetch pyarrow calls,
-bisected (`daemon.decode.split_failures`) only to isolate bad records.
+bisected (`icespool.decode.split_failures`) only to isolate bad records.
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
-from daemon.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
-from daemon.kafka._avro import AvroSchemas, avro_rows
-from daemon.kafka._connect import ConnectTypes
-from daemon.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
-from daemon.nesting import too_deep, too_deep_lines
+from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
+from icespool.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
+from icespool.kafka._avro import AvroSchemas, avro_rows
+from icespool.kafka._connect import ConnectTypes
+from icespool.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from icespool.nesting import too_deep, too_deep_lines
 
 if TYPE_CHECKING:
-    from daemon.config import KafkaConfig
+    from icespool.config import KafkaConfig
 
 __all__ = [
     "ChangeMode",

@@ -14,8 +14,8 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.helpers import create_ssl_context
 
-from daemon.config import KafkaConfig
-from daemon.kafka._upstream._consumer import committed_offsets
+from icespool.config import KafkaConfig
+from icespool.kafka._upstream._consumer import committed_offsets
 
 __all__ = [
     "PROBE_TIMEOUT",

@@ -1,6 +1,6 @@
 """A source's offsets after the tables have them: idle tables, group commits, lag.
 
-The tables' properties are the truth (`daemon.kafka._offsets`). Two things follow
+The tables' properties are the truth (`icespool.kafka._offsets`). Two things follow
 from them here, both on the source's tick, on revoke and on close:
 
 - a table with nothing pending from a partition the source consumed (a rarely used
@@ -22,18 +22,18 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from daemon.fanout import CATALOG_CONCURRENCY, fan_out
-from daemon.kafka._client import PROBE_TIMEOUT
-from daemon.kafka._offsets import (
+from icespool.fanout import CATALOG_CONCURRENCY, fan_out
+from icespool.kafka._client import PROBE_TIMEOUT
+from icespool.kafka._offsets import (
     OffsetBook,
     Ranges,
     offsets_key,
     ranges_from_properties,
     resume_position,
 )
-from daemon.kafka._partitions import Partition, PartitionState
-from daemon.metrics import Metrics
-from daemon.writer import TableWriter
+from icespool.kafka._partitions import Partition, PartitionState
+from icespool.metrics import Metrics
+from icespool.writer import TableWriter
 
 __all__ = ["IDLE_TABLES_PER_ROUND", "OffsetCommitter"]
 

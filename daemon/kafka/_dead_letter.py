@@ -15,8 +15,8 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from daemon.kafka._decode import DeadRecord, Fetch, header_name, headers_json, record_timestamps
-from daemon.schema import parse_schema
+from icespool.kafka._decode import DeadRecord, Fetch, header_name, headers_json, record_timestamps
+from icespool.schema import parse_schema
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",

@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from daemon.decode import JsonOptions, LenientResult, RecordError, decode_ndjson_lenient
-from daemon.kafka._offsets import RecordMark
-from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
-from daemon.schema import conform
+from icespool.decode import JsonOptions, LenientResult, RecordError, decode_ndjson_lenient
+from icespool.kafka._offsets import RecordMark
+from icespool.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
+from icespool.schema import conform
 
 __all__ = [
     "DeadRecord",
@@ -447,7 +447,7 @@ def _error_text(error: RecordError) -> str:
 
 def too_deep_values(values: Binary, max_depth: int) -> dict[int, str]:
     """Which ``values`` nest deeper than ``max_depth``, with the error each gets (one
-    linear scan of the joined values; see `daemon.nesting`)."""
+    linear scan of the joined values; see `icespool.nesting`)."""
     if not len(values):
         return {}
     lines = too_deep_lines(joined(values), max_depth)
@@ -533,7 +533,7 @@ def route_values(
 
 def _routes(values: Binary, field: str) -> list[str | None]:
     body = joined(values)
-    # pyarrow 26 crashes on a top-level `null` starting a block (see daemon.decode):
+    # pyarrow 26 crashes on a top-level `null` starting a block (see icespool.decode):
     # only bodies of plain objects reach it.
     if not _UNSAFE.search(body) and not _NOT_AN_OBJECT.search(body):
         try:

@@ -6,7 +6,7 @@ certificate not trusted, client certificate refused, SASL login refused) and onl
 logs the real error. And a SCRAM login the broker refuses with an RFC 5802 error
 (``e=unknown-user``, ``e=invalid-proof``) surfaces as ``KeyError: 'v'`` from its
 SCRAM client. ``connect_problem`` turns both into a reason for ``/v1/status`` (the
-connection and the SCRAM frame are read through ``daemon.kafka._upstream._probe``).
+connection and the SCRAM frame are read through ``icespool.kafka._upstream._probe``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from daemon.kafka._upstream._probe import BOOTSTRAP_FAILED, connect_once, scram_final_message
+from icespool.kafka._upstream._probe import BOOTSTRAP_FAILED, connect_once, scram_final_message
 
 __all__ = ["connect_problem"]
 

@@ -1,7 +1,7 @@
 """The walk of one fetch batch of one partition: from Kafka records to spooled rows.
 
     route -> create the tables unknown routes name (auto_create)
-          -> decode and evolve each table's records through `daemon.ingest`
+          -> decode and evolve each table's records through `icespool.ingest`
           -> dead letters (a table or a topic) -> hand each table its new rows
 
 Caller: `KafkaSource`, under its lock, for a partition in state FETCHING.
@@ -25,15 +25,15 @@ import pyarrow as pa
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from daemon.config import KafkaConfig
-from daemon.decode import infer_records_schema
-from daemon.errors import BackpressureError, IcespoolError
-from daemon.fanout import CATALOG_CONCURRENCY, fan_out
-from daemon.ingest import AUTO_CREATED, Ingest, Wants
-from daemon.kafka._avro import AvroSchemas, avro_schemas, decode_avro
-from daemon.kafka._changes import decode_fetch_changes
-from daemon.kafka._dead_letter import dead_letter_batch, dead_letter_headers
-from daemon.kafka._decode import (
+from icespool.config import KafkaConfig
+from icespool.decode import infer_records_schema
+from icespool.errors import BackpressureError, IcespoolError
+from icespool.fanout import CATALOG_CONCURRENCY, fan_out
+from icespool.ingest import AUTO_CREATED, Ingest, Wants
+from icespool.kafka._avro import AvroSchemas, avro_schemas, decode_avro
+from icespool.kafka._changes import decode_fetch_changes
+from icespool.kafka._dead_letter import dead_letter_batch, dead_letter_headers
+from icespool.kafka._decode import (
     DeadRecord,
     Decoded,
     Fetch,
@@ -41,12 +41,12 @@ from daemon.kafka._decode import (
     decode_raw,
     with_metadata_fields,
 )
-from daemon.kafka._offsets import Ranges, RecordMark, batch_meta
-from daemon.kafka._partitions import Partition
-from daemon.kafka._routing import Router
-from daemon.metrics import Metrics
-from daemon.schema import SchemaChangeError
-from daemon.writer import TableWriter
+from icespool.kafka._offsets import Ranges, RecordMark, batch_meta
+from icespool.kafka._partitions import Partition
+from icespool.kafka._routing import Router
+from icespool.metrics import Metrics
+from icespool.schema import SchemaChangeError
+from icespool.writer import TableWriter
 
 __all__ = ["CREATE_PER_FETCH", "Dead", "Handover"]
 
@@ -196,7 +196,7 @@ class Handover:
         options = self._ingest.json_options(writer)
         if c.format == "avro" and self._avro is None:
             self._avro = avro_schemas(c)
-        if c.changes != "none":  # keyed changes: one change batch (daemon.kafka._changes)
+        if c.changes != "none":  # keyed changes: one change batch (icespool.kafka._changes)
             return decode_fetch_changes(
                 fetch, schema, writer.key, c, options=options, avro=self._avro, subset=subset
             )

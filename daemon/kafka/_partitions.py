@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from daemon.kafka._offsets import Ranges, resume_position
-from daemon.metrics import Metrics
+from icespool.kafka._offsets import Ranges, resume_position
+from icespool.metrics import Metrics
 
 __all__ = ["Assignment", "Partition", "PartitionState"]
 
@@ -56,7 +56,7 @@ class Partition:
     # not where the consumer now is (see KafkaSource._fetch_loop's read-ahead).
     epoch: int = 0
     # The topic's id (Kafka 2.8+) when the partition was checked: another one later
-    # means the topic was re-created under it (`daemon.kafka._upstream._topic_ids`).
+    # means the topic was re-created under it (`icespool.kafka._upstream._topic_ids`).
     topic_id: bytes | None = None
 
     @property

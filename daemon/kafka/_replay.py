@@ -6,9 +6,9 @@ changed, a producer's bug understood), an operator replays them
 rebuilt as the Kafka record it was (topic, partition, offset, timestamp, key, value,
 headers) and walks the live path again through its source (`KafkaSource.redecode`:
 route, decode with the source's format, evolve per the table's policy, all through
-`daemon.ingest`). There is no second decode path.
+`icespool.ingest`). There is no second decode path.
 
-Exactly once rests on the machinery live consumption uses (`daemon.kafka._offsets`),
+Exactly once rests on the machinery live consumption uses (`icespool.kafka._offsets`),
 under a key family of its own so it never meets a consumer group's ranges: rows
 re-ingested into a target carry `batch_meta` with the group
 ``dead-letter-replay/<dead-letter table>`` and the record's original topic,
@@ -55,15 +55,15 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.table import Table
 
-from daemon.config._model import REPLAY_GROUP_PREFIX as _CONFIG_PREFIX
-from daemon.errors import BackpressureError, BadInputError, ShuttingDownError
-from daemon.kafka._decode import Fetch
-from daemon.kafka._offsets import Ranges, batch_meta, ranges_from_properties
-from daemon.retry import retry_async
-from daemon.writer import TableWriter
+from icespool.config._model import REPLAY_GROUP_PREFIX as _CONFIG_PREFIX
+from icespool.errors import BackpressureError, BadInputError, ShuttingDownError
+from icespool.kafka._decode import Fetch
+from icespool.kafka._offsets import Ranges, batch_meta, ranges_from_properties
+from icespool.retry import retry_async
+from icespool.writer import TableWriter
 
 if TYPE_CHECKING:  # the Kafka client is imported only where a source is configured
-    from daemon.kafka._source import KafkaSource
+    from icespool.kafka._source import KafkaSource
 
 __all__ = [
     "CHUNK_ROWS",

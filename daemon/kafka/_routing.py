@@ -21,8 +21,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from daemon.config import KafkaConfig
-from daemon.kafka._decode import DeadRecord, Fetch, route_values, too_deep_values
+from icespool.config import KafkaConfig
+from icespool.kafka._decode import DeadRecord, Fetch, route_values, too_deep_values
 
 __all__ = ["DynamicRouter", "Routed", "Router", "StaticRouter", "router_for"]
 

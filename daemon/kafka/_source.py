@@ -1,10 +1,10 @@
 """One ``[[kafka]]`` source: a consumer-group member feeding table writers exactly once.
 
 Exactly-once rests on the offset ranges each table keeps in its own properties
-(`daemon.kafka._offsets`), written in the same commit as the rows:
+(`icespool.kafka._offsets`), written in the same commit as the rows:
 
 - on assignment the tables' ranges are read and the consumer seeks to the lowest
-  position any of the source's tables needs (`daemon.kafka._partitions`);
+  position any of the source's tables needs (`icespool.kafka._partitions`);
 - every record is dropped before the spool when its table already covers its
   offset, or when this assignment already handed it to the table (a re-read after
   backpressure);
@@ -12,12 +12,12 @@ Exactly-once rests on the offset ranges each table keeps in its own properties
   drops rows another replica committed meanwhile and refuses to commit if the
   table changed under it (`OffsetClaims`, given to the writers as their claims);
 - consumer-group offsets are committed to Kafka only from the tables' ranges, so
-  they never run ahead of Iceberg (`daemon.kafka._commit`).
+  they never run ahead of Iceberg (`icespool.kafka._commit`).
 
 This module is the source's life: connect (with backoff), the fetch loop, the
 rebalance callbacks, reading past records the client cannot parse; the walk of one
-fetch (route, create, decode and evolve through `daemon.ingest`, dead letters,
-hand each table its rows) is `daemon.kafka._handover`.
+fetch (route, create, decode and evolve through `icespool.ingest`, dead letters,
+hand each table its rows) is `icespool.kafka._handover`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from aiokafka.errors import (
     OffsetOutOfRangeError,
 )
 
-from daemon.config import KafkaConfig
-from daemon.fanout import CATALOG_CONCURRENCY, fan_out
-from daemon.ingest import Ingest
-from daemon.kafka._client import (
+from icespool.config import KafkaConfig
+from icespool.fanout import CATALOG_CONCURRENCY, fan_out
+from icespool.ingest import Ingest
+from icespool.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
     group_positions,
@@ -49,11 +49,11 @@ from daemon.kafka._client import (
     new_producer,
     stop_quietly,
 )
-from daemon.kafka._commit import OffsetCommitter
-from daemon.kafka._decode import Decoded, Fetch
-from daemon.kafka._diagnose import connect_problem
-from daemon.kafka._handover import Dead, Handover
-from daemon.kafka._offsets import (
+from icespool.kafka._commit import OffsetCommitter
+from icespool.kafka._decode import Decoded, Fetch
+from icespool.kafka._diagnose import connect_problem
+from icespool.kafka._handover import Dead, Handover
+from icespool.kafka._offsets import (
     OffsetBook,
     Ranges,
     RecordMark,
@@ -62,16 +62,16 @@ from daemon.kafka._offsets import (
     ranges_from_properties,
     resume_position,
 )
-from daemon.kafka._partitions import Assignment, Partition, PartitionState
-from daemon.kafka._routing import Router, router_for
-from daemon.kafka._topic_life import PartitionChange, Resuming, find_changes, out_of_range
-from daemon.kafka._upstream._batches import getmany
-from daemon.kafka._upstream._bootstrap_log import quiet_bootstrap_log
-from daemon.kafka._upstream._raw_fetch import fetch_raw
-from daemon.kafka._upstream._topic_ids import topic_ids
-from daemon.metrics import Metrics
-from daemon.retry import Backoff
-from daemon.writer import TableWriter
+from icespool.kafka._partitions import Assignment, Partition, PartitionState
+from icespool.kafka._routing import Router, router_for
+from icespool.kafka._topic_life import PartitionChange, Resuming, find_changes, out_of_range
+from icespool.kafka._upstream._batches import getmany
+from icespool.kafka._upstream._bootstrap_log import quiet_bootstrap_log
+from icespool.kafka._upstream._raw_fetch import fetch_raw
+from icespool.kafka._upstream._topic_ids import topic_ids
+from icespool.metrics import Metrics
+from icespool.retry import Backoff
+from icespool.writer import TableWriter
 
 __all__ = ["KafkaSource"]
 
@@ -370,7 +370,7 @@ class KafkaSource:
 
     async def _poll(self, consumer: AIOKafkaConsumer) -> _Polled:
         """aiokafka's getmany, draining its prefetched records a record batch at a
-        time (no Python frame per record; see daemon.kafka._upstream._batches), with
+        time (no Python frame per record; see icespool.kafka._upstream._batches), with
         each partition's epoch as it was before the drain."""
         seen = {part.tp: (part, part.epoch) for part in self._parts}
         return await getmany(consumer, _POLL_MS), seen
@@ -598,7 +598,7 @@ class KafkaSource:
 
     async def _check_topic_ids(self, consumer: AIOKafkaConsumer) -> None:
         """Whether a topic was re-created under partitions this member kept through
-        it (see `daemon.kafka._upstream._topic_ids`): its id is not the one seen at assignment."""
+        it (see `icespool.kafka._upstream._topic_ids`): its id is not the one seen at assignment."""
         asked = [p for p in self._parts if p.ready]
         ids = await topic_ids(consumer, sorted({p.tp.topic for p in asked}), PROBE_TIMEOUT)
         if not ids:

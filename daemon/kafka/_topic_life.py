@@ -1,6 +1,6 @@
 """What happened to a partition while the tables were not looking at it.
 
-The tables hold the offsets they cover (`daemon.kafka._offsets`), and the mark of the
+The tables hold the offsets they cover (`icespool.kafka._offsets`), and the mark of the
 last record they cover (`RecordMark`: its offset, timestamp and a CRC of its key and
 value). Offsets alone cannot tell a partition from another one of the same name: a
 topic deleted and re-created starts again at offset 0, and resuming at the old
@@ -20,7 +20,7 @@ cannot be compared: that alone is not a change. Tables written before marks were
 are checked by their position alone.
 
 The same can happen while a partition is consumed: the consumer never resets an
-offset by itself (``auto_offset_reset`` "none", see `daemon.kafka._client`), so a
+offset by itself (``auto_offset_reset`` "none", see `icespool.kafka._client`), so a
 fetch position that falls out of the partition's range comes back from ``getmany``
 as ``OffsetOutOfRangeError``, and `out_of_range` tells which change it was (below
 the first offset: ``retention``; beyond the end: ``recreated``). Each finding is
@@ -37,9 +37,9 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from daemon.fanout import fan_out
-from daemon.kafka._offsets import RecordMark
-from daemon.kafka._upstream._raw_fetch import fetch_raw
+from icespool.fanout import fan_out
+from icespool.kafka._offsets import RecordMark
+from icespool.kafka._upstream._raw_fetch import fetch_raw
 
 __all__ = ["PartitionChange", "Resuming", "find_changes", "out_of_range"]
 

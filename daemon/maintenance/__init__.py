@@ -13,7 +13,7 @@ Maintenance never stops ingest: a failing run is logged, counted, shown in /v1/s
 and retried with backoff while the table goes on acking and committing.
 """
 
-from daemon.maintenance._compact import (
+from icespool.maintenance._compact import (
     COMPACTION_SUMMARY_KEY,
     CompactionBin,
     CompactionConflictError,
@@ -25,9 +25,9 @@ from daemon.maintenance._compact import (
     plan_compaction,
     rewrite,
 )
-from daemon.maintenance._expire import choose_expired, delete_files, find_garbage
-from daemon.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
-from daemon.maintenance._orphans import (
+from icespool.maintenance._expire import choose_expired, delete_files, find_garbage
+from icespool.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
+from icespool.maintenance._orphans import (
     DEFAULT_ORPHAN_AGE_S,
     FileOwner,
     OrphanResult,
@@ -37,7 +37,7 @@ from daemon.maintenance._orphans import (
     is_daemon_file,
     remove_orphans,
 )
-from daemon.maintenance._scheduler import (
+from icespool.maintenance._scheduler import (
     MaintenanceScheduler,
     RunContext,
     TableState,
@@ -45,7 +45,7 @@ from daemon.maintenance._scheduler import (
     TaskResult,
     table_shape,
 )
-from daemon.maintenance._settings import (
+from icespool.maintenance._settings import (
     MAX_SNAPSHOT_AGE_PROPERTY,
     MIN_SNAPSHOTS_PROPERTY,
     MaintenanceSettings,
@@ -53,7 +53,7 @@ from daemon.maintenance._settings import (
     effective,
     resolve,
 )
-from daemon.maintenance._tasks import (
+from icespool.maintenance._tasks import (
     COMPACT,
     DEFAULT_TASKS,
     DEFAULTS,

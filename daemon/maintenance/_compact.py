@@ -85,28 +85,28 @@ from pyiceberg.table.sorting import NullOrder, SortDirection, SortOrder
 from pyiceberg.table.update import ValidatableTableRequirement
 from pyiceberg.typedef import Record
 
-from daemon.cdc import LiveDelete, applies, droppable, live_files
-from daemon.cdc._merge import apply_equality_deletes
-from daemon.errors import CommitError, IcespoolError
-from daemon.iceberg._commit import (
+from icespool.cdc import LiveDelete, applies, droppable, live_files
+from icespool.cdc._merge import apply_equality_deletes
+from icespool.errors import CommitError, IcespoolError
+from icespool.iceberg._commit import (
     CommitOutcomeUnknownError,
     ReplaceConflictError,
     commit_replace,
 )
-from daemon.iceberg._parquet import (
+from icespool.iceberg._parquet import (
     _remove_quietly,
     encode_data_files,
     partition_transform,
 )
-from daemon.iceberg._properties import write_int_property
-from daemon.maintenance._orphans import (
+from icespool.iceberg._properties import write_int_property
+from icespool.maintenance._orphans import (
     COMPACTION_PREFIX,
     compaction_file_prefix,
     is_daemon_file,
     new_file_id,
 )
-from daemon.retry import CONFLICTS, Backoff
-from daemon.schema import arrow_schema_for, conform
+from icespool.retry import CONFLICTS, Backoff
+from icespool.schema import arrow_schema_for, conform
 
 __all__ = [
     "COMPACTION_SUMMARY_KEY",
@@ -669,7 +669,7 @@ def _merged_bin(
     """The bin's rows with its delete files applied, each to the files Iceberg's rules
     scope it to (``_deletes.applies``: per file, by its data sequence number); and the
     number of rows read. Whole-file pyarrow: position masks, then equality deletes
-    as one anti-join per file and key (``daemon.cdc.apply_equality_deletes``)."""
+    as one anti-join per file and key (``icespool.cdc.apply_equality_deletes``)."""
     metadata = table.metadata
     schema = metadata.schema()
     spec_id = metadata.default_spec_id

@@ -10,7 +10,7 @@ Three steps, so that only the first holds the table's lane:
    reaches stays while it is younger than the table's max age. On top, the daemon's
    cap keeps at most ``max_snapshots`` (dropping the oldest first), never a ref head
    nor a branch's minimum. Refs themselves are never removed.
-2. `daemon.iceberg.commit_expiry` (in the lane): removes them from the metadata in one
+2. `icespool.iceberg.commit_expiry` (in the lane): removes them from the metadata in one
    commit, re-choosing on the refreshed table at each attempt. Table properties are
    untouched: exactly-once (``icespool.spool.*``, Kafka offsets) never depends on
    snapshots surviving. Old metadata.json files go by pyiceberg's

@@ -36,9 +36,9 @@ from typing import Final
 
 from pyiceberg.table import Table
 
-from daemon.config import LEASE_CLOCK_MARGIN
-from daemon.iceberg import AssertProperty, commit_properties
-from daemon.retry import Backoff
+from icespool.config import LEASE_CLOCK_MARGIN
+from icespool.iceberg import AssertProperty, commit_properties
+from icespool.retry import Backoff
 
 __all__ = [
     "LEASE_PROPERTY",

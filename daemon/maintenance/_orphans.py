@@ -66,8 +66,8 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from daemon.iceberg import DELETE_FILE_MARK, refresh_table
-from spool import new_uuid7
+from icespool.iceberg import DELETE_FILE_MARK, refresh_table
+from icespool.spool import new_uuid7
 
 __all__ = [
     "COMPACTION_PREFIX",

@@ -43,15 +43,15 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import ValidatableTableRequirement
 
-from daemon.config import Config, TableConfig
-from daemon.iceberg import short_error, validates_locally
-from daemon.lanes import LanePool
-from daemon.maintenance._compact import IoBudget
-from daemon.maintenance._lease import Lease, LeaseHeld, acquire, release, unrenewed_for
-from daemon.maintenance._orphans import FileOwner
-from daemon.maintenance._settings import MaintenanceSettings, effective, resolve
-from daemon.metrics import Metrics
-from daemon.retry import Backoff
+from icespool.config import Config, TableConfig
+from icespool.iceberg import short_error, validates_locally
+from icespool.lanes import LanePool
+from icespool.maintenance._compact import IoBudget
+from icespool.maintenance._lease import Lease, LeaseHeld, acquire, release, unrenewed_for
+from icespool.maintenance._orphans import FileOwner
+from icespool.maintenance._settings import MaintenanceSettings, effective, resolve
+from icespool.metrics import Metrics
+from icespool.retry import Backoff
 
 __all__ = [
     "MaintenanceScheduler",

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from daemon.config import Config, MaintenanceConfig, TableConfig, TimeoutsConfig
-from daemon.iceberg import MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, table_defaults
-from daemon.iceberg._properties import int_property
-from daemon.retry import CONFLICTS
+from icespool.config import Config, MaintenanceConfig, TableConfig, TimeoutsConfig
+from icespool.iceberg import MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, table_defaults
+from icespool.iceberg._properties import int_property
+from icespool.retry import CONFLICTS
 
 __all__ = [
     "MAX_SNAPSHOT_AGE_PROPERTY",

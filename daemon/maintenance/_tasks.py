@@ -21,18 +21,18 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 
-from daemon.iceberg import apply_defaults, commit_expiry
-from daemon.iceberg._parquet import _remove_quietly
-from daemon.maintenance import _compact, _orphans
-from daemon.maintenance._expire import (
+from icespool.iceberg import apply_defaults, commit_expiry
+from icespool.iceberg._parquet import _remove_quietly
+from icespool.maintenance import _compact, _orphans
+from icespool.maintenance._expire import (
     ExpiryConflictError,
     ExpiryDeadlineError,
     choose_expired,
     delete_files,
     find_garbage,
 )
-from daemon.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
-from daemon.maintenance._settings import created_table_properties
+from icespool.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
+from icespool.maintenance._settings import created_table_properties
 
 __all__ = ["COMPACT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS"]
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daemon._lazy import lazy_exports
+from icespool._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from daemon.schema._arrow import (
+    from icespool.schema._arrow import (
         FIELD_ID_KEY,
         arrow_schema_for,
         cast_array,
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
         conform,
         fill_masked_children,
     )
-    from daemon.schema._avro import WriterSchema, load_schema_file, parse_writer_schema
-    from daemon.schema._declare import (
+    from icespool.schema._avro import WriterSchema, load_schema_file, parse_writer_schema
+    from icespool.schema._declare import (
         parse_partition_spec,
         parse_schema,
         parse_sort_order,
         parse_type,
     )
-    from daemon.schema._evolution import (
+    from icespool.schema._evolution import (
         EvolutionPlan,
         Policy,
         SchemaChangeError,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         check_width,
         plan_evolution,
     )
-    from daemon.schema._grammar import (
+    from icespool.schema._grammar import (
         PRIMITIVE_TYPES,
         TYPE_HELP,
         PartitionTerm,
@@ -55,13 +55,13 @@ if TYPE_CHECKING:
         transform_accepts,
         type_columns,
     )
-    from daemon.schema._infer import (
+    from icespool.schema._infer import (
         MAX_INFERRED_FIELDS,
         SchemaDifference,
         infer_schema,
         schema_diff,
     )
-    from daemon.schema._ranges import (
+    from icespool.schema._ranges import (
         HUGE_EXPONENT,
         OutOfRange,
         find_out_of_range,
@@ -110,11 +110,11 @@ __all__ = [
     "type_columns",
 ]
 
-# Imported when first used: see daemon._lazy.
+# Imported when first used: see icespool._lazy.
 __getattr__ = lazy_exports(
     __name__,
     {
-        "daemon.schema._arrow": (
+        "icespool.schema._arrow": (
             "FIELD_ID_KEY",
             "arrow_schema_for",
             "cast_array",
@@ -122,18 +122,18 @@ __getattr__ = lazy_exports(
             "conform",
             "fill_masked_children",
         ),
-        "daemon.schema._avro": (
+        "icespool.schema._avro": (
             "WriterSchema",
             "load_schema_file",
             "parse_writer_schema",
         ),
-        "daemon.schema._declare": (
+        "icespool.schema._declare": (
             "parse_partition_spec",
             "parse_schema",
             "parse_sort_order",
             "parse_type",
         ),
-        "daemon.schema._evolution": (
+        "icespool.schema._evolution": (
             "EvolutionPlan",
             "Policy",
             "SchemaChangeError",
@@ -141,7 +141,7 @@ __getattr__ = lazy_exports(
             "check_width",
             "plan_evolution",
         ),
-        "daemon.schema._grammar": (
+        "icespool.schema._grammar": (
             "PRIMITIVE_TYPES",
             "TYPE_HELP",
             "PartitionTerm",
@@ -153,13 +153,13 @@ __getattr__ = lazy_exports(
             "transform_accepts",
             "type_columns",
         ),
-        "daemon.schema._infer": (
+        "icespool.schema._infer": (
             "MAX_INFERRED_FIELDS",
             "SchemaDifference",
             "infer_schema",
             "schema_diff",
         ),
-        "daemon.schema._ranges": (
+        "icespool.schema._ranges": (
             "HUGE_EXPONENT",
             "OutOfRange",
             "find_out_of_range",

@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 
-from daemon.errors import SchemaError
-from daemon.schema._ranges import find_out_of_range, has_huge_exponent
+from icespool.errors import SchemaError
+from icespool.schema._ranges import find_out_of_range, has_huge_exponent
 
 __all__ = [
     "FIELD_ID_KEY",

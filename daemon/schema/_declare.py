@@ -36,8 +36,8 @@ from pyiceberg.types import (
     PrimitiveType,
 )
 
-from daemon.errors import SchemaError
-from daemon.schema._grammar import parse_partition, parse_sort, parse_type_string
+from icespool.errors import SchemaError
+from icespool.schema._grammar import parse_partition, parse_sort, parse_type_string
 
 __all__ = ["parse_partition_spec", "parse_schema", "parse_sort_order", "parse_type"]
 

@@ -53,10 +53,10 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from daemon.errors import SchemaError
-from daemon.retry import retry_conflicts
-from daemon.schema._grammar import count_columns, render_type, type_columns
-from daemon.schema._infer import infer_schema
+from icespool.errors import SchemaError
+from icespool.retry import retry_conflicts
+from icespool.schema._grammar import count_columns, render_type, type_columns
+from icespool.schema._infer import infer_schema
 
 __all__ = [
     "EvolutionPlan",

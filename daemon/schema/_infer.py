@@ -32,8 +32,8 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from daemon.errors import SchemaError
-from daemon.schema._grammar import render_type
+from icespool.errors import SchemaError
+from icespool.schema._grammar import render_type
 
 __all__ = ["MAX_INFERRED_FIELDS", "SchemaDifference", "infer_schema", "schema_diff"]
 

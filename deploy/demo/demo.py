@@ -199,7 +199,7 @@ def _refuse_if_daemon_runs(lock: Path) -> None:
 
 def write_config(root: Path, bootstrap: str) -> Path:
     """The embedded default under ``root`` plus the demo table and its Kafka source."""
-    from daemon.config import embedded_default, render_toml, validate_config
+    from icespool.config import embedded_default, render_toml, validate_config
 
     raw = embedded_default(root)
     raw["defaults"] = {"batch_timeout": "2s"}
@@ -234,7 +234,7 @@ def load_table(root: Path) -> Any:
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
-    from daemon.config import embedded_default
+    from icespool.config import embedded_default
 
     catalog_conf = dict(embedded_default(root)["catalog"])
     catalog = load_catalog(catalog_conf.pop("name"), **catalog_conf)
@@ -267,9 +267,9 @@ def free_port() -> int:
 
 
 def icespool_command() -> list[str]:
-    """The console script next to this interpreter, else ``python -m daemon``."""
+    """The console script next to this interpreter, else ``python -m icespool``."""
     script = Path(sys.executable).parent / "icespool"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "daemon"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "icespool"]
 
 
 class Broker:
@@ -716,7 +716,7 @@ def check_prerequisites(runtime_dir: str | None, kafka_libs: Path) -> None:
             "(or pass --kafka-libs)"
         )
     if runtime_dir:
-        from daemon.spark_conf import runtime_jars
+        from icespool.spark_conf import runtime_jars
 
         runtime_jars(runtime_dir)  # SparkConfError names the directory and how to build it
 

@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime-dir", help="local Iceberg Spark runtime (make spark-runtime)")
     args = parser.parse_args(argv)
 
-    from daemon.config import load_config
-    from daemon.spark_session import spark_session
+    from icespool.config import load_config
+    from icespool.spark_session import spark_session
 
     config = load_config(args.config)
     spark = spark_session(config, runtime_dir=args.runtime_dir, app_name="icespool-incremental")

@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orphan-days", type=float, default=3.0)
     args = parser.parse_args(argv)
 
-    from daemon.config import load_config
-    from daemon.spark_session import spark_session
+    from icespool.config import load_config
+    from icespool.spark_session import spark_session
 
     config = load_config(args.config)
     policy = MaintenancePolicy(

@@ -8,7 +8,7 @@ holds a commit marker after each transaction's batches. Both isolation levels th
 read that same topic (with read_uncommitted every record is read too: all are
 committed), each round in both orders in turn:
 
-  (a'') the daemon's client path alone: batch-drained `getmany` (daemon.kafka._upstream._batches)
+  (a'') the daemon's client path alone: batch-drained `getmany` (icespool.kafka._upstream._batches)
         + one pyarrow.json decode per partition and poll, nothing durable;
   (c)   icespool: an `icespool run` child with ``isolation_level`` set, until the
         table's committed-records counter reaches --records (the table is checked).

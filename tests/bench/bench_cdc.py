@@ -47,11 +47,11 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from daemon.config import Config, validate_config
-from daemon.http import start_http
-from daemon.service import Icespool
-from daemon.spark_conf import RUNTIME_DIR_ENV
-from daemon.spark_session import spark_session
+from icespool.config import Config, validate_config
+from icespool.http import start_http
+from icespool.service import Icespool
+from icespool.spark_conf import RUNTIME_DIR_ENV
+from icespool.spark_session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = "bench_cdc"

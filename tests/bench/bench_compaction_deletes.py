@@ -33,13 +33,13 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from daemon.cdc import DELETE, UPSERT, read_merged, with_ops
-from daemon.config import embedded_default, validate_config
-from daemon.iceberg._catalog import load_catalog
-from daemon.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
-from daemon.service import Icespool
-from daemon.spark_conf import RUNTIME_DIR_ENV
-from daemon.spark_session import spark_session
+from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
+from icespool.config import embedded_default, validate_config
+from icespool.iceberg._catalog import load_catalog
+from icespool.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
+from icespool.service import Icespool
+from icespool.spark_conf import RUNTIME_DIR_ENV
+from icespool.spark_session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = "b.upserts"

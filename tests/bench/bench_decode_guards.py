@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python tests/bench/bench_decode_guards.py [--rows N] [--trials N]
 
-Two bodies of 10,000-row requests, decoded by ``daemon.decode.decode_ndjson``:
+Two bodies of 10,000-row requests, decoded by ``icespool.decode.decode_ndjson``:
 
 - ``flat``: the benchmark's 8-column event (163 B, DESIGN.md's reference record);
 - ``nested``: the same plus a list<string>, a struct<string, date> and a
@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 from _events import JSON_SCHEMA, ndjson_body
 
-import daemon.decode as decode
-from daemon.nesting import DEFAULT_MAX_DEPTH, too_deep_lines
+import icespool.decode as decode
+from icespool.nesting import DEFAULT_MAX_DEPTH, too_deep_lines
 
 REQUEST_ROWS = 10_000
 

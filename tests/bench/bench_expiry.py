@@ -46,8 +46,8 @@ from pyiceberg.table.update import AddSnapshotUpdate, SetSnapshotRefUpdate
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField
 
-from daemon.iceberg import commit_expiry
-from daemon.maintenance import choose_expired, delete_files, find_garbage
+from icespool.iceberg import commit_expiry
+from icespool.maintenance import choose_expired, delete_files, find_garbage
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True))
 HOUR_MS = 3_600_000

@@ -92,10 +92,10 @@ from bench_write_path import (
     proc_status,
 )
 
-from daemon.config import validate_config
-from daemon.iceberg._catalog import load_catalog
-from daemon.kafka._upstream._batches import getmany as batched_getmany
-from daemon.schema import parse_schema
+from icespool.config import validate_config
+from icespool.iceberg._catalog import load_catalog
+from icespool.kafka._upstream._batches import getmany as batched_getmany
+from icespool.schema import parse_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from support.kafka_harness import TansuBroker, create_topic
@@ -263,7 +263,7 @@ async def bare_pipe(
     batched: bool = False,
     isolation_level: str = "read_uncommitted",
 ) -> Run:
-    """(a); with ``batched``, (a''): the daemon's client path (`daemon.kafka._upstream._batches`:
+    """(a); with ``batched``, (a''): the daemon's client path (`icespool.kafka._upstream._batches`:
     aiokafka's prefetched records drained a record batch at a time)."""
     began = time.time()
     consumer, assigned = await _consumer(bootstrap, topic, group, isolation_level)

@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 from _events import JSON_SCHEMA
 
-from daemon.decode import JsonOptions
-from daemon.kafka._changes import decode_changes, json_envelopes, json_keys, string_keys
-from daemon.kafka._decode import Fetch, decode_json
+from icespool.decode import JsonOptions
+from icespool.kafka._changes import decode_changes, json_envelopes, json_keys, string_keys
+from icespool.kafka._decode import Fetch, decode_json
 
 KEY = ("event_id",)
 

@@ -59,12 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 
-from daemon.config import validate_config
-from daemon.config._sections import embedded_catalog
-from daemon.iceberg import load_catalog
-from daemon.iceberg._commit_common import commit_once as _commit_once
-from daemon.iceberg._commit_common import new_transaction
-from daemon.service import Icespool
+from icespool.config import validate_config
+from icespool.config._sections import embedded_catalog
+from icespool.iceberg import load_catalog
+from icespool.iceberg._commit_common import commit_once as _commit_once
+from icespool.iceberg._commit_common import new_transaction
+from icespool.service import Icespool
 
 ROWS = 10
 REPORT_EVERY = 1_000

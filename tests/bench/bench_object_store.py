@@ -45,9 +45,9 @@ from _events import COLUMNS, ndjson_body
 from bench_kafka import KafkaDaemon, assigned_at, produce_topic, table_check
 from bench_write_path import TABLE, DaemonProcess
 
-from daemon.config import validate_config
-from daemon.iceberg import encode_data_files
-from daemon.iceberg._catalog import load_catalog
+from icespool.config import validate_config
+from icespool.iceberg import encode_data_files
+from icespool.iceberg._catalog import load_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from support.http_proxy import HttpProxy, Seen
@@ -60,7 +60,7 @@ MIB = 2**20
 
 
 def _is_commit(seen: Seen) -> bool:
-    from daemon.iceberg._rest import is_commit_request
+    from icespool.iceberg._rest import is_commit_request
 
     return is_commit_request(seen.method, f"http://x{seen.path}")
 

@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
 from bench_spark_read import files_read, timed
 
-from daemon.config import validate_config
-from daemon.maintenance import table_shape
-from daemon.service import Icespool
-from daemon.spark_conf import RUNTIME_DIR_ENV
-from daemon.spark_session import spark_session
+from icespool.config import validate_config
+from icespool.maintenance import table_shape
+from icespool.service import Icespool
+from icespool.spark_conf import RUNTIME_DIR_ENV
+from icespool.spark_session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = "bench"

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from _events import JSON_SCHEMA
 
-from spool import Spool
+from icespool.spool import Spool
 
 SCHEMA = JSON_SCHEMA  # the 8-column event every benchmark uses
 

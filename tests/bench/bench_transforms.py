@@ -40,7 +40,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from daemon.iceberg import partition_transform
+from icespool.iceberg import partition_transform
 
 SEED = 20_251_129
 US_2000 = 946_684_800_000_000  # 2000-01-01 in microseconds

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from daemon.cdc import DELETE, UPSERT, read_merged, with_ops
-from daemon.config import embedded_default, validate_config
-from daemon.iceberg._catalog import load_catalog
-from daemon.service import Icespool
+from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
+from icespool.config import embedded_default, validate_config
+from icespool.iceberg._catalog import load_catalog
+from icespool.service import Icespool
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},

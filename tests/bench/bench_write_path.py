@@ -55,12 +55,12 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
 
-from daemon.config import Config, validate_config
-from daemon.errors import BackpressureError
-from daemon.iceberg._catalog import load_catalog
-from daemon.schema import conform, parse_schema
-from daemon.service import Icespool
-from spool import Spool
+from icespool.config import Config, validate_config
+from icespool.errors import BackpressureError
+from icespool.iceberg._catalog import load_catalog
+from icespool.schema import conform, parse_schema
+from icespool.service import Icespool
+from icespool.spool import Spool
 
 TABLE = "bench.events"
 ROWS_PER_REQUEST = 10_000
@@ -305,7 +305,7 @@ def free_port() -> int:
 
 def icespool_command() -> list[str]:
     script = Path(sys.executable).parent / "icespool"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "daemon"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "icespool"]
 
 
 # ------------------------------------------------------------------ the daemon process

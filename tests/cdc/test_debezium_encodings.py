@@ -1,4 +1,4 @@
-"""daemon.kafka._connect: Debezium's default encodings, read from each value's Kafka
+"""icespool.kafka._connect: Debezium's default encodings, read from each value's Kafka
 Connect schema, at the type edges.
 
 Values are built as Debezium 3.6 with JsonConverter (schemas enabled) writes them:
@@ -23,11 +23,11 @@ import pytest
 from support.connect_json import DECIMAL, b64
 from support.connect_json import envelope as connect_envelope
 
-from daemon.cdc import OP_COLUMN, UPSERT
-from daemon.decode import JsonOptions
-from daemon.kafka._changes import decode_changes, json_envelopes, json_keys
-from daemon.kafka._connect import ConnectTypes, decimal_from_base64
-from daemon.kafka._decode import DeadRecord
+from icespool.cdc import OP_COLUMN, UPSERT
+from icespool.decode import JsonOptions
+from icespool.kafka._changes import decode_changes, json_envelopes, json_keys
+from icespool.kafka._connect import ConnectTypes, decimal_from_base64
+from icespool.kafka._decode import DeadRecord
 
 UTC = datetime.UTC
 EPOCH = datetime.datetime(1970, 1, 1)

@@ -22,10 +22,10 @@ from support.connect_json import envelope
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 from support.service_helpers import table_rows
 
-from daemon.cdc import read_merged
-from daemon.config import Config
-from daemon.kafka._offsets import ranges_from_properties
-from daemon.service import Icespool
+from icespool.cdc import read_merged
+from icespool.config import Config
+from icespool.kafka._offsets import ranges_from_properties
+from icespool.service import Icespool
 
 MakeConfig = Callable[..., Config]
 POLICIES = ("none", "add-columns", "add-and-widen")

@@ -1,7 +1,7 @@
 """Real Debezium into upsert tables: PostgreSQL -> Debezium's PostgreSQL connector (Kafka
 Connect standalone, Debezium's default settings) -> Apache Kafka -> a real ``icespool run``
 child -> Iceberg; at the end each Iceberg table's merged state (pyiceberg,
-`daemon.cdc.read_merged`) equals ``SELECT *`` of its source table row by row, typed
+`icespool.cdc.read_merged`) equals ``SELECT *`` of its source table row by row, typed
 values compared exactly (support/debezium_workload.py).
 
 Debezium's defaults are kept: JSON with Kafka Connect schemas, decimal.handling.mode

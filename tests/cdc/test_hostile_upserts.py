@@ -29,11 +29,11 @@ from support.daemon_harness import CATALOG_NAME, NDJSON, Daemon, DaemonDir
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 from support.service_helpers import table_rows
 
-from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
-from daemon.config import validate_config
-from daemon.errors import ConfigError
-from daemon.iceberg import SEGMENTS_SUMMARY_KEY, commit_files, encode_equality_deletes
-from daemon.service import Icespool
+from icespool.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
+from icespool.config import validate_config
+from icespool.errors import ConfigError
+from icespool.iceberg import SEGMENTS_SUMMARY_KEY, commit_files, encode_equality_deletes
+from icespool.service import Icespool
 
 _ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 _TIMEOUT = aiohttp.ClientTimeout(total=60)

@@ -18,7 +18,7 @@ from pyiceberg.catalog import load_catalog
 from support.cdc_stream import merged_rows
 from support.fixture_types import MakeConfig, RunDaemon
 
-from daemon.config import Config
+from icespool.config import Config
 
 ITEMS = "c.items"
 PLAIN = "c.plain"

@@ -1,4 +1,4 @@
-"""daemon.kafka._changes: Kafka records -> one change batch per table, unit level.
+"""icespool.kafka._changes: Kafka records -> one change batch per table, unit level.
 
 Every Debezium variant (JSON with and without Kafka Connect's schema envelope, Avro
 through a real schema registry, Apicurio's Confluent-compatible API), keyed records,
@@ -22,19 +22,19 @@ import pytest
 from support.apicurio import PASSWORD, USERNAME, ApicurioRegistry
 from support.kafka_harness import unique_name
 
-from daemon.cdc import DELETE, OP_COLUMN, UPSERT, change_schema
-from daemon.config import Config
-from daemon.decode import JsonOptions
-from daemon.errors import ConfigError
-from daemon.kafka._avro import FileSchema, RegistrySchemas, avro_rows
-from daemon.kafka._changes import (
+from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema
+from icespool.config import Config
+from icespool.decode import JsonOptions
+from icespool.errors import ConfigError
+from icespool.kafka._avro import FileSchema, RegistrySchemas, avro_rows
+from icespool.kafka._changes import (
     decode_changes,
     decode_fetch_changes,
     json_envelopes,
     json_keys,
     string_keys,
 )
-from daemon.kafka._decode import Decoded, Fetch
+from icespool.kafka._decode import Decoded, Fetch
 
 U, D = UPSERT, DELETE
 SCHEMA = pa.schema(

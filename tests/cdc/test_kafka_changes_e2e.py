@@ -33,10 +33,10 @@ from support.daemon_harness import Daemon, DaemonDir
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 from support.service_helpers import metric, table_rows
 
-from daemon.cdc import read_merged
-from daemon.config import Config
-from daemon.kafka._offsets import ranges_from_properties
-from daemon.service import Icespool
+from icespool.cdc import read_merged
+from icespool.config import Config
+from icespool.kafka._offsets import ranges_from_properties
+from icespool.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "cdc.items"
@@ -133,7 +133,7 @@ async def _produce(bootstrap: str, topic: str, records: list[Record]) -> None:
 
 
 def merged(service: Icespool, table: str) -> list[dict[str, Any]]:
-    """The table's merged state through the daemon's reader (`daemon.cdc.read_merged`)."""
+    """The table's merged state through the daemon's reader (`icespool.cdc.read_merged`)."""
     assert service._catalog is not None
     rows: list[dict[str, Any]] = read_merged(service._catalog.load_table(table)).to_pylist()
     return rows

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from daemon.config import redacted, validate_config
-from daemon.errors import ConfigError
+from icespool.config import redacted, validate_config
+from icespool.errors import ConfigError
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},

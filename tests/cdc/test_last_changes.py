@@ -1,4 +1,4 @@
-"""Last change per key wins, whole-batch: daemon.cdc.last_changes and
+"""Last change per key wins, whole-batch: icespool.cdc.last_changes and
 apply_equality_deletes against a per-record reference computed here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from daemon.cdc import (
+from icespool.cdc import (
     DELETE,
     OP_COLUMN,
     UPSERT,
@@ -20,7 +20,7 @@ from daemon.cdc import (
     last_changes,
     with_ops,
 )
-from daemon.errors import BadInputError, SchemaError
+from icespool.errors import BadInputError, SchemaError
 
 SCHEMA = pa.schema(
     [

@@ -15,10 +15,10 @@ from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from daemon.cdc import read_merged
-from daemon.errors import BadInputError, SchemaError
-from daemon.iceberg import SEGMENTS_SUMMARY_KEY, load_catalog
-from daemon.maintenance import daemon_file_id, is_daemon_file
+from icespool.cdc import read_merged
+from icespool.errors import BadInputError, SchemaError
+from icespool.iceberg import SEGMENTS_SUMMARY_KEY, load_catalog
+from icespool.maintenance import daemon_file_id, is_daemon_file
 
 TABLE = "cdc.users"
 SCHEMA = [

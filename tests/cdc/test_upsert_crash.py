@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from support.daemon_harness import Daemon, DaemonDir
 
-from daemon.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
+from icespool.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
 
 _ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 _TIMEOUT = aiohttp.ClientTimeout(total=20)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyiceberg.catalog.sql import SqlCatalog
 
-from daemon.iceberg._health import CatalogHealth
+from icespool.iceberg._health import CatalogHealth
 
 _ROUNDS = 200
 

@@ -18,19 +18,19 @@ from pyiceberg.manifest import DataFile, ManifestFile
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 
-from daemon.iceberg import (
+from icespool.iceberg import (
     TABLE_DEFAULTS,
     apply_defaults,
     create_with,
     refresh_table,
     table_defaults,
 )
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
-from daemon.iceberg._parquet import encode_data_files
-from daemon.iceberg._sql import IcespoolSqlCatalog
-from daemon.retry import Backoff
-from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from icespool.iceberg._catalog import ensure_table, load_catalog
+from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
+from icespool.iceberg._parquet import encode_data_files
+from icespool.iceberg._sql import IcespoolSqlCatalog
+from icespool.retry import Backoff
+from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 FAST = Backoff(attempts=6, base=0.001, cap=0.02)
 NAME = "lon.events"

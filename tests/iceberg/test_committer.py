@@ -31,9 +31,9 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import IdentityTransform
 from sqlalchemy import event
 
-from daemon.errors import CommitError
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.iceberg._commit import (
+from icespool.errors import CommitError
+from icespool.iceberg._catalog import ensure_table, load_catalog
+from icespool.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
     CommitResult,
     StaleEncodingError,
@@ -41,10 +41,10 @@ from daemon.iceberg._commit import (
     find_committed_segments,
     last_segments_key,
 )
-from daemon.iceberg._parquet import encode_data_files
-from daemon.iceberg._sql import IcespoolSqlCatalog
-from daemon.retry import Backoff
-from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from icespool.iceberg._parquet import encode_data_files
+from icespool.iceberg._sql import IcespoolSqlCatalog
+from icespool.retry import Backoff
+from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Backoff(attempts=6, base=0.001, cap=0.02)
@@ -384,11 +384,11 @@ _WORKER = textwrap.dedent(
     import json, os, sys, time
     sys.path.insert(0, os.environ["ICESPOOL_REPO"])
     import pyarrow as pa
-    from daemon.iceberg._catalog import load_catalog
-    from daemon.iceberg._commit import commit_files
-    from daemon.retry import Backoff
-    from daemon.iceberg._parquet import encode_data_files
-    from daemon.schema import arrow_schema_for, conform
+    from icespool.iceberg._catalog import load_catalog
+    from icespool.iceberg._commit import commit_files
+    from icespool.retry import Backoff
+    from icespool.iceberg._parquet import encode_data_files
+    from icespool.schema import arrow_schema_for, conform
 
     worker, commits, rows = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     props = json.loads(os.environ["ICESPOOL_CATALOG"])

@@ -48,14 +48,14 @@ from support.matrix_values import (
     post_and_flush,
 )
 
-from daemon.config import Config
-from daemon.errors import SchemaError
-from daemon.http import NDJSON
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.iceberg._commit import commit_files
-from daemon.iceberg._parquet import encode_data_files
-from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.errors import SchemaError
+from icespool.http import NDJSON
+from icespool.iceberg._catalog import ensure_table, load_catalog
+from icespool.iceberg._commit import commit_files
+from icespool.iceberg._parquet import encode_data_files
+from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from icespool.service import Icespool
 
 ROWS = int(os.environ.get("ICESPOOL_ENCODE_ROWS", "11000"))  # per transport
 EXAMPLES = int(os.environ.get("ICESPOOL_ENCODE_EXAMPLES", "4"))

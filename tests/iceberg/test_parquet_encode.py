@@ -44,9 +44,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.iceberg._parquet import encode_data_files, partition_transform
-from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from icespool.iceberg._catalog import ensure_table, load_catalog
+from icespool.iceberg._parquet import encode_data_files, partition_transform
+from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 MB = 1024 * 1024
 DAY_US = 86_400_000_000

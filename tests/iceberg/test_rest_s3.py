@@ -31,10 +31,10 @@ from pyiceberg.types import LongType, NestedField
 from support.fixture_types import MakeConfig, RestCatalogServer, RunDaemon
 from support.http_proxy import HttpProxy, Seen
 
-from daemon.config import load_config
-from daemon.errors import CatalogError
-from daemon.iceberg import check_catalog
-from daemon.iceberg._rest import is_commit_request
+from icespool.config import load_config
+from icespool.errors import CatalogError
+from icespool.iceberg import check_catalog
+from icespool.iceberg._rest import is_commit_request
 
 TABLE = "t.events"
 TABLES = [
@@ -315,7 +315,7 @@ def test_check_config_connect_proves_catalog_and_storage_access(
     setup._session.close()
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ICESPOOL", "AWS_"))}
     cli = subprocess.run(
-        [sys.executable, "-m", "daemon", "check-config", "--connect", "--config", str(path)],
+        [sys.executable, "-m", "icespool", "check-config", "--connect", "--config", str(path)],
         env=clean | env,
         capture_output=True,
         text=True,

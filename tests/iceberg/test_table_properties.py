@@ -11,13 +11,13 @@ import pytest
 from pyiceberg.table import TableProperties
 from support.maintenance_helpers import append_daemon_files, rows, sql_catalog, table_ids
 
-from daemon.config import embedded_default, validate_config
-from daemon.errors import TablePropertyError
-from daemon.iceberg import commit_properties
-from daemon.iceberg._catalog import ensure_table
-from daemon.iceberg._properties import int_property, parse_int_property, write_int_property
-from daemon.maintenance import MIN_SNAPSHOTS_PROPERTY, resolve
-from daemon.schema import parse_partition_spec, parse_schema
+from icespool.config import embedded_default, validate_config
+from icespool.errors import TablePropertyError
+from icespool.iceberg import commit_properties
+from icespool.iceberg._catalog import ensure_table
+from icespool.iceberg._properties import int_property, parse_int_property, write_int_property
+from icespool.maintenance import MIN_SNAPSHOTS_PROPERTY, resolve
+from icespool.schema import parse_partition_spec, parse_schema
 
 LOGGER = "icespool.table"
 KEY = "some.integer-property"

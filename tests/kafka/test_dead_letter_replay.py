@@ -31,11 +31,11 @@ from support.kafka_harness import (
 )
 from support.service_helpers import table_rows, wait_rows
 
-from daemon.config import Config
-from daemon.errors import ConfigError
-from daemon.kafka import replay_group
-from daemon.kafka._offsets import offsets_key
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.errors import ConfigError
+from icespool.kafka import replay_group
+from icespool.kafka._offsets import offsets_key
+from icespool.service import Icespool
 
 EVENTS = "replay.events"
 DEAD = f"{EVENTS}_dead_letter"

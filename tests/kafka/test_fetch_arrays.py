@@ -1,12 +1,12 @@
 """A fetch as whole arrays: the vectorized poison guards at their edges, and aiokafka's
 prefetched records drained a record batch at a time (issue 17).
 
-The guards (`daemon.kafka._decode.screened_body`) work on the values' lengths, their
+The guards (`icespool.kafka._decode.screened_body`) work on the values' lengths, their
 joined body and its bytes, never value by value: these tests pin that every record
 still gets exactly the outcome the per-record guards gave it (empty, oversized at
 the byte boundary, whitespace only, raw newlines and CRs, too deep, null keys), in
 fetches of a few records and of more than 100,000. The batched ``getmany``
-(`daemon.kafka._upstream._batches`) is checked against aiokafka's own ``getmany`` on a real
+(`icespool.kafka._upstream._batches`) is checked against aiokafka's own ``getmany`` on a real
 broker (Apache Kafka), with poll limits that cut record batches, a pause and a seek.
 """
 
@@ -21,11 +21,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from support.kafka_harness import Broker, create_topic, produce_values, unique_name
 
-from daemon.decode import JsonOptions
-from daemon.kafka._decode import Fetch, decode_json
-from daemon.kafka._upstream._batches import getmany
-from daemon.kafka._upstream._contract import problems
-from daemon.kafka._upstream._raw_fetch import RawRecord
+from icespool.decode import JsonOptions
+from icespool.kafka._decode import Fetch, decode_json
+from icespool.kafka._upstream._batches import getmany
+from icespool.kafka._upstream._contract import problems
+from icespool.kafka._upstream._raw_fetch import RawRecord
 
 META = ["_kafka_offset", "_kafka_key", "_kafka_timestamp"]
 SCHEMA = pa.schema(

@@ -32,12 +32,12 @@ from support.kafka_harness import (
 from support.proxy import Mode, TcpProxy
 from support.service_helpers import metric, table_rows, wait_rows
 
-from daemon.config import Config, redacted
-from daemon.errors import ConfigError
-from daemon.kafka._avro import RegistrySchemas, decode_avro
-from daemon.kafka._decode import Fetch
-from daemon.schema import arrow_schema_for, parse_schema
-from daemon.service import Icespool
+from icespool.config import Config, redacted
+from icespool.errors import ConfigError
+from icespool.kafka._avro import RegistrySchemas, decode_avro
+from icespool.kafka._decode import Fetch
+from icespool.schema import arrow_schema_for, parse_schema
+from icespool.service import Icespool
 
 MakeConfig = Callable[..., Config]
 UTC = dt.UTC

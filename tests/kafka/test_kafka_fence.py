@@ -27,10 +27,10 @@ import pytest
 from aiokafka.conn import ScramAuthenticator
 from support.private_names import defined_by, outside, private_attributes, touches
 
-from daemon.kafka._upstream import _contract
-from daemon.kafka._upstream._bootstrap_log import quiet_bootstrap_log
-from daemon.kafka._upstream._contract import PINS, UpstreamContractError, check_contract
-from daemon.kafka._upstream._probe import scram_final_message
+from icespool.kafka._upstream import _contract
+from icespool.kafka._upstream._bootstrap_log import quiet_bootstrap_log
+from icespool.kafka._upstream._contract import PINS, UpstreamContractError, check_contract
+from icespool.kafka._upstream._probe import scram_final_message
 
 REPO = Path(__file__).resolve().parents[2]
 FENCE = REPO / "daemon" / "kafka" / "_upstream"
@@ -157,7 +157,7 @@ def test_a_daemon_with_a_kafka_source_fails_at_start_with_the_one_line(tmp_path:
         import sys
         import aiokafka.consumer.fetcher as fetcher
         del fetcher.PartitionRecords._consume_aborted_up_to  # an upstream that renamed it
-        from daemon.cli import main
+        from icespool.cli import main
         sys.exit(main(["run", "--config", sys.argv[1]]))
         """
     )

@@ -28,8 +28,8 @@ from support.kafka_harness import SESSION_TIMEOUT, create_topic, produce, unique
 from support.kafka_tls import TlsFiles, client_options
 from support.service_helpers import table_rows, wait_rows
 
-from daemon.config import Config
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.service import Icespool
 
 TABLE = "demo.secure"
 SCHEMA = [

@@ -27,9 +27,9 @@ from support.kafka_harness import (
 )
 from support.service_helpers import metric, table_rows, wait_rows
 
-from daemon.config import Config
-from daemon.kafka._offsets import Ranges, batch_meta, offsets_key
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.kafka._offsets import Ranges, batch_meta, offsets_key
+from icespool.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "demo.events"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.kafka._offsets import (
+from icespool.kafka._offsets import (
     OffsetBook,
     OffsetClaims,
     OffsetsMovedError,
@@ -17,7 +17,7 @@ from daemon.kafka._offsets import (
     offsets_key,
     parse_offsets_key,
 )
-from daemon.metrics import Metrics
+from icespool.metrics import Metrics
 
 
 def test_ranges_text_round_trip_and_merge() -> None:

@@ -26,9 +26,9 @@ from pyiceberg.catalog import load_catalog
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.kafka_harness import Broker, create_topic, produce_transaction, unique_name
 
-from daemon.kafka._upstream._batches import getmany
-from daemon.kafka._upstream._contract import problems
-from daemon.kafka._upstream._raw_fetch import fetch_raw
+from icespool.kafka._upstream._batches import getmany
+from icespool.kafka._upstream._contract import problems
+from icespool.kafka._upstream._raw_fetch import fetch_raw
 
 PARTITIONS = 4
 #: The longest a source may take to drain what was produced before it (seconds).

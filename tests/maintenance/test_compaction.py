@@ -42,11 +42,11 @@ from support.maintenance_helpers import (
 )
 from support.matrix_values import arrow_value, column_values, columns, every_type
 
-from daemon.errors import CommitError
-from daemon.iceberg import CommitOutcomeUnknownError
-from daemon.iceberg._catalog import ensure_table
-from daemon.iceberg._commit import commit_files
-from daemon.maintenance import (
+from icespool.errors import CommitError
+from icespool.iceberg import CommitOutcomeUnknownError
+from icespool.iceberg._catalog import ensure_table
+from icespool.iceberg._commit import commit_files
+from icespool.maintenance import (
     COMPACTION_SUMMARY_KEY,
     CompactionConflictError,
     CompactionError,
@@ -57,9 +57,9 @@ from daemon.maintenance import (
     plan_compaction,
     rewrite,
 )
-from daemon.maintenance._compact import payload_bytes
-from daemon.retry import Backoff
-from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from icespool.maintenance._compact import payload_bytes
+from icespool.retry import Backoff
+from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 TARGET = 64 * 1024
 FAST = Backoff(attempts=4, base=0.001, cap=0.01)

@@ -30,10 +30,10 @@ from support.cdc_tables import (
 )
 from support.maintenance_helpers import ENCODE, INCARNATION, local_path, sql_catalog, uuid7_at
 
-from daemon.cdc import DELETE, UPSERT, live_files, read_merged, with_ops
-from daemon.iceberg import commit_expiry
-from daemon.iceberg._catalog import ensure_table
-from daemon.maintenance import (
+from icespool.cdc import DELETE, UPSERT, live_files, read_merged, with_ops
+from icespool.iceberg import commit_expiry
+from icespool.iceberg._catalog import ensure_table
+from icespool.maintenance import (
     CompactionPlan,
     FileOwner,
     IoBudget,
@@ -44,12 +44,12 @@ from daemon.maintenance import (
     remove_orphans,
     rewrite,
 )
-from daemon.maintenance._compact import CompactionResult
-from daemon.maintenance._expire import DATA_FILE, DELETE_FILE
-from daemon.maintenance._expire import delete_files as delete_files_on_disk
-from daemon.retry import Backoff
-from daemon.schema import parse_partition_spec, parse_schema
-from daemon.service import Icespool
+from icespool.maintenance._compact import CompactionResult
+from icespool.maintenance._expire import DATA_FILE, DELETE_FILE
+from icespool.maintenance._expire import delete_files as delete_files_on_disk
+from icespool.retry import Backoff
+from icespool.schema import parse_partition_spec, parse_schema
+from icespool.service import Icespool
 
 HOUR = 3600.0
 TARGET = 256 * 1024

@@ -24,11 +24,11 @@ from support.maintenance_helpers import (
     table_ids,
 )
 
-from daemon.iceberg import commit_expiry
-from daemon.iceberg._catalog import ensure_table
-from daemon.maintenance import IoBudget, commit_rewrite, find_garbage, plan_compaction, rewrite
-from daemon.maintenance._expire import DATA_FILE, MANIFEST, ExpiryConflictError
-from daemon.schema import parse_partition_spec, parse_schema
+from icespool.iceberg import commit_expiry
+from icespool.iceberg._catalog import ensure_table
+from icespool.maintenance import IoBudget, commit_rewrite, find_garbage, plan_compaction, rewrite
+from icespool.maintenance._expire import DATA_FILE, MANIFEST, ExpiryConflictError
+from icespool.schema import parse_partition_spec, parse_schema
 
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},

@@ -40,13 +40,13 @@ from support.maintenance_helpers import (
     uuid7_at,
 )
 
-from daemon.config import embedded_default, validate_config
-from daemon.errors import ConfigError
-from daemon.iceberg import commit_expiry, commit_properties
-from daemon.iceberg._catalog import ensure_table
-from daemon.iceberg._commit import commit_files
-from daemon.iceberg._metadata import apply_updates
-from daemon.maintenance import (
+from icespool.config import embedded_default, validate_config
+from icespool.errors import ConfigError
+from icespool.iceberg import commit_expiry, commit_properties
+from icespool.iceberg._catalog import ensure_table
+from icespool.iceberg._commit import commit_files
+from icespool.iceberg._metadata import apply_updates
+from icespool.maintenance import (
     LEASE_PROPERTY,
     FileOwner,
     IoBudget,
@@ -58,8 +58,8 @@ from daemon.maintenance import (
     resolve,
     rewrite,
 )
-from daemon.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
-from daemon.service import Icespool
+from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
+from icespool.service import Icespool
 
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},

@@ -27,9 +27,9 @@ from support.maintenance_helpers import (
     uuid7_at,
 )
 
-from daemon.iceberg._catalog import ensure_table
-from daemon.iceberg._commit import commit_files
-from daemon.maintenance import (
+from icespool.iceberg._catalog import ensure_table
+from icespool.iceberg._commit import commit_files
+from icespool.maintenance import (
     FileOwner,
     daemon_file_id,
     daemon_file_incarnation,
@@ -37,8 +37,8 @@ from daemon.maintenance import (
     is_daemon_file,
     remove_orphans,
 )
-from daemon.maintenance._orphans import compaction_file_prefix
-from daemon.schema import parse_partition_spec, parse_schema
+from icespool.maintenance._orphans import compaction_file_prefix
+from icespool.schema import parse_partition_spec, parse_schema
 
 HOUR = 3600.0
 RUNNING = "aaaaaaaaaaaa"  # the sweeping process's incarnation

@@ -37,9 +37,9 @@ from pyiceberg.types import (
 from support.daemon_harness import CATALOG_NAME, NDJSON, TABLE, Daemon, DaemonDir, ndjson
 from support.kafka_harness import Broker, create_topic, produce_values, unique_name
 
-from daemon.config import validate_config
-from daemon.errors import ConfigError
-from daemon.schema import count_columns, plan_evolution, render_type
+from icespool.config import validate_config
+from icespool.errors import ConfigError
+from icespool.schema import count_columns, plan_evolution, render_type
 
 ARROW = "application/vnd.apache.arrow.stream"
 INFERRED = "t.inferred"

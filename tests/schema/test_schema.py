@@ -40,9 +40,9 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from daemon.errors import CatalogError, SchemaError
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.schema import (
+from icespool.errors import CatalogError, SchemaError
+from icespool.iceberg._catalog import ensure_table, load_catalog
+from icespool.schema import (
     FIELD_ID_KEY,
     SchemaDifference,
     arrow_schema_for,

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pytest
 from support.spark_helpers import unique_catalog_name
 
-from daemon.config import Config
-from daemon.spark_conf import spark_settings
-from daemon.spark_session import DEFAULT_SESSION_CONF
+from icespool.config import Config
+from icespool.spark_conf import spark_settings
+from icespool.spark_session import DEFAULT_SESSION_CONF
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK35 = REPO / ".test-tools" / "spark35"

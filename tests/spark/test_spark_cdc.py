@@ -41,8 +41,8 @@ from support.cdc_stream import (
 from support.daemon_harness import Daemon, DaemonDir
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, unique_name
 
-from daemon.config import Config, load_config
-from daemon.kafka._offsets import offsets_key
+from icespool.config import Config, load_config
+from icespool.kafka._offsets import offsets_key
 
 TABLE = "cdc.items"
 PARTITIONS = 4

@@ -27,10 +27,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from daemon.cdc import DELETE, UPSERT, read_merged, with_ops
-from daemon.iceberg._catalog import load_catalog
-from daemon.maintenance import IoBudget
-from daemon.service import Icespool
+from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
+from icespool.iceberg._catalog import load_catalog
+from icespool.maintenance import IoBudget
+from icespool.service import Icespool
 
 TABLE = "m.upserts"
 SCHEMA = [

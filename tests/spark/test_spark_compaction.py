@@ -17,10 +17,10 @@ from support.maintenance_helpers import (
     table_ids,
 )
 
-from daemon.iceberg._catalog import ensure_table, load_catalog
-from daemon.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
-from daemon.retry import Backoff
-from daemon.schema import parse_partition_spec, parse_schema
+from icespool.iceberg._catalog import ensure_table, load_catalog
+from icespool.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
+from icespool.retry import Backoff
+from icespool.schema import parse_partition_spec, parse_schema
 
 TARGET = 1 << 20
 WRITER = {

@@ -21,8 +21,8 @@ from support.debezium import DebeziumPostgres
 from support.debezium_workload import NAMESPACE, Rows, run_debezium, typed
 from support.kafka_harness import Broker
 
-from daemon.config import load_config
-from daemon.spark_session import register_catalog
+from icespool.config import load_config
+from icespool.spark_session import register_catalog
 
 pytestmark = pytest.mark.slow
 

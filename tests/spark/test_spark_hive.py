@@ -14,8 +14,8 @@ from support.daemon_harness import TABLE, Daemon, DaemonDir
 from support.hive_metastore import HiveMetastore
 from support.spark_helpers import rows, unique_catalog_name
 
-from daemon.config import load_config
-from daemon.spark_session import register_catalog
+from icespool.config import load_config
+from icespool.spark_session import register_catalog
 
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
 

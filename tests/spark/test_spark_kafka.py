@@ -17,9 +17,9 @@ from pyiceberg.catalog import load_catalog
 from pyspark.sql import Row
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, unique_name
 
-from daemon.config import Config
-from daemon.kafka._offsets import offsets_key
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.kafka._offsets import offsets_key
+from icespool.service import Icespool
 
 TABLE = "k.events"
 # The broker outlives this module (one per xdist worker): a topic and group of its own.

@@ -17,8 +17,8 @@ import pyarrow as pa
 from pyspark.sql import Row
 from support.json_values import storage_type
 
-from daemon.http import ARROW_STREAM, NDJSON
-from daemon.schema import arrow_schema_for, parse_schema
+from icespool.http import ARROW_STREAM, NDJSON
+from icespool.schema import arrow_schema_for, parse_schema
 
 TABLE = "n.nested"
 COLUMNS: list[dict[str, object]] = [

@@ -29,9 +29,9 @@ from support.daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, ndjson
 from support.object_store import SeaweedFS
 from support.spark_helpers import rows, unique_catalog_name
 
-from daemon.config import load_config
-from daemon.spark_conf import S3_COMPATIBLE_JAVA_OPTIONS, spark_settings
-from daemon.spark_session import register_catalog
+from icespool.config import load_config
+from icespool.spark_conf import S3_COMPATIBLE_JAVA_OPTIONS, spark_settings
+from icespool.spark_session import register_catalog
 
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
 # A REST catalog cannot hold the maintenance lease: one daemon maintains without it.

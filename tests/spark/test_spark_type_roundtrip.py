@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from pyspark.sql import Row
 from support.json_values import b64_json, decimal_json, dumps, storage_type
 
-from daemon.http import NDJSON
-from daemon.schema import arrow_schema_for, parse_schema
+from icespool.http import NDJSON
+from icespool.schema import arrow_schema_for, parse_schema
 
 D = decimal.Decimal
 TABLE = "h.matrix"

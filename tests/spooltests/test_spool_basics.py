@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from support.spool_helpers import SCHEMA, batch, read_all
 
-from spool import (
+from icespool.spool import (
     SegmentCorruptError,
     Spool,
     SpoolClosedError,

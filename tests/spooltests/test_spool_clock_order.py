@@ -11,6 +11,7 @@ leftover.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spool import Spool
+from icespool.spool import Spool
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 TABLE = "ns.t"
@@ -26,7 +27,7 @@ TABLE = "ns.t"
 _AHEAD = """
 import asyncio, os, sys
 import pyarrow as pa
-from spool import Spool
+from icespool.spool import Spool
 
 async def main() -> None:
     spool = Spool(sys.argv[1])
@@ -49,7 +50,7 @@ async def test_a_segment_acked_after_a_clock_ahead_sorts_after_its_leftovers(
         "LD_PRELOAD": str(FAKETIME),
         "FAKETIME": offset,
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
     subprocess.run([sys.executable, "-c", _AHEAD, str(tmp_path)], env=env, check=True, timeout=60)
     async with Spool(tmp_path) as spool:

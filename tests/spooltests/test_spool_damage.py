@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.spool_helpers import batch, read_all
 
-from spool import Spool
+from icespool.spool import Spool
 
 TABLE = "ns.events"
 OTHER = "ns.other"

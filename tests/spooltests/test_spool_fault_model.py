@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from support.faulty_fs import FAULTS, Fault, FaultyFileSystem, crash
 from support.spool_helpers import batch
 
-from spool import AppendAck, Durability, Spool, SpoolIOError
+from icespool.spool import AppendAck, Durability, Spool, SpoolIOError
 
 TABLES = ("ns.a", "ns.b")
 EXAMPLES = int(os.environ.get("ICESPOOL_FAULT_EXAMPLES", "200"))

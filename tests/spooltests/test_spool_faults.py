@@ -15,8 +15,8 @@ import pytest
 from support.faulty_fs import Fault, FaultyFileSystem, crash
 from support.spool_helpers import batch, read_all
 
-from spool import SegmentInfo, Spool, SpoolFullError, SpoolIOError
-from spool._segment import OpenSegment
+from icespool.spool import SegmentInfo, Spool, SpoolFullError, SpoolIOError
+from icespool.spool._segment import OpenSegment
 
 TABLE = "ns.events"
 

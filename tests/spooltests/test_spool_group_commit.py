@@ -10,7 +10,7 @@ from pathlib import Path
 from support.spool_helpers import batch, read_all
 from support.witness_fs import WitnessFileSystem
 
-from spool import FileSystem, Spool
+from icespool.spool import FileSystem, Spool
 
 
 class _CountingFileSystem(FileSystem):

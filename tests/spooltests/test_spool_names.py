@@ -6,7 +6,7 @@ from pathlib import Path
 
 from support.spool_helpers import batch, read_all
 
-from spool import Spool, segment_file_name
+from icespool.spool import Spool, segment_file_name
 
 NASTY = [
     "../x",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spool import Spool, SpoolLockedError
+from icespool.spool import Spool, SpoolLockedError
 
 HERE = Path(__file__).parent
 SUPPORT = HERE.parent / "support"
@@ -23,7 +23,7 @@ TABLE = "ns.kill"
 
 
 def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ)
     return subprocess.Popen(
         [sys.executable, str(SUPPORT / script), *args],
         stdout=subprocess.PIPE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from support.spool_helpers import batch, read_all
 
-from spool import SegmentCorruptError, Spool, UnknownSegmentError
+from icespool.spool import SegmentCorruptError, Spool, UnknownSegmentError
 
 TABLE = "ns.events"
 

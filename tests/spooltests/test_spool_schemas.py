@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spool import Spool
+from icespool.spool import Spool
 
 _IDS = pa.schema(
     [

@@ -37,16 +37,16 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from daemon.cdc import live_files
-from daemon.iceberg import (
+from icespool.cdc import live_files
+from icespool.iceberg import (
     DELETE_FILE_MARK,
     commit_files,
     encode_data_files,
     encode_equality_deletes,
     refresh_table,
 )
-from daemon.schema import arrow_schema_for, conform
-from spool import new_uuid7
+from icespool.schema import arrow_schema_for, conform
+from icespool.spool import new_uuid7
 from support.maintenance_helpers import ENCODE
 
 __all__ = [

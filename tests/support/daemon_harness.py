@@ -59,11 +59,11 @@ class DaemonError(AssertionError):
 
 
 def daemon_command() -> list[str]:
-    """The console script next to this interpreter, else ``python -m daemon``."""
+    """The console script next to this interpreter, else ``python -m icespool``."""
     script = Path(sys.executable).parent / "icespool"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "daemon"]
+    return [sys.executable, "-m", "icespool"]
 
 
 def ndjson(records: Iterable[Mapping[str, Any]]) -> bytes:

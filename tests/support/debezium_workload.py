@@ -7,7 +7,7 @@ a real ``icespool run`` child with one upsert table per source table (``evolve =
 "add-and-widen"``) and a seeded workload of inserts, updates, deletes, primary-key
 changes and schema changes (ADD COLUMN, integer -> bigint, numeric(12,3) ->
 numeric(18,3)), kills the daemon -9 at the given fractions of the workload, then waits
-until every Iceberg table's merged state (`daemon.cdc.read_merged`) equals ``SELECT *``
+until every Iceberg table's merged state (`icespool.cdc.read_merged`) equals ``SELECT *``
 of its source table row by row, typed values compared exactly (`typed`), and checks
 that every Kafka record was claimed once and none became a dead letter.
 """
@@ -30,8 +30,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pyiceberg.catalog import load_catalog
 
-from daemon.cdc import read_merged
-from daemon.kafka._offsets import ranges_from_properties
+from icespool.cdc import read_merged
+from icespool.kafka._offsets import ranges_from_properties
 from support.daemon_harness import CATALOG_NAME, Daemon, DaemonDir
 from support.debezium import DebeziumPostgres
 from support.kafka_harness import Broker, create_topic

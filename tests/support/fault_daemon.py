@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.app import run_daemon
-from daemon.config import load_config
-from daemon.logs import configure_logging
+from icespool.app import run_daemon
+from icespool.config import load_config
+from icespool.logs import configure_logging
 from support.faulty_fs import FaultyFileSystem
 
 

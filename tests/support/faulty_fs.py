@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from spool import FileSystem, Spool
+from icespool.spool import FileSystem, Spool
 
 Fault = Literal["enospc", "eio", "short", "torn"]
 FAULTS: tuple[Fault, ...] = ("enospc", "eio", "short", "torn")

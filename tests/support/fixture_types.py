@@ -12,8 +12,8 @@ from typing import Protocol
 
 import pytest
 
-from daemon.config import Config
-from daemon.service import Icespool
+from icespool.config import Config
+from icespool.service import Icespool
 
 __all__ = [
     "REST_CATALOGS",

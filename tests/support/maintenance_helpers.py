@@ -17,11 +17,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from daemon.iceberg._catalog import load_catalog
-from daemon.iceberg._commit import commit_files
-from daemon.iceberg._parquet import encode_data_files
-from daemon.schema import arrow_schema_for, conform
-from spool import new_uuid7
+from icespool.iceberg._catalog import load_catalog
+from icespool.iceberg._commit import commit_files
+from icespool.iceberg._parquet import encode_data_files
+from icespool.schema import arrow_schema_for, conform
+from icespool.spool import new_uuid7
 
 __all__ = [
     "ENCODE",

@@ -32,8 +32,8 @@ import aiohttp
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from daemon.http import ARROW_STREAM, NDJSON
-from daemon.schema import arrow_schema_for, parse_schema
+from icespool.http import ARROW_STREAM, NDJSON
+from icespool.schema import arrow_schema_for, parse_schema
 from support.json_values import dumps, storage_type
 
 __all__ = [

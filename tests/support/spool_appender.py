@@ -13,7 +13,7 @@ import sys
 
 import pyarrow as pa
 
-from spool import Spool
+from icespool.spool import Spool
 
 SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.string())])
 TABLE = "ns.kill"

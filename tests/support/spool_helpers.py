@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from spool import Spool
+from icespool.spool import Spool
 
 SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.string()), ("ok", pa.bool_())])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from spool import Spool
+from icespool.spool import Spool
 
 
 async def main(directory: str) -> None:

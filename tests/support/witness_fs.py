@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from spool import FileSystem
+from icespool.spool import FileSystem
 
 __all__ = ["WitnessFileSystem"]
 

@@ -1,6 +1,6 @@
 """The fence: the one place icespool reaches into aiohttp's internals.
 
-    _site       TCPSite.start listening through daemon.http._conn's protocol
+    _site       TCPSite.start listening through icespool.http._conn's protocol
     _contract   what it relies on, checked here on import
 
 Importing the fence checks the installed aiohttp against ``_contract.PINS`` and raises
@@ -9,7 +9,7 @@ to update). Nothing outside this folder touches aiohttp's private names
 (tests/test_http_fence.py).
 """
 
-from daemon.http._upstream._contract import UpstreamContractError, check_contract
+from icespool.http._upstream._contract import UpstreamContractError, check_contract
 
 __all__ = ["UpstreamContractError", "check_contract"]
 

@@ -3,7 +3,7 @@
 ``PINS`` lists what `_site` relies on in aiohttp's ``BaseSite`` beyond its public API;
 the version must lie in the range the suite ran against (pyproject.toml pins the same).
 ``check_contract`` raises ``UpstreamContractError`` with one line (the machinery is
-shared with the other fences: ``daemon._upstream_contract``).
+shared with the other fences: ``icespool._upstream_contract``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from daemon import _upstream_contract as contract
-from daemon._upstream_contract import Pin, UpstreamContractError, accepts, uses
+from icespool import _upstream_contract as contract
+from icespool._upstream_contract import Pin, UpstreamContractError, accepts, uses
 
 __all__ = ["FENCE", "PINS", "Pin", "UpstreamContractError", "check_contract", "problems"]
 

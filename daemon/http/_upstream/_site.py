@@ -1,7 +1,7 @@
 """aiohttp's TCP site, listening through `Connections` (timeouts, per-IP cap).
 
 aiohttp's ``TCPSite.start`` listens with the runner's server as the protocol factory;
-the daemon must put its own protocol (``daemon.http._conn``: header and idle timers,
+the daemon must put its own protocol (``icespool.http._conn``: header and idle timers,
 the per-IP cap) in front of every connection, and bound a TLS handshake by the header
 timeout. ``ListeningSite`` is ``TCPSite.start`` with that factory and that bound: it
 sets ``_server`` as ``TCPSite`` does, so ``runner.addresses`` and ``BaseSite.stop``
@@ -19,7 +19,7 @@ import ssl
 
 from aiohttp import web
 
-from daemon.http._conn import Connections
+from icespool.http._conn import Connections
 
 __all__ = ["ListeningSite"]
 

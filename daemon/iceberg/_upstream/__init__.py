@@ -28,7 +28,7 @@ to update) rather than letting a changed pyiceberg misbehave at the first commit
 outside this folder touches pyiceberg's private names (tests/test_upstream_fence.py).
 """
 
-from daemon.iceberg._upstream._contract import UpstreamContractError, check_contract
+from icespool.iceberg._upstream._contract import UpstreamContractError, check_contract
 
 __all__ = ["UpstreamContractError", "check_contract"]
 

@@ -10,7 +10,7 @@ version must lie in the range the suite ran against.
 
 ``check_contract`` raises ``UpstreamContractError`` with one line: the library, the
 version, what changed, and the fence module to update (the machinery is shared with the
-aiokafka fence: ``daemon._upstream_contract``).
+aiokafka fence: ``icespool._upstream_contract``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import functools
 from collections.abc import Iterable
 from typing import Final
 
-from daemon import _upstream_contract as contract
-from daemon._upstream_contract import (
+from icespool import _upstream_contract as contract
+from icespool._upstream_contract import (
     Pin,
     UpstreamContractError,
     accepts,

@@ -40,8 +40,8 @@ from pyiceberg.utils.properties import property_as_bool
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
-from daemon.config import TimeoutsConfig
-from daemon.iceberg._upstream._contract import HIVE_PINS, check_contract
+from icespool.config import TimeoutsConfig
+from icespool.iceberg._upstream._contract import HIVE_PINS, check_contract
 
 __all__ = ["BoundedHiveCatalog"]
 

@@ -39,8 +39,8 @@ from pyiceberg.table.update.snapshot import (
 )
 from pyiceberg.utils.properties import property_as_bool
 
-from daemon.iceberg._properties import int_property, warn_bad_property
-from daemon.iceberg._upstream._delete_manifest import DeleteManifestWriter
+from icespool.iceberg._properties import int_property, warn_bad_property
+from icespool.iceberg._upstream._delete_manifest import DeleteManifestWriter
 
 __all__ = ["DeleteMerging", "MergeAppend", "MergeRowDelta"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from daemon.iceberg._upstream._sql import current_location
+from icespool.iceberg._upstream._sql import current_location
 
 __all__ = ["refresh_table"]
 

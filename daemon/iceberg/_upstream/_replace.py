@@ -31,7 +31,7 @@ from pyiceberg.table.update.snapshot import (
 )
 from pyiceberg.typedef import EMPTY_DICT
 
-from daemon.iceberg._upstream._delete_manifest import DeleteManifestWriter
+from icespool.iceberg._upstream._delete_manifest import DeleteManifestWriter
 
 __all__ = ["ReplaceFiles"]
 

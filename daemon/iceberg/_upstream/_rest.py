@@ -42,9 +42,9 @@ from pyiceberg.exceptions import CommitStateUnknownException
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 
-from daemon.config import TimeoutsConfig
-from daemon.iceberg._rest import IDEMPOTENCY_HEADER, is_commit_request
-from spool import new_uuid7
+from icespool.config import TimeoutsConfig
+from icespool.iceberg._rest import IDEMPOTENCY_HEADER, is_commit_request
+from icespool.spool import new_uuid7
 
 __all__ = ["BoundedRestCatalog"]
 

@@ -36,7 +36,7 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from daemon.iceberg._upstream._metadata import apply_updates
+from icespool.iceberg._upstream._metadata import apply_updates
 
 __all__ = ["IcespoolSqlCatalog", "current_location"]
 

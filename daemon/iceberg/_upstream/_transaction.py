@@ -27,7 +27,7 @@ from pyiceberg.table.update import (
     TableUpdate,
 )
 
-from daemon.iceberg._upstream._metadata import apply_updates, clock_floor
+from icespool.iceberg._upstream._metadata import apply_updates, clock_floor
 
 __all__ = ["Staging", "abandon", "send", "stage", "staged_table", "staged_updates", "tidy"]
 

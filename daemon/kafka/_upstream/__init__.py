@@ -21,7 +21,7 @@ Kafka source imports it (an HTTP-only daemon never imports aiokafka). Nothing ou
 this folder touches aiokafka's private names (tests/kafka/test_kafka_fence.py).
 """
 
-from daemon.kafka._upstream._contract import UpstreamContractError, check_contract
+from icespool.kafka._upstream._contract import UpstreamContractError, check_contract
 
 __all__ = ["UpstreamContractError", "check_contract"]
 

@@ -4,7 +4,7 @@ aiokafka logs each bootstrap server it cannot reach, at error level, on every at
 next to the source's own "Kafka unavailable, retrying: <every server's cause>" that made
 two lines per retry. `quiet_bootstrap_log` keeps those at debug level; when every server
 fails, the source's one warning names each server's cause
-(``daemon.kafka._diagnose.connect_problem``), and when one of several fails and another
+(``icespool.kafka._diagnose.connect_problem``), and when one of several fails and another
 answers, debug level still shows which.
 
 Relies on (checked by ``_contract``): ``AIOKafkaClient.bootstrap`` logging exactly these

@@ -9,7 +9,7 @@ lie in the range the suite ran against (pyproject.toml pins the same).
 
 ``check_contract`` raises ``UpstreamContractError`` with one line: the library, the
 version, what changed, and the fence module to update (the machinery is shared with the
-pyiceberg fence: ``daemon._upstream_contract``).
+pyiceberg fence: ``icespool._upstream_contract``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from daemon import _upstream_contract as contract
-from daemon._upstream_contract import (
+from icespool import _upstream_contract as contract
+from icespool._upstream_contract import (
     Pin,
     UpstreamContractError,
     accepts,

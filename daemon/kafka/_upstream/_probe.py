@@ -1,6 +1,6 @@
 """A bare broker connection, and the broker's answer to a refused SCRAM login.
 
-Two things aiokafka's public clients do not give, for ``daemon.kafka._diagnose``:
+Two things aiokafka's public clients do not give, for ``icespool.kafka._diagnose``:
 
 - why a bootstrap failed: ``consumer.start()`` raises ``KafkaConnectionError("Unable
   to bootstrap from [...]")`` whatever happened and only logs the cause, so one

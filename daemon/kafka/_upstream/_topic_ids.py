@@ -4,7 +4,7 @@ aiokafka speaks Metadata up to v5 and Fetch without topic ids, so a topic delete
 created again under the same name, with as many partitions, looks the same to it. A
 member that holds its partitions through that (frozen, or cut off from the brokers
 for less than its session) fetches the new topic at the old position: when the new
-log is shorter the fetch is out of range (`daemon.kafka._topic_life.out_of_range`),
+log is shorter the fetch is out of range (`icespool.kafka._topic_life.out_of_range`),
 but when it is longer the records below the position are skipped silently.
 
 Brokers from Kafka 2.8 give every topic an id (a UUID), returned by Metadata v10 and

@@ -41,7 +41,7 @@ def _die(point: str) -> None:
 
 
 if _POINT == "before-dead-letter-removal":
-    from daemon.kafka import _replay
+    from icespool.kafka import _replay
 
     async def _remove(*args: Any, **kwargs: Any) -> bool:
         _die(_POINT)
@@ -50,7 +50,7 @@ if _POINT == "before-dead-letter-removal":
     _replay.remove_dead_letters = _remove  # type: ignore[assignment]
 
 elif _POINT == "before-replay-commit":
-    from daemon.writer import TableWriter
+    from icespool.writer import TableWriter
 
     _flush = TableWriter.flush
 
@@ -62,7 +62,7 @@ elif _POINT == "before-replay-commit":
     TableWriter.flush = _flush_or_die  # type: ignore[method-assign]
 
 elif _POINT == "after-expiry-commit":
-    from daemon.maintenance import _tasks
+    from icespool.maintenance import _tasks
 
     _commit_expiry = _tasks.commit_expiry
 
@@ -75,7 +75,7 @@ elif _POINT == "after-expiry-commit":
     _tasks.commit_expiry = _commit_then_die  # type: ignore[assignment]
 
 elif _POINT == "during-expiry-delete":
-    from daemon.maintenance import _tasks
+    from icespool.maintenance import _tasks
 
     _delete_files = _tasks.delete_files
 
@@ -89,7 +89,7 @@ elif _POINT == "during-expiry-delete":
     _tasks.delete_files = _delete_one_then_die  # type: ignore[assignment]
 
 elif _POINT == "during-compaction-rewrite":
-    from daemon.maintenance import _compact
+    from icespool.maintenance import _compact
 
     _encode = _compact.encode_data_files
 
@@ -102,7 +102,7 @@ elif _POINT == "during-compaction-rewrite":
     _compact.encode_data_files = _encode_then_die  # type: ignore[assignment]
 
 elif _POINT == "after-compaction-commit":
-    from daemon.maintenance import _compact
+    from icespool.maintenance import _compact
 
     _commit_rewrite = _compact.commit_rewrite
 
@@ -134,7 +134,7 @@ elif _POINT == "during-manifest-merge":
 elif _POINT == "pause-before-commit":
     import threading
 
-    from daemon import writer
+    from icespool import writer
 
     _commit_files = writer.commit_files
     _paused = threading.Event()
