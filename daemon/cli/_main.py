@@ -31,6 +31,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
+#: Seconds one [[kafka]] source's check-config --connect may take.
+_KAFKA_CHECK_TIMEOUT = 15.0
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -115,8 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--connect",
         action="store_true",
-        help="also load the catalog, list it and look up every configured table "
-        "(exit 2 when it is unreachable or a table is missing)",
+        help="also check what the daemon needs at start: the token files, the catalog, "
+        "every configured table and its declared schema, the storage, and each Kafka "
+        "source's brokers and topics (exit 2 naming every step that fails)",
+    )
+    check.add_argument(
+        "--kafka-timeout",
+        type=_positive_seconds,
+        default=_KAFKA_CHECK_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long each Kafka source's check may take (default: {_KAFKA_CHECK_TIMEOUT:g})",
     )
 
     status = sub.add_parser(
@@ -256,7 +266,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     data = redacted(config)
     if args.format == "json":
         print(json.dumps(data, indent=2, ensure_ascii=False))
-        return _check_connect(config) if args.connect else EXIT_OK
+        return _check_connect(config, args.kafka_timeout) if args.connect else EXIT_OK
     path = resolve_config_path(args.config)
     source = f"config file {path}" if path is not None else "embedded default (no config file)"
     header = [f"icespool effective config from the {source}"]
@@ -265,7 +275,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         header.append(f"environment overrides: {', '.join(overrides)}")
     header.append("secrets are shown as ***")
     print(render_toml(data, header="\n".join(header)), end="")
-    return _check_connect(config) if args.connect else EXIT_OK
+    return _check_connect(config, args.kafka_timeout) if args.connect else EXIT_OK
 
 
 def _check_http_files(config: Config) -> None:
@@ -277,19 +287,16 @@ def _check_http_files(config: Config) -> None:
     load_tokens(config.http, admin_file=False)
 
 
-def _check_connect(config: Config) -> int:
-    # Imported here: pyiceberg is heavy and only --connect needs it.
-    from icespool.iceberg import check_catalog
+def _check_connect(config: Config, kafka_timeout: float) -> int:
+    # Imported here: the checks load pyiceberg's catalog side, pyarrow and aiokafka.
+    from icespool.cli._connect import run_checks
 
     sys.stdout.flush()
-    try:
-        lines = check_catalog(config)
-    except IcespoolError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
-    for line in lines:
-        print(line, file=sys.stderr)  # stdout stays valid TOML/JSON
-    return EXIT_OK
+    findings = run_checks(config, kafka_timeout)
+    for passed, line in findings:
+        # stderr: stdout stays valid TOML/JSON.
+        print(line if passed else f"error: {line}", file=sys.stderr)
+    return EXIT_OK if all(passed for passed, _ in findings) else EXIT_USAGE
 
 
 def _app() -> Any:

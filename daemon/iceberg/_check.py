@@ -4,7 +4,8 @@ tables do the config and its namespaces hold?).
 
 Runs the same catalog loading the daemon runs at start (so a passing check means the
 start will get past the catalog), then lists namespaces, looks up every configured
-table, and writes, lists and deletes a probe object where data files go: an existing
+table (an existing one against its declared schema, with the check that would degrade
+it at start), and writes, lists and deletes a probe object where data files go: an existing
 table's location through that table's FileIO (so vended credentials are what is tested),
 else (not for REST catalogs, which decide locations) the warehouse through the
 catalog's. Each step that fails is named. Every call is bounded by ``[timeouts]``; a
@@ -24,10 +25,10 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table import Table
 
-from icespool.config import Config, hide_secrets
-from icespool.errors import CatalogError
-from icespool.iceberg._catalog import load_catalog
-from icespool.iceberg._tables import table_names
+from icespool.config import Config, TableConfig, hide_secrets
+from icespool.errors import CatalogError, SchemaError
+from icespool.iceberg._catalog import check_compatible, load_catalog
+from icespool.iceberg._tables import declared_schema, table_names
 from icespool.iceberg._timeouts import short_error, startup_timeout
 from icespool.spool import new_uuid7
 
@@ -127,20 +128,30 @@ def _probe(config: Config) -> list[str]:
             f"{len(namespaces)} namespaces"
         ]
         missing: list[str] = []
+        mismatched: list[str] = []
         existing: Table | None = None
         for i, table in enumerate(config.tables):
             if catalog.table_exists(table.identifier):
-                lines.append(f"table {table.name}: exists")
-                existing = existing or catalog.load_table(table.identifier)
+                loaded = catalog.load_table(table.identifier)
+                existing = existing or loaded
+                problem = _schema_problem(loaded, table)
+                if problem is None:
+                    lines.append(f"table {table.name}: exists")
+                else:
+                    mismatched.append(f"tables[{i}] {table.name!r}: {problem}")
             elif table.create:
                 lines.append(f"table {table.name}: missing, created at start (create = true)")
             else:
                 missing.append(f"tables[{i}] {table.name!r}")
+        problems = list(mismatched)
         if missing:
-            raise CatalogError(
+            problems.insert(
+                0,
                 f"{', '.join(missing)} not found in catalog {config.catalog.name!r} and "
-                "create = false; create the table, or set create = true with a schema"
+                "create = false; create the table, or set create = true with a schema",
             )
+        if problems:
+            raise CatalogError("\n".join(problems))
         rest = config.catalog.type.lower() == "rest"
         # A REST catalog decides where tables go and may grant access to table locations
         # only (S3 Tables, vended credentials): its warehouse root proves nothing.
@@ -149,6 +160,18 @@ def _probe(config: Config) -> list[str]:
         return lines
     finally:
         _dispose(catalog)
+
+
+def _schema_problem(existing: Table, table: TableConfig) -> str | None:
+    """Why the daemon would degrade ``table`` at start: the check `load_declared` runs
+    on an existing table (``check_compatible``), or None."""
+    if table.columns is None:
+        return None
+    try:
+        check_compatible(existing.schema(), declared_schema(table), table_name=table.name)
+    except SchemaError as exc:
+        return exc.problem
+    return None
 
 
 def _probe_storage(catalog: Catalog, table: Table | None, warehouse: str | None) -> str:

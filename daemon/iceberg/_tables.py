@@ -38,6 +38,7 @@ __all__ = [
     "check_upsert_layout",
     "create_inferred",
     "create_with",
+    "declared_schema",
     "existing_table",
     "load_declared",
     "table_names",
@@ -73,16 +74,10 @@ def load_declared(
                 "create = true (or infer = true), or create it in the catalog"
             ) from exc
         return check_key(table, key, name) if key else table
-    schema = parse_schema([c.model_dump() for c in declared.columns])
+    schema = declared_schema(declared)
     properties: Mapping[str, str] = declared.properties
     if key:
-        # Equality deletes need format v2; the key is the table's identifier fields.
-        schema = Schema(
-            *schema.fields,
-            schema_id=schema.schema_id,
-            identifier_field_ids=[schema.find_field(column).field_id for column in key],
-        )
-        properties = {**properties, _FORMAT_VERSION: "2"}
+        properties = {**properties, _FORMAT_VERSION: "2"}  # equality deletes need v2
     table = ensure_table(
         catalog,
         name,
@@ -94,6 +89,21 @@ def load_declared(
         defaults=defaults,
     )
     return check_key(table, key, name) if key else table
+
+
+def declared_schema(declared: TableConfig) -> Schema:
+    """The Iceberg schema ``[[tables]] schema`` declares (its key, if any, as the
+    identifier fields); `load_declared` checks an existing table against it."""
+    if declared.columns is None:
+        raise ValueError(f"table {declared.name!r} declares no schema")
+    schema = parse_schema([c.model_dump() for c in declared.columns])
+    if not declared.key:
+        return schema
+    return Schema(
+        *schema.fields,
+        schema_id=schema.schema_id,
+        identifier_field_ids=[schema.find_field(column).field_id for column in declared.key],
+    )
 
 
 def _partition_problem(table: Table, key: Sequence[str], name: str) -> str | None:
