@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,29 @@ def test_a_closed_port_fails_within_the_timeout_naming_the_broker(
         "error: kafka[0] (127.0.0.1:1): cannot connect to Kafka (127.0.0.1:1: "
     ), lines[3]
     assert "Connect call failed ('127.0.0.1', 1)" in lines[3], lines[3]
+
+
+def test_a_broker_that_never_answers_fails_at_the_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A listening socket nobody reads: the connect succeeds, no answer ever comes.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        server = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        code, lines = _check(
+            _config(tmp_path, kafka=[_source(server, ["t"])]), capsys, "--kafka-timeout", "2"
+        )
+        took = time.monotonic() - started
+    assert 2 <= took < 2 + 5, took
+    assert (code, lines) == (
+        2,
+        [
+            *CATALOG_LINES,
+            _storage(tmp_path),
+            f"error: kafka[0] ({server}): the brokers did not answer within 2 s; check "
+            "bootstrap_servers, the network path and the security settings",
+        ],
+    )
 
 
 def test_a_wrong_sasl_password_fails_naming_the_refused_login(
