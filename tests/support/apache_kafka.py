@@ -35,7 +35,7 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports
+from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports, log4j2_file
 from support.kafka_tls import TlsFiles, make_tls_files
 
 __all__ = [
@@ -55,25 +55,13 @@ START_WITHIN = 60.0
 SCRAM_USERS: Mapping[str, str] = {"alice": "alice-secret", "bob": "bob-secret"}
 PLAIN_USERS: Mapping[str, str] = {"carol": "carol-secret"}
 _SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
 # One line per request or segment roll would bury what a failed start says.
-logger.request.name = kafka.request.logger
-logger.request.level = warn
-logger.state.name = state.change.logger
-logger.state.level = warn
-logger.log.name = org.apache.kafka.storage.internals.log
-logger.log.level = warn
-logger.unified.name = kafka.log
-logger.unified.level = warn
-"""
+_QUIET = {
+    "kafka.request.logger": "warn",
+    "state.change.logger": "warn",
+    "org.apache.kafka.storage.internals.log": "warn",
+    "kafka.log": "warn",
+}
 
 
 # Java or the broker's jars are not installed (``make test-deps`` installs them).
@@ -263,7 +251,7 @@ class KafkaBroker:
         return path
 
     def _format(self) -> None:
-        (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.log))
+        (self.root / "log4j2.properties").write_text(log4j2_file(self.log, _QUIET))
         config = self.root / "server.properties"
         config.write_text(self._properties())
         scram = [

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 
 from support.apache_kafka import KafkaToolsMissing
-from support.jvm import JvmProcess, NotReady, find_java, free_ports
+from support.jvm import JvmProcess, NotReady, find_java, free_ports, log4j2_file
 
 __all__ = ["PLUGINS", "RUNTIME", "DebeziumPostgres"]
 
@@ -40,18 +40,7 @@ RUNTIME = TOOLS / "runtime"
 PLUGINS = TOOLS / "plugins"
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 START_WITHIN = 120.0
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.reflections.name = org.reflections
-logger.reflections.level = error
-"""
+_QUIET = {"org.reflections": "error"}
 
 
 def _check_jars() -> None:
@@ -123,7 +112,7 @@ class DebeziumPostgres:
         worker.write_text(self._worker_properties())
         connector = self.root / "connector.properties"
         connector.write_text(_properties(self._connector_config(tables)))
-        (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.log))
+        (self.root / "log4j2.properties").write_text(log4j2_file(self.log, _QUIET))
         self.jvm = JvmProcess(
             java,
             self.root,

@@ -36,7 +36,7 @@ from hive_metastore.ThriftHiveMetastore import Client
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
-from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports
+from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports, log4j2_file
 
 __all__ = ["HIVE_DIR", "HiveMetastore", "HiveMetastoreMissing"]
 
@@ -48,21 +48,9 @@ _SCHEMA_TIMEOUT = 120.0
 _CALL_TIMEOUT_MS = 30_000
 _MAIN = "org.apache.hadoop.hive.metastore.HiveMetaStore"
 _SCHEMA_TOOL = "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool"
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{ISO8601}} %p [%t] %c{{2}}: %m%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
 # One line per Thrift call and per DataNucleus statement would bury what a failed start says.
-logger.audit.name = org.apache.hadoop.hive.metastore.HiveMetaStore.audit
-logger.audit.level = warn
-logger.datanucleus.name = DataNucleus
-logger.datanucleus.level = warn
-"""
+_QUIET = {"org.apache.hadoop.hive.metastore.HiveMetaStore.audit": "warn", "DataNucleus": "warn"}
+_LOG_PATTERN = "%d{ISO8601} %p [%t] %c{2}: %m%n"
 
 
 # Java or the metastore's jars are not installed (``make test-deps`` installs them).
@@ -117,7 +105,9 @@ class HiveMetastore:
         conf.mkdir(exist_ok=True)
         (port,) = free_ports(1)
         log_path = root / "metastore.log"
-        (conf / "metastore-log4j2.properties").write_text(_LOG4J2.format(log=log_path))
+        (conf / "metastore-log4j2.properties").write_text(
+            log4j2_file(log_path, _QUIET, _LOG_PATTERN)
+        )
         (conf / "metastore-site.xml").write_text(
             _site_xml(
                 {

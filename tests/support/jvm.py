@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["JvmProcess", "NotReady", "ToolsMissing", "find_java", "free_ports"]
+__all__ = ["JvmProcess", "NotReady", "ToolsMissing", "find_java", "free_ports", "log4j2_file"]
 
 # A test server lives for minutes: C1 only and the serial collector start fastest and leave
 # the machine's two cores to the tests.
@@ -98,6 +98,24 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def log4j2_file(log: Path, quiet: Mapping[str, str], pattern: str = "[%d] %p %m (%c)%n") -> str:
+    """A log4j2.properties that writes every logger at info to ``log`` but those in
+    ``quiet`` (logger name -> level)."""
+    lines = [
+        "status = warn",
+        "appender.file.type = File",
+        "appender.file.name = file",
+        f"appender.file.fileName = {log}",
+        "appender.file.layout.type = PatternLayout",
+        f"appender.file.layout.pattern = {pattern}",
+        "rootLogger.level = info",
+        "rootLogger.appenderRef.file.ref = file",
+    ]
+    for n, (name, level) in enumerate(quiet.items()):
+        lines += [f"logger.quiet{n}.name = {name}", f"logger.quiet{n}.level = {level}"]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
