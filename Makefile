@@ -267,7 +267,7 @@ spark35: $(SPARK35_STAMP)
 # the release's own distribution (a Quarkus fast-jar) that tests/support/apicurio/pom.xml
 # pins, unpacked into the ignored .test-tools/apicurio/ (again only when the POM changes).
 # Its classes are Java 21: Debian 12 has no such JDK, so one must be there already
-# (JAVA_HOME, PATH or /usr/lib/jvm/*, as tests/support/apicurio.py looks).
+# (JAVA_HOME, PATH or /usr/lib/jvm/*, as tests/support/jvm.py looks).
 APICURIO_DIR := .test-tools/apicurio
 APICURIO_STAMP := $(APICURIO_DIR)/.installed
 
@@ -276,7 +276,7 @@ $(APICURIO_STAMP): tests/support/apicurio/pom.xml
 	@command -v mvn >/dev/null || { \
 	  echo "error: mvn (Debian package maven) is missing: it fetches the test schema registry" >&2; \
 	  exit 1; }
-	@$(PYTHON) tests/support/apicurio.py --java >/dev/null
+	@PYTHONPATH=tests $(PYTHON) -m support.apicurio --java >/dev/null
 	rm -rf $(APICURIO_DIR)
 	@mvn -B -q -Dstyle.color=never -f tests/support/apicurio/pom.xml dependency:unpack \
 	  -Dapicurio.dir=$(CURDIR)/$(APICURIO_DIR) || { \

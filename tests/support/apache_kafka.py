@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -37,6 +35,7 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports, log4j2_file
 from support.kafka_tls import TlsFiles, make_tls_files
 
 __all__ = [
@@ -56,74 +55,26 @@ START_WITHIN = 60.0
 SCRAM_USERS: Mapping[str, str] = {"alice": "alice-secret", "bob": "bob-secret"}
 PLAIN_USERS: Mapping[str, str] = {"carol": "carol-secret"}
 _SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
-_JVM_OPTIONS = (
-    "-Xms128m",
-    "-Xmx512m",
-    # A test broker lives for minutes: C1 only and the serial collector start fastest and
-    # leave the machine's two cores to the tests.
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+UseSerialGC",
-    "-XX:-UsePerfData",
-    "-Djava.awt.headless=true",
-    "-Djava.net.preferIPv4Stack=true",
-)
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
 # One line per request or segment roll would bury what a failed start says.
-logger.request.name = kafka.request.logger
-logger.request.level = warn
-logger.state.name = state.change.logger
-logger.state.level = warn
-logger.log.name = org.apache.kafka.storage.internals.log
-logger.log.level = warn
-logger.unified.name = kafka.log
-logger.unified.level = warn
-"""
+_QUIET = {
+    "kafka.request.logger": "warn",
+    "state.change.logger": "warn",
+    "org.apache.kafka.storage.internals.log": "warn",
+    "kafka.log": "warn",
+}
 
 
-class KafkaToolsMissing(RuntimeError):
-    """Java or the broker's jars are not installed (``make test-deps`` installs them)."""
+# Java or the broker's jars are not installed (``make test-deps`` installs them).
+KafkaToolsMissing = ToolsMissing
 
 
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidates = [str(Path(home) / "bin" / "java")] if home else []
-    candidates.append(shutil.which("java") or "")
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise KafkaToolsMissing(
-        "no java for the test Kafka broker (JAVA_HOME unset and none on PATH): "
-        "run `make test-deps` (it installs openjdk-17-jre-headless)"
-    )
-
-
-def _classpath() -> str:
+def _check_jars() -> None:
     jars = sorted(LIBS.glob("*.jar"))
     if not any(j.name.startswith("kafka_2.13-") for j in jars):
         raise KafkaToolsMissing(
             f"the Apache Kafka broker jars are missing from {LIBS}: run `make test-deps` "
             "(it copies those tests/support/kafka/pom.xml pins from Maven Central)"
         )
-    return f"{LIBS}/*"
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _cluster_id() -> str:
@@ -157,15 +108,28 @@ class KafkaBroker:
     """``KafkaBroker.start(root)`` -> a running single-node Apache Kafka; ``stop()`` kills
     it and removes ``root``."""
 
-    def __init__(self, root: Path, listeners: Listeners, tls: TlsFiles, cluster_id: str) -> None:
+    def __init__(
+        self, root: Path, listeners: Listeners, tls: TlsFiles, cluster_id: str, java: str
+    ) -> None:
         self.root = root
         self.listeners = listeners
         self.tls = tls
         self.cluster_id = cluster_id
-        self.process: subprocess.Popen[bytes] | None = None
         self.log = root / "server.log"
         self.console = root / "console.log"
+        self.jvm = JvmProcess(
+            java,
+            root,
+            (self.console, self.log),
+            heap=("128m", "512m"),
+            classpath=f"{LIBS}/*",
+            properties={"log4j2.configurationFile": root / "log4j2.properties"},
+        )
         self.started_in = 0.0
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self.jvm.process
 
     # ------------------------------------------------------------------ addresses
 
@@ -194,16 +158,16 @@ class KafkaBroker:
 
     @classmethod
     def start(cls, root: Path) -> KafkaBroker:
-        java = _java()
-        classpath = _classpath()
+        java = find_java()
+        _check_jars()
         root.mkdir(parents=True, exist_ok=True)
-        listeners = Listeners(*_free_ports(6))
-        broker = cls(root, listeners, make_tls_files(root / "tls"), _cluster_id())
+        listeners = Listeners(*free_ports(6))
+        broker = cls(root, listeners, make_tls_files(root / "tls"), _cluster_id(), java)
         began = time.monotonic()
         try:
-            broker._format(java, classpath)
-            broker._run(java, classpath)
-            broker._wait_ready(began + START_WITHIN)
+            broker._format()
+            broker.jvm.start("kafka.Kafka", str(root / "server.properties"))
+            broker._wait_ready(began)
         except BaseException:
             broker.stop()
             raise
@@ -286,19 +250,8 @@ class KafkaBroker:
             path.chmod(0o600)
         return path
 
-    def _java_command(self, java: str, classpath: str, *args: str) -> list[str]:
-        log4j = self.root / "log4j2.properties"
-        return [
-            java,
-            *_JVM_OPTIONS,
-            f"-Dlog4j2.configurationFile={log4j}",
-            "-cp",
-            classpath,
-            *args,
-        ]
-
-    def _format(self, java: str, classpath: str) -> None:
-        (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.log))
+    def _format(self) -> None:
+        (self.root / "log4j2.properties").write_text(log4j2_file(self.log, _QUIET))
         config = self.root / "server.properties"
         config.write_text(self._properties())
         scram = [
@@ -307,9 +260,7 @@ class KafkaBroker:
             for user, password in SCRAM_USERS.items()
             for arg in ("--add-scram", f"{mechanism}=[name={user},password={password}]")
         ]
-        command = self._java_command(
-            java,
-            classpath,
+        self.jvm.run(
             "kafka.tools.StorageTool",
             "format",
             "--config",
@@ -317,74 +268,36 @@ class KafkaBroker:
             "--cluster-id",
             self.cluster_id,
             *scram,
-        )
-        result = subprocess.run(
-            command,
-            cwd=self.root,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
             timeout=START_WITHIN,
-            check=False,
+            what="kafka-storage format",
         )
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"kafka-storage format exited with {result.returncode}:\n"
-                f"{result.stdout}{result.stderr}{self.log_tail()}"
-            )
 
-    def _run(self, java: str, classpath: str) -> None:
-        command = self._java_command(
-            java, classpath, "kafka.Kafka", str(self.root / "server.properties")
-        )
-        with self.console.open("ab") as out:
-            self.process = subprocess.Popen(
-                command,
-                cwd=self.root,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_ready(self, began: float) -> None:
         """Until a client lists the topics on the PLAINTEXT listener: the broker then has
         caught up with its metadata and serves requests."""
-        assert self.process is not None
-        last = "no answer yet"
         with ThreadPoolExecutor(1) as pool:  # the caller may run inside an event loop
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"the Kafka broker exited with {self.process.returncode} while "
-                        f"starting\n{self.log_tail()}"
-                    )
-                try:
-                    # A bare connect first: aiokafka logs every refused connection.
-                    with socket.create_connection(("127.0.0.1", self.listeners.plaintext), 1):
-                        pass
-                    pool.submit(asyncio.run, _list_topics(self.bootstrap)).result(10)
-                    return
-                except Exception as exc:  # any refusal means "not yet"
-                    last = f"{type(exc).__name__}: {exc}"
-                time.sleep(0.1)
-        raise RuntimeError(
-            f"the Kafka broker did not answer on {self.bootstrap} within "
-            f"{START_WITHIN:.0f} s (last: {last})\n{self.log_tail()}"
-        )
+
+            def list_topics() -> None:
+                # A bare connect first: aiokafka logs every refused connection.
+                with socket.create_connection(("127.0.0.1", self.listeners.plaintext), 1):
+                    pass
+                pool.submit(asyncio.run, _list_topics(self.bootstrap)).result(10)
+
+            self.jvm.wait_ready(
+                list_topics,
+                within=START_WITHIN,
+                since=began,
+                name="the Kafka broker",
+                waiting_for=f"answer on {self.bootstrap}",
+                retry_on=(Exception,),  # any refusal means "not yet"
+                interval=0.1,
+            )
 
     def log_tail(self, lines: int = 60) -> str:
-        parts = []
-        for path in (self.console, self.log):
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {path.name} (last {len(text)} lines) ---\n" + "\n".join(text))
-        return "\n".join(parts)
+        return self.jvm.log_tail(lines)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(30)
+        self.jvm.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

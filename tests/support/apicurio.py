@@ -14,8 +14,8 @@ Quarkus' embedded user store, so a client sending no or wrong credentials gets 4
 
 The distribution is the release's own (tests/support/apicurio/pom.xml pins it), which
 `make test-deps` unpacks into .test-tools/apicurio/. It needs Java >= 21, which
-`find_java` looks for (JAVA_HOME, PATH, then /usr/lib/jvm/*); ``python3
-tests/support/apicurio.py --java`` prints the one it finds (the Makefile's check).
+`find_java` looks for (JAVA_HOME, PATH, then /usr/lib/jvm/*); ``PYTHONPATH=tests python3
+-m support.apicurio --java`` prints the one it finds (the Makefile's check).
 
 Each request the registry answers is a line of its access log, so `lookups` counts the
 schema fetches a test made. A registry that cannot start fails the test run with its
@@ -25,14 +25,8 @@ log; nothing is skipped.
 from __future__ import annotations
 
 import base64
-import contextlib
-import functools
 import json
-import os
 import re
-import shutil
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -42,6 +36,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports
 
 __all__ = [
     "DIST",
@@ -59,58 +55,11 @@ PASSWORD = "s3cret"
 CCOMPAT = "/apis/ccompat/v7"
 MIN_JAVA = 21
 _START_TIMEOUT = 120.0
-_JVM_OPTIONS = (
-    "-Xms64m",
-    "-Xmx512m",
-    # A test server lives for minutes: C1 and the serial collector start fastest and leave
-    # the machine's cores to the tests.
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+UseSerialGC",
-    "-XX:-UsePerfData",
-    "-Djava.net.preferIPv4Stack=true",
-)
 _LOOKUP = re.compile(rf'method="GET" path="{CCOMPAT}/schemas/ids/(\d+)"')
 
 
-class ApicurioMissing(RuntimeError):
-    """Java >= 21 or the registry's distribution is not installed (``make test-deps``)."""
-
-
-def _java_major(java: str) -> int:
-    try:
-        shown = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-        ).stderr
-    except OSError:
-        return 0
-    found = re.search(r'version "(\d+)', shown)
-    return int(found.group(1)) if found else 0
-
-
-@functools.cache
-def find_java() -> str:
-    """A ``java`` of version >= 21: JAVA_HOME's, the one on PATH, then /usr/lib/jvm/*."""
-    candidates: list[str] = []
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        candidates.append(str(Path(home) / "bin" / "java"))
-    candidates.append(shutil.which("java") or "")
-    candidates += [str(p) for p in sorted(Path("/usr/lib/jvm").glob("*/bin/java"), reverse=True)]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and _java_major(candidate) >= MIN_JAVA:
-            return candidate
-    raise ApicurioMissing(
-        f"no Java >= {MIN_JAVA} for the test schema registry (Apicurio Registry's classes "
-        f"are Java {MIN_JAVA}): looked at JAVA_HOME, PATH and /usr/lib/jvm/*; point "
-        "JAVA_HOME at one"
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+# Java >= 21 or the registry's distribution is not installed (``make test-deps``).
+ApicurioMissing = ToolsMissing
 
 
 def _auth_header() -> str:
@@ -119,9 +68,7 @@ def _auth_header() -> str:
 
 @dataclass
 class ApicurioRegistry:
-    process: subprocess.Popen[bytes]
-    root: Path
-    log_path: Path
+    jvm: JvmProcess
     port: int
     started_in: float = 0.0
 
@@ -132,7 +79,7 @@ class ApicurioRegistry:
 
     @classmethod
     def start(cls, root: Path) -> ApicurioRegistry:
-        java = find_java()
+        java = find_java(MIN_JAVA)
         run_jar = DIST / "quarkus-run.jar"
         if not run_jar.is_file():
             raise ApicurioMissing(
@@ -141,14 +88,14 @@ class ApicurioRegistry:
                 "from Maven Central)"
             )
         root.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port, management_port = free_ports(2)
         settings = {
             "quarkus.http.host": "127.0.0.1",
             "quarkus.http.port": port,
             # Health and metrics are served apart (a build-time choice): loopback, and a
             # port of their own, or a second registry on the machine would collide.
             "quarkus.management.host": "127.0.0.1",
-            "quarkus.management.port": _free_port(),
+            "quarkus.management.port": management_port,
             # Basic auth against Quarkus' embedded user store.
             "quarkus.http.auth.basic": "true",
             "apicurio.authn.mechanism.priority": "basic",
@@ -162,47 +109,25 @@ class ApicurioRegistry:
             "apicurio.import.work-dir": root,
             "java.io.tmpdir": root,
         }
-        argv = [
-            java,
-            *_JVM_OPTIONS,
-            *(f"-D{key}={value}" for key, value in settings.items()),
-            "-jar",
-            str(run_jar),
-        ]
-        log_path = root / "apicurio.log"
+        jvm = JvmProcess(
+            java, root, (root / "apicurio.log",), heap=("64m", "512m"), properties=settings
+        )
+        registry = cls(jvm, port)
         began = time.monotonic()
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                argv, cwd=root, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-            )
-        registry = cls(process, root, log_path, port)
-        try:
-            registry._wait_ready()
-        except BaseException:
-            registry.stop()
-            raise
+        jvm.start("-jar", str(run_jar))
+        jvm.wait_ready(
+            lambda: registry.call("GET", "/subjects"),
+            within=_START_TIMEOUT,
+            name="the schema registry",
+            waiting_for=f"answer GET {CCOMPAT}/subjects",
+            retry_on=(OSError, urllib.error.URLError, ValueError),
+        )
         registry.started_in = time.monotonic() - began
         return registry
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the schema registry exited with {self.process.returncode} before it "
-                    f"was ready:\n{self.log_tail()}"
-                )
-            try:
-                self.call("GET", "/subjects")
-                return
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                last = repr(exc)
-            time.sleep(0.2)
-        raise RuntimeError(
-            f"the schema registry did not answer GET {CCOMPAT}/subjects within "
-            f"{_START_TIMEOUT:g} s (last: {last}):\n{self.log_tail()}"
-        )
+    @property
+    def log_path(self) -> Path:
+        return self.jvm.logs[0]
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One request to the Confluent-compatible API (authenticated); an error answer
@@ -267,26 +192,19 @@ class ApicurioRegistry:
         return Counter(int(m.group(1)) for m in _LOOKUP.finditer(text))
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return self.jvm.log_tail(lines)
 
     def stop(self) -> None:
         """SIGKILL: its state is in memory and a temporary directory nothing else uses."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-        self.process.wait(timeout=10)
+        self.jvm.stop()
 
 
 if __name__ == "__main__":
-    # `python3 tests/support/apicurio.py --java`: the Makefile's check that a Java the
-    # registry runs on is there (stdlib only, so it needs no virtualenv).
+    # `PYTHONPATH=tests python3 -m support.apicurio --java`: the Makefile's check that a
+    # Java the registry runs on is there (stdlib only, so it needs no virtualenv).
     if sys.argv[1:] != ["--java"]:
-        sys.exit("usage: apicurio.py --java")
+        sys.exit("usage: python3 -m support.apicurio --java")
     try:
-        print(find_java())
+        print(find_java(MIN_JAVA))
     except ApicurioMissing as exc:
         sys.exit(f"error: {exc}")

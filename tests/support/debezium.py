@@ -18,9 +18,6 @@ the slot and the database. Missing Java or jars raise naming ``make test-deps``.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +29,8 @@ from typing import Any
 
 import psycopg2  # type: ignore[import-untyped]
 
-from support.apache_kafka import KafkaToolsMissing, _free_ports, _java
+from support.apache_kafka import KafkaToolsMissing
+from support.jvm import JvmProcess, NotReady, find_java, free_ports, log4j2_file
 
 __all__ = ["PLUGINS", "RUNTIME", "DebeziumPostgres"]
 
@@ -42,31 +40,10 @@ RUNTIME = TOOLS / "runtime"
 PLUGINS = TOOLS / "plugins"
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 START_WITHIN = 120.0
-_JVM_OPTIONS = (
-    "-Xms128m",
-    "-Xmx768m",
-    # As the test broker: C1 and the serial collector start fastest on two shared cores.
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+UseSerialGC",
-    "-XX:-UsePerfData",
-    "-Djava.awt.headless=true",
-    "-Djava.net.preferIPv4Stack=true",
-)
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.reflections.name = org.reflections
-logger.reflections.level = error
-"""
+_QUIET = {"org.reflections": "error"}
 
 
-def _classpath() -> str:
+def _check_jars() -> None:
     if not any(RUNTIME.glob("connect-runtime-*.jar")):
         raise KafkaToolsMissing(
             f"Kafka Connect's jars are missing from {RUNTIME}: run `make test-deps` (it "
@@ -76,7 +53,6 @@ def _classpath() -> str:
         raise KafkaToolsMissing(
             f"Debezium's PostgreSQL connector is missing from {PLUGINS}: run `make test-deps`"
         )
-    return f"{RUNTIME}/*"
 
 
 @contextmanager
@@ -103,10 +79,10 @@ class DebeziumPostgres:
         self.publication = f"dbz_pub_{tag}"
         self.topic_prefix = f"dbz-{tag}"
         self.connector = f"pg-{tag}"
-        self.process: subprocess.Popen[bytes] | None = None
         self.rest_port = 0
         self.log = root / "connect.log"
         self.console = root / "console.log"
+        self.jvm: JvmProcess | None = None
         self.started_in = 0.0
 
     @classmethod
@@ -128,36 +104,36 @@ class DebeziumPostgres:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, tables: Sequence[str]) -> None:
-        java = _java()
-        classpath = _classpath()
+        java = find_java()
+        _check_jars()
         began = time.monotonic()
-        (self.rest_port,) = _free_ports(1)
+        (self.rest_port,) = free_ports(1)
         worker = self.root / "worker.properties"
         worker.write_text(self._worker_properties())
         connector = self.root / "connector.properties"
         connector.write_text(_properties(self._connector_config(tables)))
-        (self.root / "log4j2.properties").write_text(_LOG4J2.format(log=self.log))
-        command = [
+        (self.root / "log4j2.properties").write_text(log4j2_file(self.log, _QUIET))
+        self.jvm = JvmProcess(
             java,
-            *_JVM_OPTIONS,
-            f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
-            "-cp",
-            classpath,
-            "org.apache.kafka.connect.cli.ConnectStandalone",
-            str(worker),
-            str(connector),
-        ]
-        with self.console.open("ab") as out:
-            self.process = subprocess.Popen(
-                command,
-                cwd=self.root,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self.root,
+            (self.console, self.log),
+            heap=("128m", "768m"),
+            classpath=f"{RUNTIME}/*",
+            properties={"log4j2.configurationFile": self.root / "log4j2.properties"},
+        )
+        self.jvm.start(
+            "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)
+        )
         try:
-            self._wait_streaming(began + START_WITHIN)
+            self.jvm.wait_ready(
+                self._streaming,
+                within=START_WITHIN,
+                since=began,
+                name="Kafka Connect",
+                waiting_for="stream the Debezium connector's changes",
+                retry_on=(urllib.error.URLError, ConnectionError, TimeoutError),
+                interval=0.25,
+            )
         except BaseException:
             self.stop()
             raise
@@ -203,40 +179,17 @@ class DebeziumPostgres:
             "topic.creation.default.partitions": "1",
         }
 
-    def _wait_streaming(self, deadline: float) -> None:
-        """Until the connector's task is RUNNING and its slot is active: the snapshot is
-        done and Debezium reads the WAL."""
-        assert self.process is not None
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"Kafka Connect exited with {self.process.returncode} while starting\n"
-                    f"{self.log_tail()}"
-                )
-            try:
-                status = self.status()
-                tasks = status.get("tasks", [])
-                failed = [t for t in tasks if t.get("state") == "FAILED"]
-                if status.get("connector", {}).get("state") == "FAILED" or failed:
-                    trace = (failed or [status["connector"]])[0].get("trace", "")
-                    raise RuntimeError(
-                        f"the Debezium connector failed:\n{trace}\n{self.log_tail()}"
-                    )
-                if (
-                    tasks
-                    and all(t.get("state") == "RUNNING" for t in tasks)
-                    and self._slot_active()
-                ):
-                    return
-                last = json.dumps(status)
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            time.sleep(0.25)
-        raise RuntimeError(
-            f"the Debezium connector did not stream within {START_WITHIN:.0f} s "
-            f"(last: {last})\n{self.log_tail()}"
-        )
+    def _streaming(self) -> None:
+        """Returns once the connector's task is RUNNING and its slot is active: the
+        snapshot is done and Debezium reads the WAL."""
+        status = self.status()
+        tasks = status.get("tasks", [])
+        failed = [t for t in tasks if t.get("state") == "FAILED"]
+        if status.get("connector", {}).get("state") == "FAILED" or failed:
+            trace = (failed or [status["connector"]])[0].get("trace", "")
+            raise RuntimeError(f"the Debezium connector failed:\n{trace}\n{self.log_tail()}")
+        if not (tasks and all(t.get("state") == "RUNNING" for t in tasks) and self._slot_active()):
+            raise NotReady(json.dumps(status))
 
     def status(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.rest_port}/connectors/{self.connector}/status"
@@ -258,19 +211,13 @@ class DebeziumPostgres:
         return bool(row and row[0])
 
     def log_tail(self, lines: int = 60) -> str:
-        parts = []
-        for path in (self.console, self.log):
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {path.name} (last {len(text)} lines) ---\n" + "\n".join(text))
-        return "\n".join(parts)
+        return "(no log)" if self.jvm is None else self.jvm.log_tail(lines)
 
     def stop(self) -> None:
         """Kill the worker, then drop the slot (once PostgreSQL sees it inactive) and
         the database."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(30)
+        if self.jvm is not None:
+            self.jvm.stop()
         with _admin() as cursor:
             deadline = time.monotonic() + 30
             while True:

@@ -25,7 +25,6 @@ import contextlib
 import os
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ from hive_metastore.ThriftHiveMetastore import Client
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
+from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports, log4j2_file
+
 __all__ = ["HIVE_DIR", "HiveMetastore", "HiveMetastoreMissing"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,49 +48,13 @@ _SCHEMA_TIMEOUT = 120.0
 _CALL_TIMEOUT_MS = 30_000
 _MAIN = "org.apache.hadoop.hive.metastore.HiveMetaStore"
 _SCHEMA_TOOL = "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool"
-_JVM_OPTIONS = (
-    "-Xms64m",
-    "-Xmx384m",
-    # A test server lives for minutes: C1 and the serial collector start fastest and leave
-    # the machine's cores to the tests.
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+UseSerialGC",
-    "-XX:-UsePerfData",
-    "-Djava.awt.headless=true",
-    "-Djava.net.preferIPv4Stack=true",
-)
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{ISO8601}} %p [%t] %c{{2}}: %m%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
 # One line per Thrift call and per DataNucleus statement would bury what a failed start says.
-logger.audit.name = org.apache.hadoop.hive.metastore.HiveMetaStore.audit
-logger.audit.level = warn
-logger.datanucleus.name = DataNucleus
-logger.datanucleus.level = warn
-"""
+_QUIET = {"org.apache.hadoop.hive.metastore.HiveMetaStore.audit": "warn", "DataNucleus": "warn"}
+_LOG_PATTERN = "%d{ISO8601} %p [%t] %c{2}: %m%n"
 
 
-class HiveMetastoreMissing(RuntimeError):
-    """Java or the metastore's jars are not installed (``make test-deps`` installs them)."""
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidates = [str(Path(home) / "bin" / "java")] if home else []
-    candidates.append(shutil.which("java") or "")
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise HiveMetastoreMissing(
-        "no java for the test Hive Metastore (JAVA_HOME unset and none on PATH): run "
-        "`make test-deps` (it installs openjdk-17-jre-headless)"
-    )
+# Java or the metastore's jars are not installed (``make test-deps`` installs them).
+HiveMetastoreMissing = ToolsMissing
 
 
 def _installed() -> tuple[str, Path]:
@@ -107,13 +72,6 @@ def _installed() -> tuple[str, Path]:
     return f"{LIBS}/*", homes[-1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _site_xml(settings: dict[str, str]) -> str:
     properties = "\n".join(
         f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>"
@@ -124,9 +82,7 @@ def _site_xml(settings: dict[str, str]) -> str:
 
 @dataclass
 class HiveMetastore:
-    process: subprocess.Popen[bytes]
-    root: Path
-    log_path: Path
+    jvm: JvmProcess
     port: int
     started_in: float = 0.0
     schema_in: float = 0.0
@@ -138,18 +94,20 @@ class HiveMetastore:
     @property
     def location(self) -> Path:
         """The metastore's warehouse: where a database's tables go by default."""
-        return self.root / "warehouse"
+        return self.jvm.root / "warehouse"
 
     @classmethod
     def start(cls, root: Path) -> HiveMetastore:
-        java = _java()
+        java = find_java()
         classpath, home = _installed()
         root.mkdir(parents=True, exist_ok=True)
         conf = root / "conf"
         conf.mkdir(exist_ok=True)
-        port = _free_port()
+        (port,) = free_ports(1)
         log_path = root / "metastore.log"
-        (conf / "metastore-log4j2.properties").write_text(_LOG4J2.format(log=log_path))
+        (conf / "metastore-log4j2.properties").write_text(
+            log4j2_file(log_path, _QUIET, _LOG_PATTERN)
+        )
         (conf / "metastore-site.xml").write_text(
             _site_xml(
                 {
@@ -177,68 +135,45 @@ class HiveMetastore:
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HADOOP_", "HIVE_"))}
         env["METASTORE_HOME"] = str(home)
-        cp = f"{conf}:{classpath}"
-        log4j = f"-Dlog4j2.configurationFile={conf / 'metastore-log4j2.properties'}"
-        derby = f"-Dderby.stream.error.file={root / 'derby.log'}"
-        jvm = [java, *_JVM_OPTIONS, log4j, derby, "-cp", cp]
+        jvm = JvmProcess(
+            java,
+            root,
+            (log_path,),
+            heap=("64m", "384m"),
+            classpath=f"{conf}:{classpath}",
+            properties={
+                "log4j2.configurationFile": conf / "metastore-log4j2.properties",
+                "derby.stream.error.file": root / "derby.log",
+            },
+            env=env,
+        )
+        metastore = cls(jvm, port)
         began = time.monotonic()
-        with log_path.open("ab") as out:
-            schema = subprocess.run(
-                [*jvm, _SCHEMA_TOOL, "-initSchema", "-dbType", "derby"],
-                cwd=root,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=_SCHEMA_TIMEOUT,
-                check=False,
-            )
-        schema_in = time.monotonic() - began
-        if schema.returncode != 0:
-            raise RuntimeError(
-                f"the Hive Metastore's schematool -initSchema exited with {schema.returncode}:"
-                f"\n{_tail(log_path)}"
-            )
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                [*jvm, _MAIN],
-                cwd=root,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        metastore = cls(process, root, log_path, port, schema_in=schema_in)
-        try:
-            metastore._wait_ready()
-        except BaseException:
-            metastore.stop()
-            raise
+        jvm.run(
+            _SCHEMA_TOOL,
+            "-initSchema",
+            "-dbType",
+            "derby",
+            timeout=_SCHEMA_TIMEOUT,
+            what="the Hive Metastore's schematool -initSchema",
+        )
+        metastore.schema_in = time.monotonic() - began
+        jvm.start(_MAIN)
+        jvm.wait_ready(
+            metastore._list_databases,
+            within=_START_TIMEOUT,
+            name="the Hive Metastore",
+            waiting_for="answer get_all_databases",
+            retry_on=(OSError, TTransport.TTransportException),
+        )
         metastore.started_in = time.monotonic() - began
         return metastore
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the Hive Metastore exited with {self.process.returncode} before it was "
-                    f"ready:\n{self.log_tail()}"
-                )
-            try:
-                # A plain connect first: thrift logs every refused open as an error.
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                with self.client() as client:
-                    client.get_all_databases()
-                return
-            except (OSError, TTransport.TTransportException) as exc:
-                last = repr(exc)
-            time.sleep(0.2)
-        raise RuntimeError(
-            f"the Hive Metastore did not answer get_all_databases within {_START_TIMEOUT:g} s "
-            f"(last: {last}):\n{self.log_tail()}"
-        )
+    def _list_databases(self) -> None:
+        # A plain connect first: thrift logs every refused open as an error.
+        socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        with self.client() as client:
+            client.get_all_databases()
 
     @contextlib.contextmanager
     def client(self) -> Iterator[Client]:
@@ -272,19 +207,8 @@ class HiveMetastore:
         return {"type": "hive", "uri": self.uri, "warehouse": warehouse}
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
+        return self.jvm.log_tail(lines)
 
     def stop(self) -> None:
         """SIGKILL: its state is a temporary directory nothing else uses."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-        self.process.wait(timeout=10)
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
+        self.jvm.stop()

@@ -21,12 +21,8 @@ A server that cannot start fails the test run with its log; nothing is skipped.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -37,6 +33,7 @@ from typing import Any
 
 import pyarrow.fs
 
+from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports
 from support.object_store import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 
 __all__ = ["LIBS", "IcebergRest", "IcebergRestMissing"]
@@ -48,52 +45,19 @@ CLIENT_ID = "icespool-test-client"
 CLIENT_SECRET = "icespool-test-client-secret"
 _START_TIMEOUT = 90.0
 _MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
-_JVM_OPTIONS = (
-    "-Xms64m",
-    "-Xmx384m",
-    # A test server lives for minutes: C1 and the serial collector start fastest and leave
-    # the machine's cores to the tests.
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+UseSerialGC",
-    "-XX:-UsePerfData",
-    "-Djava.awt.headless=true",
-    "-Djava.net.preferIPv4Stack=true",
-    "-Dorg.slf4j.simpleLogger.showDateTime=true",
-)
 
 
-class IcebergRestMissing(RuntimeError):
-    """Java or the server's jars are not installed (``make test-deps`` installs them)."""
+# Java or the server's jars are not installed (``make test-deps`` installs them).
+IcebergRestMissing = ToolsMissing
 
 
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    candidates = [str(Path(home) / "bin" / "java")] if home else []
-    candidates.append(shutil.which("java") or "")
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return candidate
-    raise IcebergRestMissing(
-        "no java for the test Iceberg REST catalog server (JAVA_HOME unset and none on "
-        "PATH): run `make test-deps` (it installs openjdk-17-jre-headless)"
-    )
-
-
-def _classpath() -> str:
+def _check_jars() -> None:
     if not any(LIBS.glob("iceberg-open-api-*-test-fixtures.jar")):
         raise IcebergRestMissing(
             f"the Iceberg REST catalog server's jars are missing from {LIBS}: run "
             "`make test-deps` (it copies those tests/support/iceberg_rest/pom.xml pins "
             "from Maven Central)"
         )
-    return f"{LIBS}/*"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _create_bucket(store: SeaweedFS, bucket: str) -> None:
@@ -113,9 +77,7 @@ def _create_bucket(store: SeaweedFS, bucket: str) -> None:
 
 @dataclass
 class IcebergRest:
-    process: subprocess.Popen[bytes]
-    root: Path
-    log_path: Path
+    jvm: JvmProcess
     rest_port: int
     store: SeaweedFS
     started_in: float = 0.0
@@ -140,12 +102,11 @@ class IcebergRest:
 
     @classmethod
     def start(cls, root: Path, store: SeaweedFS) -> IcebergRest:
-        java = _java()
-        classpath = _classpath()
+        java = find_java()
+        _check_jars()
         root.mkdir(parents=True, exist_ok=True)
         _create_bucket(store, BUCKET)
-        port = _free_port()
-        log_path = root / "iceberg-rest.log"
+        (port,) = free_ports(1)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CATALOG_"))}
         # RESTCatalogServer reads its catalog's properties from CATALOG_* variables
         # (CATALOG_ dropped, "__" -> "-", "_" -> ".", lower case).
@@ -161,45 +122,27 @@ class IcebergRest:
             "CATALOG_REST_PORT": str(port),
             "AWS_REGION": REGION,
         }
-        argv = [java, *_JVM_OPTIONS, "-cp", classpath, _MAIN]
+        jvm = JvmProcess(
+            java,
+            root,
+            (root / "iceberg-rest.log",),
+            heap=("64m", "384m"),
+            classpath=f"{LIBS}/*",
+            properties={"org.slf4j.simpleLogger.showDateTime": "true"},
+            env=env,
+        )
+        server = cls(jvm, port, store)
         began = time.monotonic()
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=root,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        server = cls(process, root, log_path, port, store)
-        try:
-            server._wait_ready()
-        except BaseException:
-            server.stop()
-            raise
+        jvm.start(_MAIN)
+        jvm.wait_ready(
+            lambda: server._call("GET", "/v1/config"),
+            within=_START_TIMEOUT,
+            name="the Iceberg REST catalog server",
+            waiting_for="answer GET /v1/config",
+            retry_on=(OSError, urllib.error.URLError, ValueError),
+        )
         server.started_in = time.monotonic() - began
         return server
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the Iceberg REST catalog server exited with {self.process.returncode} "
-                    f"before it was ready:\n{self.log_tail()}"
-                )
-            try:
-                self._call("GET", "/v1/config")
-                return
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                last = repr(exc)
-            time.sleep(0.2)
-        raise RuntimeError(
-            f"the Iceberg REST catalog server did not answer GET /v1/config within "
-            f"{_START_TIMEOUT:g} s (last: {last}):\n{self.log_tail()}"
-        )
 
     def _call(self, method: str, path: str) -> Any:
         request = urllib.request.Request(f"{self.rest_uri}{path}", method=method)
@@ -247,15 +190,8 @@ class IcebergRest:
         }
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return self.jvm.log_tail(lines)
 
     def stop(self) -> None:
         """SIGKILL: its state is a temporary directory and a bucket nothing else uses."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-        self.process.wait(timeout=10)
+        self.jvm.stop()
