@@ -9,6 +9,10 @@ so new traffic never overtakes records acked before a crash.
 A table that cannot be loaded or cannot commit degrades alone: start-up goes on
 with the other tables, `status` says which tables are degraded and why, loading
 is retried in the background, and a failing writer retries its flushes itself.
+
+`Icespool` keeps the lifecycle (start, drain, the spool's claim, Kafka sources);
+the tables and their writers are `icespool.tables`, what runs over the spool's
+leftovers `icespool.recovery`, and the status figures `icespool.status`.
 """
 
 from __future__ import annotations
@@ -16,63 +20,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.table import Table
 
-from icespool.config import Config, KafkaConfig, TableConfig
+from icespool.config import Config, TableConfig
 from icespool.early_acks import EarlyAcks
 from icespool.encode_pool import flush_executor
 from icespool.errors import (
     BackpressureError,
-    CommitError,
     ReplayInProgressError,
     ShuttingDownError,
     UnknownTableError,
 )
 from icespool.fanout import CATALOG_CONCURRENCY, Tally, fan_out
-from icespool.iceberg import (
-    CatalogHealth,
-    create_inferred,
-    create_with,
-    existing_table,
-    load_declared,
-    short_error,
-    split_identifier,
-    table_names,
-    unavailable,
-)
-from icespool.ingest import AUTO_CREATED, Ingest, TableInput
-from icespool.kafka import (
-    DeadLetterReplay,
-    OffsetBook,
-    ReplayFilter,
-    ReplayResult,
-    dead_letter_schema,
-)
+from icespool.iceberg import CatalogHealth, short_error, split_identifier, unavailable
+from icespool.ingest import Ingest, TableInput
+from icespool.kafka import DeadLetterReplay, ReplayFilter, ReplayResult
 from icespool.lanes import LanePool
-from icespool.maintenance import (
-    DEFAULT_TASKS,
-    FileOwner,
-    MaintenanceScheduler,
-    created_table_properties,
-)
+from icespool.maintenance import DEFAULT_TASKS, FileOwner, MaintenanceScheduler
 from icespool.metrics import Metrics
 from icespool.pressure import PressureRelief
 from icespool.progress import Progress
+from icespool.recovery import commit_reloaded, recover, replay_quarantined
 from icespool.retry import Backoff, retry_async
-from icespool.schema import (
-    Policy,
-    arrow_schema_for,
-)
-from icespool.spool import FileSystem, QuarantinedSegment, SegmentInfo, Spool
+from icespool.schema import Policy
+from icespool.spool import FileSystem, QuarantinedSegment, Spool
 from icespool.spool_claim import SpoolClaim, SpoolContestedError
 from icespool.spool_watch import SpoolWatch
 from icespool.startup import StartWait, load_catalog_waiting
-from icespool.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
+from icespool.status import StatusReport, Totals, kafka_status
+from icespool.tables import RELOAD_INTERVAL, TableRegistry
+from icespool.writer import FlushResult, TableWriter
 
 if TYPE_CHECKING:
     from icespool.kafka import KafkaSource
@@ -83,20 +63,7 @@ _log = logging.getLogger("icespool.service")
 # A final commit that meets an outage: retried within the shutdown grace.
 _FINAL_COMMIT = Backoff(attempts=1, base=0.5, cap=5.0)
 # How often tables that could not be loaded are tried again.
-_RELOAD_INTERVAL = 10.0
-# /v1/status lists at most this many quarantined segments (and counts all of them).
-_STATUS_QUARANTINE_LIMIT = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Totals:
-    """Figures over every table, from one pass over the writers (no metric collection)."""
-
-    tables: int
-    acked: int  # records acknowledged by this process
-    committed: int  # records committed by this process
-    pending: int  # records acknowledged and not committed yet (recovered ones included)
-    spool_bytes: int
+_RELOAD_INTERVAL = RELOAD_INTERVAL
 
 
 class Icespool:
@@ -149,15 +116,30 @@ class Icespool:
         # Per-table work whose heavy part queues in the lanes (recovery commits): twice
         # the lane workers keeps every worker busy without queueing every table at once.
         self._fan_limit = max(CATALOG_CONCURRENCY, 2 * config.encode.resolved_workers)
-        self._catalog: Catalog | None = None
+        self.tables = TableRegistry(
+            config,
+            spool=self._spool,
+            pool=self._pool,
+            metrics=self.metrics,
+            maintenance=self.maintenance,
+            pressure=self._pressure,
+            commit_refusal=self._commit_refusal,
+        )
+        # The registry's own dicts (never replaced): the writers by name, and the
+        # tables that could not be loaded, (their config, why), retried in the background.
+        self._writers = self.tables.writers
+        self._unloaded = self.tables.unloaded
+        self._report = StatusReport(
+            config,
+            metrics=self.metrics,
+            spool=self._spool,
+            watch=self._watch,
+            pool=self._pool,
+            maintenance=self.maintenance,
+            writers=self._writers,
+        )
         self.ingest = Ingest(self)
-        self._writers: dict[str, TableWriter] = {}
-        self._books: dict[str, OffsetBook] = {}
         self._sources: list[KafkaSource] = []
-        self._awaiting_schema: dict[str, TableConfig] = {}
-        self._creating: dict[str, asyncio.Lock] = {}
-        # Tables that could not be loaded: (their config, why). Retried in the background.
-        self._unloaded: dict[str, tuple[TableConfig | None, str]] = {}
         self._reloader: asyncio.Task[None] | None = None
         self._waiting_sources: list[KafkaSource] = []
         self._replaying: set[str] = set()  # dead-letter tables with a replay running
@@ -176,6 +158,10 @@ class Icespool:
         self._progress_line = progress_line
         # Start-up recovery's progress (None: nothing was spooled); kept after it ends.
         self.recovery: Progress | None = None
+
+    @property
+    def _catalog(self) -> Catalog | None:
+        return self.tables.catalog
 
     async def __aenter__(self) -> Icespool:
         await self.start()
@@ -202,19 +188,26 @@ class Icespool:
         if wait_for_catalog:
             self._early = EarlyAcks(self.config, self._spool, self.metrics)
         try:
-            self._catalog = await load_catalog_waiting(
+            self.tables.catalog = catalog = await load_catalog_waiting(
                 self.config, retry=wait_for_catalog, waiting=self._waiting
             )
             acked_early = [] if self._early is None else await self._early.settled()
             self._starting = "starting (loading tables)"
             await self._pool.start()
-            await self._load_tables()
+            await self.tables.load_all()
             self._starting = (
                 "starting (claiming the spool in the catalog: a claim of another process is "
                 f"waited out for up to {self.config.spool.claim_ttl:.0f}s)"
             )
             await self._claim_spool()
-            await self._recover(acked_early)
+            await recover(
+                self.tables,
+                self._spool,
+                acked_early,
+                line=self._progress_line,
+                limit=self._fan_limit,
+                started=self._recovering,
+            )
         except BaseException:
             await self._abort()
             raise
@@ -226,13 +219,11 @@ class Icespool:
         self.ready = self._claim_lost is None
         self.metrics.ready.set(1 if self.ready else 0)
         timeouts = self.config.timeouts
-        self._health = CatalogHealth(
-            self._catalog, self.config.catalog.name, timeouts.catalog_request
-        )
+        self._health = CatalogHealth(catalog, self.config.catalog.name, timeouts.catalog_request)
         self._health.start()
         # Tables with maintenance off are still measured (read-only) for the gauges.
         await self.maintenance.start(
-            self._catalog,
+            catalog,
             self._spool.id,
             FileOwner(
                 self._spool.incarnation.tag,
@@ -255,7 +246,7 @@ class Icespool:
                 name=f"kafka[{i}]",
                 ingest=self.ingest,
                 writer_for=self._writers.__getitem__,  # also while draining
-                book_for=self._book,
+                book_for=self.tables.book,
                 load_properties=self._load_properties,
                 spool_has_room=self._spool_has_room,
                 metrics=self.metrics,
@@ -353,6 +344,10 @@ class Icespool:
         if self._early is not None:
             self._early.waiting(wait)
 
+    def _recovering(self, progress: Progress) -> None:
+        # Set before the first commit: /readyz and the STATUS line show how far it is.
+        self.recovery = progress
+
     def accepting_while_waiting(self, name: str) -> EarlyAcks | None:
         """What acks records for ``name`` while the start waits for the catalog, if
         its schema is known (`icespool.early_acks`); None otherwise."""
@@ -402,23 +397,7 @@ class Icespool:
         """The writer of a configured table; raises why it cannot take records."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down; retry against another replica")
-        try:
-            return self._writers[name]
-        except KeyError:
-            if name in self._unloaded:
-                raise BackpressureError(
-                    f"table {name!r} is degraded: {self._unloaded[name][1]}; "
-                    f"retrying every {_RELOAD_INTERVAL:.0f}s",
-                    retry_after=_RELOAD_INTERVAL,
-                ) from None
-            if name in self._awaiting_schema:
-                raise UnknownTableError(
-                    f"table {name!r} is created from its first records (infer = true) "
-                    "and has none yet"
-                ) from None
-            raise UnknownTableError(
-                f"table {name!r} is not configured; add it to [[tables]]"
-            ) from None
+        return self.tables.writer(name)
 
     def _writers_now(self) -> list[TableWriter]:
         return list(self._writers.values())
@@ -434,114 +413,11 @@ class Icespool:
     async def flush(self, name: str) -> FlushResult:
         return await self.table_writer(name).flush("manual")
 
-    async def _add_writer(
-        self,
-        name: str,
-        table_config: TableConfig | None,
-        *,
-        create: bool = False,
-        table: Any = None,
-        evolve: Policy | None = None,
-    ) -> TableWriter:
-        if table is None:
-            table = await self._open_table(name, table_config, create=create)
-        return self._register(name, table_config, table, evolve=evolve)
-
-    async def _open_table(
-        self, name: str, table_config: TableConfig | None, *, create: bool = False
-    ) -> Table:
-        """Load ``name`` from the catalog (in a thread); ``create``: a dead-letter
-        table, with our schema, created when missing."""
-        catalog = self._require_catalog()
-        defaults = created_table_properties(self.config, table_config)
-        if create:
-            return await asyncio.to_thread(
-                create_with, catalog, name, dead_letter_schema(), defaults
-            )
-        return await asyncio.to_thread(load_declared, catalog, name, table_config, defaults)
-
-    def _register(
-        self,
-        name: str,
-        table_config: TableConfig | None,
-        table: Table,
-        *,
-        evolve: Policy | None = None,
-    ) -> TableWriter:
-        """Start serving ``name`` with a loaded ``table`` (not started: see `TableWriter.start`)."""
-        settings = self.config.table_settings(name) if table_config else self.config.defaults
-        writer = TableWriter(
-            name,
-            table,
-            arrow_schema_for(table),
-            settings,
-            self._spool,
-            self._pool.lane(name),
-            self.metrics,
-            evolve=evolve or (table_config.evolve if table_config else "none"),
-            claims=self._book(name).claims,
-            key=table_config.key if table_config else (),
-            commit_refusal=self._commit_refusal,
-            on_spool_refused=self._pressure.refused,
-        )
-        self._writers[name] = writer
-        self.maintenance.add(name)
-        return writer
-
-    async def _load_tables(self) -> None:
-        """Load (or create) every declared table, then the Kafka sources' dead-letter
-        tables and the tables their ``auto_create`` made in earlier runs.
-
-        Loads run `CATALOG_CONCURRENCY` at a time (1,000 tables one after the other took
-        15 s); writers are registered in config order. A table that cannot be loaded
-        is marked degraded alone; the others serve.
-        """
-        declared = self.config.tables
-
-        async def load(table_config: TableConfig) -> Table | None:
-            if table_config.infer and table_config.columns is None:
-                # None: created from the first batch it receives.
-                return await asyncio.to_thread(
-                    existing_table, self._require_catalog(), table_config.name
-                )
-            return await self._open_table(table_config.name, table_config)
-
-        loaded = await fan_out("loading tables", declared, load, limit=CATALOG_CONCURRENCY)
-        for table_config, outcome in zip(declared, loaded, strict=True):
-            name = table_config.name
-            if isinstance(outcome, Exception):  # this table only: the others serve
-                self._mark_unloaded(name, table_config, outcome)
-            elif outcome is None:
-                self._awaiting_schema[name] = table_config
-            else:
-                self._register(name, table_config, outcome)
-        for kafka in self.config.kafka:
-            dead_letters = kafka.dead_letter_table
-            if dead_letters is not None and dead_letters not in self._writers:
-                try:
-                    await self._add_writer(dead_letters, None, create=True)
-                except Exception as exc:  # its source waits for it; the rest serve
-                    self._mark_unloaded(dead_letters, None, exc)
-            if kafka.auto_create:
-                names = await asyncio.to_thread(self._auto_created, kafka)
-                opened = await fan_out(
-                    "loading auto-created tables",
-                    names,
-                    lambda name: self._open_table(name, None),
-                    limit=CATALOG_CONCURRENCY,
-                )
-                for name, result in zip(names, opened, strict=True):
-                    if isinstance(result, Exception):
-                        # Like any route's table: its records stay spooled, retried.
-                        self._mark_unloaded(name, None, result)
-                    elif name not in self._writers:
-                        self._register(name, None, result, evolve=AUTO_CREATED)
-
     # ------------------------------------------------------------------ tables from data
 
     def awaiting_schema(self, name: str) -> bool:
         """Whether ``name`` is an ``infer = true`` table not created yet."""
-        return name in self._awaiting_schema and name not in self._writers
+        return self.tables.awaiting_schema(name)
 
     async def create_from(
         self, name: str, incoming: pa.Schema, *, evolve: Policy | None = None
@@ -551,54 +427,11 @@ class Icespool:
 
         For ``infer = true`` tables and Kafka ``auto_create`` routes.
         """
-        lock = self._creating.setdefault(name, asyncio.Lock())
-        async with lock:
-            if name in self._writers:
-                return self._writers[name]
-            table_config = self._awaiting_schema.get(name)
-            settings = self.config.table_settings(name) if table_config else self.config.defaults
-            table = await asyncio.to_thread(
-                create_inferred,
-                self._require_catalog(),
-                name,
-                incoming,
-                table_config,
-                created_table_properties(self.config, table_config),
-                max_columns=settings.max_columns,
-            )
-            writer = await self._add_writer(name, table_config, table=table, evolve=evolve)
-            writer.start()
-            self._awaiting_schema.pop(name, None)
-            _log.info(
-                "%s: created from the first batch's schema: %s",
-                name,
-                ", ".join(f"{f.name} {f.field_type}" for f in table.schema().fields),
-                extra={"table": name},
-            )
-            return writer
-
-    def _auto_created(self, kafka: KafkaConfig) -> list[str]:
-        """Tables a Kafka source created in an earlier run (they match its template)."""
-        assert self._catalog is not None and kafka.table_template is not None
-        namespace = kafka.table_template.split(".", 1)[0]
-        listed = table_names(self._catalog, namespace)
-        return [n for n in kafka.targets(listed) if n not in self._writers]
-
-    def _require_catalog(self) -> Catalog:
-        assert self._catalog is not None, "the catalog is loaded in start()"
-        return self._catalog
-
-    def _book(self, name: str) -> OffsetBook:
-        """The Kafka offset bookkeeping of table ``name`` (its writer's claims)."""
-        book = self._books.get(name)
-        if book is None:
-            book = self._books[name] = OffsetBook(name, self.metrics)
-        return book
+        return await self.tables.create_from(name, incoming, evolve=evolve)
 
     def _load_properties(self, name: str) -> dict[str, str]:
         """A table's current properties, read with a Table of its own (blocking)."""
-        assert self._catalog is not None
-        return dict(self._catalog.load_table(name).metadata.properties)
+        return self.tables.load_properties(name)
 
     def _is_spooled(self, table: str, segment_id: str) -> bool:
         """Whether the spool still holds segment ``segment_id`` of ``table``."""
@@ -680,99 +513,6 @@ class Icespool:
                     "%s: leaving its group failed: %s: %s", source.name, type(exc).__name__, exc
                 )
 
-    async def _recover(self, acked_early: list[SegmentInfo]) -> None:
-        """Commit leftover segments, and those acked while the catalog was awaited
-        (``acked_early``), before any new record is accepted.
-
-        A table that cannot commit its leftovers is left degraded (its writer
-        keeps retrying, its segments stay spooled); it never stops the others.
-        """
-        recovered = [*self._spool.recovered.segments, *acked_early]
-        leftovers = {s.table for s in recovered}
-        if not leftovers:
-            return
-        progress = self.recovery = Progress.of_segments(
-            "recovery", recovered, line=self._progress_line
-        )
-        _log.info(
-            "replaying %d spooled segments of %d tables: %d records, %d bytes",
-            progress.total_segments,
-            len(leftovers),
-            progress.total_records,
-            progress.total_bytes,
-            extra={
-                "segments": progress.total_segments,
-                "tables": len(leftovers),
-                "records": progress.total_records,
-                "bytes": progress.total_bytes,
-            },
-        )
-        progress.draw()
-
-        async def recover(name: str) -> None:
-            if name not in self._writers:
-                if name in self._unloaded:
-                    return
-                try:
-                    await self._add_writer(name, None)
-                except Exception as exc:
-                    self._mark_unloaded(name, None, exc)
-                    return
-            writer = self._writers[name]
-            writer.adopt(self._spool.segments(name))
-            writer.on_settled = progress.segment_done
-            try:
-                await self._commit_leftovers(writer)
-            finally:
-                writer.on_settled = None
-
-        # Tables recover side by side (their commits queue in their lanes), each
-        # failure alone; `progress` counts segments across all of them.
-        await fan_out("recovering tables", sorted(leftovers), recover, limit=self._fan_limit)
-        # Short of 100% when a table is degraded: its segments stay for the next try.
-        progress.finish()
-
-    async def _commit_leftovers(self, writer: TableWriter) -> None:
-        # Each flush that fails by a segment's fault is one of that segment's
-        # bounded attempts; retry until the bad ones are quarantined.
-        attempts = SEGMENT_ATTEMPTS * max(1, len(self._spool.segments(writer.name)))
-        for _ in range(attempts):
-            try:
-                result = await writer.flush("recovery")
-            except UncommittableSegmentError:
-                continue
-            except Exception as exc:
-                _log.error(
-                    "%s: spooled segments cannot be committed now, the table is degraded "
-                    "and retries in the background (the other tables serve): %s",
-                    writer.name,
-                    exc,
-                    extra={"table": writer.name, "error": str(exc)},
-                )
-                return
-            _log.info(
-                "replayed %s: %d records committed",
-                writer.name,
-                result.records,
-                extra={"table": writer.name, "records": result.records},
-            )
-            return
-
-    def _mark_unloaded(self, name: str, table_config: TableConfig | None, exc: Exception) -> None:
-        reason = f"cannot load the table: {type(exc).__name__}: {exc}"
-        before = self._unloaded.get(name)
-        self._unloaded[name] = (table_config, reason)
-        self.metrics.table_degraded.labels(table=name).set(1)
-        if before is not None and before[1] == reason:
-            return  # said already; the reload round sums up who still fails
-        _log.error(
-            "%s: %s; its records stay spooled, the other tables serve, retrying every %.0fs",
-            name,
-            reason,
-            _RELOAD_INTERVAL,
-            extra={"table": name, "error": reason},
-        )
-
     async def _reload_unloaded(self) -> None:
         while self._unloaded:
             await asyncio.sleep(_RELOAD_INTERVAL)
@@ -804,28 +544,9 @@ class Icespool:
 
     async def _reload_one(self, entry: tuple[str, tuple[TableConfig | None, str]]) -> None:
         name, (table_config, _) = entry
-        dead_letters = any(k.dead_letter_table == name for k in self.config.kafka)
-        try:
-            table = await self._open_table(name, table_config, create=dead_letters)
-        except Exception as exc:
-            self._mark_unloaded(name, table_config, exc)
-            return
-        evolve = None if table_config is not None or dead_letters else self._route_policy(name)
-        writer = self._register(name, table_config, table, evolve=evolve)
-        del self._unloaded[name]
-        self.metrics.table_degraded.labels(table=name).set(0)
-        _log.info("%s: loaded; committing its spooled records", name)
-        writer.adopt(self._spool.segments(name))
-        writer.start()
-        await self._commit_leftovers(writer)
-
-    def _route_policy(self, name: str) -> Policy | None:
-        """The evolve policy of an undeclared table: a Kafka ``auto_create`` route's
-        table adds columns as when it was created; any other keeps its schema."""
-        for kafka in self.config.kafka:
-            if kafka.auto_create and kafka.targets([name]):
-                return AUTO_CREATED
-        return None
+        writer = await self.tables.reload(name, table_config)
+        if writer is not None:
+            await commit_reloaded(writer, self._spool)
 
     async def replay_quarantined(self, segment_id: str) -> FlushResult:
         """Restore one quarantined segment and commit it (exactly once).
@@ -834,19 +555,7 @@ class Icespool:
         be restored, `CommitError` naming the reason when it still cannot be
         committed (it is back in quarantine, or still spooled for the next start).
         """
-        info = await self._spool.restore(segment_id)
-        writer = self._writers.get(info.table)
-        if writer is None:
-            try:
-                writer = await self._add_writer(info.table, None)
-            except Exception:
-                await self._spool.quarantine(info.id, "restored, but its table cannot be loaded")
-                raise
-        result = await writer.replay(info)
-        if info.id in result.quarantined:
-            reason = next((q.reason for q in self.quarantined() if q.id == info.id), "unknown")
-            raise CommitError(f"segment {info.id} still cannot be committed: {reason}")
-        return result
+        return await replay_quarantined(self.tables, self._spool, segment_id)
 
     # ------------------------------------------------------------------ dead letters
 
@@ -895,40 +604,12 @@ class Icespool:
 
     def _load_fresh(self, name: str) -> Any:
         """A Table object of its own for ``name`` (blocking)."""
-        assert self._catalog is not None
-        return self._catalog.load_table(name)
+        return self.tables.load_fresh(name)
 
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        # Re-counts files an operator removed by hand; never raises for the directory.
-        quarantine = self._watch.quarantined()
-        stats = self._spool.stats()
-        lanes = self._pool.stats()
-        tables: dict[str, Any] = {}
-        now = time.monotonic()
-        for name, writer in self._writers.items():
-            last = writer.last_commit
-            at, since = writer.last_commit_wall, writer.last_commit_at
-            tables[name] = {
-                "pending_records": writer.pending_records,
-                "pending_bytes": writer.pending_bytes,
-                "oldest_pending_age_seconds": round(writer.oldest_pending_age(), 3),
-                "spool_segments": stats.tables[name].segments if name in stats.tables else 0,
-                "encode_queue": lanes[name]["pending"] if name in lanes else 0,
-                "last_commit": None
-                if last is None
-                else {
-                    "snapshot_id": last.snapshot_id,
-                    "reason": last.reason,
-                    "records": last.records,
-                    "files": last.files,
-                    "duration_ms": last.duration_ms,
-                    "at": None if at is None else round(at, 3),
-                    "age_seconds": None if since is None else round(max(0.0, now - since), 1),
-                },
-                "maintenance": self.maintenance.status(name),
-            }
+        parts = self._report.spool_parts()
         return {
             "ready": self.ready,
             # What /readyz says: "ready" above only means recovery is done (ingest acks).
@@ -939,36 +620,11 @@ class Icespool:
             "accepting_while_waiting": [] if self._early is None else self._early.accepting(),
             "draining": self.draining,
             "degraded": self.degraded(),
-            "quarantine": {
-                "segments": len(quarantine),
-                "bytes": sum(q.bytes for q in quarantine),
-                "listed": [
-                    {
-                        "id": q.id,
-                        "table": q.table,
-                        "bytes": q.bytes,
-                        "reason": q.reason,
-                        "at": round(q.at, 3),
-                    }
-                    for q in quarantine[:_STATUS_QUARANTINE_LIMIT]
-                ],
-            },
+            "quarantine": parts["quarantine"],
             "uptime_seconds": round(time.time() - self.started_at, 1),
-            "spool": {
-                "dir": str(self.config.spool.dir),
-                "bytes": stats.bytes,
-                "max_bytes": self.config.spool.max_bytes,
-                "segments": stats.segments,
-                "durability": self.config.spool.durability,
-                # Quarantined files count against max_bytes (docs/guarantees.md).
-                "quarantine_bytes": stats.quarantine_bytes,
-                "quarantined_segments": stats.quarantined,
-                # Why the spool directory cannot be read (null: it can); the figures
-                # above are then the last ones read.
-                "problem": self._watch.problem,
-            },
-            "tables": tables,
-            "kafka": self._kafka_status(),
+            "spool": parts["spool"],
+            "tables": parts["tables"],
+            "kafka": kafka_status(self._sources),
             # The last start-up recovery (null: nothing was spooled at start).
             "recovery": None if self.recovery is None else self.recovery.snapshot(),
         }
@@ -979,50 +635,18 @@ class Icespool:
 
     def degraded(self) -> dict[str, str]:
         """Tables that cannot commit now, with the reason (empty when all are fine)."""
-        found = {name: reason for name, (_, reason) in self._unloaded.items()}
-        for name, writer in self._writers.items():
-            if writer.degraded is not None:
-                found[name] = writer.degraded
-        return found
-
-    def _kafka_status(self) -> dict[str, Any]:
-        sources = [s.status() for s in self._sources]
-        assignments = [a for s in sources for a in s["assignments"]]
-        return {
-            "sources": sources,
-            "assignments": [
-                {"topic": a["topic"], "partition": a["partition"]} for a in assignments
-            ],
-            "lag": {f"{a['topic']}[{a['partition']}]": a["lag"] for a in assignments},
-        }
+        return self.tables.degraded()
 
     def totals(self) -> Totals:
         """Acked, committed and pending records over every table, and the spool's
-        bytes: one pass over the writers (the systemd STATUS line asks at every tick;
-        reading each table's series back from the metric registry collected the whole
-        registry once per table, O(tables^2))."""
-        acked = committed = pending = 0
-        for writer in self._writers.values():
-            acked += writer.acked_records
-            committed += writer.committed_records
-            pending += writer.pending_records
-        return Totals(len(self._writers), acked, committed, pending, self._spool.used_bytes)
+        bytes, from one pass over the writers (`StatusReport.totals`)."""
+        return self._report.totals()
 
     def refresh_gauges(self) -> None:
         """Bring the readiness, spool and last-commit-age gauges up to date (on every
         /metrics scrape)."""
         # As /readyz: a catalog outage or a Kafka source down makes it 0 too.
-        self.metrics.ready.set(1 if self.not_ready_reason() is None else 0)
-        self._watch.quarantined()  # re-counts files an operator removed by hand
-        stats = self._spool.stats()
-        self.metrics.spool_bytes.set(stats.bytes)
-        self.metrics.spool_quarantine_bytes.set(stats.quarantine_bytes)
-        self.metrics.spool_segments.set(stats.segments)
-        now = time.monotonic()
-        for name, writer in self._writers.items():  # O(tables), one label lookup each
-            if writer.last_commit_at is not None:
-                age = self.metrics.last_commit_age.labels(table=name)
-                age.set(now - writer.last_commit_at)
+        self._report.refresh_gauges(ready=self.not_ready_reason() is None)
 
 
 async def _final_commit(writer: TableWriter, deadline: float) -> None:
