@@ -3,7 +3,9 @@
     _settings   one table's settings: [maintenance], its [[tables]] override, its properties
     _lease      one maintainer per table across replicas: a lease in a table property (CAS)
     _expire     snapshot expiry by retention; the files only expired snapshots reached
-    _compact    bin-packing the daemon's small files into one replace snapshot per run
+    _compact    bin-packing the daemon's small files into one replace snapshot per run:
+                the rewrite; _compact_plan the plan, _compact_commit the commit
+    _budget     the I/O budget (bytes per second) every maintenance step passes
     _orphans    data files the daemon wrote but never committed
     _tasks      the tasks of a run, in order (DEFAULT_TASKS), and the table defaults
     _scheduler  one background task: a heap by due time, bounded concurrency, timeouts,

@@ -27,6 +27,7 @@ import pyarrow as pa
 from _events import JSON_SCHEMA, ndjson_body
 
 import icespool.decode as decode
+from icespool.decode import _checks, _ndjson
 from icespool.nesting import DEFAULT_MAX_DEPTH, too_deep_lines
 
 REQUEST_ROWS = 10_000
@@ -54,14 +55,15 @@ def _nested_body(seed: int) -> bytes:
 
 @contextmanager
 def _unguarded() -> Iterator[None]:
-    saved = (decode.check_depth, decode.find_out_of_range, decode._check_nested_utf8)
-    decode.check_depth = lambda body, limit: None  # type: ignore[assignment]
-    decode.find_out_of_range = lambda values: None  # type: ignore[assignment]
-    decode._check_nested_utf8 = lambda name, values: None  # type: ignore[assignment]
+    # Each guard is patched where the decoder looks it up.
+    saved = (_ndjson.check_depth, _checks.find_out_of_range, _checks._check_nested_utf8)
+    _ndjson.check_depth = lambda body, limit: None  # type: ignore[assignment]
+    _checks.find_out_of_range = lambda values: None  # type: ignore[assignment]
+    _checks._check_nested_utf8 = lambda name, values: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        decode.check_depth, decode.find_out_of_range, decode._check_nested_utf8 = saved
+        _ndjson.check_depth, _checks.find_out_of_range, _checks._check_nested_utf8 = saved
 
 
 def _rate(run: Callable[[bytes], Any], bodies: list[bytes]) -> float:
