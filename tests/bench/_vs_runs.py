@@ -94,19 +94,19 @@ def throughput_run(
 ) -> Throughput:
     """Read the pre-produced ``topic`` into a new ``table`` until all ``total`` rows are
     visible; timed from the consumer's partition assignment. ``profile``: py-spy on the
-    contender's root process meanwhile (bench_write_path.Profiler), reported at the end."""
+    contender's root process from then on (bench_write_path.Profiler), reported at the end."""
     contender = make(table, topic, tag)
     spawned = time.time()
     visible = Visible(catalog, table)
     profiler: Profiler | None = None
     try:
         sampler, starter, errors = _start(contender)
-        if profile is not None:
-            profiler = Profiler(contender.pid, within, profile)
         visible.start()
         deadline = time.monotonic() + within
         while visible.rows < total:
             _check(contender, errors)
+            if profile is not None and profiler is None and contender.assigned_at():
+                profiler = Profiler(contender.pid, within, profile)  # start-up left out
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"{contender.label}: {visible.rows:,} of {total:,} rows visible after "
