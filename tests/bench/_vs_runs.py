@@ -219,12 +219,13 @@ def kill_run(
     interval_s: float,
     quiet_s: float,
 ) -> KillRun:
-    """kill -9 of the contender's whole process tree ``kills`` times mid-stream (each once
-    the table shows the next of ``kills + 1`` equal shares of ``total``, after a random
-    part of a commit interval so the kill lands between commits), restarting it at once
-    on the same table, group and (icespool) spool; then wait until all rows show and
-    ``quiet_s`` passes with no change (late duplicates), or until nothing changed for
-    ``quiet_s`` + the interval + 120 s; then count duplicates and missing ids."""
+    """kill -9 of the contender's whole process tree ``kills`` times mid-stream, restarting
+    it at once on the same table, group and (icespool) spool. Each incarnation is killed
+    once it has committed something of its own (the table grew since it started) plus a
+    random part of a commit interval, so the kill lands between commits with records
+    read and not yet committed. Then wait until all rows show and ``quiet_s`` passes with
+    no change (late duplicates), or until nothing changed for ``quiet_s`` + the interval
+    + 120 s; then count duplicates and missing ids."""
     result = KillRun(make(table, topic, tag).label)
     rng = random.Random(tag)
     visible = Visible(catalog, table)
@@ -234,18 +235,19 @@ def kill_run(
         sampler, _, errors = _start(contender)
         sampler.finish()
         visible.start()
-        for k in range(1, kills + 1):
-            share = total * k // (kills + 1)
+        for _ in range(kills):
+            started_at = visible.rows
             deadline = time.monotonic() + 600
-            while visible.rows < share:
+            while visible.rows <= started_at and visible.rows < total:
                 _check(contender, errors)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{result.label}: {visible.rows:,} rows after 600 s")
-                time.sleep(0.05)
+                time.sleep(0.02)
             time.sleep(rng.uniform(0, interval_s))
             before = visible.rows
             contender.kill9()
-            result.kills.append(f"kill -9 at {before:,} rows visible")
+            late = " (all rows were visible already)" if before >= total else ""
+            result.kills.append(f"kill -9 at {before:,} rows visible{late}")
             contender = make(table, topic, tag)
             sampler, _, errors = _start(contender)
             sampler.finish()

@@ -24,10 +24,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from bench_kafka import KafkaDaemon, assigned_at
-from bench_write_path import CLOCK_TICKS
+from bench_write_path import _LIVE, CLOCK_TICKS
 from support.iceberg_sink import IcebergSink
 
 from daemon.config import validate_config
@@ -85,7 +87,11 @@ class SinkContender:
         return self.sink.worker.process is not None
 
     def start(self) -> None:
-        self.sink.start()
+        try:
+            self.sink.start()
+        finally:
+            if self.sink.worker.process is not None:  # killed on the bench's way out
+                _LIVE.add(self.sink.worker.process)
 
     def assigned_at(self) -> float:
         return self.sink.assigned_at()
@@ -129,12 +135,15 @@ class DaemonContender:
         batch_timeout: str,
         catalog: dict[str, Any],
         columns: list[dict[str, object]],
+        properties: dict[str, str],
     ) -> None:
         self.table = table
         self.daemon = KafkaDaemon(root, bootstrap, topic, group, batch_timeout)
         raw = self.daemon.raw
         raw["catalog"] = dict(catalog)
-        raw["tables"] = [{"name": table, "create": True, "schema": columns}]
+        raw["tables"] = [
+            {"name": table, "create": True, "schema": columns, "properties": properties}
+        ]
         raw["kafka"][0]["table"] = table
         self.daemon.config = validate_config(raw)
 
@@ -306,11 +315,12 @@ class TableReport:
     bytes: int
     median_file_bytes: float
     snapshots: int
+    codec: str  # of the first data file's first column
 
     def text(self) -> str:
         return (
             f"{self.rows:,} rows, {self.distinct:,} distinct ids, {self.duplicates:,} "
-            f"duplicates, {self.missing:,} missing; {self.files} data files, "
+            f"duplicates, {self.missing:,} missing; {self.files} data files ({self.codec}), "
             f"{self.bytes / 2**20:,.1f} MiB (median {self.median_file_bytes / 2**20:,.2f} MiB); "
             f"{self.snapshots} snapshots"
         )
@@ -327,8 +337,12 @@ def table_report(catalog_config: Any, table_name: str, expected: int) -> TableRe
         distinct = int(pc.count_distinct(ids).as_py()) if rows else 0
         in_range = pc.and_(pc.greater_equal(ids, 0), pc.less(ids, expected)) if rows else None
         present = int(pc.count_distinct(pc.filter(ids, in_range)).as_py()) if rows else 0
-        files = table.inspect.files().select(["file_size_in_bytes"]).to_pylist()
+        files = table.inspect.files().select(["file_path", "file_size_in_bytes"]).to_pylist()
         sizes = [int(f["file_size_in_bytes"]) for f in files]
+        codec = "-"
+        if files:
+            path = urlparse(files[0]["file_path"]).path
+            codec = pq.ParquetFile(path).metadata.row_group(0).column(0).compression
         return TableReport(
             rows=rows,
             distinct=distinct,
@@ -338,6 +352,7 @@ def table_report(catalog_config: Any, table_name: str, expected: int) -> TableRe
             bytes=sum(sizes),
             median_file_bytes=statistics.median(sizes) if sizes else 0.0,
             snapshots=len(table.snapshots()),
+            codec=codec,
         )
     finally:
         engine = getattr(catalog, "engine", None)

@@ -80,6 +80,10 @@ from daemon.spark_conf import catalog_options
 
 TOPIC = "events"
 CATALOG = "bench"
+# Iceberg Java writes gzip into a table that does not name a codec (zstd is only written
+# into the properties of tables Java itself creates); pyiceberg writes zstd either way.
+# Both tables name it, as a table Spark or the sink's auto-create made would.
+TABLE_PROPERTIES = {"write.parquet.compression-codec": "zstd"}
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 SINK, ICE = "Connect sink", "icespool"
 
@@ -119,7 +123,14 @@ class Setup:
             {
                 "catalog": self.catalog_raw,
                 "spool": {"dir": str(self.directory / "unused-spool")},
-                "tables": [{"name": table, "create": True, "schema": COLUMNS}],
+                "tables": [
+                    {
+                        "name": table,
+                        "create": True,
+                        "schema": COLUMNS,
+                        "properties": TABLE_PROPERTIES,
+                    }
+                ],
             }
         )
 
@@ -163,6 +174,7 @@ class Setup:
                 batch_timeout=f"{interval_s:g}s",
                 catalog=self.catalog_raw,
                 columns=COLUMNS,
+                properties=TABLE_PROPERTIES,
             )
 
         return build
