@@ -220,10 +220,11 @@ def kill_run(
     quiet_s: float,
 ) -> KillRun:
     """kill -9 of the contender's whole process tree ``kills`` times mid-stream, restarting
-    it at once on the same table, group and (icespool) spool. Each incarnation is killed
-    once it has committed something of its own (the table grew since it started) plus a
-    random part of a commit interval, so the kill lands between commits with records
-    read and not yet committed. Then wait until all rows show and ``quiet_s`` passes with
+    it at once on the same table, group and (icespool) spool. The k-th kill comes once
+    the table shows k of ``kills + 1`` equal shares of ``total`` and the incarnation has
+    committed something of its own (the table grew since it started), plus a random part
+    of a commit interval, so the kill lands between commits with records read and not yet
+    committed. Then wait until all rows show and ``quiet_s`` passes with
     no change (late duplicates), or until nothing changed for ``quiet_s`` + the interval
     + 120 s; then count duplicates and missing ids."""
     result = KillRun(make(table, topic, tag).label)
@@ -235,10 +236,11 @@ def kill_run(
         sampler, _, errors = _start(contender)
         sampler.finish()
         visible.start()
-        for _ in range(kills):
+        for k in range(1, kills + 1):
             started_at = visible.rows
+            share = total * k // (kills + 1)
             deadline = time.monotonic() + 600
-            while visible.rows <= started_at and visible.rows < total:
+            while (visible.rows <= started_at or visible.rows < share) and visible.rows < total:
                 _check(contender, errors)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{result.label}: {visible.rows:,} rows after 600 s")
