@@ -612,10 +612,11 @@ async def icespool_run(
 class SnapshotWatcher(threading.Thread):
     """Loads the table every ``every`` s; remembers when each snapshot id first showed."""
 
-    def __init__(self, config: Any, every: float = 0.05) -> None:
+    def __init__(self, config: Any, every: float = 0.05, table: str = TABLE) -> None:
         super().__init__(daemon=True)
         self.config = config
         self.every = every
+        self.table = table
         self.seen: dict[int, float] = {}
         self.loads = 0
         self.stop_event = threading.Event()
@@ -623,7 +624,7 @@ class SnapshotWatcher(threading.Thread):
     def run(self) -> None:
         catalog = load_catalog(self.config.catalog.name, self.config.catalog.properties())
         while not self.stop_event.is_set():
-            snapshot = catalog.load_table(TABLE).current_snapshot()
+            snapshot = catalog.load_table(self.table).current_snapshot()
             now = time.time()
             self.loads += 1
             if snapshot is not None and snapshot.snapshot_id not in self.seen:
@@ -635,10 +636,12 @@ def _local(path: str) -> str:
     return urlparse(path).path if path.startswith("file:") else path
 
 
-def snapshot_latencies(config: Any, seen: dict[int, float]) -> tuple[list[float], list[float], int]:
+def snapshot_latencies(
+    config: Any, seen: dict[int, float], name: str = TABLE
+) -> tuple[list[float], list[float], int]:
     """Per row: seen-visible - ts, and snapshot timestamp_ms - ts (seconds); snapshots."""
     catalog = load_catalog(config.catalog.name, config.catalog.properties())
-    table = catalog.load_table(TABLE)
+    table = catalog.load_table(name)
     snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number or 0)
     # A snapshot the watcher skipped (two commits within one poll) became visible when
     # the next seen one did.

@@ -3,7 +3,8 @@
 The jars are the ones tests/support/debezium/pom.xml pins, copied by ``make test-deps``
 into .test-tools/debezium/: the worker's classpath (``runtime/``) and, apart from it,
 the connector's plugin.path folder (``plugins/debezium-connector-postgres/``), so the
-connector's own Jackson and JDBC driver stay in its plugin class loader.
+connector's own Jackson and JDBC driver stay in its plugin class loader. The worker is
+support/connect_worker.py's.
 
 ``DebeziumPostgres.create(root, bootstrap)`` makes a database of its own in the test
 PostgreSQL (127.0.0.1:5432, user postgres); the test creates its source tables there,
@@ -17,10 +18,7 @@ the slot and the database. Missing Java or jars raise naming ``make test-deps``.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,25 +28,23 @@ from typing import Any
 import psycopg2  # type: ignore[import-untyped]
 
 from support.apache_kafka import KafkaToolsMissing
-from support.jvm import JvmProcess, NotReady, find_java, free_ports, log4j2_file
+from support.connect_worker import RUNTIME, ConnectWorker
 
 __all__ = ["PLUGINS", "RUNTIME", "DebeziumPostgres"]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".test-tools" / "debezium"
-RUNTIME = TOOLS / "runtime"
 PLUGINS = TOOLS / "plugins"
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
-START_WITHIN = 120.0
-_QUIET = {"org.reflections": "error"}
+_CONVERTERS = {
+    "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "key.converter.schemas.enable": "true",
+    "value.converter.schemas.enable": "true",
+}
 
 
-def _check_jars() -> None:
-    if not any(RUNTIME.glob("connect-runtime-*.jar")):
-        raise KafkaToolsMissing(
-            f"Kafka Connect's jars are missing from {RUNTIME}: run `make test-deps` (it "
-            "copies those tests/support/debezium/pom.xml pins from Maven Central)"
-        )
+def _check_plugin() -> None:
     if not any((PLUGINS / "debezium-connector-postgres").glob("debezium-connector-postgres-*.jar")):
         raise KafkaToolsMissing(
             f"Debezium's PostgreSQL connector is missing from {PLUGINS}: run `make test-deps`"
@@ -79,10 +75,7 @@ class DebeziumPostgres:
         self.publication = f"dbz_pub_{tag}"
         self.topic_prefix = f"dbz-{tag}"
         self.connector = f"pg-{tag}"
-        self.rest_port = 0
-        self.log = root / "connect.log"
-        self.console = root / "console.log"
-        self.jvm: JvmProcess | None = None
+        self.worker: ConnectWorker | None = None
         self.started_in = 0.0
 
     @classmethod
@@ -104,57 +97,14 @@ class DebeziumPostgres:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, tables: Sequence[str]) -> None:
-        java = find_java()
-        _check_jars()
-        began = time.monotonic()
-        (self.rest_port,) = free_ports(1)
-        worker = self.root / "worker.properties"
-        worker.write_text(self._worker_properties())
-        connector = self.root / "connector.properties"
-        connector.write_text(_properties(self._connector_config(tables)))
-        (self.root / "log4j2.properties").write_text(log4j2_file(self.log, _QUIET))
-        self.jvm = JvmProcess(
-            java,
-            self.root,
-            (self.console, self.log),
-            heap=("128m", "768m"),
-            classpath=f"{RUNTIME}/*",
-            properties={"log4j2.configurationFile": self.root / "log4j2.properties"},
+        """Until the connector's task is RUNNING and its slot is active: the snapshot is
+        done and Debezium reads the WAL."""
+        _check_plugin()
+        self.worker = ConnectWorker(
+            self.root, self.bootstrap, PLUGINS, self._connector_config(tables), _CONVERTERS
         )
-        self.jvm.start(
-            "org.apache.kafka.connect.cli.ConnectStandalone", str(worker), str(connector)
-        )
-        try:
-            self.jvm.wait_ready(
-                self._streaming,
-                within=START_WITHIN,
-                since=began,
-                name="Kafka Connect",
-                waiting_for="stream the Debezium connector's changes",
-                retry_on=(urllib.error.URLError, ConnectionError, TimeoutError),
-                interval=0.25,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        self.started_in = time.monotonic() - began
-
-    def _worker_properties(self) -> str:
-        return _properties(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-                "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-                "key.converter.schemas.enable": "true",
-                "value.converter.schemas.enable": "true",
-                "offset.storage.file.filename": str(self.root / "offsets.dat"),
-                "offset.flush.interval.ms": "1000",
-                "plugin.path": str(PLUGINS),
-                # Only the plugin.path folders are scanned, not the worker's classpath.
-                "plugin.discovery": "only_scan",
-                "listeners": f"http://127.0.0.1:{self.rest_port}",
-            }
-        )
+        self.worker.start(ready=self._slot_active)
+        self.started_in = self.worker.started_in
 
     def _connector_config(self, tables: Sequence[str]) -> dict[str, str]:
         """Debezium's defaults (decimal.handling.mode precise, time.precision.mode
@@ -179,29 +129,6 @@ class DebeziumPostgres:
             "topic.creation.default.partitions": "1",
         }
 
-    def _streaming(self) -> None:
-        """Returns once the connector's task is RUNNING and its slot is active: the
-        snapshot is done and Debezium reads the WAL."""
-        status = self.status()
-        tasks = status.get("tasks", [])
-        failed = [t for t in tasks if t.get("state") == "FAILED"]
-        if status.get("connector", {}).get("state") == "FAILED" or failed:
-            trace = (failed or [status["connector"]])[0].get("trace", "")
-            raise RuntimeError(f"the Debezium connector failed:\n{trace}\n{self.log_tail()}")
-        if not (tasks and all(t.get("state") == "RUNNING" for t in tasks) and self._slot_active()):
-            raise NotReady(json.dumps(status))
-
-    def status(self) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.rest_port}/connectors/{self.connector}/status"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                found: dict[str, Any] = json.load(response)
-                return found
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:  # not created yet
-                return {}
-            raise
-
     def _slot_active(self) -> bool:
         with _admin() as cursor:
             cursor.execute(
@@ -211,13 +138,13 @@ class DebeziumPostgres:
         return bool(row and row[0])
 
     def log_tail(self, lines: int = 60) -> str:
-        return "(no log)" if self.jvm is None else self.jvm.log_tail(lines)
+        return "" if self.worker is None else self.worker.log_tail(lines)
 
     def stop(self) -> None:
         """Kill the worker, then drop the slot (once PostgreSQL sees it inactive) and
         the database."""
-        if self.jvm is not None:
-            self.jvm.stop()
+        if self.worker is not None:
+            self.worker.kill()
         with _admin() as cursor:
             deadline = time.monotonic() + 30
             while True:
@@ -236,8 +163,3 @@ class DebeziumPostgres:
                     break
                 time.sleep(0.2)
             cursor.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-
-
-def _properties(values: dict[str, str]) -> str:
-    # Properties files treat backslashes as escapes: paths here never hold any.
-    return "".join(f"{key}={value}\n" for key, value in values.items())
