@@ -69,8 +69,9 @@ from _vs_runs import (
 from _vs_systems import Contender, DaemonContender, SinkContender
 from bench_kafka import PARTITIONS, Run, bare_pipe, librdkafka_pipe, pct, produce_topic, spread
 from bench_write_path import _LIVE, mib
-from support.apache_kafka import LIBS, KafkaBroker, _java
+from support.apache_kafka import LIBS, KafkaBroker
 from support.iceberg_sink import ICEBERG_VERSION, USER_JVM_OPTIONS, ensure_plugin
+from support.jvm import find_java
 from support.kafka_harness import create_topic
 
 from icespool.config import validate_config
@@ -187,7 +188,7 @@ def consumer_performance(bootstrap: str, total: int, group: str) -> Run:
     """Kafka's ConsumerPerformance (kafka-consumer-perf-test.sh: -Xmx512M and the
     run-class JVM options) on the topic: its fetch rate (after the group join)."""
     command = [
-        _java(),
+        find_java(),
         "-Xmx512M",
         *(o for o in USER_JVM_OPTIONS if not o.startswith("-Xm")),
         "-cp",
