@@ -72,7 +72,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
-from urllib.parse import urlparse
 
 import aiohttp
 import pyarrow as pa
@@ -438,8 +437,11 @@ class KafkaDaemon(DaemonProcess):
         group: str,
         batch_timeout: str,
         isolation_level: str = "read_uncommitted",
+        catalog: dict[str, str] | None = None,
     ) -> None:
         super().__init__(directory)
+        if catalog is not None:  # else bench_write_path's SQLite catalog, local warehouse
+            self.raw["catalog"] = catalog
         self.raw["defaults"] = {"max_batch_records": 500_000, "batch_timeout": batch_timeout}
         self.raw["kafka"] = [
             {
@@ -526,8 +528,11 @@ async def icespool_run(
     batch_timeout: str,
     flush: bool,
     isolation_level: str = "read_uncommitted",
+    catalog: dict[str, str] | None = None,
 ) -> DaemonRun:
-    daemon = KafkaDaemon(directory, bootstrap, TOPIC, group, batch_timeout, isolation_level)
+    daemon = KafkaDaemon(
+        directory, bootstrap, TOPIC, group, batch_timeout, isolation_level, catalog
+    )
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         spawned = time.time()
@@ -632,10 +637,6 @@ class SnapshotWatcher(threading.Thread):
             self.stop_event.wait(self.every)
 
 
-def _local(path: str) -> str:
-    return urlparse(path).path if path.startswith("file:") else path
-
-
 def snapshot_latencies(
     config: Any, seen: dict[int, float], name: str = TABLE
 ) -> tuple[list[float], list[float], int]:
@@ -656,8 +657,10 @@ def snapshot_latencies(
     stamp_lat: list[float] = []
     for entry in entries:
         snap_id = entry["snapshot_id"]
-        path = _local(entry["data_file"]["file_path"])
-        ts = pq.read_table(path, columns=["ts"])["ts"].cast(pa.int64()).to_numpy() / 1e6
+        # Through the table's FileIO: the warehouse may be local or on S3.
+        with table.io.new_input(entry["data_file"]["file_path"]).open() as data:
+            column = pq.read_table(data, columns=["ts"])["ts"]
+        ts = column.cast(pa.int64()).to_numpy() / 1e6
         seen_lat.extend((visible[snap_id] - ts).tolist())
         stamp_lat.extend((stamp[snap_id] - ts).tolist())
     return seen_lat, stamp_lat, len(snapshots)
@@ -729,9 +732,15 @@ async def latency_run(
     rate: float,
     seconds: float,
     batch_timeout: str,
+    topic: str = LIVE_TOPIC,
+    catalog: dict[str, str] | None = None,
 ) -> LatencyRun:
-    await create_topic(bootstrap, LIVE_TOPIC, PARTITIONS)
-    daemon = KafkaDaemon(directory, bootstrap, LIVE_TOPIC, "icespool-live", batch_timeout)
+    """``rate`` events/s produced to a new ``topic`` for ``seconds`` while a daemon
+    consumes it (its group named after the topic)."""
+    await create_topic(bootstrap, topic, PARTITIONS)
+    daemon = KafkaDaemon(
+        directory, bootstrap, topic, f"icespool-{topic}", batch_timeout, catalog=catalog
+    )
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         daemon.start()
         try:
@@ -745,7 +754,7 @@ async def latency_run(
             watcher = SnapshotWatcher(daemon.config)
             watcher.start()
             cpu = Cpu(daemon=daemon.pid, broker=broker_pid)
-            sent = await produce_live(bootstrap, LIVE_TOPIC, rate, seconds)
+            sent = await produce_live(bootstrap, topic, rate, seconds)
             cpu_text = cpu.text()
             deadline = time.monotonic() + parse_seconds(batch_timeout) + 60
             while (
