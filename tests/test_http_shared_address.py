@@ -184,8 +184,9 @@ async def test_a_flood_of_whole_requests_is_answered_and_every_record_goes_in_on
     assert [i for i in ids if i >= first] == list(range(first, first + 2000))
 
 
-def _established(pid: int, port: int) -> int:
-    """TCP connections on ``port`` the process holds open and established."""
+def _established(pid: int, port: int, peers: set[int] | None = None) -> int:
+    """TCP connections on ``port`` the process holds open and established (with
+    ``peers``: only those from these client ports, not another test's or the harness's)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -198,7 +199,9 @@ def _established(pid: int, port: int) -> int:
     for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         local_port, state, inode = int(fields[1].split(":")[1], 16), fields[3], fields[9]
-        count += local_port == port and state == "01" and inode in inodes
+        peer = int(fields[2].split(":")[1], 16)
+        ours = peers is None or peer in peers
+        count += local_port == port and state == "01" and inode in inodes and ours
     return count
 
 
@@ -217,7 +220,8 @@ async def test_one_client_opening_1000_idle_connections_is_read_on_the_cap_only(
         await asyncio.sleep(SHED_AFTER)
         ends = await asyncio.gather(*(_ended(reader) for reader, _ in opened))
         assert ends == [None] * 1000
-        assert (_established(pid, port), await _parked(daemon)) == (1000, 1000 - CAP)
+        peers = {writer.get_extra_info("sockname")[1] for _, writer in opened}
+        assert (_established(pid, port, peers), await _parked(daemon)) == (1000, 1000 - CAP)
         after = await _closures(daemon)
         assert _delta(after, before, "per_ip_limit") == _delta(after, before, "per_ip_shed") == 0
     finally:
@@ -265,7 +269,9 @@ async def test_an_unbounded_opener_gets_503_beyond_the_queue_and_is_closed_in_ti
         )
         refused = await asyncio.gather(*(_ended(reader) for reader, _ in opened[-20:]))
         assert [_parse(end)[::2] if end else None for end in refused] == [(503, full)] * 20
-        assert (_established(pid, port), await _parked(small_cap)) == (SMALL_CAP + bound, bound)
+        peers = {writer.get_extra_info("sockname")[1] for _, writer in opened}
+        held = _established(pid, port, peers)
+        assert (held, await _parked(small_cap)) == (SMALL_CAP + bound, bound)
         # Then the header timeout answers every one held: 408 for those read, 503 for
         # those still waiting (a place freed by a 408 admits one more, read anew).
         held = await asyncio.gather(
