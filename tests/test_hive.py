@@ -26,7 +26,10 @@ import pytest
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 from support.hive_metastore import HiveMetastore
 
-_TIMEOUT = aiohttp.ClientTimeout(total=30)
+# Two replicas' commits queue on the metastore's table lock, and pyiceberg backs off between
+# lock checks (up to lock-check-max-wait-time, 60 s by default): a flush behind the other
+# replica's may take tens of seconds on two loaded cores. What is asserted is every id once.
+_TIMEOUT = aiohttp.ClientTimeout(total=120)
 _LEASE_REFUSED = (
     "a hive catalog cannot hold the maintenance lease; "
     'set [maintenance] lease = "none" on one replica'
