@@ -193,6 +193,12 @@ class TableQueue:
         """Commit everything acked so far; returns the commit's result."""
         return await self._schedule(reason)
 
+    def commit_soon(self, reason: str) -> None:
+        """Start committing what is pending now, not waiting for it (a trigger from
+        outside the table: its Kafka source drained a backlog); nothing pending: nothing."""
+        if self._pending.records:
+            self._background_flush(reason)
+
     @property
     def change_schema(self) -> pa.Schema:
         """An upsert table's change-batch schema (`icespool.cdc.change_schema`) for the

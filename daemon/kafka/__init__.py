@@ -5,6 +5,7 @@ _client       aiokafka consumer/producer options (security), creation, stop
 _partitions   the assigned partitions, each in an explicit state
 _routing      which table each record goes to (static, by field, by header)
 _offsets      offset ranges kept in table properties; a commit's claims
+_catch_up     a drained backlog commits once the source is at the end
 _commit       idle tables' ranges, consumer-group commits and lag
 _decode       JSON and raw values -> Arrow batches, dead records
 _avro         Avro values (registry or schema file) -> Arrow batches

@@ -41,6 +41,7 @@ from aiokafka.errors import (
 from icespool.config import KafkaConfig
 from icespool.fanout import CATALOG_CONCURRENCY, fan_out
 from icespool.ingest import Ingest
+from icespool.kafka._catch_up import CatchUp
 from icespool.kafka._client import (
     PROBE_TIMEOUT,
     client_options,
@@ -153,6 +154,7 @@ class KafkaSource:
         # Its series exists from the start at 0: a source that never connects is seen.
         self._metrics.kafka_connected.labels(source=name).set(0)
         self._last_tick = time.monotonic()
+        self._catch_up = CatchUp(tables=lambda: self.tables, writer_for=writer_for)
         self._init_retry_at = 0.0
         self._last_error = ""
 
@@ -359,6 +361,8 @@ class KafkaSource:
                     for tp, records in fetched.items():
                         if records and self._current(consumer, tp, records, seen):
                             await self._process(consumer, tp, records)
+                    count = sum(len(records) for records in fetched.values())
+                    self._catch_up.check(consumer, self._parts, count)
                     if time.monotonic() - self._last_tick >= self.config.offset_commit_interval:
                         await self._tick(consumer)
         finally:
