@@ -7,12 +7,11 @@ partitions nothing more is coming at that pace: waiting out the timer for the la
 partial batch only delays rows that could be visible now (up to a whole
 ``batch_timeout`` after the backlog was read). So a source that was behind by at
 least one batch (the smallest ``max_batch_records`` of its tables; what a poll
-returned counts) asks every table
-of its that holds records to commit as soon as it is back within 1% of a batch of the
-end of every partition it fetches, or a poll finds nothing more (commit reason
-``caught_up``). Live traffic that the
-source keeps up with never gets that far behind, so it keeps committing at its
-triggers; a source that never catches up commits at them too.
+returned counts) asks every table of its that holds records to commit as soon as it
+has processed every partition it fetches up to its end, or a poll finds nothing more
+(commit reason ``caught_up``). Live traffic that the source keeps up with never gets
+that far behind, so it keeps committing at its triggers; a source that never catches
+up commits at them too.
 """
 
 from __future__ import annotations
@@ -74,10 +73,9 @@ class CatchUp:
             return False
         if fetched + lag >= batch:
             self._behind = True
-            return lag <= batch // 100 and self._caught_up()
         # An empty poll is the end too: records the consumer skips (an aborted
         # transaction's, markers) stay in ``lag`` for good.
-        if self._behind and (lag <= batch // 100 or fetched == 0):
+        if self._behind and (lag == 0 or (fetched == 0 and lag < batch)):
             return self._caught_up()
         return False
 
