@@ -82,6 +82,9 @@ class TableQueue:
         self._lane = lane
         self._metrics = metrics
         self._pending = _Pending()
+        # Segments the running flush is committing (id -> rows, bytes): still pending
+        # (the gauges, the queue bound), but no longer a reason for another flush.
+        self._taken: dict[str, tuple[int, int]] = {}
         self._reserved = 0
         self._queued_flush: asyncio.Future[FlushResult] | None = None
         self._queued_reason = ""
@@ -332,11 +335,22 @@ class TableQueue:
         )
         return await future
 
+    def _take(self, segments: Iterable[SegmentInfo]) -> None:
+        """The flush starting now commits ``segments``: triggers look past them."""
+        self._taken = {info.id: (info.rows, info.bytes) for info in segments}
+
     def _size_trigger(self) -> None:
-        if self._pending.records >= self.settings.max_batch_records:
+        taken_rows = sum(rows for rows, _ in self._taken.values())
+        taken_bytes = sum(size for _, size in self._taken.values())
+        if self._pending.records - taken_rows >= self.settings.max_batch_records:
             self._background_flush("records")
-        elif self._pending.bytes >= self.settings.max_batch_bytes:
+        elif self._pending.bytes - taken_bytes >= self.settings.max_batch_bytes:
             self._background_flush("bytes")
+
+    def _trigger_age(self) -> float:
+        """How long the oldest record no flush is committing yet has waited."""
+        waiting = [t for sid, t in self._pending.first_ack.items() if sid not in self._taken]
+        return time.monotonic() - min(waiting) if waiting else 0.0
 
     async def _age_trigger(self) -> None:
         tick = min(1.0, max(0.05, self.settings.batch_timeout / 4))
@@ -350,12 +364,12 @@ class TableQueue:
             # batch_timeout if that is sooner: a flush at the timeout, not up to a tick
             # (a quarter of it) after, which a produce-to-visible p99 paid in full.
             # Once overdue (a flush queued behind another, a retry wait): every tick.
-            due = self.settings.batch_timeout - self.oldest_pending_age()
+            due = self.settings.batch_timeout - self._trigger_age()
             await asyncio.sleep(due if self._pending.first_ack and 0 < due < tick else tick)
             self._gauge()
             if not self._pending.first_ack or time.monotonic() < self._retry_at:
                 continue
-            if self.oldest_pending_age() >= self.settings.batch_timeout:
+            if self._trigger_age() >= self.settings.batch_timeout:
                 self._background_flush("age")
 
     def _background_flush(self, reason: str) -> None:
@@ -393,6 +407,7 @@ class TableQueue:
         self._pending.records = max(0, self._pending.records - info.rows)
         self._pending.bytes = max(0, self._pending.bytes - info.bytes)
         self._pending.first_ack.pop(info.id, None)
+        self._taken.pop(info.id, None)
         self._strikes.pop(info.id, None)
         self._gauge()
         if self.on_settled is not None:

@@ -145,6 +145,7 @@ class TableWriter(TableQueue):
                 seal_error = exc
             result = FlushResult(self.name, reason, None, 0)
             segments = self._spool.segments(self.name)
+            self._take(segments)
             while segments:
                 chunk = _take_chunk(segments, self.settings.max_batch_bytes)
                 segments = segments[len(chunk) :]
@@ -185,6 +186,7 @@ class TableWriter(TableQueue):
             ) from exc
         finally:
             self._flushing = False
+            self._taken.clear()  # what did not commit triggers again (after _retry_at)
         self._failures = 0
         self._retry_at = 0.0
         self.degraded = None
