@@ -125,7 +125,14 @@ class TableLayoutError(CatalogError):
 
 
 class CommitError(IcespoolError):
-    """An Iceberg commit failed for good; the spool still holds its records."""
+    """An Iceberg commit failed for good; the spool still holds its records.
+
+    ``conflicts``: attempts of the failed commit that the catalog refused because
+    another writer committed first (``icespool_commit_conflicts_total`` counts them
+    whatever the outcome).
+    """
+
+    conflicts: int = 0
 
 
 class ReplayInProgressError(IcespoolError):

@@ -93,6 +93,14 @@ class Metrics:
             ["table", "cause"],
             registry=r,
         )
+        self.commit_conflicts = Counter(
+            "icespool_commit_conflicts_total",
+            "Commit attempts the catalog refused because another writer (a replica, "
+            "maintenance) committed to the table first; the commit is retried on the "
+            "refreshed table",
+            ["table"],
+            registry=r,
+        )
         self.commit_unknown_outcomes = Counter(
             "icespool_commit_unknown_outcomes_total",
             "Commit requests whose answer was lost (5xx, reset, timeout); each was resolved "
@@ -366,7 +374,12 @@ class Metrics:
 
     def table(self, name: str) -> None:
         """Create the per-table series at zero so dashboards show them before traffic."""
-        for metric in (self.records_acked, self.records_committed, self.commit_failures):
+        for metric in (
+            self.records_acked,
+            self.records_committed,
+            self.commit_failures,
+            self.commit_conflicts,
+        ):
             metric.labels(table=name)
         for gauge in (
             self.queue_records,

@@ -108,6 +108,8 @@ class FlushResult:
     segments: tuple[str, ...] = ()
     already_committed: bool = False
     quarantined: tuple[str, ...] = ()
+    # Attempts of the commit the catalog refused because another writer committed first.
+    conflicts: int = 0
 
 
 class TableWriter(TableQueue):
@@ -330,6 +332,7 @@ class TableWriter(TableQueue):
             duration_ms=round(duration_ms, 1),
             segments=tuple(seg_ids),
             already_committed=commit.already_committed,
+            conflicts=commit.conflicts,
         )
         self._record(result, files)
         return result
@@ -410,17 +413,21 @@ class TableWriter(TableQueue):
                 spool_id=self._spool.id,
                 segment_spans=spans,
             )
-        except ClaimsMovedError:
-            # Raised before anything was sent: these files are never committed (the
-            # next round encodes what is left), and no snapshot will name their rows.
-            await in_flush_thread(remove_files, self._table, files)
+        except CommitError as exc:
+            # A commit that fails had its conflicts too (a landed one: `_record`).
+            if exc.conflicts:
+                self._metrics.commit_conflicts.labels(table=self.name).inc(exc.conflicts)
+            if isinstance(exc, ClaimsMovedError):
+                # Raised before anything was sent: these files are never committed (the
+                # next round encodes what is left), and no snapshot will name their rows.
+                await in_flush_thread(remove_files, self._table, files)
+            if isinstance(exc, CommitRejectedError):
+                raise UncommittableSegmentError(
+                    f"{_segments_text(seg_ids)} of {self.name}: {exc}",
+                    kind="rejected",
+                    claims=claims,
+                ) from exc
             raise
-        except CommitRejectedError as exc:
-            raise UncommittableSegmentError(
-                f"{_segments_text(seg_ids)} of {self.name}: {exc}",
-                kind="rejected",
-                claims=claims,
-            ) from exc
         return commit, files, sum(b.num_rows for b in rows)
 
     def _encode(self, rows: list[pa.RecordBatch], prefix: str) -> list[Any]:
@@ -485,6 +492,7 @@ class TableWriter(TableQueue):
         m.records_committed.labels(table=self.name).inc(result.records)
         self.committed_records += result.records
         m.commits.labels(table=self.name, reason=result.reason).inc()
+        m.commit_conflicts.labels(table=self.name).inc(result.conflicts)
         m.commit_duration.labels(table=self.name).observe(result.duration_ms / 1000)
         m.last_commit.labels(table=self.name).set(time.time())
         self.last_commit_at = time.monotonic()
@@ -502,7 +510,8 @@ class TableWriter(TableQueue):
             data_files=int(total) if total else None,
         )
         _log.info(
-            "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s",
+            "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s "
+            "conflicts=%d",
             self.name,
             result.reason,
             result.records,
@@ -510,6 +519,7 @@ class TableWriter(TableQueue):
             result.bytes,
             result.duration_ms,
             result.snapshot_id,
+            result.conflicts,
             extra={
                 "table": self.name,
                 "reason": result.reason,
@@ -518,6 +528,7 @@ class TableWriter(TableQueue):
                 "bytes": result.bytes,
                 "duration_ms": result.duration_ms,
                 "snapshot_id": result.snapshot_id,
+                "conflicts": result.conflicts,
             },
         )
 
@@ -558,6 +569,7 @@ def _combine(earlier: FlushResult, later: FlushResult) -> FlushResult:
         segments=earlier.segments + later.segments,
         already_committed=earlier.already_committed and later.already_committed,
         quarantined=quarantined,
+        conflicts=earlier.conflicts + later.conflicts,
     )
 
 

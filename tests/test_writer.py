@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from pyiceberg.table import Table
 
 from icespool import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
 from icespool.config import Config, embedded_default, validate_config
+from icespool.errors import CommitError
 from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.schema import arrow_schema_for
@@ -334,3 +336,88 @@ async def test_a_backlog_commits_in_bounded_chunks_and_the_flush_reports_all(
     assert "replayed t.events: 300 records committed" in caplog.text
     assert [r["id"] for r in _rows(config)] == list(range(300))
     assert len(_table(config).snapshots()) == 3
+
+
+def _race_next_commit(
+    monkeypatch: pytest.MonkeyPatch, writer: Any, other_commit: Callable[[], None]
+) -> list[int]:
+    """Before the writer's next commit reaches the catalog, another writer (its own
+    catalog and Table) commits ``other_commit`` to the same table: the writer's swap,
+    built on the table it refreshed before, is refused once. Returns the list the
+    race appends to when it ran."""
+    catalog = writer.writer._table.catalog
+    send = catalog.commit_table
+    raced: list[int] = []
+
+    def commit_table(table: Table, requirements: Any, updates: Any) -> Any:
+        if not raced and table.name() == tuple(TABLE.split(".")):
+            raced.append(1)
+            other_commit()
+        return send(table, requirements, updates)
+
+    monkeypatch.setattr(catalog, "commit_table", commit_table)
+    return raced
+
+
+async def test_a_conflict_with_another_writer_is_counted_and_the_commit_lands_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _config(tmp_path)
+    caplog.set_level("INFO", logger="icespool.writer")
+    async with Icespool(config) as ice:
+        writer = ice.writer(TABLE)
+        other = _table(config)  # another writer: its own catalog and Table
+        theirs = _batch(range(100, 103)).cast(arrow_schema_for(other))
+        await writer.append(_batch(range(5)))
+        raced = _race_next_commit(monkeypatch, writer, lambda: other.append(theirs))
+        result = await writer.flush()
+        assert raced == [1]
+        assert (result.conflicts, result.records) == (1, 5)
+        m = ice.metrics
+        assert m.commit_conflicts.labels(table=TABLE)._value.get() == 1.0
+        assert m.commits.labels(table=TABLE, reason="manual")._value.get() == 1.0
+        assert m.commit_failures.labels(table=TABLE)._value.get() == 0.0
+    assert f"committed {TABLE}: reason=manual records=5 " in caplog.text
+    assert f"snapshot={result.snapshot_id} conflicts=1" in caplog.text
+    (logged,) = [r for r in caplog.records if r.getMessage().startswith("committed ")]
+    assert logged.__dict__["conflicts"] == 1
+    # The other writer's rows and ours, each once; ours in one snapshot built on theirs.
+    assert [r["id"] for r in _rows(config)] == [*range(5), *range(100, 103)]
+    snapshots = _table(config).snapshots()
+    assert len(snapshots) == 2 and snapshots[1].snapshot_id == result.snapshot_id
+    assert snapshots[1].parent_snapshot_id == snapshots[0].snapshot_id
+    marked = [s.summary.get(SEGMENTS_SUMMARY_KEY) for s in snapshots if s.summary]
+    assert marked == [None, ",".join(result.segments)]
+
+
+async def test_conflicts_of_a_commit_that_fails_are_counted_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer repartitions the table between the writer's refresh and its swap:
+    the swap conflicts, and the retry finds the files encoded for the old spec and
+    fails the flush. The conflict counts; the next flush re-encodes and lands."""
+    config = _config(tmp_path)
+    async with Icespool(config) as ice:
+        writer = ice.writer(TABLE)
+        other = _table(config)
+
+        def repartition() -> None:
+            with other.update_spec() as update:
+                update.add_identity("v")
+
+        await writer.append(_batch(range(6)))
+        raced = _race_next_commit(monkeypatch, writer, repartition)
+        with pytest.raises(CommitError, match="encoded for partition spec 0 but the table now"):
+            await writer.flush()
+        assert raced == [1]
+        m = ice.metrics
+        assert m.commit_conflicts.labels(table=TABLE)._value.get() == 1.0
+        assert m.commit_failures.labels(table=TABLE)._value.get() == 1.0
+        assert writer.pending_records == 6  # the spool kept them
+        result = await writer.flush()
+        assert (result.conflicts, result.records) == (0, 6)
+        assert m.commit_conflicts.labels(table=TABLE)._value.get() == 1.0
+        assert m.commits.labels(table=TABLE, reason="manual")._value.get() == 1.0
+    assert [r["id"] for r in _rows(config)] == list(range(6))
+    (snapshot,) = _table(config).snapshots()
+    assert snapshot.snapshot_id == result.snapshot_id

@@ -253,7 +253,8 @@ def commit_files(
     refreshed table; an error with an unknown outcome is resolved by looking for the
     segment ids in the refreshed table, never by committing blindly. Gives up with
     ``CommitError`` after ``retry.attempts`` attempts; the caller keeps the spool
-    segments and tries again later.
+    segments and tries again later. The attempts refused by a conflict are counted in
+    ``CommitResult.conflicts``, or in ``CommitError.conflicts`` when the call raises.
 
     ``update_properties`` (Kafka offsets) is called in every attempt with the
     refreshed table's properties; what it returns is set in the same commit, and
@@ -286,10 +287,11 @@ def commit_files(
     # (not "already committed") when its id is one of these.
     attempted: dict[int, Transaction] = {}
     unknown = 0
+    conflicts = 0
     number = 0
 
     def once() -> CommitResult:
-        nonlocal number, unknown
+        nonlocal number, unknown, conflicts
         number += 1
         attempt = number
         # Always look before committing: a previous attempt (this call's or an earlier
@@ -308,7 +310,12 @@ def commit_files(
                 )
             settle(table, attempted, existing)
             return result_from_snapshot(
-                table, existing, attempts=attempt, ours=existing in attempted, unknown=unknown
+                table,
+                existing,
+                attempts=attempt,
+                ours=existing in attempted,
+                unknown=unknown,
+                conflicts=conflicts,
             )
         _check_spec(table, data_files)
         # Raises (nothing committed) when the refreshed table contradicts the caller.
@@ -340,6 +347,7 @@ def commit_files(
             commit_once(transaction)
         except CommitFailedException as exc:
             # The catalog refused the swap: nothing of ours landed. Retry on a fresh table.
+            conflicts += 1
             _log.info(
                 "table %s: commit conflict (attempt %d/%d): %s",
                 table_name(table),
@@ -366,30 +374,43 @@ def commit_files(
             raise _Failed(exc) from exc
         settle(table, attempted, snapshot_id)
         return result_from_snapshot(
-            table, snapshot_id, attempts=attempt, ours=True, unknown=unknown
+            table, snapshot_id, attempts=attempt, ours=True, unknown=unknown, conflicts=conflicts
         )
 
-    try:
-        return retry_attempts(once, attempts=policy.attempts, retryable=_Failed, pause=policy.pause)
-    except _Failed as failed:
-        last_error = failed.error
-
-    # A last look: the final attempt may have landed despite its error. (If it did
-    # not, its files stay: it may still be on its way to the catalog.)
-    if try_refresh(table) is None:
-        existing = _check_segments(table, spans)
-        if existing is not None:
-            settle(table, attempted, existing)
-            return result_from_snapshot(
-                table,
-                existing,
-                attempts=policy.attempts,
-                ours=existing in attempted,
-                unknown=unknown,
+    def every_attempt() -> CommitResult:
+        try:
+            return retry_attempts(
+                once, attempts=policy.attempts, retryable=_Failed, pause=policy.pause
             )
-    raise CommitError(
-        f"table {table_name(table)}: commit of segments {segments} failed after "
-        f"{policy.attempts} attempts ({type(last_error).__name__}: {last_error}); "
-        "the spool still holds the records; a later attempt first checks the table for "
-        "them, so nothing is committed twice"
-    ) from last_error
+        except _Failed as failed:
+            last_error = failed.error
+
+        # A last look: the final attempt may have landed despite its error. (If it did
+        # not, its files stay: it may still be on its way to the catalog.)
+        if try_refresh(table) is None:
+            existing = _check_segments(table, spans)
+            if existing is not None:
+                settle(table, attempted, existing)
+                return result_from_snapshot(
+                    table,
+                    existing,
+                    attempts=policy.attempts,
+                    ours=existing in attempted,
+                    unknown=unknown,
+                    conflicts=conflicts,
+                )
+        raise CommitError(
+            f"table {table_name(table)}: commit of segments {segments} failed after "
+            f"{policy.attempts} attempts ({type(last_error).__name__}: {last_error}); "
+            "the spool still holds the records; a later attempt first checks the table for "
+            "them, so nothing is committed twice"
+        ) from last_error
+
+    try:
+        return every_attempt()
+    except CommitError as exc:
+        # Whatever ended the call (it gave up, another copy of the spool moved the
+        # claims, the table changed its spec), its conflicts happened: the caller
+        # counts them.
+        exc.conflicts = conflicts
+        raise

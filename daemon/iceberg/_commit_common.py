@@ -140,6 +140,9 @@ class CommitResult:
     # Attempts whose outcome was unknown (lost answer, 5xx, reset) and were resolved by
     # looking for the segments in the refreshed table.
     unknown_outcomes: int = 0
+    # Attempts the catalog refused because another writer committed first (each was
+    # retried on the refreshed table).
+    conflicts: int = 0
 
 
 def summary_int(snapshot: Snapshot, key: str) -> int:
@@ -148,7 +151,13 @@ def summary_int(snapshot: Snapshot, key: str) -> int:
 
 
 def result_from_snapshot(
-    table: Table, snapshot_id: int, *, attempts: int, ours: bool, unknown: int = 0
+    table: Table,
+    snapshot_id: int,
+    *,
+    attempts: int,
+    ours: bool,
+    unknown: int = 0,
+    conflicts: int = 0,
 ) -> CommitResult:
     snapshot = table.metadata.snapshot_by_id(snapshot_id)
     if snapshot is None:  # pragma: no cover - the id was read from the same metadata
@@ -161,6 +170,7 @@ def result_from_snapshot(
         already_committed=not ours,
         attempts=attempts,
         unknown_outcomes=unknown,
+        conflicts=conflicts,
     )
 
 

@@ -455,11 +455,13 @@ class KafkaDaemon(DaemonProcess):
         self.config = validate_config(self.raw)
 
     async def counters(self, session: aiohttp.ClientSession) -> dict[str, float]:
-        """Committed and consumed records, commits, encode/commit seconds (table TABLE)."""
+        """Committed and consumed records, commits, their conflicts and failures,
+        encode/commit seconds (table TABLE)."""
         wanted = re.compile(
             r"^(icespool_records_committed_total|icespool_kafka_records_consumed_total|"
             r"icespool_commits_total|icespool_encode_duration_seconds_sum|"
-            r"icespool_commit_duration_seconds_sum|icespool_kafka_paused_partitions)"
+            r"icespool_commit_duration_seconds_sum|icespool_kafka_paused_partitions|"
+            r"icespool_commit_conflicts_total|icespool_commit_failures_total)"
             r"(\{[^}]*\})? ([0-9.e+-]+)$"
         )
         out: dict[str, float] = {}
@@ -675,8 +677,12 @@ def _ts_values(count: int, seed: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def produce_live(bootstrap: str, topic: str, rate: float, seconds: float) -> int:
-    """``rate`` events/s for ``seconds``: every 20 ms, the events due, stamped now."""
+async def produce_live(
+    bootstrap: str, topic: str, rate: float, seconds: float, partitions: int = PARTITIONS
+) -> int:
+    """``rate`` events/s for ``seconds``: every 20 ms, the events due, stamped now,
+    round-robin over ``partitions``. Event ids are 0..sent-1 (never repeated, so the
+    table can be checked id by id)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
     await producer.start()
     templates = _ts_values(100_000, 7)
@@ -692,14 +698,15 @@ async def produce_live(bootstrap: str, topic: str, rate: float, seconds: float) 
             if due > 0:
                 wall = datetime.now(UTC).isoformat(timespec="microseconds")
                 ts = wall.replace("+00:00", "Z").encode()
-                builders = [producer.create_batch() for _ in range(PARTITIONS)]
+                builders = [producer.create_batch() for _ in range(partitions)]
                 for k in range(due):
-                    head, tail = templates[(sent + k) % len(templates)]
-                    p = (sent + k) % PARTITIONS
-                    if builders[p].append(key=None, value=head + ts + tail, timestamp=None) is None:
+                    _, tail = templates[(sent + k) % len(templates)]
+                    value = b'{"event_id":%d,"ts":"' % (sent + k) + ts + tail
+                    p = (sent + k) % partitions
+                    if builders[p].append(key=None, value=value, timestamp=None) is None:
                         pending.append(await producer.send_batch(builders[p], topic, partition=p))
                         builders[p] = producer.create_batch()
-                        builders[p].append(key=None, value=head + ts + tail, timestamp=None)
+                        builders[p].append(key=None, value=value, timestamp=None)
                 for p, builder in enumerate(builders):
                     if builder.record_count():
                         pending.append(await producer.send_batch(builder, topic, partition=p))

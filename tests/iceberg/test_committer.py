@@ -294,6 +294,55 @@ def test_gives_up_after_bounded_attempts_and_says_the_spool_keeps_the_data(
     assert catalog.load_table("demo.events").snapshots() == []
 
 
+def test_a_commit_that_gives_up_on_conflicts_says_how_many(
+    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer commits before each of our swaps: every attempt conflicts, the
+    call gives up, and its error carries the count (the writer's metric reads it)."""
+    _create(catalog)
+    ours = load_catalog("lake", _props(tmp_path)).load_table("demo.events")
+    other = load_catalog("lake", _props(tmp_path)).load_table("demo.events")
+    send = ours.catalog.commit_table
+    raced: list[int] = []
+
+    def commit_table(table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
+        first = 1000 + 10 * len(raced)
+        raced.append(first)
+        theirs = f"other-{first}"
+        commit_files(
+            other, _encode(other, _rows(first, 2), theirs), segment_ids=[theirs], summary={}
+        )
+        return send(table, requirements, updates)
+
+    monkeypatch.setattr(ours.catalog, "commit_table", commit_table)
+    files = _encode(ours, _rows(0, 5), "s1")
+    policy = Backoff(attempts=3, base=0.001, cap=0.002)
+    with pytest.raises(CommitError, match="failed after 3 attempts") as info:
+        commit_files(ours, files, segment_ids=["s1"], summary={}, retry=policy)
+    assert "CommitFailedException" in str(info.value)
+    assert info.value.conflicts == 3
+    table = catalog.load_table("demo.events")
+    assert raced == [1000, 1010, 1020]
+    assert len(table.snapshots()) == 3  # the other writer's, none of ours
+    assert find_committed_segments(table, ["s1"]) == {}
+    ids = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert ids == [1000, 1001, 1010, 1011, 1020, 1021]
+
+
+def test_a_stale_table_is_refreshed_first_and_is_no_conflict(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    ours = load_catalog("lake", _props(tmp_path)).load_table("demo.events")
+    other = load_catalog("lake", _props(tmp_path)).load_table("demo.events")
+    files = _encode(ours, _rows(0, 5), "s1")
+    ours.refresh()
+    commit_files(other, _encode(other, _rows(1000, 2), "o1"), segment_ids=["o1"], summary={})
+    # ``ours`` is stale, but commit_files refreshes before each attempt: no conflict.
+    result = commit_files(ours, files, segment_ids=["s1"], summary={}, retry=FAST)
+    assert (result.conflicts, result.attempts, result.records) == (0, 1, 5)
+
+
 def test_files_encoded_for_an_old_partition_spec_are_refused(catalog: Catalog) -> None:
     table = _create(catalog)
     files = _encode(table, _rows(0, 20), "s1")
