@@ -160,6 +160,13 @@ class Metrics:
             ["table"],
             registry=r,
         )
+        self.batch_timeout_stretch = Gauge(
+            "icespool_batch_timeout_stretch_seconds",
+            "How much longer than batch_timeout the table's age trigger waits because its "
+            "commits met other writers' (replicas on one table; 0: none)",
+            ["table"],
+            registry=r,
+        )
         self.spool_bytes = Gauge("icespool_spool_bytes", "Bytes in the spool", registry=r)
         self.spool_max_bytes = Gauge(
             "icespool_spool_max_bytes", "Configured spool.max_bytes", registry=r
@@ -386,6 +393,7 @@ class Metrics:
             self.queue_bytes,
             self.oldest_pending_age,
             self.table_degraded,
+            self.batch_timeout_stretch,
         ):
             gauge.labels(table=name).set(0)
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
+from icespool.cadence import Cadence
 from icespool.cdc import OP_COLUMN, change_schema, spoolable
 from icespool.claims import NO_CLAIMS, ClaimsFactory
 from icespool.config import WriterSettings
@@ -85,6 +86,7 @@ class TableQueue:
         # Segments the running flush is committing (id -> rows, bytes): still pending
         # (the gauges, the queue bound), but no longer a reason for another flush.
         self._taken: dict[str, tuple[int, int]] = {}
+        self.cadence = Cadence()
         self._reserved = 0
         self._queued_flush: asyncio.Future[FlushResult] | None = None
         self._queued_reason = ""
@@ -364,12 +366,13 @@ class TableQueue:
             # batch_timeout if that is sooner: a flush at the timeout, not up to a tick
             # (a quarter of it) after, which a produce-to-visible p99 paid in full.
             # Once overdue (a flush queued behind another, a retry wait): every tick.
-            due = self.settings.batch_timeout - self._trigger_age()
+            timeout = self.cadence.timeout(self.settings.batch_timeout)
+            due = timeout - self._trigger_age()
             await asyncio.sleep(due if self._pending.first_ack and 0 < due < tick else tick)
             self._gauge()
             if not self._pending.first_ack or time.monotonic() < self._retry_at:
                 continue
-            if self._trigger_age() >= self.settings.batch_timeout:
+            if self._trigger_age() >= self.cadence.timeout(self.settings.batch_timeout):
                 self._background_flush("age")
 
     def _background_flush(self, reason: str) -> None:

@@ -493,6 +493,8 @@ class TableWriter(TableQueue):
         self.committed_records += result.records
         m.commits.labels(table=self.name, reason=result.reason).inc()
         m.commit_conflicts.labels(table=self.name).inc(result.conflicts)
+        self.cadence.committed(result.conflicts, self.settings.batch_timeout)
+        m.batch_timeout_stretch.labels(table=self.name).set(self.cadence.stretch)
         m.commit_duration.labels(table=self.name).observe(result.duration_ms / 1000)
         m.last_commit.labels(table=self.name).set(time.time())
         self.last_commit_at = time.monotonic()

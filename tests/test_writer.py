@@ -13,6 +13,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
 from icespool import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
+from icespool.cadence import Cadence
 from icespool.config import Config, embedded_default, validate_config
 from icespool.errors import CommitError
 from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
@@ -377,16 +378,26 @@ async def test_a_conflict_with_another_writer_is_counted_and_the_commit_lands_on
         assert m.commit_conflicts.labels(table=TABLE)._value.get() == 1.0
         assert m.commits.labels(table=TABLE, reason="manual")._value.get() == 1.0
         assert m.commit_failures.labels(table=TABLE)._value.get() == 0.0
+        # The conflict spaces the table's age flushes by a quarter of batch_timeout;
+        # each clean commit takes a sixteenth of it back.
+        timeout = writer.settings.batch_timeout
+        stretch = m.batch_timeout_stretch.labels(table=TABLE)
+        assert writer.cadence.stretch == stretch._value.get() == timeout / 4
+        assert writer.cadence.timeout(timeout) == timeout * 1.25
+        for n in range(4):
+            await writer.append(_batch(range(200 + n, 201 + n)))
+            assert (await writer.flush()).conflicts == 0
+        assert writer.cadence.stretch == stretch._value.get() == 0.0
     assert f"committed {TABLE}: reason=manual records=5 " in caplog.text
     assert f"snapshot={result.snapshot_id} conflicts=1" in caplog.text
-    (logged,) = [r for r in caplog.records if r.getMessage().startswith("committed ")]
+    logged = next(r for r in caplog.records if r.getMessage().startswith("committed "))
     assert logged.__dict__["conflicts"] == 1
     # The other writer's rows and ours, each once; ours in one snapshot built on theirs.
-    assert [r["id"] for r in _rows(config)] == [*range(5), *range(100, 103)]
+    assert [r["id"] for r in _rows(config)] == [*range(5), *range(100, 103), *range(200, 204)]
     snapshots = _table(config).snapshots()
-    assert len(snapshots) == 2 and snapshots[1].snapshot_id == result.snapshot_id
+    assert len(snapshots) == 6 and snapshots[1].snapshot_id == result.snapshot_id
     assert snapshots[1].parent_snapshot_id == snapshots[0].snapshot_id
-    marked = [s.summary.get(SEGMENTS_SUMMARY_KEY) for s in snapshots if s.summary]
+    marked = [s.summary.get(SEGMENTS_SUMMARY_KEY) for s in snapshots[:2] if s.summary]
     assert marked == [None, ",".join(result.segments)]
 
 
@@ -421,3 +432,19 @@ async def test_conflicts_of_a_commit_that_fails_are_counted_too(
     assert [r["id"] for r in _rows(config)] == list(range(6))
     (snapshot,) = _table(config).snapshots()
     assert snapshot.snapshot_id == result.snapshot_id
+
+
+def test_the_cadence_stretch_is_bounded_and_decays() -> None:
+    """A quarter of batch_timeout per commit that met a conflict, at most one
+    batch_timeout; a sixteenth back per clean commit, never below nothing."""
+    cadence = Cadence()
+    for _ in range(10):
+        cadence.committed(2, 8.0)
+    assert cadence.stretch == 8.0 and cadence.timeout(8.0) == 16.0
+    assert cadence.timeout(2.0) == 4.0  # a reload that shortened batch_timeout
+    for n in range(15):
+        cadence.committed(0, 8.0)
+        assert cadence.stretch == 8.0 - (n + 1) * 0.5
+    cadence.committed(0, 8.0)
+    cadence.committed(0, 8.0)
+    assert cadence.stretch == 0.0 and cadence.timeout(8.0) == 8.0
