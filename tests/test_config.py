@@ -414,7 +414,8 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "schema_registry_timeout, "
             "avro_schema_file, changes, key_format, dead_letter, metadata_columns, "
             "max_record_bytes, auto_offset_reset, metadata_max_age, isolation_level, "
-            "offset_commit_interval, max_poll_records, session_timeout, security_protocol, "
+            "offset_commit_interval, max_poll_records, fetch_min_bytes, fetch_max_wait, "
+            "session_timeout, security_protocol, "
             "sasl_mechanism, sasl_plain_username, sasl_plain_password, ssl_cafile, "
             "ssl_certfile, ssl_keyfile, ssl_password",
         ),

@@ -8,8 +8,9 @@ Checks of one entry that need its position in the file (``tables[2].key``) live 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from annotated_types import Le
 from pydantic import Field
 
 from icespool.config._sections import MaintenanceOverride, Section, WriterSettings
@@ -213,6 +214,15 @@ class KafkaConfig(Section):
     """Seconds between consumer-group offset commits to Kafka (after Iceberg)."""
     max_poll_records: PositiveInt = 20_000
     """Most records one fetch hands on."""
+    # The consumer's fetch.min.bytes / fetch.max.wait.ms. Kafka's own default (1 byte)
+    # answers each fetch as soon as any record is there: a topic of many partitions at
+    # a modest rate then costs a round trip, a wake-up and a spool append per handful
+    # of records.
+    fetch_min_bytes: Bytes = 64 * 1024
+    """Bytes a fetch waits for on the broker (at most fetch_max_wait) before it answers."""
+    # Below aiokafka's request timeout (40 s), which a longer wait would trip.
+    fetch_max_wait: Annotated[Seconds, Le(30.0)] = 0.1
+    """Seconds a fetch waits on the broker for fetch_min_bytes."""
     session_timeout: Seconds = 10.0
     """Seconds after which a member that stops heartbeating loses its partitions."""
     # Security, passed through to aiokafka.

@@ -66,6 +66,8 @@ async def new_consumer(
         metadata_max_age_ms=int(config.metadata_max_age * 1000),
         isolation_level=config.isolation_level,
         max_poll_records=config.max_poll_records,
+        fetch_min_bytes=config.fetch_min_bytes,
+        fetch_max_wait_ms=int(config.fetch_max_wait * 1000),
         session_timeout_ms=int(config.session_timeout * 1000),
         heartbeat_interval_ms=max(100, int(config.session_timeout * 1000 / 3)),
         **client_options(config),
