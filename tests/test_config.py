@@ -565,6 +565,16 @@ def test_catalog_passes_its_keys_through_as_strings() -> None:
             "is required but missing; add it",
         ),
         (
+            lambda r: r["kafka"][0].update(fetch_max_wait="30s"),
+            "kafka[0].fetch_max_wait",
+            "Input should be less than or equal to 1; got 30.0",
+        ),
+        (
+            lambda r: r["kafka"][0].update(fetch_min_bytes="2GiB"),
+            "kafka[0].fetch_min_bytes",
+            "Input should be less than or equal to 2147483647; got 2147483648",
+        ),
+        (
             lambda r: r["tables"][0].update(max_queue_bytes="1G"),
             "tables[0].max_queue_bytes",
             "'1G': unit 'G' is ambiguous; write 'GB' (powers of 1000) or 'GiB' (powers of 1024)",

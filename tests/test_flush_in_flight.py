@@ -72,3 +72,35 @@ async def test_a_commit_in_flight_does_not_start_another_for_its_own_records(
         assert metric(service, "icespool_commits_total", table=TABLE, reason="age") == 2
         rows = await asyncio.to_thread(table_rows, service, TABLE)
         assert sorted(r["id"] for r in rows) == list(range(200))
+
+
+async def test_records_a_failed_flush_had_taken_are_committed_once_the_catalog_is_back(
+    make_config: MakeConfig, pg_proxy: tuple[TcpProxy, str], tmp_path: Path
+) -> None:
+    """The flush holding the first batch fails (the catalog stops answering, then
+    refuses): what it had taken is a reason for a flush again, so once the catalog
+    answers, the age trigger commits it (and what came meanwhile) exactly once."""
+    proxy, uri = pg_proxy
+    config = make_config(
+        catalog={"name": "lake", "type": "sql", "uri": uri, "warehouse": tmp_path.as_uri()},
+        tables=[{"name": TABLE, "create": True, "schema": [{"name": "id", "type": "long"}]}],
+        defaults={"batch_timeout": f"{TIMEOUT:g}s"},
+        timeouts={"catalog_request": "2s"},
+    )
+    async with Icespool(config) as service:
+        writer = service.tables.writer(TABLE)
+        await writer.append(_batch(range(100)))
+        proxy.mode = "silent"  # the age flush of the first batch hangs, then fails
+        await _until(lambda: writer.flush_busy, TIMEOUT + 2, "the first batch's age flush")
+        await writer.append(_batch(range(100, 200)))
+        await _until(lambda: writer.degraded is not None, 15.0, "the flush failed")
+        assert writer.committed_records == 0
+        proxy.mode = "refuse"
+        await asyncio.sleep(TIMEOUT)  # retries fail fast; nothing is dropped
+        assert writer.pending_records == 200 and writer.committed_records == 0
+        proxy.mode = "forward"
+        await _until(lambda: writer.committed_records == 200, 3 * TIMEOUT + 10, "every record")
+        assert writer.degraded is None and writer.pending_records == 0
+        assert metric(service, "icespool_commit_failures_total", table=TABLE) >= 1
+        rows = await asyncio.to_thread(table_rows, service, TABLE)
+        assert sorted(r["id"] for r in rows) == list(range(200))

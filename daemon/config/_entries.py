@@ -8,9 +8,8 @@ Checks of one entry that need its position in the file (``tables[2].key``) live 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from annotated_types import Le
 from pydantic import Field
 
 from icespool.config._sections import MaintenanceOverride, Section, WriterSettings
@@ -218,10 +217,15 @@ class KafkaConfig(Section):
     # answers each fetch as soon as any record is there: a topic of many partitions at
     # a modest rate then costs a round trip, a wake-up and a spool append per handful
     # of records.
-    fetch_min_bytes: Bytes = 64 * 1024
+    # A fetch request carries it as a 32-bit integer: a larger one stopped the
+    # consumer's fetcher for good (nothing read, the source still connected).
+    fetch_min_bytes: Bytes = Field(default=64 * 1024, le=2**31 - 1)
     """Bytes a fetch waits for on the broker (at most fetch_max_wait) before it answers."""
-    # Below aiokafka's request timeout (40 s), which a longer wait would trip.
-    fetch_max_wait: Annotated[Seconds, Le(30.0)] = 0.1
+    # A fetch waiting on the broker holds the connection the source's metadata probes
+    # and offset look-ups share (the broker answers a connection's requests in order;
+    # they give up after 5 s): with a longer wait, a quiet topic's broker looked
+    # unreachable and the daemon not ready.
+    fetch_max_wait: Seconds = Field(default=0.1, le=1.0)
     """Seconds a fetch waits on the broker for fetch_min_bytes."""
     session_timeout: Seconds = 10.0
     """Seconds after which a member that stops heartbeating loses its partitions."""

@@ -7,11 +7,15 @@ partitions nothing more is coming at that pace: waiting out the timer for the la
 partial batch only delays rows that could be visible now (up to a whole
 ``batch_timeout`` after the backlog was read). So a source that was behind by at
 least one batch (the smallest ``max_batch_records`` of its tables; what a poll
-returned counts) asks every table of its that holds records to commit as soon as it
-has processed every partition it fetches up to its end, or a poll finds nothing more
-(commit reason ``caught_up``). Live traffic that the source keeps up with never gets
-that far behind, so it keeps committing at its triggers; a source that never catches
-up commits at them too.
+returned counts) asks the tables of its that hold records to commit as soon as it has
+processed every partition it fetches up to its end, or a poll finds nothing more
+(commit reason ``caught_up``): each table whose own ``max_batch_records`` the source
+was behind by. A table with a larger batch than the backlog would have waited for its
+timer had those records come live, so it still does: a burst of live traffic a poll
+reads at once must not commit a table configured for few, large snapshots at every
+burst because another table of the source takes small batches. Live traffic that the
+source keeps up with never gets that far behind, so it keeps committing at its
+triggers; a source that never catches up commits at them too.
 """
 
 from __future__ import annotations
@@ -52,33 +56,33 @@ class CatchUp:
     ) -> None:
         self._tables = tables
         self._writer_for = writer_for
-        self._behind = False
+        self._backlog = 0  # the most records the source was behind since it caught up
 
     def check(self, consumer: AIOKafkaConsumer, parts: Iterable[Partition], fetched: int) -> None:
         """After a poll of ``fetched`` records (0: it found nothing) was processed:
-        commit every table now if that drained a backlog."""
+        commit the tables now if that drained a backlog of one of their batches."""
         writers = []
         for table in self._tables():
             with contextlib.suppress(Exception):  # degraded, awaiting a schema, draining
                 writers.append(self._writer_for(table))
         batch = min((w.settings.max_batch_records for w in writers), default=0)
-        if batch and self.drained(fetched, fetch_lag(consumer, parts), batch):
-            for writer in writers:
+        backlog = self.drained(fetched, fetch_lag(consumer, parts), batch) if batch else 0
+        for writer in writers:
+            if backlog >= writer.settings.max_batch_records:
                 writer.commit_soon("caught_up")
 
-    def drained(self, fetched: int, lag: int | None, batch: int) -> bool:
-        """Whether the source, ``lag`` records from the end after processing a fetch of
-        ``fetched`` (so it was ``fetched + lag`` behind before), just drained a backlog."""
+    def drained(self, fetched: int, lag: int | None, batch: int) -> int:
+        """The backlog the source just drained (the most records it was behind), if it
+        was at least ``batch``, now that it is ``lag`` records from the end after
+        processing a fetch of ``fetched`` (so it was ``fetched + lag`` behind before);
+        0 when it did not just drain one."""
         if lag is None:
-            return False
+            return 0
         if fetched + lag >= batch:
-            self._behind = True
+            self._backlog = max(self._backlog, fetched + lag)
         # An empty poll is the end too: records the consumer skips (an aborted
         # transaction's, markers) stay in ``lag`` for good.
-        if self._behind and (lag == 0 or (fetched == 0 and lag < batch)):
-            return self._caught_up()
-        return False
-
-    def _caught_up(self) -> bool:
-        self._behind = False
-        return True
+        if self._backlog and (lag == 0 or (fetched == 0 and lag < batch)):
+            backlog, self._backlog = self._backlog, 0
+            return backlog
+        return 0

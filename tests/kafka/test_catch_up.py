@@ -133,3 +133,59 @@ async def test_a_transactional_backlog_counts_as_caught_up_despite_its_markers(
         assert len(await wait_rows(service, DEAD, 6, within=60)) == 6
         assert _commits(service, DEAD)["caught_up"] == 1
         assert _commits(service)["age"] == _commits(service, DEAD)["age"] == 0
+
+
+async def test_a_burst_commits_only_the_tables_whose_batch_it_reaches(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    """A routed source whose tables take batches of different sizes: the backlog at the
+    start is more than either batch, so both are committed once it is drained; a live burst
+    bigger than the small table's batch but smaller than the big one's is no backlog
+    for the big table, which keeps to its timer (it is not committed at every burst)."""
+    topic = unique_name("catchup-mixed")
+    await create_topic(broker.bootstrap, topic, PARTITIONS)
+    small, big = "demo.ev_small", "demo.ev_big"
+    config = make_config(
+        tables=[
+            {"name": small, "create": True, "schema": SCHEMA, "max_batch_records": 100},
+            {"name": big, "create": True, "schema": SCHEMA, "max_batch_records": 2_000},
+        ],
+        defaults={"batch_timeout": "10m"},
+        kafka=[
+            {
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [topic],
+                "group_id": f"g-{topic}",
+                "route_field": "kind",
+                "table_template": "demo.ev_{value}",
+                "session_timeout": "6s",
+            }
+        ],
+    )
+    backlog = [{"id": i, "kind": "big" if i % 10 else "small"} for i in range(2_750)]
+    await produce(broker.bootstrap, topic, backlog, partitions=PARTITIONS)
+    async with Icespool(config) as service:
+        _assert_once(await wait_rows(service, small, 275, within=60), range(0, 2_750, 10))
+        big_ids = [r["id"] for r in backlog if r["kind"] == "big"]
+        assert sorted(r["id"] for r in await wait_rows(service, big, 2_475)) == big_ids
+        # (By size or at the catch-up: the timer is 10 minutes away.)
+        commits = _commits(service, big)
+
+        writer = service.tables.writer(big)
+        live = range(2_750, 2_750 + 5 * 300)
+        for start in live[::300]:
+            await produce(
+                broker.bootstrap,
+                topic,
+                [{"id": i, "kind": "big"} for i in range(start, start + 300)],
+            )
+            await asyncio.sleep(1.0)
+        for _ in range(100):
+            if writer.pending_records == len(live):
+                break
+            await asyncio.sleep(0.05)
+        assert writer.pending_records == len(live)
+        assert _commits(service, big) == commits
+        await writer.flush()
+        rows = await asyncio.to_thread(table_rows, service, big)
+        assert sorted(r["id"] for r in rows) == [*big_ids, *live]

@@ -411,3 +411,40 @@ async def test_dead_letters_to_a_topic_carry_the_record_and_why(
         assert headers["icespool.target_table"] == TABLE.encode()
         assert headers["icespool.error"]
     assert sorted(int(dict(r.headers)["icespool.offset"]) for r in got) == list(range(0, 100, 10))
+
+
+async def test_fetches_waiting_their_longest_keep_the_source_ready_and_a_trickle_visible(
+    make_config: MakeConfig, broker: Broker
+) -> None:
+    """fetch_max_wait at its bound and fetch_min_bytes more than the whole topic holds:
+    every fetch waits on the broker its full second, on the connection the
+    reachability probe (every offset_commit_interval) also uses. The probe still
+    answers in time, and each trickled record is visible within batch_timeout +
+    fetch_max_wait and a commit."""
+    topic = unique_name("fetchwait")
+    await create_topic(broker.bootstrap, topic, 2)
+    config = _config(make_config, broker, topic, fetch_min_bytes="1MiB", fetch_max_wait="1s")
+    async with Icespool(config) as service:
+        await produce(broker.bootstrap, topic, [{"id": 0}])
+        await wait_rows(service, TABLE, 1, within=60)
+        samples: list[float] = []
+
+        async def sample() -> None:
+            while True:
+                samples.append(metric(service, "icespool_kafka_connected", source="kafka[0]"))
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            for n in range(1, 5):
+                await produce(broker.bootstrap, topic, [{"id": n}])
+                produced = time.monotonic()
+                await wait_rows(service, TABLE, n + 1, within=30)
+                # 1 s batch_timeout + 1 s fetch wait; a commit and wait_rows' polling.
+                assert time.monotonic() - produced < 5.0, n
+            await asyncio.sleep(6.0)  # several probes with nothing to fetch at all
+        finally:
+            sampler.cancel()
+        assert len(samples) > 30 and set(samples) == {1.0}, samples
+        rows = await asyncio.to_thread(table_rows, service, TABLE)
+        assert sorted(r["id"] for r in rows) == list(range(5))
