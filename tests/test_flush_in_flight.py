@@ -25,6 +25,15 @@ def _batch(ids: range) -> pa.RecordBatch:
     return pa.record_batch({"id": pa.array(list(ids), pa.int64())})
 
 
+def _config(make_config: MakeConfig, uri: str, tmp_path: Path, catalog_request: str) -> Config:
+    return make_config(
+        catalog={"name": "lake", "type": "sql", "uri": uri, "warehouse": tmp_path.as_uri()},
+        tables=[{"name": TABLE, "create": True, "schema": [{"name": "id", "type": "long"}]}],
+        defaults={"batch_timeout": f"{TIMEOUT:g}s"},
+        timeouts={"catalog_request": catalog_request},
+    )
+
+
 async def _until(condition: Callable[[], bool], within: float, what: str) -> None:
     deadline = time.monotonic() + within
     while not condition():
@@ -37,12 +46,7 @@ async def test_a_commit_in_flight_does_not_start_another_for_its_own_records(
     make_config: MakeConfig, pg_proxy: tuple[TcpProxy, str], tmp_path: Path
 ) -> None:
     proxy, uri = pg_proxy
-    config = make_config(
-        catalog={"name": "lake", "type": "sql", "uri": uri, "warehouse": tmp_path.as_uri()},
-        tables=[{"name": TABLE, "create": True, "schema": [{"name": "id", "type": "long"}]}],
-        defaults={"batch_timeout": f"{TIMEOUT:g}s"},
-        timeouts={"catalog_request": "20s"},
-    )
+    config = _config(make_config, uri, tmp_path, catalog_request="20s")
     async with Icespool(config) as service:
         writer = service.tables.writer(TABLE)
         await writer.append(_batch(range(100)))
@@ -81,12 +85,7 @@ async def test_records_a_failed_flush_had_taken_are_committed_once_the_catalog_i
     refuses): what it had taken is a reason for a flush again, so once the catalog
     answers, the age trigger commits it (and what came meanwhile) exactly once."""
     proxy, uri = pg_proxy
-    config = make_config(
-        catalog={"name": "lake", "type": "sql", "uri": uri, "warehouse": tmp_path.as_uri()},
-        tables=[{"name": TABLE, "create": True, "schema": [{"name": "id", "type": "long"}]}],
-        defaults={"batch_timeout": f"{TIMEOUT:g}s"},
-        timeouts={"catalog_request": "2s"},
-    )
+    config = _config(make_config, uri, tmp_path, catalog_request="2s")
     async with Icespool(config) as service:
         writer = service.tables.writer(TABLE)
         await writer.append(_batch(range(100)))
