@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -31,6 +32,13 @@ from support.proxy import TcpProxy
 from icespool.config import Config, embedded_default, validate_config
 from icespool.http import start_http
 from icespool.service import Icespool
+
+# A suite started as a background job of a non-interactive shell inherits SIGINT ignored,
+# and every child would too: the CLI tests that end `--watch` or a daemon with Ctrl-C
+# would wait for a process that never hears it. A handled signal is back to its default
+# in a child after exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # No per-example deadline (hypothesis's default is 200 ms): the suite runs on two xdist
 # workers beside daemons, brokers and JVMs, where an example's wall time says nothing about
