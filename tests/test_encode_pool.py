@@ -28,7 +28,6 @@ def _where() -> tuple[str, int, int, str]:
     )
 
 
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
 async def test_flush_calls_run_in_their_own_lower_priority_threads() -> None:
     _var.set("from the caller")
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -65,7 +64,6 @@ async def test_errors_propagate_and_running_calls_are_listed() -> None:
         await in_flush_thread(fail)
 
 
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
 async def test_a_flush_reads_and_deletes_its_segments_in_the_flush_threads(tmp_path: Path) -> None:
     """A flush's spool work (reading its segments back, verifying every checksum,
     deleting them) runs at the flush's lower priority; appends keep the daemon's."""
