@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["TypeConflict", "first_conflict", "merge_inferred"]
+__all__ = ["TypeConflict", "first_conflict", "json_kind", "merge_inferred"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +45,10 @@ class TypeConflict:
         )
 
 
-def _kind(value: Any) -> str | None:
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, as an error message names it ("a number", "null")."""
     if value is None:
-        return None
+        return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
@@ -86,9 +87,9 @@ def _walk(
 ) -> TypeConflict | None:
     items = value.items() if isinstance(value, dict) else (("element", item) for item in value)
     for name, item in items:
-        kind = _kind(item)
-        if kind is None:
+        if item is None:  # a null fits any column type
             continue
+        kind = json_kind(item)
         at = (*path, name)
         first = seen.setdefault(at, (kind, line))
         if first[0] != kind:

@@ -16,6 +16,7 @@ import pyarrow.json as pj
 from icespool.decode._convert import _show
 from icespool.decode._plan import _Column, _Plan
 from icespool.errors import BadInputError, SchemaError
+from icespool.json_types import json_kind
 
 _JSON_WS: Final = b" \t\r\n"
 _BLANK: Final = re.compile(rb"[ \t\r\n]*")
@@ -157,7 +158,7 @@ def _parse_line(number: int, line: bytes) -> dict[str, Any]:
             f"{exc.colno}); send one JSON object per line, without line breaks inside a record"
         ) from None
     if not isinstance(value, dict):
-        raise BadInputError(f"line {number}: expected a JSON object, got {_kind(value)}")
+        raise BadInputError(f"line {number}: expected a JSON object, got {json_kind(value)}")
     return value
 
 
@@ -259,20 +260,6 @@ def _names(plan: _Plan) -> str:
     names = [c.name for c in plan.columns]
     shown = ", ".join(names[:_SHOWN_COLUMNS])
     return shown if len(names) <= _SHOWN_COLUMNS else f"{shown}, ... ({len(names)} in all)"
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, dict):
-        return "an object"
-    return "an array"
 
 
 def _first_line(text: str) -> str:
