@@ -80,7 +80,6 @@ import pyarrow.parquet as pq
 from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from bench_write_path import (
-    _LIVE,
     TABLE,
     DaemonProcess,
     Measured,
@@ -89,6 +88,7 @@ from bench_write_path import (
     mib,
     proc_cpu_seconds,
     proc_status,
+    run_main,
 )
 
 from icespool.config import validate_config
@@ -1082,16 +1082,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    import uvloop
-
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        sys.exit(uvloop.run(main()))
-    except KeyboardInterrupt:
-        print("interrupted; the daemon, the broker and the temporary files are gone")
-        sys.exit(130)
-    finally:
-        for proc in _LIVE:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    run_main(main, "the daemon, the broker")

@@ -67,6 +67,7 @@ from bench_kafka import (
     snapshot_latencies,
 )
 from bench_vs_connect import PG, _admin
+from bench_write_path import run_main
 from support.apache_kafka import KafkaBroker
 from support.kafka_harness import create_topic
 
@@ -349,4 +350,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    run_main(main, "the replicas, the broker")

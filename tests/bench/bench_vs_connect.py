@@ -43,7 +43,6 @@ import asyncio
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from _vs_runs import (
 )
 from _vs_systems import Contender, DaemonContender, SinkContender
 from bench_kafka import PARTITIONS, Run, bare_pipe, librdkafka_pipe, pct, produce_topic, spread
-from bench_write_path import _LIVE, mib
+from bench_write_path import _LIVE, mib, run_main
 from support.apache_kafka import LIBS, KafkaBroker
 from support.iceberg_sink import ICEBERG_VERSION, USER_JVM_OPTIONS, ensure_plugin
 from support.jvm import find_java
@@ -594,16 +593,4 @@ async def exactly_once(setup: Setup, interval: float, args: Any) -> None:
 
 
 if __name__ == "__main__":
-    import uvloop
-
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        sys.exit(uvloop.run(main()))
-    except KeyboardInterrupt:
-        print("interrupted; the systems, the broker and the temporary files are gone")
-        sys.exit(130)
-    finally:
-        for proc in _LIVE:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    run_main(main, "the systems, the broker")

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -361,6 +361,25 @@ class CpuShare:
 
 
 _LIVE: set[subprocess.Popen[bytes]] = set()  # killed on the way out, whatever happens
+
+
+def run_main(main: Callable[[], Coroutine[Any, Any, int]], started: str) -> None:
+    """A bench's entry point: ``main()`` on uvloop, exiting with its status. SIGTERM
+    unwinds like Ctrl-C (the phases' finally blocks stop what they started: ``started``
+    names it), and every process in `_LIVE` still running is killed on the way out."""
+    import uvloop
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        sys.exit(uvloop.run(main()))
+    except KeyboardInterrupt:
+        print(f"interrupted; {started} and the temporary files are gone", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        for proc in _LIVE:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 class DaemonProcess:
@@ -1320,17 +1339,4 @@ async def main_http_only(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    import uvloop
-
-    # SIGTERM unwinds like Ctrl-C: the phases' finally blocks stop what they started.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        sys.exit(uvloop.run(main()))
-    except KeyboardInterrupt:
-        print("interrupted; the daemon and the temporary files are gone", file=sys.stderr)
-        sys.exit(130)
-    finally:
-        for proc in _LIVE:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    run_main(main, "the daemon")
