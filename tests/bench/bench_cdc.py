@@ -47,6 +47,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _spark import BENCH_CONF
+
 from icespool.config import Config, validate_config
 from icespool.http import start_http
 from icespool.service import Icespool
@@ -268,10 +270,7 @@ def main() -> int:
             app_name="icespool-bench-cdc",
             master="local[2]",
             conf={
-                "spark.ui.enabled": "false",
-                "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "2",
-                "spark.driver.memory": "2g",
+                **BENCH_CONF,
                 "spark.sql.adaptive.enabled": "false",
             },
         )

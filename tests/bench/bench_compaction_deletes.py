@@ -33,6 +33,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _spark import BENCH_CONF
+
 from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
 from icespool.config import embedded_default, validate_config
 from icespool.iceberg._catalog import load_catalog
@@ -165,10 +167,7 @@ def main() -> int:
             app_name="icespool-bench",
             master="local[2]",
             conf={
-                "spark.ui.enabled": "false",
-                "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "2",
-                "spark.driver.memory": "2g",
+                **BENCH_CONF,
             },
         )
         spark.sparkContext.setLogLevel("ERROR")

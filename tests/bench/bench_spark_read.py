@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
+from _spark import BENCH_CONF
 
 from icespool.config import validate_config
 from icespool.service import Icespool
@@ -115,10 +116,7 @@ def main() -> int:
             app_name="icespool-bench",
             master="local[2]",
             conf={
-                "spark.ui.enabled": "false",
-                "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "2",
-                "spark.driver.memory": "2g",
+                **BENCH_CONF,
                 "spark.sql.adaptive.enabled": "false",
             },
         )

@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg2  # type: ignore[import-untyped]
 from _events import COLUMNS, ndjson_body
+from _spark import BENCH_CONF
 from _vs_runs import (
     KillRun,
     LatencyResult,
@@ -245,10 +246,7 @@ def spark_group_by(setup: Setup) -> list[str]:
         app_name="bench-vs-connect",
         master="local[2]",
         conf={
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.memory": "2g",
+            **BENCH_CONF,
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
