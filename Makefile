@@ -218,7 +218,7 @@ $(ICEBERG_REST_STAMP): tests/support/iceberg_rest/pom.xml
 
 # Apache Hive's standalone metastore (tests/support/hive_metastore.py): the jars
 # tests/support/hive/pom.xml pins, copied into the ignored .test-tools/hive/libs/, and its
-# Derby schema scripts (only in the metastore's "bin" tar.gz) unpacked into
+# PostgreSQL schema scripts (only in the metastore's "bin" tar.gz) unpacked into
 # .test-tools/hive/dist/ (again only when the POM changes).
 HIVE_DIR := .test-tools/hive
 HIVE_STAMP := $(HIVE_DIR)/.installed
@@ -230,13 +230,13 @@ $(HIVE_STAMP): tests/support/hive/pom.xml
 	  exit 1; }
 	rm -rf $(HIVE_DIR)
 	@mvn -B -q -Dstyle.color=never -f tests/support/hive/pom.xml dependency:copy-dependencies \
-	  -DoutputDirectory=$(CURDIR)/$(HIVE_DIR)/libs dependency:unpack@derby-scripts \
+	  -DoutputDirectory=$(CURDIR)/$(HIVE_DIR)/libs dependency:unpack@schema-scripts \
 	  -Dhive.dist.dir=$(CURDIR)/$(HIVE_DIR)/dist || { \
 	  echo "error: mvn could not fetch the Hive Metastore's jars or scripts \
 (tests/support/hive/pom.xml) from Maven Central: is it reachable?" >&2; \
 	  rm -rf $(HIVE_DIR); exit 1; }
 	@ls $(HIVE_DIR)/libs/hive-standalone-metastore-server-*.jar \
-	  $(HIVE_DIR)/dist/apache-hive-metastore-*-bin/scripts/metastore/upgrade/derby >/dev/null
+	  $(HIVE_DIR)/dist/apache-hive-metastore-*-bin/scripts/metastore/upgrade/postgres >/dev/null
 	touch $@
 
 # Spark 3.5 beside the suite's Spark 4.1 (tests/spark/test_spark35.py): a venv holding only

@@ -183,8 +183,8 @@ def iceberg_rest(
 @pytest.fixture(scope="session")
 def hive_metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HiveMetastore]:
     """Apache Hive's standalone metastore (one JVM per session, started by the first test
-    that asks: Derby embedded, tables in a local directory); each test empties it with
-    ``hive_metastore.warehouse()``."""
+    that asks: its database on the suite's PostgreSQL, tables in a local directory); each
+    test empties it with ``hive_metastore.warehouse()``."""
     server = HiveMetastore.start(tmp_path_factory.mktemp("hive-metastore"))
     try:
         yield server

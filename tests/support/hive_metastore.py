@@ -5,12 +5,15 @@
     metastore.stop()
 
 ``org.apache.hadoop.hive.metastore.HiveMetaStore`` 4.0.0 serves the Thrift API on
-127.0.0.1 in front of an embedded Derby database of its own, whose schema its schematool
-(``MetastoreSchemaTool -initSchema -dbType derby``) creates at start: only that schema has
-the transaction tables behind the table locks pyiceberg's and Iceberg Java's HiveCatalog
-take to commit. Tables live in a local directory (``file://``) both the metastore and the
-clients on this machine reach. The jars and schema scripts are the ones
-tests/support/hive/pom.xml pins, which `make test-deps` puts under .test-tools/hive/.
+127.0.0.1 in front of a database of its own on the suite's PostgreSQL (127.0.0.1:5432),
+whose schema its schematool (``MetastoreSchemaTool -initSchema -dbType postgres``) creates
+at start: only that schema has the transaction tables behind the table locks pyiceberg's
+and Iceberg Java's HiveCatalog take to commit. Not the embedded Derby the metastore
+brings: there a lock check and the housekeeper that times locks out wait on each other's
+row locks until both time out, over and over, and every commit to the metastore hangs.
+Tables live in a local directory (``file://``) both the metastore and the clients on this
+machine reach. The jars and schema scripts are the ones tests/support/hive/pom.xml pins,
+which `make test-deps` puts under .test-tools/hive/.
 
 It serves one catalog, so a test's fresh warehouse is the metastore emptied:
 ``warehouse()`` drops every database but ``default`` (with its tables) and deletes their
@@ -26,12 +29,14 @@ import os
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 from xml.sax.saxutils import escape
 
+import psycopg2
 from hive_metastore.ThriftHiveMetastore import Client
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
@@ -60,7 +65,7 @@ HiveMetastoreMissing = ToolsMissing
 def _installed() -> tuple[str, Path]:
     """(classpath, the distribution home whose scripts/ schematool reads)."""
     homes = sorted((HIVE_DIR / "dist").glob("apache-hive-metastore-*-bin"))
-    scripts = homes[-1] / "scripts" / "metastore" / "upgrade" / "derby" if homes else None
+    scripts = homes[-1] / "scripts" / "metastore" / "upgrade" / "postgres" if homes else None
     if not any(LIBS.glob("hive-standalone-metastore-server-*.jar")) or not (
         scripts and scripts.is_dir()
     ):
@@ -80,10 +85,25 @@ def _site_xml(settings: dict[str, str]) -> str:
     return f"<configuration>\n{properties}\n</configuration>\n"
 
 
+_POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
+
+
+def _postgres(statement: str) -> None:
+    """One statement on the suite's PostgreSQL, outside a transaction (CREATE/DROP DATABASE)."""
+    admin = psycopg2.connect(connect_timeout=10, **_POSTGRES)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(statement)
+    finally:
+        admin.close()
+
+
 @dataclass
 class HiveMetastore:
     jvm: JvmProcess
     port: int
+    database: str
     started_in: float = 0.0
     schema_in: float = 0.0
 
@@ -104,6 +124,9 @@ class HiveMetastore:
         conf = root / "conf"
         conf.mkdir(exist_ok=True)
         (port,) = free_ports(1)
+        # One database per metastore: each test worker runs one.
+        database = f"icespool_hive_{uuid.uuid4().hex[:12]}"
+        _postgres(f'CREATE DATABASE "{database}"')
         log_path = root / "metastore.log"
         (conf / "metastore-log4j2.properties").write_text(
             log4j2_file(log_path, _QUIET, _LOG_PATTERN)
@@ -112,9 +135,12 @@ class HiveMetastore:
             _site_xml(
                 {
                     "javax.jdo.option.ConnectionURL": (
-                        f"jdbc:derby:;databaseName={root / 'metastore_db'};create=true"
+                        f"jdbc:postgresql://127.0.0.1:5432/{database}"
                     ),
-                    "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
+                    "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
+                    # Trust authentication on loopback: no password.
+                    "javax.jdo.option.ConnectionUserName": "postgres",
+                    "javax.jdo.option.ConnectionPassword": "",
                     # Iceberg tables are external tables, which Hive 4 refuses inside the
                     # managed tables' root: the two are apart.
                     "metastore.warehouse.dir": (root / "managed").as_uri(),
@@ -141,31 +167,32 @@ class HiveMetastore:
             (log_path,),
             heap=("64m", "384m"),
             classpath=f"{conf}:{classpath}",
-            properties={
-                "log4j2.configurationFile": conf / "metastore-log4j2.properties",
-                "derby.stream.error.file": root / "derby.log",
-            },
+            properties={"log4j2.configurationFile": conf / "metastore-log4j2.properties"},
             env=env,
         )
-        metastore = cls(jvm, port)
+        metastore = cls(jvm, port, database)
         began = time.monotonic()
-        jvm.run(
-            _SCHEMA_TOOL,
-            "-initSchema",
-            "-dbType",
-            "derby",
-            timeout=_SCHEMA_TIMEOUT,
-            what="the Hive Metastore's schematool -initSchema",
-        )
-        metastore.schema_in = time.monotonic() - began
-        jvm.start(_MAIN)
-        jvm.wait_ready(
-            metastore._list_databases,
-            within=_START_TIMEOUT,
-            name="the Hive Metastore",
-            waiting_for="answer get_all_databases",
-            retry_on=(OSError, TTransport.TTransportException),
-        )
+        try:
+            jvm.run(
+                _SCHEMA_TOOL,
+                "-initSchema",
+                "-dbType",
+                "postgres",
+                timeout=_SCHEMA_TIMEOUT,
+                what="the Hive Metastore's schematool -initSchema",
+            )
+            metastore.schema_in = time.monotonic() - began
+            jvm.start(_MAIN)
+            jvm.wait_ready(
+                metastore._list_databases,
+                within=_START_TIMEOUT,
+                name="the Hive Metastore",
+                waiting_for="answer get_all_databases",
+                retry_on=(OSError, TTransport.TTransportException),
+            )
+        except BaseException:
+            metastore.stop()
+            raise
         metastore.started_in = time.monotonic() - began
         return metastore
 
@@ -210,5 +237,7 @@ class HiveMetastore:
         return self.jvm.log_tail(lines)
 
     def stop(self) -> None:
-        """SIGKILL: its state is a temporary directory nothing else uses."""
+        """SIGKILL, then its database dropped: the rest of its state is a temporary directory
+        nothing else uses."""
         self.jvm.stop()
+        _postgres(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
