@@ -5,6 +5,10 @@ in a local directory, read back with pyiceberg's own HiveCatalog.
 1. Two replicas (spools of their own) commit concurrently to one table: every id once.
 2. The maintenance lease: refused on Hive with the reason, in /v1/status and the log.
 3. ``lease = "none"``: one replica maintains a Hive table (expiry), nothing lost.
+4. A table whose first metadata file the metastore deleted (a lost create_database race
+   rolls back by deleting the database's directory) is written back and ingests; a table
+   that had a commit is never rewritten: it is reported, with the missing file named; and
+   the race itself, run by three catalogs creating one new namespace and table at once.
 
 The kill -9 rounds on Hive are tests/test_daemon_faults.py's ``hive`` variant; Spark
 reading a Hive table is tests/spark/test_spark_hive.py.
@@ -15,16 +19,24 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import aiohttp
 import pytest
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 from support.hive_metastore import HiveMetastore
+
+from icespool.errors import CatalogError
+from icespool.iceberg import ensure_table, load_catalog
 
 # Two replicas' commits queue on the metastore's table lock, and pyiceberg backs off between
 # lock checks (up to lock-check-max-wait-time, 60 s by default): a flush behind the other
@@ -163,3 +175,97 @@ async def test_one_replica_maintains_a_hive_table_with_lease_none(
     assert status["disabled"] is None
     rows, _ = home.read_rows()
     assert sorted(row["id"] for row in rows) == list(range(600))
+
+
+def _delete_current_metadata(home: DaemonDir) -> Path:
+    """The table's current metadata file deleted, as the metastore's rollback of a lost
+    create_database does to the database's whole directory."""
+    table, _ = home.load_table()
+    path = Path(urlparse(table.metadata_location).path)
+    path.unlink()
+    return path
+
+
+async def test_a_new_tables_lost_first_metadata_file_is_written_back(
+    make_daemon: MakeDaemon,
+) -> None:
+    """The table the daemon created (no commit yet) lost its first metadata file: the
+    restarted daemon writes it back from its declaration, says so, and ingests into it."""
+    home, daemon = make_daemon()
+    daemon.start()
+    await daemon.wait_ready()
+    daemon.signal(signal.SIGTERM)
+    assert await daemon.wait_exit(35) == 0, daemon.tail()
+    lost = _delete_current_metadata(home)
+    assert lost.name.startswith("00000-"), lost
+    daemon.start()
+    await daemon.wait_ready()
+    assert lost.exists()
+    assert f"its first metadata file file:{lost} was missing" in daemon.log(), daemon.tail()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        await daemon.ingest(session, _records(range(100)))
+        await daemon.flush(session)
+    rows, table = home.read_rows()
+    assert sorted(row["id"] for row in rows) == list(range(100))
+    assert [field.name for field in table.schema().fields] == ["id", "v"]
+
+
+async def test_a_committed_tables_lost_metadata_file_is_reported_not_rewritten(
+    make_daemon: MakeDaemon,
+) -> None:
+    """A table with a commit whose current metadata file is gone is not rebuilt from the
+    declaration (that would drop its snapshots): it is degraded with the file named, its
+    records stay spooled, and the file stays missing."""
+    home, daemon = make_daemon()
+    daemon.start()
+    await daemon.wait_ready()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        await daemon.ingest(session, _records(range(10)))
+        await daemon.flush(session)
+    daemon.signal(signal.SIGTERM)
+    assert await daemon.wait_exit(35) == 0, daemon.tail()
+    lost = _delete_current_metadata(home)
+    assert not lost.name.startswith("00000-"), lost
+    daemon.start()
+    await daemon.wait_ready()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        status, text = await daemon.post_records(session, _records(range(10, 20)))
+    assert status == 503, text
+    assert "cannot load table 't.events'" in text and lost.name in text, text
+    assert not lost.exists()
+    assert "first metadata file" not in daemon.log()
+
+
+def test_replicas_creating_one_new_namespace_and_table_at_once_all_load_it(
+    hive_metastore: HiveMetastore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three catalogs (replicas) create-or-load one table in a namespace that does not
+    exist yet, at once, 20 times over: each gets the table and it loads afterwards. The
+    metastore's create_database loser deletes the new database's directory, with the
+    winner's first metadata file in it (about one round in five on this machine); the
+    first replica to see that writes the file back, the others load it."""
+    props = hive_metastore.catalog_properties(hive_metastore.warehouse())
+    catalogs = [load_catalog("replica", props) for _ in range(3)]
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    failures: list[str] = []
+    for round_ in range(20):
+        name = f"race{round_}.events"
+        barrier = threading.Barrier(len(catalogs))
+
+        def create_or_load(catalog: Any, name: str = name, barrier: Any = barrier) -> None:
+            barrier.wait()
+            try:
+                ensure_table(catalog, name, schema, PartitionSpec(), {}, True)
+            except CatalogError as exc:
+                failures.append(f"{name}: {exc}")
+
+        threads = [threading.Thread(target=create_or_load, args=(c,)) for c in catalogs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads), name
+        assert [f.name for f in catalogs[0].load_table(name).schema().fields] == ["id"]
+    assert failures == []
+    restored = caplog.text.count("was missing (the Hive Metastore deletes")
+    print(f"create race on Hive: first metadata written back in {restored} of 20 rounds")

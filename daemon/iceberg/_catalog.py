@@ -7,6 +7,7 @@ through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from icespool.iceberg._upstream._hive import BoundedHiveCatalog
 
 __all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
+
+_log = logging.getLogger("icespool.catalog")
 
 
 def load_catalog(
@@ -220,22 +223,68 @@ def ensure_table(
     """
     namespace, name = split_identifier(identifier)
     full = (*namespace, name)
-    table = _load_existing(catalog, full)
-    if table is None:
+    props = with_defaults(properties, defaults)
+
+    def load_or_create() -> Table:
+        table = _load_existing(catalog, full)
+        if table is not None:
+            return table
         if not create:
             raise CatalogError(
                 f"table {'.'.join(full)!r} does not exist; create it or set create = true"
             )
-        table = _create(
-            catalog, namespace, full, schema, spec, with_defaults(properties, defaults), sort_order
-        )
+        table = _create(catalog, namespace, full, schema, spec, props, sort_order)
         if table is None:
             # Another replica created it between our load and create: use theirs.
             table = _load_existing(catalog, full)
         if table is None:
             raise CatalogError(f"table {'.'.join(full)!r} vanished right after it was created")
+        return table
+
+    try:
+        table = load_or_create()
+    except CatalogError:
+        if not create or not _restored_first_metadata(
+            catalog, full, schema, spec, sort_order, props
+        ):
+            raise
+        table = load_or_create()
     check_compatible(table.schema(), schema, table_name=".".join(full))
     return table
+
+
+def _restored_first_metadata(
+    catalog: Catalog,
+    full: tuple[str, ...],
+    schema: Schema,
+    spec: PartitionSpec,
+    sort_order: SortOrder,
+    properties: Mapping[str, str],
+) -> bool:
+    """Whether ``full`` is a Hive table at its first metadata file and that file is in
+    place now, written back if the metastore had lost it
+    (`BoundedHiveCatalog.restore_first_metadata`): then loading again is worth it. Other
+    catalogs never lose it so."""
+    restore = getattr(catalog, "restore_first_metadata", None)
+    if restore is None:
+        return False
+    try:
+        restored = restore(full, schema, spec, sort_order, dict(properties))
+    except Exception:
+        return False  # the load's or create's own error is the one to report
+    if restored is None:
+        return False
+    location, written = restored
+    if not written:
+        return True  # in place: another replica wrote it back, or the error was another
+    _log.warning(
+        "table %s: its first metadata file %s was missing (the Hive Metastore deletes a new "
+        "database's directory when another client's create of it fails): written back from "
+        "the declaration; the table had no commit yet",
+        ".".join(full),
+        location,
+    )
+    return True
 
 
 def _load_existing(catalog: Catalog, full: tuple[str, ...]) -> Table | None:

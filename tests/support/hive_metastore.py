@@ -156,6 +156,9 @@ class HiveMetastore:
                     "metastore.housekeeping.threads.on": "true",
                     "metastore.txn.timeout": "10s",
                     "metastore.acid.housekeeper.interval": "2s",
+                    # The loser of two creates of one database waits this long to be told
+                    # it exists (its first try fails on the unique key): 2 s by default.
+                    "metastore.hmshandler.retry.interval": "100ms",
                 }
             )
         )

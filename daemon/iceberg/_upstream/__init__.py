@@ -19,7 +19,9 @@ replaces, why, and what it relies on:
     _rest              RestCatalog._config_headers: a timeout and an Idempotency-Key
     _gcs_io            PyArrowFileIO._initialize_gcs_fs with a bounded retry time
     _hive              HiveCatalog's _HiveClient: bounded Thrift calls, a connection per
-                       thread (imported, and checked, only for a Hive catalog)
+                       thread; a new table's first metadata file written back after the
+                       metastore's create race deleted it (imported, and checked, only
+                       for a Hive catalog)
     _contract          what all of these rely on, checked here on import
 
 Importing the fence checks the installed pyiceberg against ``_contract.PINS`` and raises

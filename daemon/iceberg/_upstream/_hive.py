@@ -12,7 +12,8 @@ per catalog, which has two problems for the daemon:
 ``BoundedHiveCatalog`` gives the catalog a client whose every ``with`` opens a
 connection of its own (what pyiceberg does from the second call on anyway), kept per
 thread, with ``timeouts.catalog_connect`` to connect and ``timeouts.catalog_request`` for
-every read and write on it after.
+every read and write on it after. Its ``restore_first_metadata`` writes back the first
+metadata file of a table that the metastore deleted in a create race (see there).
 
 Relies on (``_contract.HIVE_PINS``, checked when this module is imported, which only a Hive
 catalog does: it needs thrift): ``_HiveClient.__init__(uri, ugi, kerberos_auth,
@@ -22,13 +23,16 @@ kerberos_service_name)`` and the attributes it sets, ``_init_thrift_transport``,
 
 from __future__ import annotations
 
+import posixpath
 import threading
 from types import TracebackType
 from urllib.parse import urlparse
 
 from hive_metastore.ThriftHiveMetastore import Client
-from pyiceberg.catalog import URI
+from hive_metastore.ttypes import NoSuchObjectException
+from pyiceberg.catalog import METADATA_LOCATION, URI
 from pyiceberg.catalog.hive import (
+    DEFAULT_PROPERTIES,
     HIVE_KERBEROS_AUTH,
     HIVE_KERBEROS_AUTH_DEFAULT,
     HIVE_KERBEROS_SERVICE_NAME,
@@ -36,6 +40,12 @@ from pyiceberg.catalog.hive import (
     HiveCatalog,
     _HiveClient,
 )
+from pyiceberg.io import load_file_io
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.serializers import ToOutputFile
+from pyiceberg.table.metadata import new_table_metadata
+from pyiceberg.table.sorting import SortOrder
 from pyiceberg.utils.properties import property_as_bool
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
@@ -128,3 +138,44 @@ class BoundedHiveCatalog(HiveCatalog):
             property_as_bool(properties, HIVE_KERBEROS_AUTH, HIVE_KERBEROS_AUTH_DEFAULT),
             properties.get(HIVE_KERBEROS_SERVICE_NAME, HIVE_KERBEROS_SERVICE_NAME_DEFAULT),
         )
+
+    def restore_first_metadata(
+        self,
+        identifier: tuple[str, ...],
+        schema: Schema,
+        spec: PartitionSpec,
+        sort_order: SortOrder,
+        properties: dict[str, str],
+    ) -> tuple[str, bool] | None:
+        """Write back the first metadata file of ``identifier`` when the metastore lists it
+        as the table's current one and it is missing. Returns (its location, whether this
+        call wrote it) while the table is at that file, which is then in place; None when
+        it is not (no such table, a later metadata file).
+
+        The metastore's create_database, when it loses a race with another client's after
+        making the database's directory, deletes that directory recursively as it rolls
+        back: with the first metadata file of a table created in it meanwhile. The table is
+        then listed with a file nobody can read, for good. A first metadata file
+        (``00000-``) holds no snapshot, so new metadata from the declaration at the same
+        location is that table as created; a table that had a commit is never touched."""
+        database, name = self.identifier_to_database_and_table(identifier)
+        try:
+            with self._client as client:
+                hive_table = client.get_table(dbname=database, tbl_name=name)
+        except NoSuchObjectException:
+            return None
+        location = str((hive_table.parameters or {}).get(METADATA_LOCATION) or "")
+        if not location or not posixpath.basename(location).startswith("00000-"):
+            return None
+        table_properties = {**DEFAULT_PROPERTIES, **properties}
+        io = load_file_io({**self.properties, **table_properties}, location)
+        if io.new_input(location).exists():
+            return location, False
+        metadata = new_table_metadata(
+            schema, spec, sort_order, hive_table.sd.location, table_properties
+        )
+        try:
+            ToOutputFile.table_metadata(metadata, io.new_output(location), overwrite=False)
+        except FileExistsError:
+            return location, False  # another replica restored it meanwhile
+        return location, True
