@@ -21,6 +21,11 @@ suspended VM) stops committing until a renewal succeeds; a renewal that finds an
 incarnation's claim means another process took the spool over, and this one never
 commits again (its spool keeps every record for an operator to decide).
 
+A Hive namespace's properties are one map that every write replaces (the metastore's
+alter_database): processes writing their claims at once can drop each other's. A claim
+that reads back as nobody's is written again; one dropped later is back at the holder's
+next renewal.
+
 The claim lives in the namespace of the first ``[[tables]]`` entry. A daemon without
 declared tables has no claim (logged); copies of its spool are then not recognised,
 but still lose nothing (segments commit by record count, orphans by incarnation).
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Final
@@ -47,6 +53,7 @@ _log = logging.getLogger("icespool.claim")
 
 _POLL: Final = 1.0  # how often a watched claim is read again
 _CATALOG_RETRY: Final = Backoff(attempts=6, base=0.5, cap=5.0)
+_LOST_WRITES: Final = 5  # writes of a claim that reads back as nobody's
 
 
 class SpoolContestedError(IcespoolError):
@@ -162,10 +169,16 @@ class SpoolClaim:
                 await self._wait_lapse(other, value)
             else:
                 raise self._contested(other, "it is running on this machine")
-        await self._write()
-        # Two processes that took a free claim at once: the later write wins, the
-        # other sees it on reading back.
-        back = _holder(await self._read())
+        for _ in range(_LOST_WRITES):
+            await self._write()
+            # Two processes that took a free claim at once: the later write wins, the
+            # other sees it on reading back.
+            back = _holder(await self._read())
+            if back is not None:
+                break
+            # Nobody's: another process's write of the namespace's properties replaced
+            # the whole map (the Hive Metastore's alter_database does), without ours.
+            await asyncio.sleep(random.uniform(0.05, 0.25))
         if back is None or back[0].tag != self._me.tag:
             other_text = back[0].describe() if back else "nobody"
             raise SpoolContestedError(

@@ -9,6 +9,8 @@ in a local directory, read back with pyiceberg's own HiveCatalog.
    rolls back by deleting the database's directory) is written back and ingests; a table
    that had a commit is never rewritten: it is reported, with the missing file named; and
    the race itself, run by three catalogs creating one new namespace and table at once.
+5. Spools claiming their identities in one namespace at once each get theirs (the
+   metastore replaces a namespace's whole property map on every write).
 
 The kill -9 rounds on Hive are tests/test_daemon_faults.py's ``hive`` variant; Spark
 reading a Hive table is tests/spark/test_spark_hive.py.
@@ -29,14 +31,17 @@ from urllib.parse import urlparse
 
 import aiohttp
 import pytest
+from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.types import LongType, NestedField
-from support.daemon_harness import TABLE, Daemon, DaemonDir
+from pyiceberg.types import LongType, NestedField, StringType
+from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.hive_metastore import HiveMetastore
 
 from icespool.errors import CatalogError
 from icespool.iceberg import ensure_table, load_catalog
+from icespool.spool import Incarnation
+from icespool.spool_claim import SpoolClaim
 
 # Two replicas' commits queue on the metastore's table lock, and pyiceberg backs off between
 # lock checks (up to lock-check-max-wait-time, 60 s by default): a flush behind the other
@@ -236,6 +241,32 @@ async def test_a_committed_tables_lost_metadata_file_is_reported_not_rewritten(
     assert "first metadata file" not in daemon.log()
 
 
+async def test_another_writers_table_at_its_lost_first_metadata_is_not_rewritten(
+    make_daemon: MakeDaemon,
+) -> None:
+    """A table at its first metadata file that another writer created (not from this
+    declaration: a first file may hold a snapshot, as CREATE TABLE AS SELECT writes) is not
+    rebuilt from the declaration when that file is gone: it is degraded, the file named."""
+    home, daemon = make_daemon()
+    catalog = pyiceberg_load_catalog(CATALOG_NAME, **home.catalog_properties)
+    catalog.create_namespace("t")
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "v", StringType(), required=False),
+    )
+    catalog.create_table(TABLE, schema, properties={"owner": "another-writer"})
+    lost = _delete_current_metadata(home)
+    assert lost.name.startswith("00000-"), lost
+    daemon.start()
+    await daemon.wait_ready()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        status, text = await daemon.post_records(session, _records(range(10)))
+    assert status == 503, text
+    assert "cannot load table 't.events'" in text and lost.name in text, text
+    assert not lost.exists()
+    assert "first metadata file" not in daemon.log()
+
+
 def test_replicas_creating_one_new_namespace_and_table_at_once_all_load_it(
     hive_metastore: HiveMetastore, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -269,3 +300,27 @@ def test_replicas_creating_one_new_namespace_and_table_at_once_all_load_it(
     assert failures == []
     restored = caplog.text.count("was missing (the Hive Metastore deletes")
     print(f"create race on Hive: first metadata written back in {restored} of 20 rounds")
+
+
+async def test_spools_claiming_in_one_namespace_at_once_each_get_their_claim(
+    hive_metastore: HiveMetastore,
+) -> None:
+    """Four spools take their claims in one namespace at once, 10 times over: each takes
+    its own (a write that another replaced with a map without it is written again), and
+    each gives it back."""
+    props = hive_metastore.catalog_properties(hive_metastore.warehouse())
+    catalogs = [load_catalog("replica", props) for _ in range(4)]
+    for round_ in range(10):
+        namespace = (f"claims{round_}",)
+        catalogs[0].create_namespace(namespace)
+        claims = [
+            SpoolClaim(
+                c, namespace, f"spool-{i}", Incarnation.current(), ttl=30, request_timeout=10
+            )
+            for i, c in enumerate(catalogs)
+        ]
+        await asyncio.gather(*(claim.acquire() for claim in claims))
+        for claim in claims:
+            await claim.release()
+        left = catalogs[0].load_namespace_properties(namespace)
+        assert [k for k in left if k.startswith("icespool.spool.")] == [], left

@@ -30,7 +30,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from icespool.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from icespool.errors import CatalogError, SchemaError
 from icespool.iceberg._defaults import TABLE_DEFAULTS, with_defaults
-from icespool.iceberg._timeouts import catalog_properties, short_error
+from icespool.iceberg._timeouts import catalog_properties, error_chain, short_error
 from icespool.iceberg._upstream._rest import BoundedRestCatalog
 from icespool.iceberg._upstream._sql import IcespoolSqlCatalog
 from icespool.retry import retry
@@ -243,17 +243,16 @@ def ensure_table(
 
     try:
         table = load_or_create()
-    except CatalogError:
-        if not create or not _restored_first_metadata(
-            catalog, full, schema, spec, sort_order, props
-        ):
+    except CatalogError as exc:
+        if not create or not _hive_create_race(exc, catalog, full, schema, spec, sort_order, props):
             raise
         table = load_or_create()
     check_compatible(table.schema(), schema, table_name=".".join(full))
     return table
 
 
-def _restored_first_metadata(
+def _hive_create_race(
+    exc: CatalogError,
     catalog: Catalog,
     full: tuple[str, ...],
     schema: Schema,
@@ -261,10 +260,11 @@ def _restored_first_metadata(
     sort_order: SortOrder,
     properties: Mapping[str, str],
 ) -> bool:
-    """Whether ``full`` is a Hive table at its first metadata file and that file is in
-    place now, written back if the metastore had lost it
-    (`BoundedHiveCatalog.restore_first_metadata`): then loading again is worth it. Other
-    catalogs never lose it so."""
+    """Whether loading or creating ``full`` once more is worth it after ``exc``: on a Hive
+    catalog, the metastore's loser of two creates of one database deletes the database's
+    new directory, under a table's metadata being written (the create failed: try again)
+    or after it (`BoundedHiveCatalog.restore_first_metadata` writes it back). Other
+    catalogs never lose files so."""
     restore = getattr(catalog, "restore_first_metadata", None)
     if restore is None:
         return False
@@ -273,18 +273,17 @@ def _restored_first_metadata(
     except Exception:
         return False  # the load's or create's own error is the one to report
     if restored is None:
-        return False
+        return any(isinstance(e, FileNotFoundError) for e in error_chain(exc))
     location, written = restored
-    if not written:
-        return True  # in place: another replica wrote it back, or the error was another
-    _log.warning(
-        "table %s: its first metadata file %s was missing (the Hive Metastore deletes a new "
-        "database's directory when another client's create of it fails): written back from "
-        "the declaration; the table had no commit yet",
-        ".".join(full),
-        location,
-    )
-    return True
+    if written:
+        _log.warning(
+            "table %s: its first metadata file %s was missing (the Hive Metastore deletes a "
+            "new database's directory when another client's create of it fails): written "
+            "back from the declaration; the table had no commit yet",
+            ".".join(full),
+            location,
+        )
+    return True  # in place: written back here or by another replica
 
 
 def _load_existing(catalog: Catalog, full: tuple[str, ...]) -> Table | None:

@@ -55,6 +55,7 @@ __all__ = [
     "GcsBoundedFileIO",
     "StorageRetries",
     "catalog_properties",
+    "error_chain",
     "short_error",
     "startup_timeout",
     "unavailable",
@@ -134,14 +135,20 @@ def _glue_session(timeouts: TimeoutsConfig) -> Any:
     return session
 
 
-def unavailable(exc: BaseException) -> str | None:
-    """ "the catalog" or "the object store" when ``exc`` or its cause says that dependency
-    could not be reached or answered too late; None for any other error."""
+def error_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during, outermost first."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and all(current is not seen for seen in chain):
         chain.append(current)
         current = current.__cause__ or current.__context__
+    return chain
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """ "the catalog" or "the object store" when ``exc`` or its cause says that dependency
+    could not be reached or answered too late; None for any other error."""
+    chain = error_chain(exc)
     # The object store's own errors first: a data file write that failed is wrapped in a
     # CatalogError ("cannot write data files"), which alone would read as the catalog's.
     if any(_storage_error(e) for e in chain):

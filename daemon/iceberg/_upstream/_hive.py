@@ -44,6 +44,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.serializers import ToOutputFile
+from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import new_table_metadata
 from pyiceberg.table.sorting import SortOrder
 from pyiceberg.utils.properties import property_as_bool
@@ -155,19 +156,30 @@ class BoundedHiveCatalog(HiveCatalog):
         The metastore's create_database, when it loses a race with another client's after
         making the database's directory, deletes that directory recursively as it rolls
         back: with the first metadata file of a table created in it meanwhile. The table is
-        then listed with a file nobody can read, for good. A first metadata file
-        (``00000-``) holds no snapshot, so new metadata from the declaration at the same
-        location is that table as created; a table that had a commit is never touched."""
+        then listed with a file nobody can read, for good. Only a table at its first
+        metadata file (``00000-``) created from this very declaration (the metastore's
+        table parameters hold each of its properties: this daemon or a replica created
+        it) is written back: such a first file never holds a snapshot, so new metadata
+        from the declaration at the same location is that table as created. A table that
+        had a commit, or that another writer created (a first file may hold a snapshot,
+        as a CREATE TABLE AS SELECT writes), is never touched."""
         database, name = self.identifier_to_database_and_table(identifier)
         try:
             with self._client as client:
                 hive_table = client.get_table(dbname=database, tbl_name=name)
         except NoSuchObjectException:
             return None
-        location = str((hive_table.parameters or {}).get(METADATA_LOCATION) or "")
+        parameters = hive_table.parameters or {}
+        location = str(parameters.get(METADATA_LOCATION) or "")
         if not location or not posixpath.basename(location).startswith("00000-"):
             return None
         table_properties = {**DEFAULT_PROPERTIES, **properties}
+        if any(
+            parameters.get(key) != value
+            for key, value in table_properties.items()
+            if key != TableProperties.FORMAT_VERSION  # metadata's field, not a property
+        ):
+            return None
         io = load_file_io({**self.properties, **table_properties}, location)
         if io.new_input(location).exists():
             return location, False
