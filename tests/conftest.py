@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import copy
 import signal
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg2  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
 from support.apache_kafka import KafkaBroker
@@ -27,6 +25,7 @@ from support.gcs import FakeGcs
 from support.hive_metastore import HiveMetastore
 from support.iceberg_rest import IcebergRest
 from support.object_store import SeaweedFS
+from support.postgres import scratch_database, sqlalchemy_uri
 from support.proxy import TcpProxy
 
 from icespool.config import Config, embedded_default, validate_config
@@ -216,17 +215,8 @@ def postgres_uri() -> Iterator[str]:
     One per test, never a shared one: tests on several xdist workers would otherwise race
     in it (pyiceberg creates its catalog tables in a database that lacks them, and two
     processes doing that at once collide)."""
-    database = f"icespool_test_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f'CREATE DATABASE "{database}"')
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
+    with scratch_database("icespool_test") as database:
+        yield sqlalchemy_uri(database)
 
 
 @pytest.fixture

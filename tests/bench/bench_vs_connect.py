@@ -47,7 +47,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -55,7 +54,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg2  # type: ignore[import-untyped]
 from _events import COLUMNS, ndjson_body
 from _spark import BENCH_CONF
 from _vs_runs import (
@@ -73,6 +71,7 @@ from support.apache_kafka import LIBS, KafkaBroker
 from support.iceberg_sink import ICEBERG_VERSION, USER_JVM_OPTIONS, ensure_plugin
 from support.jvm import find_java
 from support.kafka_harness import create_topic
+from support.postgres import create_database, drop_database, sqlalchemy_uri
 
 from icespool.config import validate_config
 from icespool.iceberg._catalog import load_catalog
@@ -85,21 +84,10 @@ CATALOG = "bench"
 # into the properties of tables Java itself creates); pyiceberg writes zstd either way.
 # Both tables name it, as a table Spark or the sink's auto-create made would.
 TABLE_PROPERTIES = {"write.parquet.compression-codec": "zstd"}
-PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 SINK, ICE = "Connect sink", "icespool"
 
 
 # ------------------------------------------------------------------ the shared catalog
-
-
-def _admin(statement: str) -> None:
-    conn = psycopg2.connect(dbname="postgres", connect_timeout=10, **PG)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(statement)
-    finally:
-        conn.close()
 
 
 class Setup:
@@ -112,7 +100,7 @@ class Setup:
         self.catalog_raw = {
             "name": CATALOG,
             "type": "sql",
-            "uri": f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{database}",
+            "uri": sqlalchemy_uri(database),
             "warehouse": (directory / "warehouse").as_uri(),
         }
         self.config = self._config("bench.unused")
@@ -417,8 +405,7 @@ async def main() -> int:
         + ("plugin folder cached" if built is None else f"plugin folder built in {built:.1f} s")
     )
     directory = Path(tempfile.mkdtemp(prefix="icespool-bench-vs-connect-", dir=args.dir))
-    database = f"vs_connect_{uuid.uuid4().hex[:8]}"
-    _admin(f'CREATE DATABASE "{database}"')
+    database = create_database("vs_connect")
     broker = KafkaBroker.start(directory / "kafka")
     assert broker.process is not None
     try:
@@ -442,7 +429,7 @@ async def main() -> int:
             await compare(setup, intervals, latency_intervals, args)
     finally:
         broker.stop()
-        _admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        drop_database(database)
         shutil.rmtree(directory, ignore_errors=True)
     print(
         f"\nbench took {time.perf_counter() - began:.0f}s; "

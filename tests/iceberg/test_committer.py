@@ -15,12 +15,10 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2  # type: ignore[import-untyped]
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
@@ -30,6 +28,7 @@ from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import IdentityTransform
 from sqlalchemy import event
+from support.postgres import scratch_database, sqlalchemy_uri
 
 from icespool.errors import CommitError
 from icespool.iceberg._catalog import ensure_table, load_catalog
@@ -467,21 +466,12 @@ _WORKER = textwrap.dedent(
 
 @pytest.fixture
 def postgres_catalog_props(tmp_path: Path) -> Iterator[dict[str, str]]:
-    database = f"icespool_test_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(f'CREATE DATABASE "{database}"')
+    with scratch_database("icespool_test") as database:
         yield {
             "type": "sql",
-            "uri": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}",
+            "uri": sqlalchemy_uri(database),
             "warehouse": f"file://{tmp_path}/warehouse",
         }
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        admin.close()
 
 
 def test_two_processes_race_on_postgres_and_every_commit_lands_once(

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,13 @@ import psycopg2  # type: ignore[import-untyped]
 
 from support.apache_kafka import KafkaToolsMissing
 from support.connect_worker import RUNTIME, ConnectWorker
+from support.postgres import PG, admin
 
 __all__ = ["PLUGINS", "RUNTIME", "DebeziumPostgres"]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".test-tools" / "debezium"
 PLUGINS = TOOLS / "plugins"
-PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 _CONVERTERS = {
     "key.converter": "org.apache.kafka.connect.json.JsonConverter",
     "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -49,18 +48,6 @@ def _check_plugin() -> None:
         raise KafkaToolsMissing(
             f"Debezium's PostgreSQL connector is missing from {PLUGINS}: run `make test-deps`"
         )
-
-
-@contextmanager
-def _admin() -> Iterator[Any]:
-    """A cursor on the server's ``postgres`` database, autocommit, closed afterwards."""
-    conn = psycopg2.connect(dbname="postgres", connect_timeout=10, **PG)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cursor:
-            yield cursor
-    finally:
-        conn.close()
 
 
 class DebeziumPostgres:
@@ -82,7 +69,7 @@ class DebeziumPostgres:
     def create(cls, root: Path, bootstrap: str) -> DebeziumPostgres:
         root.mkdir(parents=True, exist_ok=True)
         source = cls(root, bootstrap)
-        with _admin() as cursor:
+        with admin() as cursor:
             cursor.execute(f'CREATE DATABASE "{source.database}"')
         return source
 
@@ -130,7 +117,7 @@ class DebeziumPostgres:
         }
 
     def _slot_active(self) -> bool:
-        with _admin() as cursor:
+        with admin() as cursor:
             cursor.execute(
                 "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)
             )
@@ -145,7 +132,7 @@ class DebeziumPostgres:
         the database."""
         if self.worker is not None:
             self.worker.kill()
-        with _admin() as cursor:
+        with admin() as cursor:
             deadline = time.monotonic() + 30
             while True:
                 cursor.execute(

@@ -29,19 +29,18 @@ import os
 import shutil
 import socket
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 from xml.sax.saxutils import escape
 
-import psycopg2
 from hive_metastore.ThriftHiveMetastore import Client
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
 from support.jvm import JvmProcess, ToolsMissing, find_java, free_ports, log4j2_file
+from support.postgres import PG, create_database, drop_database
 
 __all__ = ["HIVE_DIR", "HiveMetastore", "HiveMetastoreMissing"]
 
@@ -85,20 +84,6 @@ def _site_xml(settings: dict[str, str]) -> str:
     return f"<configuration>\n{properties}\n</configuration>\n"
 
 
-_POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
-
-
-def _postgres(statement: str) -> None:
-    """One statement on the suite's PostgreSQL, outside a transaction (CREATE/DROP DATABASE)."""
-    admin = psycopg2.connect(connect_timeout=10, **_POSTGRES)
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cursor:
-            cursor.execute(statement)
-    finally:
-        admin.close()
-
-
 @dataclass
 class HiveMetastore:
     jvm: JvmProcess
@@ -125,8 +110,7 @@ class HiveMetastore:
         conf.mkdir(exist_ok=True)
         (port,) = free_ports(1)
         # One database per metastore: each test worker runs one.
-        database = f"icespool_hive_{uuid.uuid4().hex[:12]}"
-        _postgres(f'CREATE DATABASE "{database}"')
+        database = create_database("icespool_hive")
         log_path = root / "metastore.log"
         (conf / "metastore-log4j2.properties").write_text(
             log4j2_file(log_path, _QUIET, _LOG_PATTERN)
@@ -135,11 +119,11 @@ class HiveMetastore:
             _site_xml(
                 {
                     "javax.jdo.option.ConnectionURL": (
-                        f"jdbc:postgresql://127.0.0.1:5432/{database}"
+                        f"jdbc:postgresql://{PG['host']}:{PG['port']}/{database}"
                     ),
                     "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
                     # Trust authentication on loopback: no password.
-                    "javax.jdo.option.ConnectionUserName": "postgres",
+                    "javax.jdo.option.ConnectionUserName": PG["user"],
                     "javax.jdo.option.ConnectionPassword": "",
                     # Iceberg tables are external tables, which Hive 4 refuses inside the
                     # managed tables' root: the two are apart.
@@ -243,4 +227,4 @@ class HiveMetastore:
         """SIGKILL, then its database dropped: the rest of its state is a temporary directory
         nothing else uses."""
         self.jvm.stop()
-        _postgres(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+        drop_database(self.database)
