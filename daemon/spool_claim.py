@@ -23,8 +23,8 @@ commits again (its spool keeps every record for an operator to decide).
 
 A Hive namespace's properties are one map that every write replaces (the metastore's
 alter_database): processes writing their claims at once can drop each other's. A claim
-that reads back as nobody's is written again; one dropped later is back at the holder's
-next renewal.
+that reads back as nobody's, or as the very value it replaced, is written again; one
+dropped later is back at the holder's next renewal.
 
 The claim lives in the namespace of the first ``[[tables]]`` entry. A daemon without
 declared tables has no claim (logged); copies of its spool are then not recognised,
@@ -173,11 +173,14 @@ class SpoolClaim:
             await self._write()
             # Two processes that took a free claim at once: the later write wins, the
             # other sees it on reading back.
-            back = _holder(await self._read())
-            if back is not None:
+            now = await self._read()
+            back = _holder(now)
+            if back is not None and now != value:
                 break
-            # Nobody's: another process's write of the namespace's properties replaced
-            # the whole map (the Hive Metastore's alter_database does), without ours.
+            # Nobody's, or exactly the value this process replaced (an ended or lapsed
+            # holder's, beat and all): another process's write of the namespace's
+            # properties replaced the whole map (the Hive Metastore's alter_database
+            # does) with one it had read before ours. A live holder's has a new beat.
             await asyncio.sleep(random.uniform(0.05, 0.25))
         if back is None or back[0].tag != self._me.tag:
             other_text = back[0].describe() if back else "nobody"

@@ -9,8 +9,11 @@ in a local directory, read back with pyiceberg's own HiveCatalog.
    rolls back by deleting the database's directory) is written back and ingests; a table
    that had a commit is never rewritten: it is reported, with the missing file named; and
    the race itself, run by three catalogs creating one new namespace and table at once.
+   A written-back table is the table as created (key, spec, sort order, format version),
+   and the replica that created it commits through the written-back file.
 5. Spools claiming their identities in one namespace at once each get theirs (the
-   metastore replaces a namespace's whole property map on every write).
+   metastore replaces a namespace's whole property map on every write), also when each
+   takes over its own ended incarnation's claim.
 
 The kill -9 rounds on Hive are tests/test_daemon_faults.py's ``hive`` variant; Spark
 reading a Hive table is tests/spark/test_spark_hive.py.
@@ -19,7 +22,10 @@ reading a Hive table is tests/spark/test_spark_hive.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import secrets
+import shutil
 import signal
 import threading
 import time
@@ -30,18 +36,22 @@ from typing import Any
 from urllib.parse import urlparse
 
 import aiohttp
+import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
-from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.sorting import SortField, SortOrder
+from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 from support.hive_metastore import HiveMetastore
 
 from icespool.errors import CatalogError
 from icespool.iceberg import ensure_table, load_catalog
+from icespool.iceberg._defaults import TABLE_DEFAULTS, with_defaults
 from icespool.spool import Incarnation
-from icespool.spool_claim import SpoolClaim
+from icespool.spool_claim import SpoolClaim, SpoolContestedError, holder_key
 
 # Two replicas' commits queue on the metastore's table lock, and pyiceberg backs off between
 # lock checks (up to lock-check-max-wait-time, 60 s by default): a flush behind the other
@@ -324,3 +334,181 @@ async def test_spools_claiming_in_one_namespace_at_once_each_get_their_claim(
             await claim.release()
         left = catalogs[0].load_namespace_properties(namespace)
         assert [k for k in left if k.startswith("icespool.spool.")] == [], left
+
+
+# ------------------------------------------------------- a written-back table, used
+
+
+_KEYED = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "v", StringType(), required=False),
+    NestedField(3, "k", StringType(), required=False),
+    identifier_field_ids=[1],
+)
+_KEYED_ROWS = pa.Table.from_pylist(
+    [{"id": i, "v": f"v{i}", "k": "a"} for i in range(5)],
+    schema=pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("v", pa.string()),
+            pa.field("k", pa.string()),
+        ]
+    ),
+)
+
+
+def _hive_catalog(hive_metastore: HiveMetastore) -> Any:
+    return load_catalog("lake", hive_metastore.catalog_properties(hive_metastore.warehouse()))
+
+
+def _lose(location: str) -> Path:
+    path = Path(urlparse(location).path)
+    path.unlink()
+    return path
+
+
+def test_a_written_back_keyed_table_is_the_table_as_created(
+    hive_metastore: HiveMetastore,
+) -> None:
+    """An upsert-style table (identifier key, identity partition, sort order, format
+    version 2) written back: every part of its metadata but the uuid is the original's,
+    and it takes an append."""
+    catalog = _hive_catalog(hive_metastore)
+    spec = PartitionSpec(
+        PartitionField(source_id=3, field_id=1000, transform=IdentityTransform(), name="k")
+    )
+    order = SortOrder(SortField(source_id=2, transform=IdentityTransform()))
+    props = {"format-version": "2"}
+    before = ensure_table(catalog, "t.keyed", _KEYED, spec, props, True, order).metadata
+    _lose(catalog.load_table("t.keyed").metadata_location)
+    table = ensure_table(catalog, "t.keyed", _KEYED, spec, props, True, order)
+    after = table.metadata
+    assert after.format_version == before.format_version == 2
+    assert after.schemas == before.schemas
+    assert after.schema().identifier_field_ids == [1]
+    assert (after.partition_specs, after.default_spec_id) == (
+        before.partition_specs,
+        before.default_spec_id,
+    )
+    assert (after.sort_orders, after.default_sort_order_id) == (
+        before.sort_orders,
+        before.default_sort_order_id,
+    )
+    assert (after.last_column_id, after.last_partition_id) == (
+        before.last_column_id,
+        before.last_partition_id,
+    )
+    assert (after.properties, after.location) == (before.properties, before.location)
+    assert after.table_uuid != before.table_uuid
+    table.append(_KEYED_ROWS)
+    assert sorted(r["id"] for r in table.scan().to_arrow().to_pylist()) == [0, 1, 2, 3, 4]
+
+
+def test_a_first_file_with_a_snapshot_and_the_daemons_properties_is_not_rewritten(
+    hive_metastore: HiveMetastore,
+) -> None:
+    """Another writer created the table with a snapshot in its first metadata file
+    (create_table_transaction and an append, as CREATE TABLE AS SELECT), with every
+    property the daemon would give it but its creator mark: not rebuilt when lost."""
+    catalog = _hive_catalog(hive_metastore)
+    catalog.create_namespace("t")
+    props = {"write.parquet.compression-codec": "zstd", **with_defaults({}, TABLE_DEFAULTS)}
+    transaction = catalog.create_table_transaction("t.ctas", _KEYED, properties=props)
+    transaction.append(_KEYED_ROWS)
+    transaction.commit_transaction()
+    loaded = catalog.load_table("t.ctas")
+    assert loaded.metadata.current_snapshot_id is not None
+    lost = _lose(loaded.metadata_location)
+    assert lost.name.startswith("00000-"), lost
+    with pytest.raises(CatalogError, match=lost.name):
+        ensure_table(catalog, "t.ctas", _KEYED, PartitionSpec(), {}, True)
+    assert not lost.exists()
+
+
+def test_a_declaration_with_another_property_value_is_not_written_back(
+    hive_metastore: HiveMetastore,
+) -> None:
+    """The lost first file of a table created with ``commit.retry.num-retries = 7`` is not
+    rebuilt from a declaration that says 8: that table is not the one declared."""
+    catalog = _hive_catalog(hive_metastore)
+    created = ensure_table(
+        catalog, "t.pv", _KEYED, PartitionSpec(), {"commit.retry.num-retries": "7"}, True
+    )
+    lost = _lose(created.metadata_location)
+    with pytest.raises(CatalogError, match=lost.name):
+        ensure_table(
+            catalog, "t.pv", _KEYED, PartitionSpec(), {"commit.retry.num-retries": "8"}, True
+        )
+    assert not lost.exists()
+
+
+def test_a_first_file_that_cannot_be_written_back_reports_the_load_error(
+    hive_metastore: HiveMetastore,
+) -> None:
+    """Nothing can be written where the lost file was (a plain file stands in for its
+    directory): the load's own error, naming the file, not the restore's."""
+    catalog = _hive_catalog(hive_metastore)
+    created = ensure_table(catalog, "t.ro", _KEYED, PartitionSpec(), {}, True)
+    lost = Path(urlparse(created.metadata_location).path)
+    shutil.rmtree(lost.parent)
+    lost.parent.write_text("not a directory")
+    with pytest.raises(CatalogError, match=f"cannot load table 't.ro'.*{lost.name}"):
+        ensure_table(catalog, "t.ro", _KEYED, PartitionSpec(), {}, True)
+
+
+async def test_the_replica_that_created_a_table_commits_after_another_wrote_it_back(
+    make_daemon: MakeDaemon,
+) -> None:
+    """The create race as it happens: a daemon created the table (its metadata, with its
+    uuid, in memory), the metastore's loser deleted the first metadata file, another
+    replica wrote it back (a uuid of its own). The first daemon's records still commit."""
+    home, daemon = make_daemon(batch_timeout="200ms")
+    daemon.start()
+    await daemon.wait_ready()
+    table, _ = home.load_table()
+    lost = _lose(table.metadata_location)
+    assert lost.name.startswith("00000-"), lost
+    declared = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "v", StringType(), required=False),
+    )
+    replica = load_catalog("lake", home.catalog_properties)
+    ensure_table(replica, TABLE, declared, PartitionSpec(), {}, True)
+    assert lost.exists()
+    async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+        await daemon.ingest(session, _records(range(10)))
+        await daemon.flush(session)
+    rows, _ = home.read_rows()
+    assert sorted(row["id"] for row in rows) == list(range(10)), daemon.tail()
+
+
+async def test_spools_taking_over_their_ended_claims_at_once_each_get_theirs(
+    hive_metastore: HiveMetastore,
+) -> None:
+    """Four replicas on one machine were killed -9 (their claims stay, their pids are
+    gone) and start again at once, 10 times over: each takes its own ended claim over.
+    Another replica's write of the whole property map may put back this one's old claim,
+    which it then writes again; only a live holder's claim (a new beat) is a contest."""
+    props = hive_metastore.catalog_properties(hive_metastore.warehouse())
+    catalogs = [load_catalog("replica", props) for _ in range(4)]
+    for round_ in range(10):
+        namespace = (f"ended{round_}",)
+        mes = [Incarnation.current() for _ in catalogs]
+        # An earlier incarnation of this pid (another start time): it has ended.
+        ended = {
+            holder_key(f"spool-{i}"): (
+                f"{dataclasses.replace(me, tag=secrets.token_hex(6), start_ticks='1').record} 7"
+            )
+            for i, me in enumerate(mes)
+        }
+        catalogs[0].create_namespace(namespace, ended)
+        claims = [
+            SpoolClaim(c, namespace, f"spool-{i}", mes[i], ttl=30, request_timeout=10)
+            for i, c in enumerate(catalogs)
+        ]
+        results = await asyncio.gather(*(c.acquire() for c in claims), return_exceptions=True)
+        contested = [str(r) for r in results if isinstance(r, SpoolContestedError)]
+        assert contested == [], (round_, contested)
+        assert not [r for r in results if isinstance(r, BaseException)], results
+        for claim in claims:
+            await claim.release()

@@ -29,7 +29,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 
 from icespool.config import TimeoutsConfig, hide_secrets, pyiceberg_value
 from icespool.errors import CatalogError, SchemaError
-from icespool.iceberg._defaults import TABLE_DEFAULTS, with_defaults
+from icespool.iceberg._defaults import CREATED_BY, TABLE_DEFAULTS, with_defaults
 from icespool.iceberg._timeouts import catalog_properties, error_chain, short_error
 from icespool.iceberg._upstream._rest import BoundedRestCatalog
 from icespool.iceberg._upstream._sql import IcespoolSqlCatalog
@@ -223,7 +223,7 @@ def ensure_table(
     """
     namespace, name = split_identifier(identifier)
     full = (*namespace, name)
-    props = with_defaults(properties, defaults)
+    props = {**with_defaults(properties, defaults), CREATED_BY: "icespool"}
 
     def load_or_create() -> Table:
         table = _load_existing(catalog, full)

@@ -18,6 +18,11 @@ properties, so Spark and other engines read the same policy:
   the retention policy the daemon's maintenance (and Spark's expire_snapshots)
   applies; values come from ``[maintenance]``.
 
+Besides these defaults (which ``apply_defaults`` may add to any table), a table the
+daemon creates carries CREATED_BY: that it had no snapshot before its first commit,
+which is what lets a lost first metadata file be written back from the declaration
+(``_upstream/_hive.py``); a table another writer created never carries it.
+
 Declared ``properties`` of a table always win. Existing tables keep their own
 properties unless the operator opts in (``apply_defaults``).
 """
@@ -34,6 +39,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 from icespool.iceberg._commit import commit_properties
 
 __all__ = [
+    "CREATED_BY",
     "DEFAULT_MAX_SNAPSHOT_AGE_MS",
     "DEFAULT_MIN_SNAPSHOTS_TO_KEEP",
     "MANIFEST_MERGE_ENABLED",
@@ -52,6 +58,8 @@ __all__ = [
     "with_defaults",
 ]
 
+#: Set (to "icespool") on every table the daemon creates, never by apply_defaults.
+CREATED_BY: Final = "icespool.created-by"
 MANIFEST_MERGE_ENABLED: Final = "commit.manifest-merge.enabled"
 MANIFEST_MIN_MERGE_COUNT: Final = "commit.manifest.min-count-to-merge"
 MANIFEST_TARGET_SIZE_BYTES: Final = "commit.manifest.target-size-bytes"

@@ -24,6 +24,7 @@ from icespool.config import TableConfig
 from icespool.errors import CatalogError, TableLayoutError
 from icespool.iceberg._catalog import ensure_table
 from icespool.iceberg._defaults import TABLE_DEFAULTS
+from icespool.iceberg._upstream._refresh import refresh_table
 from icespool.schema import (
     check_width,
     count_columns,
@@ -216,7 +217,7 @@ def check_key(table: Table, key: Sequence[str], name: str) -> Table:
         with table.update_schema() as update:
             update.set_identifier_fields(*key)
     except CommitFailedException:
-        table.refresh()  # another replica set them first: check what it set
+        refresh_table(table)  # another replica set them first: check what it set
         return check_key(table, key, name)
     _log.info(
         "table %s had no identifier fields; set them to its key %s",

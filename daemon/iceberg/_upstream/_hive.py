@@ -158,11 +158,12 @@ class BoundedHiveCatalog(HiveCatalog):
         back: with the first metadata file of a table created in it meanwhile. The table is
         then listed with a file nobody can read, for good. Only a table at its first
         metadata file (``00000-``) created from this very declaration (the metastore's
-        table parameters hold each of its properties: this daemon or a replica created
-        it) is written back: such a first file never holds a snapshot, so new metadata
-        from the declaration at the same location is that table as created. A table that
-        had a commit, or that another writer created (a first file may hold a snapshot,
-        as a CREATE TABLE AS SELECT writes), is never touched."""
+        table parameters hold each of its ``properties``, which name the daemon as the
+        creator: this daemon or a replica created it) is written back: such a first file
+        never holds a snapshot, so new metadata from the declaration at the same location
+        is that table as created. A table that had a commit, or that another writer
+        created (a first file may hold a snapshot, as a CREATE TABLE AS SELECT writes), is
+        never touched."""
         database, name = self.identifier_to_database_and_table(identifier)
         try:
             with self._client as client:
