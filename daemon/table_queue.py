@@ -272,6 +272,7 @@ class TableQueue:
                 max_columns=max_columns,
                 only=only,
                 exact=exact,
+                refresh=refresh_table,
             )
         )
         plan = await future

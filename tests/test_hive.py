@@ -461,8 +461,9 @@ async def test_the_replica_that_created_a_table_commits_after_another_wrote_it_b
 ) -> None:
     """The create race as it happens: a daemon created the table (its metadata, with its
     uuid, in memory), the metastore's loser deleted the first metadata file, another
-    replica wrote it back (a uuid of its own). The first daemon's records still commit."""
-    home, daemon = make_daemon(batch_timeout="200ms")
+    replica wrote it back (a uuid of its own). The first daemon's records still evolve
+    the table (a new column) and commit."""
+    home, daemon = make_daemon(batch_timeout="200ms", extra='evolve = "add-columns"\n')
     daemon.start()
     await daemon.wait_ready()
     table, _ = home.load_table()
@@ -476,10 +477,11 @@ async def test_the_replica_that_created_a_table_commits_after_another_wrote_it_b
     ensure_table(replica, TABLE, declared, PartitionSpec(), {}, True)
     assert lost.exists()
     async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
-        await daemon.ingest(session, _records(range(10)))
+        await daemon.ingest(session, [{**r, "extra": "x"} for r in _records(range(10))])
         await daemon.flush(session)
     rows, _ = home.read_rows()
     assert sorted(row["id"] for row in rows) == list(range(10)), daemon.tail()
+    assert {row["extra"] for row in rows} == {"x"}
 
 
 async def test_spools_taking_over_their_ended_claims_at_once_each_get_theirs(

@@ -28,7 +28,7 @@ together.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -226,17 +226,18 @@ def apply_plan(
     max_columns: int,
     only: Collection[str] | None = None,
     exact: bool = True,
+    refresh: Callable[[Table], object] = Table.refresh,
 ) -> EvolutionPlan:
     """Evolve ``table`` for ``incoming`` (blocking); returns what was changed here.
 
-    Re-plans on the refreshed table after a conflict, so two replicas adding the
-    same column converge (the second finds nothing left to do). A plan that would
-    take the table past ``max_columns`` is refused whole (nothing is added).
+    Re-plans on the table refreshed with ``refresh`` after a conflict, so two replicas
+    adding the same column converge (the second finds nothing left to do). A plan that
+    would take the table past ``max_columns`` is refused whole (nothing is added).
     """
     name = ".".join(table.name())
 
     def attempt() -> EvolutionPlan:
-        table.refresh()
+        refresh(table)
         schema = table.schema()
         plan = plan_evolution(schema, incoming, policy, only=only, exact=exact)
         if not plan:
@@ -249,7 +250,7 @@ def apply_plan(
                 update.add_column(path, field_type, required=False)
             for path, field_type in plan.widens:
                 update.update_column(path, field_type=field_type)
-        table.refresh()
+        refresh(table)
         _log.info(
             "%s: schema evolved: %s",
             name,
