@@ -192,13 +192,21 @@ async def test_one_replica_maintains_a_hive_table_with_lease_none(
     assert sorted(row["id"] for row in rows) == list(range(600))
 
 
-def _delete_current_metadata(home: DaemonDir) -> Path:
-    """The table's current metadata file deleted, as the metastore's rollback of a lost
+def _local_path(location: str) -> Path:
+    return Path(urlparse(location).path)
+
+
+def _lose(location: str) -> Path:
+    """The metadata file at ``location`` deleted, as the metastore's rollback of a lost
     create_database does to the database's whole directory."""
-    table, _ = home.load_table()
-    path = Path(urlparse(table.metadata_location).path)
+    path = _local_path(location)
     path.unlink()
     return path
+
+
+def _delete_current_metadata(home: DaemonDir) -> Path:
+    table, _ = home.load_table()
+    return _lose(table.metadata_location)
 
 
 async def test_a_new_tables_lost_first_metadata_file_is_written_back(
@@ -361,12 +369,6 @@ def _hive_catalog(hive_metastore: HiveMetastore) -> Any:
     return load_catalog("lake", hive_metastore.catalog_properties(hive_metastore.warehouse()))
 
 
-def _lose(location: str) -> Path:
-    path = Path(urlparse(location).path)
-    path.unlink()
-    return path
-
-
 def test_a_written_back_keyed_table_is_the_table_as_created(
     hive_metastore: HiveMetastore,
 ) -> None:
@@ -449,7 +451,7 @@ def test_a_first_file_that_cannot_be_written_back_reports_the_load_error(
     directory): the load's own error, naming the file, not the restore's."""
     catalog = _hive_catalog(hive_metastore)
     created = ensure_table(catalog, "t.ro", _KEYED, PartitionSpec(), {}, True)
-    lost = Path(urlparse(created.metadata_location).path)
+    lost = _local_path(created.metadata_location)
     shutil.rmtree(lost.parent)
     lost.parent.write_text("not a directory")
     with pytest.raises(CatalogError, match=f"cannot load table 't.ro'.*{lost.name}"):

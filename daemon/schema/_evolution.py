@@ -224,9 +224,9 @@ def apply_plan(
     policy: Policy,
     *,
     max_columns: int,
+    refresh: Callable[[Table], object],
     only: Collection[str] | None = None,
     exact: bool = True,
-    refresh: Callable[[Table], object] = Table.refresh,
 ) -> EvolutionPlan:
     """Evolve ``table`` for ``incoming`` (blocking); returns what was changed here.
 
