@@ -29,10 +29,10 @@ if TYPE_CHECKING:
         ShuttingDownError,
         UnknownTableError,
     )
-    from icespool.ingest import Column, TableInput
-    from icespool.lanes import Lane, LaneClosedError, LanePool
-    from icespool.service import Icespool
-    from icespool.writer import FlushResult, TableWriter
+    from icespool.lifecycle.service import Icespool
+    from icespool.runtime.lanes import Lane, LaneClosedError, LanePool
+    from icespool.write.ingest import Column, TableInput
+    from icespool.write.writer import FlushResult, TableWriter
 
 __all__ = [
     "BackpressureError",
@@ -75,17 +75,17 @@ __getattr__ = lazy_exports(
             "ShuttingDownError",
             "UnknownTableError",
         ),
-        "icespool.ingest": (
+        "icespool.write.ingest": (
             "Column",
             "TableInput",
         ),
-        "icespool.lanes": (
+        "icespool.runtime.lanes": (
             "Lane",
             "LaneClosedError",
             "LanePool",
         ),
-        "icespool.service": ("Icespool",),
-        "icespool.writer": (
+        "icespool.lifecycle.service": ("Icespool",),
+        "icespool.write.writer": (
             "FlushResult",
             "TableWriter",
         ),

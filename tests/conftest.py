@@ -30,7 +30,7 @@ from support.proxy import TcpProxy
 
 from icespool.config import Config, embedded_default, validate_config
 from icespool.http import start_http
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 # A suite started as a background job of a non-interactive shell inherits SIGINT ignored,
 # and every child would too: the CLI tests that end `--watch` or a daemon with Ctrl-C

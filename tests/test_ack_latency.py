@@ -2,7 +2,7 @@
 small HTTP requests meanwhile answered without waiting for its encode or commit.
 
 The flush's encode and commit run in threads of their own at a lower priority
-(icespool.encode_pool) and the segment's checksums are verified off the event loop
+(icespool.write.encode_pool) and the segment's checksums are verified off the event loop
 (spool.read). A request that waited for the encode, the commit or a stalled loop
 would take most of the flush (1-3 s here); the bound is far below that and far above
 what this machine's noise produced (p99 37-97 ms at load average 6-10 on 2 cores).

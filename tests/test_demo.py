@@ -21,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from icespool.spark_conf import RUNTIME_DIR_ENV
+from icespool.spark.conf import RUNTIME_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "deploy" / "demo" / "demo.py"

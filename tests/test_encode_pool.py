@@ -1,4 +1,4 @@
-"""icespool.encode_pool: flush work in threads of its own, at a lower CPU priority."""
+"""icespool.write.encode_pool: flush work in threads of its own, at a lower CPU priority."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from support.witness_fs import WitnessFileSystem
 from test_writer import TABLE, _batch, _config, _rows
 
 from icespool import Icespool
-from icespool.encode_pool import NICENESS, flush_calls, in_flush_thread
+from icespool.write.encode_pool import NICENESS, flush_calls, in_flush_thread
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("_var", default="unset")
 

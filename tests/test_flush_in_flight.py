@@ -14,7 +14,7 @@ from support.proxy import TcpProxy
 from support.service_helpers import metric, table_rows
 
 from icespool.config import Config
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "t.events"

@@ -50,8 +50,8 @@ from support.hive_metastore import HiveMetastore
 from icespool.errors import CatalogError
 from icespool.iceberg import ensure_table, load_catalog
 from icespool.iceberg._defaults import TABLE_DEFAULTS, with_defaults
+from icespool.lifecycle.spool_claim import SpoolClaim, SpoolContestedError, holder_key
 from icespool.spool import Incarnation
-from icespool.spool_claim import SpoolClaim, SpoolContestedError, holder_key
 
 # Two replicas' commits queue on the metastore's table lock, and pyiceberg backs off between
 # lock checks (up to lock-check-max-wait-time, 60 s by default): a flush behind the other

@@ -19,7 +19,7 @@ from pyiceberg.catalog import load_catalog
 from yarl import URL
 
 from icespool.config import Config
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 # The fixtures of the same names in conftest.py.
 MakeConfig = Callable[..., Config]

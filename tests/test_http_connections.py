@@ -17,7 +17,7 @@ from support.fixture_types import MakeConfig
 
 from icespool.http import HttpServer, start_http
 from icespool.http._conn import ConnectionLimits
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 HEADER_TIMEOUT = 0.6
 IDLE_TIMEOUT = 0.8

@@ -26,7 +26,7 @@ from support.service_helpers import table_rows
 
 from icespool.config import embedded_default
 from icespool.http._encoding import DecodedTooLarge, Decoding, codings
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 DEMO = "demo.events"
 KEYED = "shop.items"

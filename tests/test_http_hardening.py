@@ -17,7 +17,7 @@ from support.fixture_types import MakeConfig, RunDaemon
 from icespool.config import validate_config
 from icespool.errors import ConfigError, ReadOnlyTableError
 from icespool.http import load_tokens
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 DLT = "demo.events_dead_letter"

@@ -1,6 +1,6 @@
 """``application/json`` bodies: a JSON array of objects, taken like NDJSON.
 
-The conversion (`icespool.json_array.ndjson_from_array`) is checked on its own first
+The conversion (`icespool.decode._json_array.ndjson_from_array`) is checked on its own first
 (element boundaries inside strings, escapes, pretty-printing, every malformed shape),
 then over real HTTP against a real service: the value rules, all-or-nothing, and
 errors that name the array index and the column.
@@ -19,9 +19,9 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from support.fixture_types import MakeConfig, RunDaemon
 
+from icespool.decode import ndjson_from_array
 from icespool.errors import BadInputError
-from icespool.json_array import ndjson_from_array
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 JSON = "application/json"
 DEMO = "demo.events"

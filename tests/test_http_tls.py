@@ -26,7 +26,7 @@ from icespool.config import Config
 from icespool.errors import ConfigError
 from icespool.http import HttpServer, server_context, start_http
 from icespool.http._conn import ConnectionLimits
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 
 class Raw:

@@ -18,8 +18,8 @@ from icespool.cli import main
 from icespool.config import Config, validate_config
 from icespool.errors import ConfigError
 from icespool.http import HttpServer, load_tokens, start_http
-from icespool.reload import plan_reload
-from icespool.service import Icespool
+from icespool.lifecycle.reload import plan_reload
+from icespool.lifecycle.service import Icespool
 
 NDJSON = "application/x-ndjson"
 SECRETS = {"admin": "tok-admin-1", "producer": "tok-producer-2", "ops": "tok-ops-3"}

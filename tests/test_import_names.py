@@ -91,7 +91,7 @@ def test_icespool_beside_spool_and_daemon_folders(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     origin, service, config = done.stdout.splitlines()
     assert Path(origin).resolve() == REPO / "daemon" / "__init__.py"
-    assert (service, config) == ("icespool.service", "icespool.config._load")
+    assert (service, config) == ("icespool.lifecycle.service", "icespool.config._load")
 
 
 def test_daemon_and_spool_are_not_names_icespool_provides(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from support.daemon_harness import (
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce, unique_name
 from support.service_helpers import metric
 
-import icespool.service as service_module
+import icespool.lifecycle.service as service_module
 from icespool import BackpressureError, Icespool
 from icespool.config import Config, embedded_default, validate_config
 from icespool.spool import Spool, UnknownSegmentError, segment_file_name

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
-from icespool.lanes import Lane, LaneClosedError, LanePool
+from icespool.runtime.lanes import Lane, LaneClosedError, LanePool
 
 Record = tuple[str, int]
 

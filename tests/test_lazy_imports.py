@@ -37,16 +37,16 @@ print(json.dumps({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue
                   "modules": sorted(sys.modules)}))
 """
 
-# What `icespool run` imports (icespool.app), then a started service behind the HTTP server
-# with the embedded default under argv[1] and the [[kafka]] list argv[2]; one record goes
-# in and is committed over HTTP before the modules are reported.
+# What `icespool run` imports (icespool.lifecycle.app), then a started service behind the
+# HTTP server with the embedded default under argv[1] and the [[kafka]] list argv[2]; one
+# record goes in and is committed over HTTP before the modules are reported.
 SERVICE_RUNNER = """
 import asyncio, json, sys, urllib.request
 from pathlib import Path
-import icespool.app
+import icespool.lifecycle.app
 from icespool.config import embedded_default, validate_config
 from icespool.http import start_http
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 def post(url, body):
     request = urllib.request.Request(url, data=body, method="POST",
@@ -81,10 +81,10 @@ HEAVY = (
     "aiokafka",
     "aiohttp",
     "numpy",
-    "icespool.app",
-    "icespool.service",
-    "icespool.writer",
-    "icespool.ingest",
+    "icespool.lifecycle.app",
+    "icespool.lifecycle.service",
+    "icespool.write.writer",
+    "icespool.write.ingest",
     "icespool.iceberg",
     "icespool.kafka._source",
     "icespool.http._api",

@@ -35,6 +35,7 @@ from support.fixture_types import MakeConfig
 from icespool.config import Config, embedded_default, validate_config
 from icespool.errors import ConfigError
 from icespool.iceberg import commit_properties, table_defaults
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import (
     LEASE_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
@@ -49,8 +50,7 @@ from icespool.maintenance import (
     release,
     resolve,
 )
-from icespool.retry import Backoff
-from icespool.service import Icespool
+from icespool.runtime.retry import Backoff
 
 TABLE = "m.events"
 SCHEMA = [{"name": "id", "type": "long", "required": True}]

@@ -29,8 +29,8 @@ from support.daemon_harness import TABLE as HARNESS_TABLE
 
 from icespool.config import validate_config
 from icespool.decode import JsonOptions, decode_ndjson
+from icespool.decode._nesting import depth, too_deep_lines
 from icespool.errors import BadInputError, ConfigError
-from icespool.nesting import depth, too_deep_lines
 
 TABLE = "t.poison"
 INFERRED = "t.inferred"

@@ -13,7 +13,7 @@ import aiohttp
 from support.daemon_harness import TABLE, Daemon, DaemonDir
 
 from icespool.config import Config, embedded_default, validate_config
-from icespool.reload import plan_reload
+from icespool.lifecycle.reload import plan_reload
 
 
 def _raw(tmp_path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""icespool.retry: the loop every retry in the daemon runs (blocking and async).
+"""icespool.runtime.retry: the loop every retry in the daemon runs (blocking and async).
 
 Each case asserts the exact tries made, the pauses asked for, what ``on_retry`` saw
 and the error that comes out; pauses are real sleeps, kept to milliseconds.
@@ -13,7 +13,7 @@ import time
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from icespool.retry import Backoff, retry, retry_async, retry_conflicts
+from icespool.runtime.retry import Backoff, retry, retry_async, retry_conflicts
 
 
 class Flaky:

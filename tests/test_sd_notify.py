@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from support.daemon_harness import Daemon, DaemonDir
 
-from icespool.sd_notify import Notifier, SystemdNotifier, watchdog_interval
+from icespool.lifecycle.sd_notify import Notifier, SystemdNotifier, watchdog_interval
 
 WATCHDOG_USEC = 1_000_000  # pings expected every 0.5 s
 

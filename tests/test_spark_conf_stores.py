@@ -19,7 +19,7 @@ import pytest
 
 from icespool.cli import main
 from icespool.config import validate_config
-from icespool.spark_conf import (
+from icespool.spark.conf import (
     EXTENSIONS,
     ICEBERG_VERSION,
     MAVEN_AWS_BUNDLE,

@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from icespool.errors import SparkConfError
-from icespool.spark_conf import _database_uri, jdbc_connection
+from icespool.spark.conf import _database_uri, jdbc_connection
 
 URIS = [
     "sqlite:////var/lib/icespool/catalog.db",

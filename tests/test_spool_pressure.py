@@ -40,7 +40,7 @@ from support.many_tables import declared_tables, make_tables
 from support.service_helpers import metric, table_rows
 
 from icespool.errors import BackpressureError
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 _TABLES = [f"t.p{i:02d}" for i in range(64)]
 _HOLDERS = _TABLES[:44]  # hold the volume's data when it runs out

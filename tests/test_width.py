@@ -37,12 +37,12 @@ from support.many_tables import declared_tables, make_tables
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
-from icespool.fanout import fan_out
 from icespool.kafka import _handover
 from icespool.kafka._decode import Fetch
 from icespool.kafka._routing import DynamicRouter
-from icespool.sd_notify import status_line
-from icespool.service import Icespool
+from icespool.lifecycle.sd_notify import status_line
+from icespool.lifecycle.service import Icespool
+from icespool.runtime.fanout import fan_out
 
 # ------------------------------------------------------------------ cost per table
 

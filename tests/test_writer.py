@@ -13,13 +13,13 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
 from icespool import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
-from icespool.cadence import Cadence
 from icespool.config import Config, embedded_default, validate_config
 from icespool.errors import CommitError
 from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.schema import arrow_schema_for
 from icespool.spool import Spool
+from icespool.write.cadence import Cadence
 
 TABLE = "t.events"
 

@@ -13,8 +13,6 @@ change per key (`last_changes`). Readers of the merged state (`read_merged`,
     _merge     last change per key; equality deletes applied to rows
     _deletes   which delete files apply to which data files (Iceberg's scoping rules)
     _read      a table's merged state (data files minus the deletes that apply)
-    _body      HTTP change bodies (rows plus ``"_op": "upsert" | "delete"``) into change
-               batches (`body_schema`, `to_changes`)
 """
 
 from __future__ import annotations
@@ -24,17 +22,6 @@ from typing import TYPE_CHECKING
 from icespool._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from icespool.cdc._body import (
-        HTTP_OP,
-        OP_NAMES,
-        body_schema,
-        key_error,
-        line_of,
-        no_key,
-        row_of,
-        to_changes,
-        without_op,
-    )
     from icespool.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
     from icespool.cdc._conform import conform_changes, spoolable
     from icespool.cdc._deletes import (
@@ -51,9 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELETE",
-    "HTTP_OP",
     "OP_COLUMN",
-    "OP_NAMES",
     "UPSERT",
     "LiveData",
     "LiveDelete",
@@ -61,39 +46,21 @@ __all__ = [
     "Resolved",
     "applies",
     "apply_equality_deletes",
-    "body_schema",
     "change_schema",
     "conform_changes",
     "droppable",
-    "key_error",
     "key_type_problem",
     "last_changes",
-    "line_of",
     "live_files",
-    "no_key",
     "read_merged",
-    "row_of",
     "spoolable",
-    "to_changes",
     "with_ops",
-    "without_op",
 ]
 
 # Imported when first used: see icespool._lazy.
 __getattr__ = lazy_exports(
     __name__,
     {
-        "icespool.cdc._body": (
-            "HTTP_OP",
-            "OP_NAMES",
-            "body_schema",
-            "key_error",
-            "line_of",
-            "no_key",
-            "row_of",
-            "to_changes",
-            "without_op",
-        ),
         "icespool.cdc._changes": (
             "DELETE",
             "OP_COLUMN",

@@ -217,7 +217,7 @@ def _add_spark_conf_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Spark catalog name (default: [catalog] name; a sql catalog must keep it)",
     )
-    from icespool.spark_conf import DEFAULT_SPARK, SPARK_RUNTIMES
+    from icespool.spark.conf import DEFAULT_SPARK, SPARK_RUNTIMES
 
     parser.add_argument(
         "--spark",
@@ -301,8 +301,8 @@ def _check_connect(config: Config, kafka_timeout: float) -> int:
 
 def _app() -> Any:
     # Imported lazily: the CLI (check-config, --help) must work without the daemon's heavy
-    # imports, and import_module keeps type checking independent of icespool.app's state.
-    return importlib.import_module("icespool.app")
+    # imports, and import_module keeps type checking independent of icespool.lifecycle.app's state.
+    return importlib.import_module("icespool.lifecycle.app")
 
 
 def _configure_logging(config: Config) -> None:
@@ -328,7 +328,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_spark_conf(args: argparse.Namespace) -> int:
-    from icespool.spark_conf import RUNTIME_DIR_ENV, render, spark_settings
+    from icespool.spark.conf import RUNTIME_DIR_ENV, render, spark_settings
 
     config = _load(args)
     runtime_dir = args.runtime_dir or os.environ.get(RUNTIME_DIR_ENV) or None
@@ -598,9 +598,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _error(problem.line())
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
-        if exc.name != "icespool.app":
+        if exc.name != "icespool.lifecycle.app":
             raise
-        _error(f"'icespool {args.command}' needs the daemon (icespool.app), which is not built yet")
+        _error(
+            f"'icespool {args.command}' needs the daemon (icespool.lifecycle.app), "
+            "which is not built yet"
+        )
         return EXIT_USAGE
     except IcespoolError as exc:
         _error(str(exc))

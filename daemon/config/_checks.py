@@ -54,7 +54,7 @@ def check_avro(i: int, kafka: KafkaConfig) -> None:
             "format 'avro' routes records before decoding them; route by 'route_header'",
         )
     if schema_file is not None:
-        from icespool.schema._avro import load_schema_file  # fastavro: only for this check
+        from icespool.decode._avro_schema import load_schema_file  # fastavro: only for this check
 
         try:
             load_schema_file(schema_file)

@@ -228,7 +228,7 @@ class SpoolConfig(Section):
     """Most bytes the spool may hold; at 90 % ingest answers 503 and Kafka pauses."""
     segment_max_bytes: Bytes = 128 * 2**20
     """Size in bytes at which a spool segment file is closed and a new one started."""
-    # Renewed every third of it (daemon/spool_claim.py).
+    # Renewed every third of it (daemon/lifecycle/spool_claim.py).
     claim_ttl: Seconds = Field(default=30.0, ge=3.0, le=3600.0)
     """Seconds another process's claim on this spool must stay unchanged before it is adopted."""
 

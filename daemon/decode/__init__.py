@@ -40,7 +40,18 @@ The package, along what it does:
 """
 
 from icespool.decode._arrow import decode_arrow_stream
+from icespool.decode._change_body import (
+    HTTP_OP,
+    body_schema,
+    key_error,
+    line_of,
+    no_key,
+    row_of,
+    to_changes,
+    without_op,
+)
 from icespool.decode._checks import check_depth
+from icespool.decode._json_array import JSON, array_error, ndjson_from_array
 from icespool.decode._locate import RecordError, count_ndjson_records, split_failures
 from icespool.decode._ndjson import (
     LenientResult,
@@ -52,9 +63,13 @@ from icespool.decode._ndjson import (
 from icespool.decode._plan import JsonOptions
 
 __all__ = [
+    "HTTP_OP",
+    "JSON",
     "JsonOptions",
     "LenientResult",
     "RecordError",
+    "array_error",
+    "body_schema",
     "check_depth",
     "count_ndjson_records",
     "decode_arrow_stream",
@@ -62,5 +77,12 @@ __all__ = [
     "decode_ndjson_lenient",
     "infer_ndjson_schema",
     "infer_records_schema",
+    "key_error",
+    "line_of",
+    "ndjson_from_array",
+    "no_key",
+    "row_of",
     "split_failures",
+    "to_changes",
+    "without_op",
 ]

@@ -11,7 +11,7 @@ from icespool.schema import find_out_of_range
 
 
 def decode_arrow_stream(body: bytes) -> pa.Table:
-    """Read an Arrow IPC stream as it is; `icespool.ingest` conforms it to the table
+    """Read an Arrow IPC stream as it is; `icespool.write.ingest` conforms it to the table
     (evolving the table where its policy allows) and names a failing column."""
     if not body:
         raise BadInputError("no records: the body is empty; send an Arrow IPC stream")

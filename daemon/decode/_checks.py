@@ -15,9 +15,9 @@ import pyarrow.compute as pc
 
 from icespool.decode._convert import _combined, _Raw, _RowError, _show
 from icespool.decode._locate import _first_line, _line_of_row, _Locate, _parse_line
+from icespool.decode._nesting import too_deep, too_deep_lines
 from icespool.decode._plan import _Column, _Plan
 from icespool.errors import BadInputError, SchemaError
-from icespool.nesting import too_deep, too_deep_lines
 from icespool.schema import HUGE_EXPONENT, cast_array, check_required_children, find_out_of_range
 
 

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from icespool.decode._convert import _show
+from icespool.decode._json_types import json_kind
 from icespool.decode._plan import _Column, _Plan
 from icespool.errors import BadInputError, SchemaError
-from icespool.json_types import json_kind
 
 _JSON_WS: Final = b" \t\r\n"
 _BLANK: Final = re.compile(rb"[ \t\r\n]*")

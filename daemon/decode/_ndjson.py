@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from icespool.decode._checks import _check_exponents, _finish, check_depth
+from icespool.decode._json_types import first_conflict, merge_inferred
 from icespool.decode._locate import (
     _BLANK,
     _BLANK_LINE,
@@ -26,10 +27,9 @@ from icespool.decode._locate import (
     _record_error,
     split_failures,
 )
+from icespool.decode._nesting import DEFAULT_MAX_DEPTH
 from icespool.decode._plan import _DEFAULT_OPTIONS, JsonOptions, _Plan, _plan
 from icespool.errors import BadInputError, SchemaError
-from icespool.json_types import first_conflict, merge_inferred
-from icespool.nesting import DEFAULT_MAX_DEPTH
 from icespool.schema import SchemaChangeError
 
 _STARTS_WITH_OBJECT: Final = re.compile(rb"[ \t\r\n]*\{")
@@ -163,7 +163,7 @@ def infer_ndjson_schema(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> pa.S
     Same guards as `decode_ndjson` (nesting depth; pyarrow must not see a top-level
     null); raises `BadInputError` when the body is not one JSON object per line, and
     `SchemaChangeError` naming the field, both JSON types and their lines when two
-    records give a field types no column holds both of (`icespool.json_types`).
+    records give a field types no column holds both of (`icespool.decode._json_types`).
     """
     try:
         return _inferred(body, max_depth)

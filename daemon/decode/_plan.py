@@ -25,7 +25,7 @@ from icespool.decode._convert import (
     _time_of_day,
     _uuid_bytes,
 )
-from icespool.nesting import DEFAULT_MAX_DEPTH
+from icespool.decode._nesting import DEFAULT_MAX_DEPTH
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from icespool.config import HttpConfig
-from icespool.decode import count_ndjson_records, decode_arrow_stream
+from icespool.decode import count_ndjson_records, decode_arrow_stream, ndjson_from_array
 from icespool.errors import (
     BackpressureError,
     BadInputError,
@@ -54,14 +54,13 @@ from icespool.http._openapi import openapi_document
 from icespool.http._tls import load_certificate
 from icespool.http._upstream._site import ListeningSite
 from icespool.iceberg import short_error, unavailable
-from icespool.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
-from icespool.json_array import ndjson_from_array
 from icespool.kafka import ReplayFilter
+from icespool.lifecycle.service import Icespool
 from icespool.metrics import CONTENT_TYPE_LATEST
 from icespool.schema import SchemaChangeError
-from icespool.service import Icespool
 from icespool.spool import SpoolIOError
-from icespool.writer import FlushResult, TableWriter
+from icespool.write.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
+from icespool.write.writer import FlushResult, TableWriter
 
 __all__ = ["ARROW_STREAM", "JSON", "NDJSON", "HttpServer", "start_http"]
 

@@ -64,7 +64,6 @@ from pyiceberg.table.snapshots import (
     Operation,
 )
 
-from icespool.claims import ClaimsMovedError
 from icespool.errors import CommitError
 from icespool.iceberg._commit_common import (
     PERMANENT_ERRORS,
@@ -87,8 +86,9 @@ from icespool.iceberg._segments import (
 )
 from icespool.iceberg._upstream._merge_append import MergeAppend, MergeRowDelta
 from icespool.iceberg._upstream._transaction import Staging, abandon
-from icespool.retry import CONFLICTS, Backoff
-from icespool.retry import retry as retry_attempts
+from icespool.runtime.retry import CONFLICTS, Backoff
+from icespool.runtime.retry import retry as retry_attempts
+from icespool.source_claims import ClaimsMovedError
 
 __all__ = ["PropertyUpdate", "StaleEncodingError", "commit_files"]
 

@@ -33,7 +33,7 @@ from icespool.iceberg._defaults import CREATED_BY, TABLE_DEFAULTS, with_defaults
 from icespool.iceberg._timeouts import catalog_properties, error_chain, short_error
 from icespool.iceberg._upstream._rest import BoundedRestCatalog
 from icespool.iceberg._upstream._sql import IcespoolSqlCatalog
-from icespool.retry import retry
+from icespool.runtime.retry import retry
 from icespool.schema import SchemaDifference, schema_diff
 
 if TYPE_CHECKING:

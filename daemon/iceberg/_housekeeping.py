@@ -38,7 +38,7 @@ from icespool.iceberg._commit_common import (
 )
 from icespool.iceberg._upstream._refresh import refresh_table
 from icespool.iceberg._upstream._transaction import Staging, stage, staged_updates
-from icespool.retry import CONFLICTS, Backoff, retry_conflicts
+from icespool.runtime.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = ["ExpiredSnapshots", "commit_expiry", "commit_properties", "delete_rows"]
 

@@ -40,7 +40,7 @@ from icespool.iceberg._commit_common import (
 )
 from icespool.iceberg._upstream._replace import ReplaceFiles
 from icespool.iceberg._upstream._transaction import Staging
-from icespool.retry import CONFLICTS, Backoff, retry_conflicts
+from icespool.runtime.retry import CONFLICTS, Backoff, retry_conflicts
 
 __all__ = ["CommitOutcomeUnknownError", "ReplaceConflictError", "commit_replace"]
 

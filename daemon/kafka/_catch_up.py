@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from aiokafka import AIOKafkaConsumer
 
 from icespool.kafka._partitions import Partition, PartitionState
-from icespool.writer import TableWriter
+from icespool.write.writer import TableWriter
 
 __all__ = ["CatchUp", "fetch_lag"]
 

@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from icespool.decode import JsonOptions, LenientResult, RecordError, decode_ndjson_lenient
+from icespool.decode._nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from icespool.kafka._offsets import RecordMark
-from icespool.nesting import DEFAULT_MAX_DEPTH, too_deep, too_deep_lines
 from icespool.schema import conform
 
 __all__ = [
@@ -447,7 +447,7 @@ def _error_text(error: RecordError) -> str:
 
 def too_deep_values(values: Binary, max_depth: int) -> dict[int, str]:
     """Which ``values`` nest deeper than ``max_depth``, with the error each gets (one
-    linear scan of the joined values; see `icespool.nesting`)."""
+    linear scan of the joined values; see `icespool.decode._nesting`)."""
     if not len(values):
         return {}
     lines = too_deep_lines(joined(values), max_depth)

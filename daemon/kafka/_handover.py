@@ -1,7 +1,7 @@
 """The walk of one fetch batch of one partition: from Kafka records to spooled rows.
 
     route -> create the tables unknown routes name (auto_create)
-          -> decode and evolve each table's records through `icespool.ingest`
+          -> decode and evolve each table's records through `icespool.write.ingest`
           -> dead letters (a table or a topic) -> hand each table its new rows
 
 Caller: `KafkaSource`, under its lock, for a partition in state FETCHING.
@@ -27,11 +27,9 @@ from aiokafka.errors import KafkaError
 
 from icespool.config import KafkaConfig
 from icespool.decode import infer_records_schema
+from icespool.decode._avro import AvroSchemas, avro_schemas, decode_avro
+from icespool.decode._keyed import decode_fetch_changes
 from icespool.errors import BackpressureError, IcespoolError
-from icespool.fanout import CATALOG_CONCURRENCY, fan_out
-from icespool.ingest import AUTO_CREATED, Ingest, Wants
-from icespool.kafka._avro import AvroSchemas, avro_schemas, decode_avro
-from icespool.kafka._changes import decode_fetch_changes
 from icespool.kafka._dead_letter import dead_letter_batch, dead_letter_headers
 from icespool.kafka._decode import (
     DeadRecord,
@@ -45,8 +43,10 @@ from icespool.kafka._offsets import Ranges, RecordMark, batch_meta
 from icespool.kafka._partitions import Partition
 from icespool.kafka._routing import Router
 from icespool.metrics import Metrics
+from icespool.runtime.fanout import CATALOG_CONCURRENCY, fan_out
 from icespool.schema import SchemaChangeError
-from icespool.writer import TableWriter
+from icespool.write.ingest import AUTO_CREATED, Ingest, Wants
+from icespool.write.writer import TableWriter
 
 __all__ = ["CREATE_PER_FETCH", "Dead", "Handover"]
 
@@ -196,7 +196,7 @@ class Handover:
         options = self._ingest.json_options(writer)
         if c.format == "avro" and self._avro is None:
             self._avro = avro_schemas(c)
-        if c.changes != "none":  # keyed changes: one change batch (icespool.kafka._changes)
+        if c.changes != "none":  # keyed changes: one change batch (icespool.decode._keyed)
             return decode_fetch_changes(
                 fetch, schema, writer.key, c, options=options, avro=self._avro, subset=subset
             )

@@ -29,9 +29,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from icespool.claims import ClaimsMovedError
 from icespool.errors import CommitError
 from icespool.metrics import Metrics
+from icespool.source_claims import ClaimsMovedError
 
 __all__ = [
     "MARKS_PREFIX",
@@ -281,7 +281,7 @@ class _Claim:
 class OffsetBook:
     """The Kafka bookkeeping of one table that outlives single commits.
 
-    The table's writer gets ``claims`` as its `icespool.claims.ClaimsFactory`; the
+    The table's writer gets ``claims`` as its `icespool.source_claims.ClaimsFactory`; the
     sources read ``withheld`` when they record consumed ranges without data.
     """
 
@@ -325,7 +325,7 @@ class OffsetBook:
 
 class OffsetClaims:
     """The Kafka offsets of the batches one commit adds, per partition property
-    (a `icespool.claims.Claims`)."""
+    (a `icespool.source_claims.Claims`)."""
 
     def __init__(self, book: OffsetBook) -> None:
         self._book = book

@@ -6,7 +6,7 @@ changed, a producer's bug understood), an operator replays them
 rebuilt as the Kafka record it was (topic, partition, offset, timestamp, key, value,
 headers) and walks the live path again through its source (`KafkaSource.redecode`:
 route, decode with the source's format, evolve per the table's policy, all through
-`icespool.ingest`). There is no second decode path.
+`icespool.write.ingest`). There is no second decode path.
 
 Exactly once rests on the machinery live consumption uses (`icespool.kafka._offsets`),
 under a key family of its own so it never meets a consumer group's ranges: rows
@@ -59,8 +59,8 @@ from icespool.config._model import REPLAY_GROUP_PREFIX as _CONFIG_PREFIX
 from icespool.errors import BackpressureError, BadInputError, ShuttingDownError
 from icespool.kafka._decode import Fetch
 from icespool.kafka._offsets import Ranges, batch_meta, ranges_from_properties
-from icespool.retry import retry_async
-from icespool.writer import TableWriter
+from icespool.runtime.retry import retry_async
+from icespool.write.writer import TableWriter
 
 if TYPE_CHECKING:  # the Kafka client is imported only where a source is configured
     from icespool.kafka._source import KafkaSource

@@ -12,11 +12,11 @@ Exactly-once rests on the offset ranges each table keeps in its own properties
   drops rows another replica committed meanwhile and refuses to commit if the
   table changed under it (`OffsetClaims`, given to the writers as their claims);
 - consumer-group offsets are committed to Kafka only from the tables' ranges, so
-  they never run ahead of Iceberg (`icespool.kafka._commit`).
+  they never run ahead of Iceberg (`icespool.kafka._group_offsets`).
 
 This module is the source's life: connect (with backoff), the fetch loop, the
 rebalance callbacks, reading past records the client cannot parse; the walk of one
-fetch (route, create, decode and evolve through `icespool.ingest`, dead letters,
+fetch (route, create, decode and evolve through `icespool.write.ingest`, dead letters,
 hand each table its rows) is `icespool.kafka._handover`.
 """
 
@@ -39,8 +39,6 @@ from aiokafka.errors import (
 )
 
 from icespool.config import KafkaConfig
-from icespool.fanout import CATALOG_CONCURRENCY, fan_out
-from icespool.ingest import Ingest
 from icespool.kafka._catch_up import CatchUp
 from icespool.kafka._client import (
     PROBE_TIMEOUT,
@@ -50,9 +48,9 @@ from icespool.kafka._client import (
     new_producer,
     stop_quietly,
 )
-from icespool.kafka._commit import OffsetCommitter
 from icespool.kafka._decode import Decoded, Fetch
 from icespool.kafka._diagnose import connect_problem
+from icespool.kafka._group_offsets import OffsetCommitter
 from icespool.kafka._handover import Dead, Handover
 from icespool.kafka._offsets import (
     OffsetBook,
@@ -71,8 +69,10 @@ from icespool.kafka._upstream._bootstrap_log import quiet_bootstrap_log
 from icespool.kafka._upstream._raw_fetch import fetch_raw
 from icespool.kafka._upstream._topic_ids import topic_ids
 from icespool.metrics import Metrics
-from icespool.retry import Backoff
-from icespool.writer import TableWriter
+from icespool.runtime.fanout import CATALOG_CONCURRENCY, fan_out
+from icespool.runtime.retry import Backoff
+from icespool.write.ingest import Ingest
+from icespool.write.writer import TableWriter
 
 __all__ = ["KafkaSource"]
 

@@ -37,9 +37,9 @@ from typing import Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from icespool.fanout import fan_out
 from icespool.kafka._offsets import RecordMark
 from icespool.kafka._upstream._raw_fetch import fetch_raw
+from icespool.runtime.fanout import fan_out
 
 __all__ = ["PartitionChange", "Resuming", "find_changes", "out_of_range"]
 

@@ -22,7 +22,7 @@ from icespool.iceberg._commit import (
 )
 from icespool.iceberg._parquet import _remove_quietly
 from icespool.maintenance._compact_plan import CompactionError, CompactionPlan
-from icespool.retry import CONFLICTS, Backoff
+from icespool.runtime.retry import CONFLICTS, Backoff
 
 __all__ = ["COMPACTION_SUMMARY_KEY", "CompactionResult", "commit_rewrite"]
 

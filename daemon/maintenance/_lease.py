@@ -38,7 +38,7 @@ from pyiceberg.table import Table
 
 from icespool.config import LEASE_CLOCK_MARGIN
 from icespool.iceberg import AssertProperty, commit_properties
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 
 __all__ = [
     "LEASE_PROPERTY",

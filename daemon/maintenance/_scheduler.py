@@ -45,13 +45,13 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from icespool.config import Config, TableConfig
 from icespool.iceberg import short_error, validates_locally
-from icespool.lanes import LanePool
 from icespool.maintenance._budget import IoBudget
 from icespool.maintenance._lease import Lease, LeaseHeld, acquire, release, unrenewed_for
 from icespool.maintenance._orphans import FileOwner
 from icespool.maintenance._settings import MaintenanceSettings, effective, resolve
 from icespool.metrics import Metrics
-from icespool.retry import Backoff
+from icespool.runtime.lanes import LanePool
+from icespool.runtime.retry import Backoff
 
 __all__ = [
     "MaintenanceScheduler",

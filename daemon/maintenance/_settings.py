@@ -16,7 +16,7 @@ from typing import Final
 from icespool.config import Config, MaintenanceConfig, TableConfig, TimeoutsConfig
 from icespool.iceberg import MAX_SNAPSHOT_AGE_MS, MIN_SNAPSHOTS_TO_KEEP, table_defaults
 from icespool.iceberg._properties import int_property
-from icespool.retry import CONFLICTS
+from icespool.runtime.retry import CONFLICTS
 
 __all__ = [
     "MAX_SNAPSHOT_AGE_PROPERTY",

@@ -10,7 +10,6 @@ config validates types and partitions with the same code that builds the tables.
     _ranges      values Iceberg readers can hold (dates, times, decimals)
     _infer       an Iceberg schema from a first batch; declared vs existing diff
     _evolution   which schema change incoming data asks for, and applying it
-    _avro        Avro writer schemas (registry or .avsc) parsed for the decoder
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
         conform,
         fill_masked_children,
     )
-    from icespool.schema._avro import WriterSchema, load_schema_file, parse_writer_schema
     from icespool.schema._declare import (
         parse_partition_spec,
         parse_schema,
@@ -81,7 +79,6 @@ __all__ = [
     "Policy",
     "SchemaChangeError",
     "SchemaDifference",
-    "WriterSchema",
     "apply_plan",
     "arrow_schema_for",
     "cast_array",
@@ -93,7 +90,6 @@ __all__ = [
     "find_out_of_range",
     "has_huge_exponent",
     "infer_schema",
-    "load_schema_file",
     "parse_partition",
     "parse_partition_spec",
     "parse_schema",
@@ -101,7 +97,6 @@ __all__ = [
     "parse_sort_order",
     "parse_type",
     "parse_type_string",
-    "parse_writer_schema",
     "plan_evolution",
     "render_type",
     "schema_diff",
@@ -121,11 +116,6 @@ __getattr__ = lazy_exports(
             "check_required_children",
             "conform",
             "fill_masked_children",
-        ),
-        "icespool.schema._avro": (
-            "WriterSchema",
-            "load_schema_file",
-            "parse_writer_schema",
         ),
         "icespool.schema._declare": (
             "parse_partition_spec",

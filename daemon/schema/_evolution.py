@@ -54,7 +54,7 @@ from pyiceberg.types import (
 )
 
 from icespool.errors import SchemaError
-from icespool.retry import retry_conflicts
+from icespool.runtime.retry import retry_conflicts
 from icespool.schema._grammar import count_columns, render_type, type_columns
 from icespool.schema._infer import infer_schema
 

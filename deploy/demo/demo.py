@@ -716,7 +716,7 @@ def check_prerequisites(runtime_dir: str | None, kafka_libs: Path) -> None:
             "(or pass --kafka-libs)"
         )
     if runtime_dir:
-        from icespool.spark_conf import runtime_jars
+        from icespool.spark.conf import runtime_jars
 
         runtime_jars(runtime_dir)  # SparkConfError names the directory and how to build it
 

@@ -29,8 +29,8 @@ def read_probe_table(runtime_dir: Path) -> list[tuple[Any, ...]]:
 
     from icespool.config import validate_config
     from icespool.iceberg import load_catalog
-    from icespool.spark_conf import runtime_jars
-    from icespool.spark_session import spark_session
+    from icespool.spark.conf import runtime_jars
+    from icespool.spark.session import spark_session
 
     runtime_jars(runtime_dir)  # names the directory and how to build it when it is not one
     with tempfile.TemporaryDirectory(prefix="icespool-spark-probe-") as tmp:

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from icespool.config import load_config
-    from icespool.spark_session import spark_session
+    from icespool.spark.session import spark_session
 
     config = load_config(args.config)
     spark = spark_session(config, runtime_dir=args.runtime_dir, app_name="icespool-incremental")

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from icespool.config import load_config
-    from icespool.spark_session import spark_session
+    from icespool.spark.session import spark_session
 
     config = load_config(args.config)
     policy = MaintenancePolicy(

@@ -51,9 +51,9 @@ from _spark import BENCH_CONF
 
 from icespool.config import Config, validate_config
 from icespool.http import start_http
-from icespool.service import Icespool
-from icespool.spark_conf import RUNTIME_DIR_ENV
-from icespool.spark_session import spark_session
+from icespool.lifecycle.service import Icespool
+from icespool.spark.conf import RUNTIME_DIR_ENV
+from icespool.spark.session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = "bench_cdc"

@@ -38,10 +38,10 @@ from _spark import BENCH_CONF
 from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
 from icespool.config import embedded_default, validate_config
 from icespool.iceberg._catalog import load_catalog
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
-from icespool.service import Icespool
-from icespool.spark_conf import RUNTIME_DIR_ENV
-from icespool.spark_session import spark_session
+from icespool.spark.conf import RUNTIME_DIR_ENV
+from icespool.spark.session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = "b.upserts"

@@ -28,7 +28,7 @@ from _events import JSON_SCHEMA, ndjson_body
 
 import icespool.decode as decode
 from icespool.decode import _checks, _ndjson
-from icespool.nesting import DEFAULT_MAX_DEPTH, too_deep_lines
+from icespool.decode._nesting import DEFAULT_MAX_DEPTH, too_deep_lines
 
 REQUEST_ROWS = 10_000
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 from _events import JSON_SCHEMA
 
 from icespool.decode import JsonOptions
-from icespool.kafka._changes import decode_changes, json_envelopes, json_keys, string_keys
+from icespool.decode._keyed import decode_changes, json_envelopes, json_keys, string_keys
 from icespool.kafka._decode import Fetch, decode_json
 
 KEY = ("event_id",)

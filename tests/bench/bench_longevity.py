@@ -64,7 +64,7 @@ from icespool.config._sections import embedded_catalog
 from icespool.iceberg import load_catalog
 from icespool.iceberg._commit_common import commit_once as _commit_once
 from icespool.iceberg._commit_common import new_transaction
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 ROWS = 10
 REPORT_EVERY = 1_000

@@ -42,10 +42,10 @@ from _spark import BENCH_CONF
 from bench_spark_read import files_read, timed
 
 from icespool.config import validate_config
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import table_shape
-from icespool.service import Icespool
-from icespool.spark_conf import RUNTIME_DIR_ENV
-from icespool.spark_session import spark_session
+from icespool.spark.conf import RUNTIME_DIR_ENV
+from icespool.spark.session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = "bench"

@@ -36,9 +36,9 @@ from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
 from _spark import BENCH_CONF
 
 from icespool.config import validate_config
-from icespool.service import Icespool
-from icespool.spark_conf import RUNTIME_DIR_ENV
-from icespool.spark_session import spark_session
+from icespool.lifecycle.service import Icespool
+from icespool.spark.conf import RUNTIME_DIR_ENV
+from icespool.spark.session import spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH_ROWS = 10_000

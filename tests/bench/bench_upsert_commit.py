@@ -28,7 +28,7 @@ import pyarrow as pa
 from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
 from icespool.config import embedded_default, validate_config
 from icespool.iceberg._catalog import load_catalog
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},

@@ -10,7 +10,7 @@ of its own in the test PostgreSQL (127.0.0.1:5432) holding ONE Iceberg SQL/JDBC 
 and a warehouse directory under --dir. The sink is Iceberg 1.11.0's IcebergSinkConnector in
 a Kafka Connect 4.1.1 standalone worker (support/iceberg_sink.py; its plugin folder is
 copied from Maven Central on first use, and the bench says how long that took), its
-JdbcCatalog set by icespool.spark_conf.catalog_options from the daemon's [catalog], so both
+JdbcCatalog set by icespool.spark.conf.catalog_options from the daemon's [catalog], so both
 systems keep their tables in the same ``iceberg_tables`` rows under the same catalog name
 and Spark and pyiceberg read both the same way. Every table is created beforehand by the
 daemon's own code (load_declared: same schema, same properties).
@@ -76,7 +76,7 @@ from support.postgres import create_database, drop_database, sqlalchemy_uri
 from icespool.config import validate_config
 from icespool.iceberg._catalog import load_catalog
 from icespool.iceberg._tables import load_declared
-from icespool.spark_conf import catalog_options
+from icespool.spark.conf import catalog_options
 
 TOPIC = "events"
 CATALOG = "bench"
@@ -223,7 +223,7 @@ def consumer_performance(bootstrap: str, total: int, group: str) -> Run:
 
 def spark_group_by(setup: Setup) -> list[str]:
     """One GROUP BY over each system's last table; the answers must agree."""
-    from icespool.spark_session import spark_session
+    from icespool.spark.session import spark_session
 
     runtime = os.environ.get("ICESPOOL_SPARK_RUNTIME") or str(
         Path(__file__).resolve().parents[2] / ".spark-runtime"

@@ -58,8 +58,8 @@ from _events import COLUMNS, JSON_SCHEMA, decode_body, ndjson_body
 from icespool.config import Config, validate_config
 from icespool.errors import BackpressureError
 from icespool.iceberg._catalog import load_catalog
+from icespool.lifecycle.service import Icespool
 from icespool.schema import conform, parse_schema
-from icespool.service import Icespool
 from icespool.spool import Spool
 
 TABLE = "bench.events"

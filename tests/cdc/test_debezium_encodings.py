@@ -1,4 +1,4 @@
-"""icespool.kafka._connect: Debezium's default encodings, read from each value's Kafka
+"""icespool.decode._connect: Debezium's default encodings, read from each value's Kafka
 Connect schema, at the type edges.
 
 Values are built as Debezium 3.6 with JsonConverter (schemas enabled) writes them:
@@ -25,8 +25,8 @@ from support.connect_json import envelope as connect_envelope
 
 from icespool.cdc import OP_COLUMN, UPSERT
 from icespool.decode import JsonOptions
-from icespool.kafka._changes import decode_changes, json_envelopes, json_keys
-from icespool.kafka._connect import ConnectTypes, decimal_from_base64
+from icespool.decode._connect import ConnectTypes, decimal_from_base64
+from icespool.decode._keyed import decode_changes, json_envelopes, json_keys
 from icespool.kafka._decode import DeadRecord
 
 UTC = datetime.UTC

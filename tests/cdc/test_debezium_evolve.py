@@ -25,7 +25,7 @@ from support.service_helpers import table_rows
 from icespool.cdc import read_merged
 from icespool.config import Config
 from icespool.kafka._offsets import ranges_from_properties
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 MakeConfig = Callable[..., Config]
 POLICIES = ("none", "add-columns", "add-and-widen")

@@ -33,7 +33,7 @@ from icespool.cdc import DELETE, OP_COLUMN, UPSERT, read_merged
 from icespool.config import validate_config
 from icespool.errors import ConfigError
 from icespool.iceberg import SEGMENTS_SUMMARY_KEY, commit_files, encode_equality_deletes
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 _ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 _TIMEOUT = aiohttp.ClientTimeout(total=60)

@@ -1,4 +1,4 @@
-"""icespool.kafka._changes: Kafka records -> one change batch per table, unit level.
+"""icespool.decode._keyed: Kafka records -> one change batch per table, unit level.
 
 Every Debezium variant (JSON with and without Kafka Connect's schema envelope, Avro
 through a real schema registry, Apicurio's Confluent-compatible API), keyed records,
@@ -25,15 +25,15 @@ from support.kafka_harness import unique_name
 from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema
 from icespool.config import Config
 from icespool.decode import JsonOptions
-from icespool.errors import ConfigError
-from icespool.kafka._avro import FileSchema, RegistrySchemas, avro_rows
-from icespool.kafka._changes import (
+from icespool.decode._avro import FileSchema, RegistrySchemas, avro_rows
+from icespool.decode._keyed import (
     decode_changes,
     decode_fetch_changes,
     json_envelopes,
     json_keys,
     string_keys,
 )
+from icespool.errors import ConfigError
 from icespool.kafka._decode import Decoded, Fetch
 
 U, D = UPSERT, DELETE

@@ -36,7 +36,7 @@ from support.service_helpers import metric, table_rows
 from icespool.cdc import read_merged
 from icespool.config import Config
 from icespool.kafka._offsets import ranges_from_properties
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "cdc.items"

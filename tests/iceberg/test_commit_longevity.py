@@ -20,6 +20,7 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from icespool.iceberg import (
     TABLE_DEFAULTS,
+    IcespoolSqlCatalog,
     apply_defaults,
     create_with,
     refresh_table,
@@ -28,8 +29,7 @@ from icespool.iceberg import (
 from icespool.iceberg._catalog import ensure_table, load_catalog
 from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
 from icespool.iceberg._parquet import encode_data_files
-from icespool.iceberg._sql import IcespoolSqlCatalog
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 FAST = Backoff(attempts=6, base=0.001, cap=0.02)

@@ -31,6 +31,7 @@ from sqlalchemy import event
 from support.postgres import scratch_database, sqlalchemy_uri
 
 from icespool.errors import CommitError
+from icespool.iceberg import IcespoolSqlCatalog
 from icespool.iceberg._catalog import ensure_table, load_catalog
 from icespool.iceberg._commit import (
     SEGMENTS_SUMMARY_KEY,
@@ -41,8 +42,7 @@ from icespool.iceberg._commit import (
     last_segments_key,
 )
 from icespool.iceberg._parquet import encode_data_files
-from icespool.iceberg._sql import IcespoolSqlCatalog
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 REPO = Path(__file__).resolve().parents[2]
@@ -434,7 +434,7 @@ _WORKER = textwrap.dedent(
     import pyarrow as pa
     from icespool.iceberg._catalog import load_catalog
     from icespool.iceberg._commit import commit_files
-    from icespool.retry import Backoff
+    from icespool.runtime.retry import Backoff
     from icespool.iceberg._parquet import encode_data_files
     from icespool.schema import arrow_schema_for, conform
 

@@ -54,8 +54,8 @@ from icespool.http import NDJSON
 from icespool.iceberg._catalog import ensure_table, load_catalog
 from icespool.iceberg._commit import commit_files
 from icespool.iceberg._parquet import encode_data_files
+from icespool.lifecycle.service import Icespool
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
-from icespool.service import Icespool
 
 ROWS = int(os.environ.get("ICESPOOL_ENCODE_ROWS", "11000"))  # per transport
 EXAMPLES = int(os.environ.get("ICESPOOL_ENCODE_EXAMPLES", "4"))

@@ -20,7 +20,7 @@ from support.kafka_harness import Broker, create_topic, produce, produce_transac
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "demo.events"

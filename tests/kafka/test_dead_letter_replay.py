@@ -35,7 +35,7 @@ from icespool.config import Config
 from icespool.errors import ConfigError
 from icespool.kafka import replay_group
 from icespool.kafka._offsets import offsets_key
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 EVENTS = "replay.events"
 DEAD = f"{EVENTS}_dead_letter"

@@ -33,11 +33,11 @@ from support.proxy import Mode, TcpProxy
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config, redacted
+from icespool.decode._avro import RegistrySchemas, decode_avro
 from icespool.errors import ConfigError
-from icespool.kafka._avro import RegistrySchemas, decode_avro
 from icespool.kafka._decode import Fetch
+from icespool.lifecycle.service import Icespool
 from icespool.schema import arrow_schema_for, parse_schema
-from icespool.service import Icespool
 
 MakeConfig = Callable[..., Config]
 UTC = dt.UTC

@@ -29,7 +29,7 @@ from support.kafka_tls import TlsFiles, client_options
 from support.service_helpers import table_rows, wait_rows
 
 from icespool.config import Config
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 TABLE = "demo.secure"
 SCHEMA = [

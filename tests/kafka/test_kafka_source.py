@@ -29,7 +29,7 @@ from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
 from icespool.kafka._offsets import Ranges, batch_meta, offsets_key
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "demo.events"

@@ -37,10 +37,10 @@ from support.kafka_harness import (
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
-from icespool.kafka._avro import FileSchema, decode_avro
+from icespool.decode._avro import FileSchema, decode_avro
 from icespool.kafka._decode import Fetch, decode_json
 from icespool.kafka._upstream._raw_fetch import parse_batches
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 MakeConfig = Callable[..., Config]
 TABLE = "poison.events"

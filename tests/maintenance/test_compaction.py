@@ -58,7 +58,7 @@ from icespool.maintenance import (
     rewrite,
 )
 from icespool.maintenance._compact import payload_bytes
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 
 TARGET = 64 * 1024

@@ -33,6 +33,7 @@ from support.maintenance_helpers import ENCODE, INCARNATION, local_path, sql_cat
 from icespool.cdc import DELETE, UPSERT, live_files, read_merged, with_ops
 from icespool.iceberg import commit_expiry
 from icespool.iceberg._catalog import ensure_table
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import (
     CompactionPlan,
     FileOwner,
@@ -47,9 +48,8 @@ from icespool.maintenance import (
 from icespool.maintenance._compact import CompactionResult
 from icespool.maintenance._expire import DATA_FILE, DELETE_FILE
 from icespool.maintenance._expire import delete_files as delete_files_on_disk
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 from icespool.schema import parse_partition_spec, parse_schema
-from icespool.service import Icespool
 
 HOUR = 3600.0
 TARGET = 256 * 1024

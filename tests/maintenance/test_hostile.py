@@ -45,7 +45,8 @@ from icespool.errors import ConfigError
 from icespool.iceberg import commit_expiry, commit_properties
 from icespool.iceberg._catalog import ensure_table
 from icespool.iceberg._commit import commit_files
-from icespool.iceberg._metadata import apply_updates
+from icespool.iceberg._upstream._metadata import apply_updates
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import (
     LEASE_PROPERTY,
     FileOwner,
@@ -59,7 +60,6 @@ from icespool.maintenance import (
     rewrite,
 )
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
-from icespool.service import Icespool
 
 COLUMNS: list[dict[str, object]] = [
     {"name": "id", "type": "long", "required": True},

@@ -22,8 +22,8 @@ from support.kafka_harness import (
 )
 from support.service_helpers import table_rows, wait_rows
 
+from icespool.lifecycle.service import Icespool
 from icespool.schema._evolution import SchemaChangeError, plan_evolution
-from icespool.service import Icespool
 
 TABLE = "demo.evolving"
 NDJSON = {"Content-Type": "application/x-ndjson"}

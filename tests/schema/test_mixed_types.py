@@ -20,7 +20,7 @@ from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce_values, unique_name
 from support.service_helpers import wait_rows
 
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 TABLE = "demo.mixed"
 NDJSON = {"Content-Type": "application/x-ndjson"}

@@ -25,13 +25,13 @@ from support.spark_helpers import unique_catalog_name
 
 from icespool.config import Config, validate_config
 from icespool.errors import SparkConfError
-from icespool.spark_conf import (
+from icespool.spark.conf import (
     DEFAULT_SPARK,
     RUNTIME_DIR_ENV,
     S3_COMPATIBLE_JAVA_OPTIONS,
     runtime_jars,
 )
-from icespool.spark_session import installed_spark_line, register_catalog, spark_session
+from icespool.spark.session import installed_spark_line, register_catalog, spark_session
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME_DIR = Path(os.environ.get(RUNTIME_DIR_ENV) or REPO / ".spark-runtime")

@@ -22,8 +22,8 @@ import pytest
 from support.spark_helpers import unique_catalog_name
 
 from icespool.config import Config
-from icespool.spark_conf import spark_settings
-from icespool.spark_session import DEFAULT_SESSION_CONF
+from icespool.spark.conf import spark_settings
+from icespool.spark.session import DEFAULT_SESSION_CONF
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK35 = REPO / ".test-tools" / "spark35"

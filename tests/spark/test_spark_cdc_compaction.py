@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
 from icespool.iceberg._catalog import load_catalog
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import IoBudget
-from icespool.service import Icespool
 
 TABLE = "m.upserts"
 SCHEMA = [

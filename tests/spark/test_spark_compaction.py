@@ -19,7 +19,7 @@ from support.maintenance_helpers import (
 
 from icespool.iceberg._catalog import ensure_table, load_catalog
 from icespool.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 from icespool.schema import parse_partition_spec, parse_schema
 
 TARGET = 1 << 20

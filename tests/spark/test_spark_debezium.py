@@ -22,7 +22,7 @@ from support.debezium_workload import NAMESPACE, Rows, run_debezium, typed
 from support.kafka_harness import Broker
 
 from icespool.config import load_config
-from icespool.spark_session import register_catalog
+from icespool.spark.session import register_catalog
 
 pytestmark = pytest.mark.slow
 

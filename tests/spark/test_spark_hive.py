@@ -15,7 +15,7 @@ from support.hive_metastore import HiveMetastore
 from support.spark_helpers import rows, unique_catalog_name
 
 from icespool.config import load_config
-from icespool.spark_session import register_catalog
+from icespool.spark.session import register_catalog
 
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
 

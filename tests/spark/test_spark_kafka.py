@@ -19,7 +19,7 @@ from support.kafka_harness import SESSION_TIMEOUT, Broker, create_topic, produce
 
 from icespool.config import Config
 from icespool.kafka._offsets import offsets_key
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 TABLE = "k.events"
 # The broker outlives this module (one per xdist worker): a topic and group of its own.

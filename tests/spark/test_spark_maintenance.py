@@ -28,8 +28,8 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.catalog import load_catalog
 
+from icespool.lifecycle.service import Icespool
 from icespool.maintenance import IoBudget
-from icespool.service import Icespool
 
 TABLE = "m.events"
 SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "v", "type": "string"}]

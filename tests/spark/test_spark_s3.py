@@ -30,8 +30,8 @@ from support.object_store import SeaweedFS
 from support.spark_helpers import rows, unique_catalog_name
 
 from icespool.config import load_config
-from icespool.spark_conf import S3_COMPATIBLE_JAVA_OPTIONS, spark_settings
-from icespool.spark_session import register_catalog
+from icespool.spark.conf import S3_COMPATIBLE_JAVA_OPTIONS, spark_settings
+from icespool.spark.session import register_catalog
 
 _TIMEOUT = aiohttp.ClientTimeout(total=30)
 # A REST catalog cannot hold the maintenance lease: one daemon maintains without it.

@@ -13,7 +13,7 @@ from typing import Protocol
 import pytest
 
 from icespool.config import Config
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 __all__ = [
     "REST_CATALOGS",

@@ -8,7 +8,7 @@ when the folder was already there). Needs mvn, as ``make test-deps`` does.
 ``IcebergSink(root, bootstrap, ...)`` is one ``ConnectStandalone`` worker with one
 ``IcebergSinkConnector`` reading ``topics`` into ``table`` of a pyiceberg-compatible
 catalog: ``catalog_name`` and ``catalog`` (Iceberg Java catalog options, without the
-``iceberg.catalog.`` prefix; icespool.spark_conf.catalog_options maps a daemon
+``iceberg.catalog.`` prefix; icespool.spark.conf.catalog_options maps a daemon
 ``[catalog]`` to them, so the sink's ``JdbcCatalog`` keeps its rows in the very
 ``iceberg_tables`` rows pyiceberg's SQL catalog reads). Values are schemaless JSON
 (``JsonConverter``, ``schemas.enable=false``), the table exists beforehand (no

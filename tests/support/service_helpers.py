@@ -8,7 +8,7 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from icespool.service import Icespool
+from icespool.lifecycle.service import Icespool
 
 __all__ = ["metric", "table_rows", "wait_rows"]
 

@@ -50,7 +50,7 @@ if _POINT == "before-dead-letter-removal":
     _replay.remove_dead_letters = _remove  # type: ignore[assignment]
 
 elif _POINT == "before-replay-commit":
-    from icespool.writer import TableWriter
+    from icespool.write.writer import TableWriter
 
     _flush = TableWriter.flush
 

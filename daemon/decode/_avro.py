@@ -42,18 +42,12 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from icespool.decode import split_failures
+from icespool.decode._avro_schema import WriterSchema, load_schema_file, parse_writer_schema
+from icespool.decode._nesting import DEFAULT_MAX_DEPTH
 from icespool.errors import BadInputError, SchemaError
 from icespool.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
-from icespool.nesting import DEFAULT_MAX_DEPTH
-from icespool.retry import retry
-from icespool.schema import (
-    WriterSchema,
-    cast_array,
-    conform,
-    find_out_of_range,
-    load_schema_file,
-    parse_writer_schema,
-)
+from icespool.runtime.retry import retry
+from icespool.schema import cast_array, conform, find_out_of_range
 
 if TYPE_CHECKING:
     from icespool.config import KafkaConfig
@@ -758,7 +752,7 @@ def avro_rows(
     tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]],
 ]:
     """Avro values (Kafka values or keys) at given positions -> rows in a schema, for
-    `icespool.kafka._changes` (Debezium's envelope: ``ignore_unknown`` skips its
+    `icespool.decode._keyed` (Debezium's envelope: ``ignore_unknown`` skips its
     ``source``, ``ts_ms``, ``transaction``). Same wire rules and dead letters as
     `decode_avro`; the good rows come back in position order."""
 

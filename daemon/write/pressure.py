@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from icespool.lifecycle.progress import human_bytes, human_seconds
 from icespool.metrics import Metrics
-from icespool.progress import human_bytes, human_seconds
 from icespool.spool import Spool, SpoolError, SpoolFullError, SpoolIOError, TableUsage
-from icespool.writer import FlushResult, TableWriter
+from icespool.write.writer import FlushResult, TableWriter
 
 __all__ = ["PressureRelief"]
 

@@ -1,6 +1,6 @@
 """Acks while the start waits for the catalog, for tables whose schema is known without it.
 
-While `icespool.startup.load_catalog_waiting` retries, an HTTP record body for a
+While `icespool.lifecycle.startup.load_catalog_waiting` retries, an HTTP record body for a
 ``[[tables]]`` entry with a known schema is decoded against that schema and spooled
 (the ack, durable per ``spool.durability`` as always); once the catalog answers, the
 gate shuts, the appends in flight finish, and start-up recovery commits what was
@@ -33,14 +33,20 @@ import pyarrow as pa
 
 from icespool.cdc import OP_COLUMN, spoolable
 from icespool.config import Config, TableConfig
-from icespool.decode import JsonOptions, decode_arrow_stream, decode_ndjson
+from icespool.decode import (
+    JSON,
+    JsonOptions,
+    array_error,
+    decode_arrow_stream,
+    decode_ndjson,
+    ndjson_from_array,
+)
 from icespool.errors import BackpressureError, BadInputError, SchemaError
-from icespool.ingest import NDJSON, refuse_changes
-from icespool.json_array import JSON, array_error, ndjson_from_array
+from icespool.lifecycle.startup import StartWait
 from icespool.metrics import Metrics
 from icespool.schema import arrow_schema_for, parse_schema
 from icespool.spool import AppendAck, SegmentInfo, Spool, SpoolError
-from icespool.startup import StartWait
+from icespool.write.ingest import NDJSON, refuse_changes
 
 __all__ = ["EarlyAcks", "known_schemas"]
 

@@ -11,8 +11,8 @@ with the other tables, `status` says which tables are degraded and why, loading
 is retried in the background, and a failing writer retries its flushes itself.
 
 `Icespool` keeps the lifecycle (start, drain, the spool's claim, Kafka sources);
-the tables and their writers are `icespool.tables`, what runs over the spool's
-leftovers `icespool.recovery`, and the status figures `icespool.status`.
+the tables and their writers are `icespool.lifecycle.registry`, what runs over the spool's
+leftovers `icespool.lifecycle.leftovers`, and the status figures `icespool.lifecycle.status`.
 """
 
 from __future__ import annotations
@@ -26,33 +26,33 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
 from icespool.config import Config, TableConfig
-from icespool.early_acks import EarlyAcks
-from icespool.encode_pool import flush_executor
 from icespool.errors import (
     BackpressureError,
     ReplayInProgressError,
     ShuttingDownError,
     UnknownTableError,
 )
-from icespool.fanout import CATALOG_CONCURRENCY, Tally, fan_out
 from icespool.iceberg import CatalogHealth, short_error, split_identifier, unavailable
-from icespool.ingest import Ingest, TableInput
 from icespool.kafka import DeadLetterReplay, ReplayFilter, ReplayResult
-from icespool.lanes import LanePool
+from icespool.lifecycle.leftovers import commit_reloaded, recover, replay_quarantined
+from icespool.lifecycle.progress import Progress
+from icespool.lifecycle.registry import RELOAD_INTERVAL, TableRegistry
+from icespool.lifecycle.spool_claim import SpoolClaim, SpoolContestedError
+from icespool.lifecycle.spool_watch import SpoolWatch
+from icespool.lifecycle.startup import StartWait, load_catalog_waiting
+from icespool.lifecycle.status import StatusReport, Totals, kafka_status
 from icespool.maintenance import DEFAULT_TASKS, FileOwner, MaintenanceScheduler
 from icespool.metrics import Metrics
-from icespool.pressure import PressureRelief
-from icespool.progress import Progress
-from icespool.recovery import commit_reloaded, recover, replay_quarantined
-from icespool.retry import Backoff, retry_async
+from icespool.runtime.fanout import CATALOG_CONCURRENCY, Tally, fan_out
+from icespool.runtime.lanes import LanePool
+from icespool.runtime.retry import Backoff, retry_async
 from icespool.schema import Policy
 from icespool.spool import FileSystem, QuarantinedSegment, Spool
-from icespool.spool_claim import SpoolClaim, SpoolContestedError
-from icespool.spool_watch import SpoolWatch
-from icespool.startup import StartWait, load_catalog_waiting
-from icespool.status import StatusReport, Totals, kafka_status
-from icespool.tables import RELOAD_INTERVAL, TableRegistry
-from icespool.writer import FlushResult, TableWriter
+from icespool.write.early_acks import EarlyAcks
+from icespool.write.encode_pool import flush_executor
+from icespool.write.ingest import Ingest, TableInput
+from icespool.write.pressure import PressureRelief
+from icespool.write.writer import FlushResult, TableWriter
 
 if TYPE_CHECKING:
     from icespool.kafka import KafkaSource
@@ -350,7 +350,7 @@ class Icespool:
 
     def accepting_while_waiting(self, name: str) -> EarlyAcks | None:
         """What acks records for ``name`` while the start waits for the catalog, if
-        its schema is known (`icespool.early_acks`); None otherwise."""
+        its schema is known (`icespool.write.early_acks`); None otherwise."""
         early = self._early
         return early if early is not None and not self.draining and early.accepts(name) else None
 

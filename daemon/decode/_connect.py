@@ -44,7 +44,7 @@ from icespool.kafka._decode import DeadRecord
 from icespool.schema import temporal_bounds
 
 if TYPE_CHECKING:
-    from icespool.kafka._changes import Envelopes
+    from icespool.decode._keyed import Envelopes
 
 __all__ = ["ConnectField", "ConnectTypes", "decimal_from_base64", "wider"]
 
@@ -199,7 +199,7 @@ Rows = tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]
 
 
 class ConnectTypes:
-    """An envelope decoder (`icespool.kafka._changes.Envelopes`) for Debezium JSON values
+    """An envelope decoder (`icespool.decode._keyed.Envelopes`) for Debezium JSON values
     that honours each value's Kafka Connect schema; see the module's doc. ``wanted``:
     after a call, the columns the values' schemas carry that the table (the ``after``
     struct it was called with) lacks or holds narrower, with their types (None: none).

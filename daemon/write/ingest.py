@@ -31,28 +31,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icespool.cdc import (
-    DELETE,
+from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, conform_changes, with_ops
+from icespool.config import Config
+from icespool.decode import (
     HTTP_OP,
-    OP_COLUMN,
-    UPSERT,
+    JSON,
+    JsonOptions,
+    array_error,
     body_schema,
-    change_schema,
-    conform_changes,
+    decode_arrow_stream,
+    decode_ndjson,
+    infer_ndjson_schema,
     key_error,
     line_of,
+    ndjson_from_array,
     no_key,
     row_of,
     to_changes,
-    with_ops,
     without_op,
 )
-from icespool.config import Config
-from icespool.decode import JsonOptions, decode_arrow_stream, decode_ndjson, infer_ndjson_schema
 from icespool.errors import BadInputError, ReadOnlyTableError, SchemaError
-from icespool.json_array import JSON, array_error, ndjson_from_array
 from icespool.schema import Policy, SchemaChangeError, conform
-from icespool.writer import TableWriter
+from icespool.write.writer import TableWriter
 
 __all__ = [
     "ARROW_STREAM",
@@ -71,7 +71,8 @@ __all__ = [
 NDJSON: Final = "application/x-ndjson"
 ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
 #: Body formats `Ingest.body` takes (HTTP Content-Type values). ``application/json`` is
-#: a JSON array of objects, taken as the NDJSON of its elements (`icespool.json_array`).
+#: a JSON array of objects, taken as the NDJSON of its elements
+#: (`icespool.decode.ndjson_from_array`).
 FORMATS: Final = frozenset({NDJSON, ARROW_STREAM, JSON})
 #: The evolve policy of tables a Kafka source creates for new routes: they take new
 #: fields as they come.
@@ -81,7 +82,7 @@ _R = TypeVar("_R")
 
 
 class Tables(Protocol):
-    """What the way in needs of the daemon's tables (`icespool.service.Icespool`)."""
+    """What the way in needs of the daemon's tables (`icespool.lifecycle.service.Icespool`)."""
 
     @property
     def config(self) -> Config: ...

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Final, ParamSpec, TypeVar
 
-from icespool.blocking import TrackedExecutor
+from icespool.runtime.blocking import TrackedExecutor
 
 __all__ = ["NICENESS", "flush_calls", "flush_executor", "in_flush_thread"]
 

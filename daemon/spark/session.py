@@ -1,7 +1,7 @@
 """A SparkSession configured to read and write the daemon's catalog, for jobs and tests.
 
     from icespool import load_config
-    from icespool.spark_session import spark_session
+    from icespool.spark.session import spark_session
 
     spark = spark_session(load_config("icespool.toml"), runtime_dir=".spark-runtime")
     spark.table("lake.demo.events").count()
@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from icespool.config import Config
 from icespool.errors import SparkConfError
-from icespool.spark_conf import DEFAULT_SPARK, RUNTIME_DIR_ENV, spark_line, spark_settings
+from icespool.spark.conf import DEFAULT_SPARK, RUNTIME_DIR_ENV, spark_line, spark_settings
 
 __all__ = [
     "DEFAULT_SESSION_CONF",

@@ -44,7 +44,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError
 
 from icespool.errors import IcespoolError
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 from icespool.spool import Incarnation
 
 __all__ = ["SpoolClaim", "SpoolContestedError", "holder_key"]

@@ -27,17 +27,17 @@ from pathlib import Path
 
 import uvloop
 
-from icespool.blocking import TrackedExecutor
 from icespool.config import Config, TimeoutsConfig
-from icespool.encode_pool import flush_calls
 from icespool.errors import ConfigError, IcespoolError
 from icespool.http import HttpServer, load_tokens, server_context, start_http
 from icespool.http._conn import ConnectionLimits
-from icespool.readiness import log_readiness
-from icespool.reload import reload
-from icespool.sd_notify import SystemdNotifier, status_line
-from icespool.service import Icespool
+from icespool.lifecycle.readiness import log_readiness
+from icespool.lifecycle.reload import reload
+from icespool.lifecycle.sd_notify import SystemdNotifier, status_line
+from icespool.lifecycle.service import Icespool
+from icespool.runtime.blocking import TrackedExecutor
 from icespool.spool import FileSystem, SpoolError, SpoolLockedError
+from icespool.write.encode_pool import flush_calls
 
 __all__ = [
     "AFTER_GRACE_SECONDS",
@@ -226,7 +226,7 @@ async def _exit_if_stuck(executor: TrackedExecutor, deadline: float) -> None:
     """
 
     def running() -> list[tuple[str, float]]:
-        # Flushes encode and commit in threads of their own (icespool.encode_pool).
+        # Flushes encode and commit in threads of their own (icespool.write.encode_pool).
         return executor.running() + flush_calls()
 
     waiting = running()

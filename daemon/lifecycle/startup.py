@@ -20,7 +20,7 @@ from pyiceberg.catalog import Catalog
 from icespool.config import Config
 from icespool.errors import CatalogError
 from icespool.iceberg import load_catalog, startup_timeout
-from icespool.retry import Backoff
+from icespool.runtime.retry import Backoff
 
 __all__ = ["StartWait", "load_catalog_waiting"]
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
-from icespool.fanout import CATALOG_CONCURRENCY, fan_out
 from icespool.kafka._client import PROBE_TIMEOUT
 from icespool.kafka._offsets import (
     OffsetBook,
@@ -33,7 +32,8 @@ from icespool.kafka._offsets import (
 )
 from icespool.kafka._partitions import Partition, PartitionState
 from icespool.metrics import Metrics
-from icespool.writer import TableWriter
+from icespool.runtime.fanout import CATALOG_CONCURRENCY, fan_out
+from icespool.write.writer import TableWriter
 
 __all__ = ["IDLE_TABLES_PER_ROUND", "OffsetCommitter"]
 

@@ -3,7 +3,7 @@
 `TableRegistry` loads (or creates) the configured tables at start, registers a
 writer per table, creates ``infer = true`` and ``auto_create`` tables from their
 first batch, and keeps the tables that could not be loaded (degraded, with why)
-for the background reload that `icespool.service.Icespool` runs.
+for the background reload that `icespool.lifecycle.service.Icespool` runs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pyiceberg.table import Table
 
 from icespool.config import Config, KafkaConfig, TableConfig
 from icespool.errors import BackpressureError, UnknownTableError
-from icespool.fanout import CATALOG_CONCURRENCY, fan_out
 from icespool.iceberg import (
     create_inferred,
     create_with,
@@ -27,15 +26,16 @@ from icespool.iceberg import (
     load_declared,
     table_names,
 )
-from icespool.ingest import AUTO_CREATED
 from icespool.kafka import OffsetBook, dead_letter_schema
-from icespool.lanes import LanePool
 from icespool.maintenance import MaintenanceScheduler, created_table_properties
 from icespool.metrics import Metrics
-from icespool.pressure import PressureRelief
+from icespool.runtime.fanout import CATALOG_CONCURRENCY, fan_out
+from icespool.runtime.lanes import LanePool
 from icespool.schema import Policy, arrow_schema_for
 from icespool.spool import Spool
-from icespool.writer import TableWriter
+from icespool.write.ingest import AUTO_CREATED
+from icespool.write.pressure import PressureRelief
+from icespool.write.writer import TableWriter
 
 __all__ = ["RELOAD_INTERVAL", "TableRegistry"]
 

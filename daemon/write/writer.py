@@ -10,7 +10,7 @@ Data path of a table::
 The lane runs one job of this table at a time (FIFO), so commits of a table never
 race each other, while other tables' jobs run on other workers.
 
-The append/queue half (acks, pending counts, triggers) is `icespool.table_queue`;
+The append/queue half (acks, pending counts, triggers) is `icespool.write.queue`;
 this module is the flush job: seal, read back, encode, commit, quarantine.
 """
 
@@ -28,8 +28,6 @@ import pyarrow as pa
 from pyiceberg.table import Table
 
 from icespool.cdc import OP_COLUMN, last_changes
-from icespool.claims import Claims, ClaimsMovedError
-from icespool.encode_pool import in_flush_thread
 from icespool.errors import (
     BadInputError,
     CatalogError,
@@ -49,14 +47,16 @@ from icespool.iceberg import (
     remove_files,
     unavailable,
 )
-from icespool.retry import Backoff, retry_async
+from icespool.runtime.retry import Backoff, retry_async
+from icespool.source_claims import Claims, ClaimsMovedError
 from icespool.spool import (
     SegmentCorruptError,
     SegmentData,
     SegmentInfo,
     SpoolIOError,
 )
-from icespool.table_queue import TableQueue
+from icespool.write.encode_pool import in_flush_thread
+from icespool.write.queue import TableQueue
 
 __all__ = ["SEGMENT_ATTEMPTS", "FlushResult", "TableWriter", "UncommittableSegmentError"]
 

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import fastavro
 
-from icespool.nesting import depth
+from icespool.decode._nesting import depth
 
 __all__ = ["WriterSchema", "load_schema_file", "parse_writer_schema"]
 

@@ -2,7 +2,7 @@
 
 `TableQueue` conforms and spools each batch (the ack), counts what is pending, fires
 the record, byte and age triggers, and queues ONE flush job at a time on the table's
-lane (`icespool.writer.TableWriter` runs it). Schema and property changes also run on
+lane (`icespool.write.writer.TableWriter` runs it). Schema and property changes also run on
 that lane, so they never race the table's commits.
 """
 
@@ -20,19 +20,19 @@ import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
-from icespool.cadence import Cadence
 from icespool.cdc import OP_COLUMN, change_schema, spoolable
-from icespool.claims import NO_CLAIMS, ClaimsFactory
 from icespool.config import WriterSettings
 from icespool.errors import BackpressureError, ShuttingDownError
 from icespool.iceberg import commit_properties, delete_rows, refresh_table
-from icespool.lanes import Lane
 from icespool.metrics import Metrics
+from icespool.runtime.lanes import Lane
 from icespool.schema import EvolutionPlan, Policy, apply_plan, arrow_schema_for
+from icespool.source_claims import NO_CLAIMS, ClaimsFactory
 from icespool.spool import SegmentInfo, Spool, SpoolError, SpoolFullError, SpoolIOError
+from icespool.write.cadence import Cadence
 
 if TYPE_CHECKING:
-    from icespool.writer import FlushResult
+    from icespool.write.writer import FlushResult
 
 __all__ = ["TableQueue"]
 
@@ -48,7 +48,7 @@ class _Pending:
 
 
 class TableQueue:
-    """The append/queue half of `icespool.writer.TableWriter` (its base)."""
+    """The append/queue half of `icespool.write.writer.TableWriter` (its base)."""
 
     def __init__(
         self,
@@ -66,9 +66,9 @@ class TableQueue:
         on_spool_refused: Callable[[str, SpoolError], None] | None = None,
     ) -> None:
         """``on_spool_refused(table, error)``: told of every append the spool refused
-        (the daemon's `icespool.pressure.PressureRelief` frees room held by other tables)."""
+        (the daemon's `icespool.write.pressure.PressureRelief` frees room held by other tables)."""
         self.name = name
-        # Why this process must not commit now (its spool claim: daemon/spool_claim.py).
+        # Why this process must not commit now (its spool claim: daemon/lifecycle/spool_claim.py).
         self._commit_refusal = commit_refusal
         self.arrow_schema = arrow_schema
         # An upsert table's key columns (empty: an append table). Its spooled batches
@@ -152,7 +152,7 @@ class TableQueue:
         batch in `change_schema` (`icespool.cdc.conform_changes`: a row without its key
         is a `BadInputError` naming the key column).
 
-        The way in (`icespool.ingest`) decodes and evolves first; this only conforms
+        The way in (`icespool.write.ingest`) decodes and evolves first; this only conforms
         (a cheap re-check: the schema may have changed since) and raises
         `SchemaError` naming the column when the data does not fit (nothing of it
         is spooled), `BackpressureError` when the table's queue or the spool is full.

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from icespool.config import Config
-from icespool.lanes import LanePool
+from icespool.lifecycle.spool_watch import SpoolWatch
 from icespool.maintenance import MaintenanceScheduler
 from icespool.metrics import Metrics
+from icespool.runtime.lanes import LanePool
 from icespool.spool import Spool
-from icespool.spool_watch import SpoolWatch
-from icespool.writer import TableWriter
+from icespool.write.writer import TableWriter
 
 if TYPE_CHECKING:
     from icespool.kafka import KafkaSource

@@ -15,11 +15,16 @@ from collections.abc import Callable
 from typing import TextIO
 
 from icespool.errors import CommitError
-from icespool.fanout import fan_out
-from icespool.progress import Progress
+from icespool.lifecycle.progress import Progress
+from icespool.lifecycle.registry import TableRegistry
+from icespool.runtime.fanout import fan_out
 from icespool.spool import SegmentInfo, Spool
-from icespool.tables import TableRegistry
-from icespool.writer import SEGMENT_ATTEMPTS, FlushResult, TableWriter, UncommittableSegmentError
+from icespool.write.writer import (
+    SEGMENT_ATTEMPTS,
+    FlushResult,
+    TableWriter,
+    UncommittableSegmentError,
+)
 
 __all__ = ["commit_leftovers", "commit_reloaded", "recover", "replay_quarantined"]
 

@@ -30,7 +30,7 @@ from icespool.errors import ConfigError
 from icespool.logs import configure_logging
 
 if TYPE_CHECKING:  # only for annotations: the service module imports pyiceberg
-    from icespool.service import Icespool
+    from icespool.lifecycle.service import Icespool
 
 __all__ = ["RELOADABLE_TABLE_KEYS", "ReloadPlan", "apply_reload", "plan_reload", "reload"]
 

@@ -40,10 +40,10 @@ import pyarrow.compute as pc
 
 from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
 from icespool.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
-from icespool.kafka._avro import AvroSchemas, avro_rows
-from icespool.kafka._connect import ConnectTypes
+from icespool.decode._avro import AvroSchemas, avro_rows
+from icespool.decode._connect import ConnectTypes
+from icespool.decode._nesting import too_deep, too_deep_lines
 from icespool.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
-from icespool.nesting import too_deep, too_deep_lines
 
 if TYPE_CHECKING:
     from icespool.config import KafkaConfig

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the service imports pyiceberg; this module stays light without it
-    from icespool.service import Icespool
+    from icespool.lifecycle.service import Icespool
 
 __all__ = ["Notifier", "SystemdNotifier", "status_line", "watchdog_interval"]
 

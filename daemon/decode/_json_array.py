@@ -7,7 +7,7 @@ so the NDJSON decoder's value rules, nesting bound and all-or-nothing answer app
 they are, and its messages are rewritten to name the array index instead of the line.
 
 Finding the top-level commas takes the same non-recursive, vectorized scan as
-`icespool.nesting`: backslash pairs and escaped quotes are blanked (same length, so byte
+`icespool.decode._nesting`: backslash pairs and escaped quotes are blanked (same length, so byte
 positions hold), then only the bytes that decide the structure (brackets, quotes,
 commas, line breaks) are looked at, with running sums for "inside a string" and depth.
 Nothing here recurses, so a body nested a million levels deep costs a scan, and the
