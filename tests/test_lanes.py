@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import random
 import threading
@@ -193,47 +192,6 @@ async def _stress_tasks(workers: int, seed: int) -> None:
         )
 
 
-async def _stress_threads(workers: int, seed: int) -> None:
-    state = _Stress(random.Random(seed))
-    async with LanePool(workers, max_jobs_per_claim=1 + seed % 2) as pool:
-        lanes = [pool.lane(key) for key in state.keys]
-        submitted: list[tuple[str, int, concurrent.futures.Future[int]]] = []
-        start = threading.Barrier(4)
-
-        def producer(n: int, rng: random.Random) -> None:
-            start.wait()
-            for _ in range(n):
-                lane = rng.choice(lanes)
-                # Sequence number and hand-off under one lock, so the lane's
-                # submission order is the order the loop receives them in.
-                with state.lock:
-                    seq = state.next_seq(lane.key)
-                    job = state.job(lane.key, seq)
-                    submitted.append((lane.key, seq, lane.submit_threadsafe(job)))
-                if rng.random() < 0.05:
-                    time.sleep(0)
-
-        threads = [
-            threading.Thread(target=producer, args=(state.TOTAL // 4, random.Random(seed + p)))
-            for p in range(4)
-        ]
-        for thread in threads:
-            thread.start()
-        async with asyncio.timeout(5):
-            for thread in threads:
-                await asyncio.to_thread(thread.join)
-            futures = [f for _, _, f in submitted]
-            # One waiting thread instead of 1,600 wrap_future() bridges.
-            _, not_done = await asyncio.to_thread(concurrent.futures.wait, futures, 5)
-            assert not_done == set()
-            await asyncio.gather(*(lane.drained() for lane in lanes))
-        results = [f.exception() or f.result() for f in futures]
-        assert all(lane.pending == 0 for lane in lanes)
-        state.check(
-            pool, [(key, seq, r) for (key, seq, _), r in zip(submitted, results, strict=True)]
-        )
-
-
 _WORKER_COUNTS = [1, 2, 3, 4, 8, 16]
 
 
@@ -242,18 +200,10 @@ async def test_stress_concurrent_producer_tasks_repeated() -> None:
         await _stress_tasks(_WORKER_COUNTS[i % len(_WORKER_COUNTS)], seed=i)
 
 
-async def test_stress_producer_threads_repeated() -> None:
-    # Fewer rounds than the task variant: each round spends ~0.1 s in GIL
-    # hand-offs between the producer threads and the loop, not in the pool.
-    for i in range(30):
-        await _stress_threads(_WORKER_COUNTS[i % len(_WORKER_COUNTS)], seed=1000 + i)
-
-
 def test_stress_on_uvloop() -> None:
     async def rounds() -> None:
         for i in range(6):
             await _stress_tasks(_WORKER_COUNTS[i % len(_WORKER_COUNTS)], seed=2000 + i)
-            await _stress_threads(_WORKER_COUNTS[i % len(_WORKER_COUNTS)], seed=3000 + i)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(rounds())
@@ -416,8 +366,6 @@ async def test_stop_without_drain_cancels_in_flight_and_queued() -> None:
         lanes[0].submit(_quick(log, "late"))
     with pytest.raises(LaneClosedError):
         pool.lane("t9")
-    with pytest.raises(LaneClosedError):
-        lanes[0].submit_threadsafe(_quick(log, "late"))
 
 
 async def test_stop_with_drain_runs_the_backlog_first() -> None:
@@ -449,42 +397,6 @@ async def test_stop_of_a_pool_never_started_cancels_its_queue() -> None:
     assert lane.pending == 0
     with pytest.raises(RuntimeError, match="stopped"):
         await pool.start()
-
-
-async def test_submit_threadsafe_delivers_results_errors_and_closed_lanes() -> None:
-    async def boom() -> None:
-        raise _Boom("thread job")
-
-    async with LanePool(2) as pool:
-        lane = pool.lane("t")
-        ok = await asyncio.to_thread(lambda: lane.submit_threadsafe(_quick([], "x")).result(5))
-        assert ok == "x"
-        failed = await asyncio.to_thread(lane.submit_threadsafe, boom)
-        with pytest.raises(_Boom):
-            await asyncio.wrap_future(failed)
-        # Cancelled from the producer thread while queued: never runs.
-        gate = asyncio.Event()
-        log: list[str] = []
-        blocker = lane.submit(_gated(gate, log, "blocker"))
-        await asyncio.sleep(0.01)
-        doomed = await asyncio.to_thread(lane.submit_threadsafe, _quick(log, "doomed"))
-        await asyncio.sleep(0.01)
-        assert lane.pending == 2
-        assert await asyncio.to_thread(doomed.cancel)
-        await asyncio.sleep(0.01)
-        assert (lane.pending, lane.queued) == (1, 0)
-        gate.set()
-        assert await blocker == "blocker"
-        await lane.drained()
-        assert log == ["blocker"]
-        # A close the thread cannot see yet surfaces through the future.
-        racing = lane.submit_threadsafe(_quick([], "y"))
-        await lane.close()
-        with pytest.raises(LaneClosedError):
-            await asyncio.wrap_future(racing)
-
-
-# -- failures ----------------------------------------------------------------
 
 
 async def test_a_raising_job_does_not_kill_its_worker() -> None:
@@ -545,11 +457,6 @@ async def test_a_failing_metrics_hook_is_logged_not_fatal(
 def test_worker_count_is_validated(workers: int) -> None:
     with pytest.raises(ValueError, match="workers >= 1"):
         LanePool(workers)
-
-
-def test_default_workers_is_twice_the_cores() -> None:
-    assert LanePool.default_workers() >= 2
-    assert LanePool.default_workers() % 2 == 0
 
 
 # -- parallelism -----------------------------------------------------------------

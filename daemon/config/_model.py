@@ -320,14 +320,6 @@ class Config(Section):
             f"table {name!r} is not configured; add a [[tables]] entry with name = {name!r}"
         )
 
-    def maintenance_for(self, name: str) -> MaintenanceConfig:
-        """Effective ``[maintenance]`` of a table: the section overlaid by the table's
-        ``maintenance = {...}`` (tables without an entry: the section as it is)."""
-        for table in self.tables:
-            if table.name == name and table.maintenance is not None:
-                return self.maintenance.model_copy(update=table.maintenance.overrides())
-        return self.maintenance
-
     def table_settings(self, name: str) -> WriterSettings:
         """Effective writer settings of a table: ``[defaults]`` overlaid by its overrides."""
         return self.defaults.model_copy(update=self.table(name).overrides())

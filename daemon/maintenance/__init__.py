@@ -30,12 +30,10 @@ from icespool.maintenance._compact import (
 from icespool.maintenance._expire import choose_expired, delete_files, find_garbage
 from icespool.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
 from icespool.maintenance._orphans import (
-    DEFAULT_ORPHAN_AGE_S,
     FileOwner,
     OrphanResult,
     daemon_file_id,
     daemon_file_incarnation,
-    daemon_file_time,
     is_daemon_file,
     remove_orphans,
 )
@@ -67,7 +65,6 @@ __all__ = [
     "COMPACT",
     "COMPACTION_SUMMARY_KEY",
     "DEFAULTS",
-    "DEFAULT_ORPHAN_AGE_S",
     "DEFAULT_TASKS",
     "EXPIRE",
     "LEASE_PROPERTY",
@@ -96,7 +93,6 @@ __all__ = [
     "created_table_properties",
     "daemon_file_id",
     "daemon_file_incarnation",
-    "daemon_file_time",
     "delete_files",
     "effective",
     "find_garbage",

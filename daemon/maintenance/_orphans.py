@@ -71,13 +71,11 @@ from icespool.spool import new_uuid7
 
 __all__ = [
     "COMPACTION_PREFIX",
-    "DEFAULT_ORPHAN_AGE_S",
     "FileOwner",
     "OrphanResult",
     "compaction_file_prefix",
     "daemon_file_id",
     "daemon_file_incarnation",
-    "daemon_file_time",
     "is_daemon_file",
     "new_file_id",
     "remove_orphans",
@@ -85,8 +83,6 @@ __all__ = [
 
 _log = logging.getLogger("icespool.maintenance.orphans")
 
-#: How often a table's data location is listed for orphans, by default.
-DEFAULT_ORPHAN_AGE_S: Final = 3600.0
 #: Compaction outputs are named ``c-{uuid7}-...``: told apart from flush files at a glance.
 COMPACTION_PREFIX: Final = "c-"
 
@@ -115,14 +111,6 @@ def daemon_file_incarnation(path: str) -> str | None:
 def is_daemon_file(path: str) -> bool:
     """Whether ``path`` names a data file the daemon wrote (a flush's or a compaction's)."""
     return daemon_file_id(path) is not None
-
-
-def daemon_file_time(path: str) -> float | None:
-    """Epoch seconds at which the id in a daemon file's name was made, else None."""
-    file_id = daemon_file_id(path)
-    if file_id is None:
-        return None
-    return int(file_id.replace("-", "")[:12], 16) / 1000
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ the others keep serving lanes.
 
 Why a wake-up cannot be lost
 ----------------------------
-asyncio switches tasks only at ``await``, and ``Lane.submit_threadsafe`` hands
-work from other threads to the loop thread, so every change to the pool's
-bookkeeping below happens in one uninterrupted step of the loop thread.
+asyncio switches tasks only at ``await`` and jobs are submitted on the loop thread,
+so every change to the pool's bookkeeping below happens in one uninterrupted step of
+the loop thread.
 
 * ``_claimable`` counts lanes whose queue is non-empty and that no worker
   holds; ``_ready`` holds exactly those lanes, in the order they became
@@ -47,10 +47,8 @@ each of its jobs paid for all of them.)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -115,8 +113,8 @@ class _Job:
 class Lane:
     """A FIFO of jobs for one key; obtain it from ``LanePool.lane(key)``.
 
-    Jobs run in submission order, one at a time. Not thread-safe except for
-    ``submit_threadsafe``.
+    Jobs run in submission order, one at a time. Not thread-safe: submit on the
+    pool's event loop.
     """
 
     def __init__(self, pool: LanePool, key: str) -> None:
@@ -182,35 +180,6 @@ class Lane:
         self._pool._refresh(self)
         return future
 
-    def submit_threadsafe(self, job: Callable[[], Awaitable[_T]]) -> concurrent.futures.Future[_T]:
-        """Like ``submit``, from any thread; returns a ``concurrent.futures.Future``.
-
-        Jobs submitted from one thread keep that thread's order. The job runs on
-        the pool's loop. Submitting to a closed lane fails the returned future
-        with LaneClosedError (and raises at once if the close is already
-        visible from this thread). Cancelling the returned future cancels the
-        job if it has not started yet.
-        """
-        if self._closed:
-            raise LaneClosedError(f"encode lane {self._key!r} is closed")
-        loop = self._pool._require_bound_loop()
-        outer: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-        def enqueue() -> None:
-            if outer.cancelled():
-                return
-            try:
-                inner = self.submit(job)
-            except Exception as exc:
-                if outer.set_running_or_notify_cancel():
-                    outer.set_exception(exc)
-                return
-            outer.add_done_callback(lambda _: _cancel_from_thread(loop, outer, inner))
-            inner.add_done_callback(lambda _: _copy_outcome(inner, outer))
-
-        loop.call_soon_threadsafe(enqueue)
-        return outer
-
     async def drained(self) -> None:
         """Return once ``pending`` is zero."""
         await self._quiet.wait()
@@ -250,31 +219,6 @@ class Lane:
             self._quiet.set()
 
 
-def _copy_outcome(inner: asyncio.Future[_T], outer: concurrent.futures.Future[_T]) -> None:
-    if inner.cancelled():
-        outer.cancel()
-        return
-    if not outer.set_running_or_notify_cancel():
-        return
-    exc = inner.exception()
-    if exc is not None:
-        outer.set_exception(exc)
-    else:
-        outer.set_result(inner.result())
-
-
-def _cancel_from_thread(
-    loop: asyncio.AbstractEventLoop,
-    outer: concurrent.futures.Future[Any],
-    inner: asyncio.Future[Any],
-) -> None:
-    if not outer.cancelled():
-        return
-    # RuntimeError: the loop is closed, so nothing is left to cancel.
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(inner.cancel)
-
-
 def _log_worker_death(task: asyncio.Task[None]) -> None:
     # A dead worker silently shrinks the pool; say so when it happens, not at stop().
     if not task.cancelled() and (exc := task.exception()) is not None:
@@ -291,8 +235,8 @@ def _current_task_cancelling() -> bool:
 class LanePool:
     """Async worker tasks serving per-key FIFO lanes round-robin.
 
-    ``workers`` is chosen by the caller; the daemon uses ``default_workers()``
-    (2 x CPU cores) because a worker awaiting I/O or a thread leaves its core
+    ``workers`` is chosen by the caller; the daemon uses 2 x CPU cores (``[encode]
+    workers = 0``) because a worker awaiting I/O or a thread leaves its core
     free for another worker's encode. A worker holds a lane for at most
     ``max_jobs_per_claim`` jobs, then releases it and moves on to the next lane
     with work, so one hot lane cannot starve the others. ``on_job_done`` is
@@ -307,10 +251,7 @@ class LanePool:
         on_job_done: JobDoneHook | None = None,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(
-                f"encode pool needs workers >= 1, got {workers!r}; "
-                "use LanePool.default_workers() for 2 x CPU cores"
-            )
+            raise ValueError(f"encode pool needs workers >= 1, got {workers!r}")
         if (
             isinstance(max_jobs_per_claim, bool)
             or not isinstance(max_jobs_per_claim, int)
@@ -336,15 +277,6 @@ class LanePool:
         self._closing = False
         # Workers leave now, even mid-lane (stop(drain=False)).
         self._aborted = False
-
-    @staticmethod
-    def default_workers() -> int:
-        """2 x the CPU cores this process may run on."""
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:
-            cores = os.cpu_count() or 1
-        return 2 * max(cores, 1)
 
     @property
     def workers(self) -> int:
@@ -437,8 +369,7 @@ class LanePool:
             self._loop = running
         elif self._loop is not running:
             raise RuntimeError(
-                "LanePool is bound to another event loop; from other threads "
-                "use Lane.submit_threadsafe"
+                "LanePool is bound to another event loop; submit on the loop that runs it"
             )
         return running
 

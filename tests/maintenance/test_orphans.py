@@ -14,7 +14,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 from support.maintenance_helpers import (
@@ -33,7 +32,6 @@ from icespool.maintenance import (
     FileOwner,
     daemon_file_id,
     daemon_file_incarnation,
-    daemon_file_time,
     is_daemon_file,
     remove_orphans,
 )
@@ -236,7 +234,7 @@ def test_a_data_location_outside_the_table_is_never_swept(tmp_path: Path) -> Non
     assert result.removed == 0 and orphan.exists()
 
 
-def test_daemon_file_names_and_their_times() -> None:
+def test_daemon_file_names() -> None:
     at = 1_714_521_600.123
     segment = uuid7_at(at)
     inc = INCARNATION
@@ -250,9 +248,6 @@ def test_daemon_file_names_and_their_times() -> None:
     # but of no known incarnation (the sweep leaves them).
     assert daemon_file_id(f"/w/t/data/{segment}-eq-00001-00000.parquet") == segment
     assert daemon_file_incarnation(f"/w/{segment}-00003-00012.parquet") is None
-    assert daemon_file_time(f"/w/c-{segment}-{inc}-00000-00001.parquet") == pytest.approx(
-        at, abs=0.001
-    )
     for foreign in (
         f"/w/00000-0-{uuid.uuid4()}.parquet",  # Spark / pyiceberg
         f"/w/{uuid.uuid4()}-00000-00000.parquet",  # a uuid4, not a uuid7
@@ -263,7 +258,6 @@ def test_daemon_file_names_and_their_times() -> None:
         f"/w/{segment}-{inc.upper()}-00000-00000.parquet",
     ):
         assert not is_daemon_file(foreign), foreign
-        assert daemon_file_time(foreign) is None
 
 
 def test_a_file_this_process_committed_is_kept_when_the_table_loses_it(tmp_path: Path) -> None:
