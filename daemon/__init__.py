@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from icespool.lifecycle.service import Icespool
     from icespool.runtime.lanes import Lane, LaneClosedError, LanePool
     from icespool.write.ingest import Column, TableInput
-    from icespool.write.writer import FlushResult, TableWriter
+    from icespool.write.result import FlushResult
+    from icespool.write.writer import TableWriter
 
 __all__ = [
     "BackpressureError",
@@ -85,9 +86,7 @@ __getattr__ = lazy_exports(
             "LanePool",
         ),
         "icespool.lifecycle.service": ("Icespool",),
-        "icespool.write.writer": (
-            "FlushResult",
-            "TableWriter",
-        ),
+        "icespool.write.result": ("FlushResult",),
+        "icespool.write.writer": ("TableWriter",),
     },
 )

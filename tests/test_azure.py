@@ -35,7 +35,7 @@ from support.store_config import write_store_config
 from icespool.cli import main
 from icespool.errors import CatalogError
 from icespool.iceberg import load_catalog as icespool_load_catalog
-from icespool.write.writer import SEGMENT_ATTEMPTS
+from icespool.write.flush import SEGMENT_ATTEMPTS
 
 _TIMEOUT = aiohttp.ClientTimeout(total=60)
 _SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "v", "type": "string"}]

@@ -239,7 +239,15 @@ def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "package", ["icespool", "icespool.cdc", "icespool.http", "icespool.kafka", "icespool.schema"]
+    "package",
+    [
+        "icespool",
+        "icespool.cdc",
+        "icespool.http",
+        "icespool.kafka",
+        "icespool.schema",
+        "icespool.write",
+    ],
 )
 def test_lazy_packages_export_every_name(package: str) -> None:
     module = importlib.import_module(package)

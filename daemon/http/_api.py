@@ -60,7 +60,8 @@ from icespool.metrics import CONTENT_TYPE_LATEST
 from icespool.schema import SchemaChangeError
 from icespool.spool import SpoolIOError
 from icespool.write.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
-from icespool.write.writer import FlushResult, TableWriter
+from icespool.write.result import FlushResult
+from icespool.write.writer import TableWriter
 
 __all__ = ["ARROW_STREAM", "JSON", "NDJSON", "HttpServer", "start_http"]
 

@@ -19,12 +19,9 @@ from icespool.lifecycle.progress import Progress
 from icespool.lifecycle.registry import TableRegistry
 from icespool.runtime.fanout import fan_out
 from icespool.spool import SegmentInfo, Spool
-from icespool.write.writer import (
-    SEGMENT_ATTEMPTS,
-    FlushResult,
-    TableWriter,
-    UncommittableSegmentError,
-)
+from icespool.write.flush import SEGMENT_ATTEMPTS, UncommittableSegmentError
+from icespool.write.result import FlushResult
+from icespool.write.writer import TableWriter
 
 __all__ = ["commit_leftovers", "commit_reloaded", "recover", "replay_quarantined"]
 

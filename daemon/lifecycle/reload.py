@@ -4,7 +4,8 @@ Applied at once: the writer settings (``[defaults]`` and each table's overrides 
 ``max_batch_records``, ``max_batch_bytes``, ``batch_timeout``, ``target_file_size``,
 ``compression``, ``row_group_records``, ``max_queue_bytes``, ``max_nesting_depth``,
 ``max_columns``) and ``[log]``. Every writer reads its settings at each trigger
-check, flush and schema change, so swapping the settings object is enough.
+check, flush and schema change, so handing it the new ones
+(`icespool.write.writer.TableWriter.apply_settings`) is enough.
 
 Also applied: the HTTP secrets (``http.auth_token_file``, ``http.tokens``,
 ``http.tls_cert_file``/``tls_key_file`` while TLS stays on): the daemon reads the token
@@ -166,7 +167,7 @@ def apply_reload(service: Icespool, plan: ReloadPlan) -> None:
     """Install ``plan`` in a running `Icespool` service (on its event loop)."""
     old_log = service.config.log
     for name, settings in plan.settings.items():
-        service.table_writer(name).settings = settings
+        service.table_writer(name).apply_settings(settings)
     service.config = plan.config
     new_log = plan.config.log
     if new_log.format != old_log.format:

@@ -52,7 +52,8 @@ from icespool.write.early_acks import EarlyAcks
 from icespool.write.encode_pool import flush_executor
 from icespool.write.ingest import Ingest, TableInput
 from icespool.write.pressure import PressureRelief
-from icespool.write.writer import FlushResult, TableWriter
+from icespool.write.result import FlushResult
+from icespool.write.writer import TableWriter
 
 if TYPE_CHECKING:
     from icespool.kafka import KafkaSource

@@ -28,7 +28,8 @@ from pathlib import Path
 from icespool.lifecycle.progress import human_bytes, human_seconds
 from icespool.metrics import Metrics
 from icespool.spool import Spool, SpoolError, SpoolFullError, SpoolIOError, TableUsage
-from icespool.write.writer import FlushResult, TableWriter
+from icespool.write.result import FlushResult
+from icespool.write.writer import TableWriter
 
 __all__ = ["PressureRelief"]
 
