@@ -340,13 +340,13 @@ async def test_a_backlog_commits_in_bounded_chunks_and_the_flush_reports_all(
 
 
 def _race_next_commit(
-    monkeypatch: pytest.MonkeyPatch, writer: Any, other_commit: Callable[[], None]
+    monkeypatch: pytest.MonkeyPatch, ice: Icespool, other_commit: Callable[[], None]
 ) -> list[int]:
-    """Before the writer's next commit reaches the catalog, another writer (its own
-    catalog and Table) commits ``other_commit`` to the same table: the writer's swap,
+    """Before the service's next commit reaches the catalog, another writer (its own
+    catalog and Table) commits ``other_commit`` to the same table: the service's swap,
     built on the table it refreshed before, is refused once. Returns the list the
     race appends to when it ran."""
-    catalog = writer.writer._table.catalog
+    catalog = ice.tables.require_catalog()
     send = catalog.commit_table
     raced: list[int] = []
 
@@ -370,7 +370,7 @@ async def test_a_conflict_with_another_writer_is_counted_and_the_commit_lands_on
         other = _table(config)  # another writer: its own catalog and Table
         theirs = _batch(range(100, 103)).cast(arrow_schema_for(other))
         await writer.append(_batch(range(5)))
-        raced = _race_next_commit(monkeypatch, writer, lambda: other.append(theirs))
+        raced = _race_next_commit(monkeypatch, ice, lambda: other.append(theirs))
         result = await writer.flush()
         assert raced == [1]
         assert (result.conflicts, result.records) == (1, 5)
@@ -417,7 +417,7 @@ async def test_conflicts_of_a_commit_that_fails_are_counted_too(
                 update.add_identity("v")
 
         await writer.append(_batch(range(6)))
-        raced = _race_next_commit(monkeypatch, writer, repartition)
+        raced = _race_next_commit(monkeypatch, ice, repartition)
         with pytest.raises(CommitError, match="encoded for partition spec 0 but the table now"):
             await writer.flush()
         assert raced == [1]

@@ -113,7 +113,7 @@ async def part_b(args: argparse.Namespace) -> None:
                 )
                 await writer.flush()
             ice_s = time.perf_counter() - started
-            ours = read_merged(writer.writer._table)
+            ours = read_merged(service.tables.require_catalog().load_table("b.t"))
         finally:
             await service.stop()
         other = config(root / "pyi", True)

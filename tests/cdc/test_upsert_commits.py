@@ -38,6 +38,11 @@ def merged(table: Any) -> State:
     return {(r["id"], r["region"]): (r["name"], r["score"]) for r in read_merged(table).to_pylist()}
 
 
+def iceberg_table(service: Any) -> Any:
+    """The table as the service's catalog has it now."""
+    return service.tables.require_catalog().load_table(TABLE)
+
+
 def files_of(table: Any, snapshot_id: int) -> list[Any]:
     snapshot = table.metadata.snapshot_by_id(snapshot_id)
     return [
@@ -67,7 +72,7 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
     expected: State = {}
     async with run_daemon(config) as (service, _):
         table = service.writer(TABLE)
-        created = table.writer._table
+        created = iceberg_table(service)
         assert created.metadata.format_version == 2
         assert created.schema().identifier_field_names() == {"id", "region"}
         assert table.key == ("id", "region")
@@ -96,7 +101,7 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
                     expected.pop((row["id"], row["region"]), None)
             result = await table.flush()
             assert result.records == 600  # every change of the flush, counted once
-            iceberg = table.writer._table
+            iceberg = iceberg_table(service)
             snapshot = iceberg.metadata.snapshot_by_id(result.snapshot_id)
             assert snapshot.summary.operation.value == "overwrite"
             assert snapshot.summary[SEGMENTS_SUMMARY_KEY] == ",".join(result.segments)
@@ -136,7 +141,7 @@ async def test_a_delete_only_chunk_writes_only_delete_files(
         await table.delete([{"id": 3, "region": "eu"}, {"id": 42, "region": "eu"}])
         await table.delete(pa.table({"id": [5], "region": ["eu"], "name": ["ignored"]}))
         result = await table.flush()
-        iceberg = table.writer._table
+        iceberg = iceberg_table(service)
         snapshot = iceberg.metadata.snapshot_by_id(result.snapshot_id)
         assert snapshot.summary.operation.value == "delete"
         added = files_of(iceberg, result.snapshot_id)
@@ -173,7 +178,7 @@ async def test_bad_changes_are_refused_whole_and_nothing_is_spooled(
         # Appends to an upsert table are upserts.
         await table.append(pa.table({"id": [1, 1], "region": ["eu", "eu"], "name": ["a", "b"]}))
         await table.flush()
-        assert merged(table.writer._table) == {(1, "eu"): ("b", None)}
+        assert merged(iceberg_table(service)) == {(1, "eu"): ("b", None)}
 
 
 async def test_an_existing_table_without_identifier_fields_gets_the_key(
@@ -190,11 +195,10 @@ async def test_an_existing_table_without_identifier_fields_gets_the_key(
     keyed = make_config(tables=[upsert_table()])
     async with run_daemon(keyed) as (service, _):
         table = service.writer(TABLE)
-        iceberg = table.writer._table
-        assert iceberg.schema().identifier_field_names() == {"id", "region"}
+        assert iceberg_table(service).schema().identifier_field_names() == {"id", "region"}
         await table.upsert([{"id": 1, "region": "eu", "name": "b"}])
         await table.flush()
-        assert merged(iceberg) == {(1, "eu"): ("b", None)}
+        assert merged(iceberg_table(service)) == {(1, "eu"): ("b", None)}
 
 
 async def test_a_table_whose_identifier_fields_differ_or_v1_is_degraded_by_name(
@@ -257,8 +261,7 @@ async def test_two_replicas_committing_one_upsert_table_at_once_keep_every_chang
                     expected.pop((row["id"], region), None)
             results = await asyncio.gather(*(w.flush() for w in writers))
             assert all(r.snapshot_id is not None for r in results)
-        iceberg = writers[0].writer._table
-        iceberg.refresh()
+        iceberg = iceberg_table(a)
         assert merged(iceberg) == expected
         assert len(iceberg.metadata.snapshots) == 12
     # The flushes raced: some row deltas were retried after a conflict.
