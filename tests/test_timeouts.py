@@ -108,7 +108,7 @@ async def test_silent_catalog_under_load_then_sigterm_exits_within_grace(
         log = daemon.log()
         assert code == EXIT_STUCK, daemon.tail()
         assert took < grace + AFTER_GRACE_SECONDS + 2.0, f"took {took:.1f}s\n{daemon.tail()}"
-        assert "still running after" in log and "TableWriter." in log, daemon.tail()
+        assert "still running after" in log and "FlushJob." in log, daemon.tail()
         assert daemon.home.spool_files(), "the uncommitted records must stay in the spool"
 
         proxy.mode = "forward"

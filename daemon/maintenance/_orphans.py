@@ -2,7 +2,7 @@
 commit that gave up between encode and commit).
 
 The daemon knows its own file names: a flush writes
-``{segment_uuid7}-{incarnation}-{partition:05d}-{file:05d}.parquet`` (``writer.py``; the
+``{segment_uuid7}-{incarnation}-{partition:05d}-{file:05d}.parquet`` (``write/flush.py``; the
 segment is the commit's first spool segment, the incarnation a 12-hex tag of the process,
 recorded in its spool directory; an upsert table's equality deletes are
 ``{segment_uuid7}-{incarnation}-eq-...``) and a compaction writes

@@ -53,7 +53,7 @@ class TrackedExecutor(ThreadPoolExecutor):
 
 
 def _describe(fn: Callable[..., Any]) -> str:
-    """``TableWriter._find_committed (t.events)``: the function, and the table it serves."""
+    """``FlushJob._committed_marks (t.events)``: the function, and the table it serves."""
     if isinstance(fn, functools.partial) and fn.args and callable(fn.args[0]):
         fn = fn.args[0]  # asyncio.to_thread submits partial(context.run, func, *args)
     if isinstance(fn, functools.partial):

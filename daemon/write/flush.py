@@ -130,7 +130,7 @@ class FlushJob:
         with; ``on_commit(result)``: told of every snapshot that lands, before it is
         logged; ``claims()``: what a commit claims besides its rows;
         ``commit_refusal()``: why this process must not commit now (None: it may)."""
-        self._name = name
+        self.name = name  # also how a stuck blocking call names its table
         self._table = table
         self._spool = spool
         self._metrics = metrics
@@ -179,25 +179,25 @@ class FlushJob:
                 raise  # already say what failed and what to do
             # Say what failed instead of a raw library error (HTTP: 503, not 500).
             raise CommitError(
-                f"flush of {self._name} failed ({type(exc).__name__}: {exc}); the spool keeps "
+                f"flush of {self.name} failed ({type(exc).__name__}: {exc}); the spool keeps "
                 f"every record and the daemon retries in {delay:.0f}s"
             ) from exc
         self._failures = 0
         self.retry_at = 0.0
         self.degraded = None
-        self._metrics.table_degraded.labels(table=self._name).set(0)
+        self._metrics.table_degraded.labels(table=self.name).set(0)
         return result
 
     async def _commit_spooled(self, flush: _Run) -> FlushResult:
         seal_error: SpoolIOError | None = None
         try:
-            await self._spool.seal(self._name)
+            await self._spool.seal(self.name)
         except SpoolIOError as exc:
             # Commit what IS sealed first (deleting it frees the space the seal
             # lacked); the seal failure is still this flush's failure.
             seal_error = exc
-        result = FlushResult(self._name, flush.reason, None, 0)
-        segments = self._spool.segments(self._name)
+        result = FlushResult(self.name, flush.reason, None, 0)
+        segments = self._spool.segments(self.name)
         flush.ledger.take(segments)
         while segments:
             chunk = _take_chunk(segments, self._settings().max_batch_bytes)
@@ -206,10 +206,10 @@ class FlushJob:
             if segments:
                 _log.info(
                     "%s: %d more segments to commit (%s)",
-                    self._name,
+                    self.name,
                     len(segments),
                     flush.reason,
-                    extra={"table": self._name, "segments_left": len(segments)},
+                    extra={"table": self.name, "segments_left": len(segments)},
                 )
         if seal_error is not None:
             raise seal_error
@@ -219,19 +219,19 @@ class FlushJob:
         """Count and log a failed flush, mark the table degraded; returns the retry delay."""
         self._failures += 1
         self.degraded = str(exc)
-        self._metrics.table_degraded.labels(table=self._name).set(1)
+        self._metrics.table_degraded.labels(table=self.name).set(1)
         delay = _FLUSH_RETRY.delay(self._failures)
         self.retry_at = time.monotonic() + delay
-        self._metrics.commit_failures.labels(table=self._name).inc()
+        self._metrics.commit_failures.labels(table=self.name).inc()
         cause = _FLUSH_CAUSES.get(unavailable(exc) or "", "other")
-        self._metrics.flush_errors.labels(table=self._name, cause=cause).inc()
+        self._metrics.flush_errors.labels(table=self.name, cause=cause).inc()
         _log.error(
             "%s: flush (%s) failed, retrying in %.1fs; the spool keeps every record: %s",
-            self._name,
+            self.name,
             reason,
             delay,
             exc,
-            extra={"table": self._name, "reason": reason, "error": str(exc)},
+            extra={"table": self.name, "reason": reason, "error": str(exc)},
         )
         return delay
 
@@ -257,14 +257,14 @@ class FlushJob:
                 return await self._strike(flush, chunk[0], fault)
             _log.warning(
                 "%s: %s; committing the %d segments of the chunk one by one",
-                self._name,
+                self.name,
                 fault,
                 len(chunk),
-                extra={"table": self._name, "segments": len(chunk)},
+                extra={"table": self.name, "segments": len(chunk)},
             )
         # Segments the failed attempt found committed (or corrupt) have left the spool.
-        spooled = {s.id for s in self._spool.segments(self._name)}
-        result = FlushResult(self._name, flush.reason, None, 0)
+        spooled = {s.id for s in self._spool.segments(self.name)}
+        result = FlushResult(self.name, flush.reason, None, 0)
         for info in chunk:
             if info.id in spooled:
                 result = result.followed_by(await self._commit_chunk(flush, [info]))
@@ -287,19 +287,19 @@ class FlushJob:
             fault.claims.withhold()
         self._settled(flush, info)
         self._metrics.quarantined_segments.inc()  # what the quarantine alert watches
-        self._metrics.uncommittable_segments.labels(table=self._name, reason=fault.kind).inc()
+        self._metrics.uncommittable_segments.labels(table=self.name, reason=fault.kind).inc()
         _log.error(
             "%s: segment %s (%d records) quarantined after %d attempts: %s; fix the cause, "
             "then `icespool replay --segment %s`",
-            self._name,
+            self.name,
             info.id,
             info.rows,
             strikes,
             fault,
             info.id,
-            extra={"table": self._name, "segment": info.id, "error": str(fault)},
+            extra={"table": self.name, "segment": info.id, "error": str(fault)},
         )
-        return FlushResult(self._name, flush.reason, None, 0, quarantined=(info.id,))
+        return FlushResult(self.name, flush.reason, None, 0, quarantined=(info.id,))
 
     # ------------------------------------------------------------------ one snapshot
 
@@ -311,15 +311,15 @@ class FlushJob:
             if not await self._drop_committed(flush, info, marks):
                 fresh.append(info)
         if not fresh:
-            return FlushResult(self._name, flush.reason, None, 0, already_committed=bool(marks))
+            return FlushResult(self.name, flush.reason, None, 0, already_committed=bool(marks))
         readable = await self._read_back(flush, fresh)
         if not readable:
-            return FlushResult(self._name, flush.reason, None, 0)
+            return FlushResult(self.name, flush.reason, None, 0)
         seg_ids = [data.info.id for data in readable]
 
         async def filter_again(number: int, exc: BaseException, _: float) -> None:
             nonlocal marks
-            _log.warning("%s: %s; filtering again", self._name, exc)
+            _log.warning("%s: %s; filtering again", self.name, exc)
             marks = await asyncio.to_thread(self._committed_marks, seg_ids)
 
         outcome = await retry_async(
@@ -331,17 +331,17 @@ class FlushJob:
         )
         if outcome is None:  # every row was already in the table
             await self._delete(flush, readable)
-            return FlushResult(self._name, flush.reason, None, 0)
+            return FlushResult(self.name, flush.reason, None, 0)
         commit, files, records = outcome
         if not commit.already_committed:
             self._remember(files)
         if commit.unknown_outcomes:
-            self._metrics.commit_unknown_outcomes.labels(table=self._name).inc(
+            self._metrics.commit_unknown_outcomes.labels(table=self.name).inc(
                 commit.unknown_outcomes
             )
         await self._delete(flush, readable)
         result = FlushResult(
-            table=self._name,
+            table=self.name,
             reason=flush.reason,
             snapshot_id=commit.snapshot_id,
             records=records,
@@ -365,10 +365,10 @@ class FlushJob:
         snapshot = mark[0]
         _log.warning(
             "%s: segment %s already in snapshot %s; deleting it from the spool",
-            self._name,
+            self.name,
             info.id,
             snapshot if snapshot >= 0 else "(expired since; the table's properties say so)",
-            extra={"table": self._name, "segment": info.id},
+            extra={"table": self.name, "segment": info.id},
         )
         await self._spool.delete(info.id)
         self._settled(flush, info)
@@ -402,7 +402,7 @@ class FlushJob:
             rows = claims.filter(batches, metas, self._table.metadata.properties)
         except CommitError as exc:
             raise UncommittableSegmentError(
-                f"{_segments_text(seg_ids)} of {self._name}: {exc}", kind="metadata"
+                f"{_segments_text(seg_ids)} of {self.name}: {exc}", kind="metadata"
             ) from exc
         if not rows:
             return None
@@ -436,12 +436,12 @@ class FlushJob:
                 _log.warning(
                     "%s: segment %s has %d of its %d records in the table already (committed "
                     "by a copy of this spool); committing the other %d",
-                    self._name,
+                    self.name,
                     data.info.id,
                     start,
                     total,
                     max(0, total - start),
-                    extra={"table": self._name, "segment": data.info.id},
+                    extra={"table": self.name, "segment": data.info.id},
                 )
         return batches, metas, spans
 
@@ -460,12 +460,12 @@ class FlushJob:
                 # RuntimeError around one): retried with backoff, never quarantined.
                 raise
             raise UncommittableSegmentError(
-                f"{_segments_text(seg_ids)} of {self._name} cannot be encoded for the table's "
+                f"{_segments_text(seg_ids)} of {self.name} cannot be encoded for the table's "
                 f"current schema: {type(exc).__name__}: {exc}",
                 kind="schema" if isinstance(exc, BadInputError) else "encode",
                 claims=claims,
             ) from exc
-        self._metrics.encode_duration.labels(table=self._name).observe(
+        self._metrics.encode_duration.labels(table=self.name).observe(
             time.perf_counter() - encode_started
         )
         return files
@@ -493,14 +493,14 @@ class FlushJob:
         except CommitError as exc:
             # A commit that fails had its conflicts too (a landed one: `_record`).
             if exc.conflicts:
-                self._metrics.commit_conflicts.labels(table=self._name).inc(exc.conflicts)
+                self._metrics.commit_conflicts.labels(table=self.name).inc(exc.conflicts)
             if isinstance(exc, ClaimsMovedError):
                 # Raised before anything was sent: these files are never committed (the
                 # next round encodes what is left), and no snapshot will name their rows.
                 await in_flush_thread(remove_files, self._table, files)
             if isinstance(exc, CommitRejectedError):
                 raise UncommittableSegmentError(
-                    f"{_segments_text(seg_ids)} of {self._name}: {exc}",
+                    f"{_segments_text(seg_ids)} of {self.name}: {exc}",
                     kind="rejected",
                     claims=claims,
                 ) from exc
@@ -518,7 +518,7 @@ class FlushJob:
             # into rows. The segment's strikes quarantine it, naming the fix.
             raise BadInputError(
                 f"the spooled rows are keyed changes ({OP_COLUMN}), but table "
-                f"{self._name} has no key now; restore its [[tables]] key and replay"
+                f"{self.name} has no key now; restore its [[tables]] key and replay"
             )
         return _encode_rows(self._table, rows, prefix, settings)
 
@@ -531,7 +531,7 @@ class FlushJob:
         while the ones added in the same snapshot stay."""
         # Another writer may have repartitioned the table: deletes that would miss
         # rows hold the table back (retried, nothing quarantined) instead.
-        check_upsert_layout(self._table, self._key, self._name)
+        check_upsert_layout(self._table, self._key, self.name)
         resolved = last_changes(rows, schema, self._key)
         data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, settings)
         try:
@@ -570,23 +570,23 @@ class FlushJob:
 
     def _record(self, result: FlushResult, files: Sequence[Any]) -> None:
         m = self._metrics
-        m.records_committed.labels(table=self._name).inc(result.records)
+        m.records_committed.labels(table=self.name).inc(result.records)
         self.committed_records += result.records
-        m.commits.labels(table=self._name, reason=result.reason).inc()
-        m.commit_conflicts.labels(table=self._name).inc(result.conflicts)
+        m.commits.labels(table=self.name, reason=result.reason).inc()
+        m.commit_conflicts.labels(table=self.name).inc(result.conflicts)
         self._on_commit(result)
-        m.commit_duration.labels(table=self._name).observe(result.duration_ms / 1000)
-        m.last_commit.labels(table=self._name).set(time.time())
+        m.commit_duration.labels(table=self.name).observe(result.duration_ms / 1000)
+        m.last_commit.labels(table=self.name).set(time.time())
         self.last_commit_at = time.monotonic()
         for data_file in files:
-            m.data_file_size.labels(table=self._name).observe(data_file.file_size_in_bytes)
+            m.data_file_size.labels(table=self.name).observe(data_file.file_size_in_bytes)
         self.last_commit = result
         self.last_commit_wall = time.time()
         self._gauge_shape()
         _log.info(
             "committed %s: reason=%s records=%d files=%d bytes=%d duration_ms=%.1f snapshot=%s "
             "conflicts=%d",
-            self._name,
+            self.name,
             result.reason,
             result.records,
             result.files,
@@ -595,7 +595,7 @@ class FlushJob:
             result.snapshot_id,
             result.conflicts,
             extra={
-                "table": self._name,
+                "table": self.name,
                 "reason": result.reason,
                 "records": result.records,
                 "files": result.files,
@@ -612,7 +612,7 @@ class FlushJob:
         current = metadata.current_snapshot()
         total = current.summary.get("total-data-files") if current and current.summary else None
         self._metrics.set_table_shape(
-            self._name,
+            self.name,
             snapshots=len(metadata.snapshots),
             data_files=int(total) if total else None,
         )
