@@ -89,8 +89,7 @@ class TableQueue:
         # Records this process acked for the table (what icespool_records_acked_total
         # counts), for totals read without the registry.
         self.acked_records = 0
-        # Told of every segment that leaves the spool (committed or quarantined): how
-        # start-up recovery and `icespool replay` count their progress.
+        # Told of every segment that leaves the spool (`settled`).
         self.on_settled: Callable[[SegmentInfo], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
