@@ -31,16 +31,16 @@ from sqlalchemy import event
 from support.postgres import scratch_database, sqlalchemy_uri
 
 from icespool.errors import CommitError
-from icespool.iceberg import IcespoolSqlCatalog
-from icespool.iceberg._catalog import ensure_table, load_catalog
-from icespool.iceberg._commit import (
+from icespool.iceberg import (
     SEGMENTS_SUMMARY_KEY,
     CommitResult,
+    IcespoolSqlCatalog,
     StaleEncodingError,
     commit_files,
     find_committed_segments,
     last_segments_key,
 )
+from icespool.iceberg._catalog import ensure_table, load_catalog
 from icespool.iceberg._parquet import encode_data_files
 from icespool.runtime.retry import Backoff
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
@@ -433,7 +433,7 @@ _WORKER = textwrap.dedent(
     sys.path.insert(0, os.environ["ICESPOOL_REPO"])
     import pyarrow as pa
     from icespool.iceberg._catalog import load_catalog
-    from icespool.iceberg._commit import commit_files
+    from icespool.iceberg import commit_files
     from icespool.runtime.retry import Backoff
     from icespool.iceberg._parquet import encode_data_files
     from icespool.schema import arrow_schema_for, conform
