@@ -36,7 +36,9 @@ from icespool.iceberg import (
     CommitResult,
     IcespoolSqlCatalog,
     StaleEncodingError,
+    commit_evolution,
     commit_files,
+    commit_properties,
     find_committed_segments,
     last_segments_key,
 )
@@ -278,6 +280,39 @@ def test_unreachable_catalog_during_refresh_is_retried(catalog: Catalog, tmp_pat
     result = commit_files(table, files, segment_ids=["s1"], summary={}, retry=FAST)
     assert (result.attempts, result.records, result.already_committed) == (3, 7, False)
     assert len(catalog.load_table("demo.events").snapshots()) == 1
+
+
+def test_a_property_commit_whose_answer_was_lost_is_found_by_looking(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["after"])
+    assert commit_properties(table, lambda _: {"icespool.test": "x"}, retry=FAST)
+    assert catalog.load_table("demo.events").properties["icespool.test"] == "x"
+
+
+def test_a_property_commit_that_failed_before_landing_leaves_the_retry_to_its_caller(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """Property commits run on their callers' schedule (the next tick, the next run):
+    a catalog that failed them ends the call with its error, nothing committed."""
+    _create(catalog)
+    table = _lossy(tmp_path, ["before"])
+    with pytest.raises(ConnectionResetError):
+        commit_properties(table, lambda _: {"icespool.test": "x"}, retry=FAST)
+    assert "icespool.test" not in catalog.load_table("demo.events").properties
+
+
+def test_a_schema_change_whose_answer_was_lost_is_found_by_looking(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["after"])
+    incoming = pa.schema([("extra", pa.string())])
+    plan = commit_evolution(table, incoming, "add-columns", max_columns=100)
+    assert plan.describe() == "add extra string"
+    assert "extra" in catalog.load_table("demo.events").schema().column_names
+    assert not commit_evolution(table, incoming, "add-columns", max_columns=100)
 
 
 def test_gives_up_after_bounded_attempts_and_says_the_spool_keeps_the_data(

@@ -138,12 +138,7 @@ class _Append(CommitKind[dict[str, str], CommitResult]):
         raise cannot_load(table, error) from error
 
     def gave_up(self, table: Table, attempts: Attempts, last: BaseException) -> NoReturn:
-        raise CommitError(
-            f"table {table_name(table)}: commit of segments {list(self.marks.segments)} failed "
-            f"after {attempts.number} attempts ({type(last).__name__}: {last}); "
-            "the spool still holds the records; a later attempt first checks the table for "
-            "them, so nothing is committed twice"
-        ) from last
+        raise self.marks.not_committed(table, attempts, last) from last
 
 
 def commit_files(

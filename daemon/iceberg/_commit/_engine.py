@@ -50,7 +50,7 @@ Why each kind's change lands exactly once:
   compare-and-swap on that state (SQL: metadata_location; REST: assert-ref-snapshot-id;
   Glue: the table's VersionId). If the earlier attempt lands late, the retry's swap
   fails, and the next check finds the change; if the retry lands, the earlier attempt's
-  swap fails. Either way one snapshot holds the change.
+  swap fails. Either way the change lands once.
 - So at most one attempt of a call ever lands, and once the change is known to be in the
   table the other attempts' files are garbage (`_settle`; the landed one loses only the
   manifests a merge left unlisted). Cleanup is best effort: a file left behind is an
@@ -77,10 +77,10 @@ Why each kind's change lands exactly once:
   and each spool has its own key, so replicas sharing a table never overwrite each
   other's.
 - A replace or a row delete recognises its change by the ids of the snapshots its
-  attempts staged (`Attempts.landed_snapshot`); a property update by the values it set; an expiry
-  by its chosen snapshots being gone; a schema change by nothing being left to plan.
-  What the look finds that another writer committed (a copy of the spool's commit of the
-  same segments, the same property value) is the same outcome for the caller.
+  attempts staged (`Attempts.landed_snapshot`); a property update by the values it set;
+  an expiry by its chosen snapshots being gone; a schema change by nothing being left to
+  plan. What the look finds that another writer committed (a copy of the spool's commit
+  of the same segments, the same property value) is the same outcome for the caller.
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``. A Table
 instance must not be shared between threads while a commit runs (it is refreshed in
@@ -112,7 +112,6 @@ from icespool.iceberg._upstream._transaction import (
     abandon,
     send,
     staged_snapshot_ids,
-    staged_table,
     tidy,
 )
 from icespool.runtime.retry import Backoff, retry
@@ -190,19 +189,18 @@ class Attempts:
     unknown: int = 0  # sent, and the outcome was not seen
     sent: list[Staged] = field(default_factory=list)  # every attempt that reached the send
 
+    def _snapshot_ids(self) -> set[int]:
+        return {snapshot_id for staged in self.sent for snapshot_id in staged.snapshot_ids}
+
     def ours(self, snapshot_id: int) -> bool:
         """Whether ``snapshot_id`` is a snapshot one of these attempts staged."""
-        return any(snapshot_id in staged.snapshot_ids for staged in self.sent)
+        return snapshot_id in self._snapshot_ids()
 
     def landed_snapshot(self, table: Table) -> int | None:
         """The snapshot of one of these attempts that ``table`` (as loaded) holds."""
-        ours = {snapshot_id for staged in self.sent for snapshot_id in staged.snapshot_ids}
-        if not ours:
-            return None
-        for snapshot in table.metadata.snapshots:
-            if snapshot.snapshot_id in ours:
-                return snapshot.snapshot_id
-        return None
+        ours = self._snapshot_ids()
+        landed = (s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id in ours)
+        return next(landed, None)
 
 
 class CommitKind(Protocol[_D, _R_co]):
@@ -294,6 +292,8 @@ def run(table: Table, kind: CommitKind[_D, _R_co], backoff: Backoff) -> _R_co:
 
 def _attempt(table: Table, kind: CommitKind[_D, _R_co], attempts: Attempts) -> _R_co:
     attempts.number += 1
+    # Always look before committing: an earlier attempt (this call's, or an earlier
+    # process's) may have landed, and the refresh builds on other writers' commits.
     _refresh(table, kind)
     if (result := _look(table, kind, attempts)) is not None:
         return result
@@ -334,7 +334,7 @@ def _look(table: Table, kind: CommitKind[_D, _R_co], attempts: Attempts) -> _R_c
 def _stage(table: Table, kind: CommitKind[_D, _R_co], decision: _D, attempts: Attempts) -> Staged:
     try:
         return kind.stage(table, decision)
-    except IcespoolError:
+    except IcespoolError:  # the kind's own verdict (a conflict it found building)
         raise
     except PERMANENT_ERRORS as exc:
         kind.rejected(table, exc)
@@ -364,7 +364,7 @@ def _send(table: Table, kind: CommitKind[_D, _R_co], staged: Staged, attempts: A
         (
             *staged.requirements,
             # The staged updates never change the uuid: read it without deriving metadata.
-            AssertTableUUID(uuid=staged_table(transaction).metadata.table_uuid),
+            AssertTableUUID(uuid=table.metadata.table_uuid),
         ),
     )
     attempts.sent.append(staged)

@@ -110,6 +110,15 @@ class SegmentMarks:
             )
         return result_from_snapshot(table, existing, attempts, ours=ours)
 
+    def not_committed(self, table: Table, attempts: Attempts, last: BaseException) -> CommitError:
+        """The error when the attempts ran out (``last``: the final one's error)."""
+        return CommitError(
+            f"table {table_name(table)}: commit of segments {list(self.segments)} failed "
+            f"after {attempts.number} attempts ({type(last).__name__}: {last}); "
+            "the spool still holds the records; a later attempt first checks the table for "
+            "them, so nothing is committed twice"
+        )
+
     def _holder(self, table: Table) -> int | None:
         """The snapshot already holding all of the spans' records, or None if none holds
         any.
