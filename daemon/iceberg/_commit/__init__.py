@@ -16,9 +16,13 @@
     _schema          a schema change for incoming data
 
 A new kind implements `_engine.CommitKind`: what it decides and stages on the refreshed
-table, how it recognises its change, its result. The pieces of pyiceberg they extend or
-replace (transactions, snapshot producers, manifest writers) live in the fence,
-``_upstream``.
+table, how it recognises its change, its result. A row delta adding data files with
+position deletes, say: ``landed`` by its `_marks.SegmentMarks`, ``decide`` resolving the
+deletes against the refreshed table (raising when a data file they point at is no longer
+live, or a delete file added since its base conflicts), ``stage`` the row delta, the
+errors as the append's; a conflict resolves them again on the next attempt. The pieces
+of pyiceberg they extend or replace (transactions, snapshot producers, manifest writers)
+live in the fence, ``_upstream``.
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``. A Table
 instance must not be shared between threads while a commit runs (it is refreshed in
