@@ -1,9 +1,9 @@
 """The one retry helper: bounded attempts, full-jitter exponential backoff.
 
 Every conflict retry (the commit engine's, ``iceberg/_commit``, for every kind of
-commit) and every reconnect backoff in the daemon takes its delays from a `Backoff`, so they
-all behave alike: jittered (replicas that collided do not collide again in step),
-capped, and bounded in attempts where a caller must eventually give up.
+commit) and every reconnect backoff in the daemon takes its delays from a `Backoff`,
+so they all behave alike: jittered (replicas that collided do not collide again in
+step), capped, and bounded in attempts where a caller must eventually give up.
 
 `retry` (blocking) and `retry_async` run the loop itself for every retry: which
 errors are worth another try (`Retryable`), the pause before it (a `Backoff`'s, or one

@@ -1,4 +1,5 @@
-"""One-snapshot commits: round trip, idempotence, unknown outcomes, concurrent writers.
+"""One-snapshot commits: round trip, idempotence, unknown outcomes (also of property and
+schema commits), concurrent writers.
 
 Runs against a real SQLite SQL catalog and, for the multi-process race, the real
 PostgreSQL on 127.0.0.1:5432 (a fresh database per run, dropped afterwards).

@@ -356,7 +356,7 @@ def _stage(table: Table, kind: CommitKind[_D, _R_co], decision: _D, attempts: At
 def _send(table: Table, kind: CommitKind[_D, _R_co], staged: Staged, attempts: Attempts) -> None:
     """Send ``staged`` once and classify what the catalog answered (the module doc)."""
     transaction = staged.transaction
-    refuse_unchecked(table, staged.requirements)
+    refuse_unchecked(table.catalog, staged.requirements, table=table_name(table))
     # pyiceberg types requirements as the union of Iceberg's kinds; a catalog that
     # validates locally (checked above) only calls validate() on them.
     requirements = cast(

@@ -11,7 +11,6 @@ from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import ValidatableTableRequirement
 
@@ -87,14 +86,15 @@ def validates_locally(catalog: Catalog) -> bool:
     return isinstance(catalog, GlueCatalog)
 
 
-def refuse_unchecked(table: Table, requirements: Sequence[ValidatableTableRequirement]) -> None:
+def refuse_unchecked(
+    catalog: Catalog, requirements: Sequence[ValidatableTableRequirement], *, table: str
+) -> None:
     """Raise `CommitError` (before anything is sent) when ``requirements`` hold one of
-    icespool's own kinds and ``table``'s catalog cannot check it."""
+    icespool's own kinds and ``catalog`` cannot check it."""
     if any(isinstance(r, _LOCAL_REQUIREMENTS) for r in requirements) and not validates_locally(
-        table.catalog
+        catalog
     ):
         raise CommitError(
-            f"table {'.'.join(table.name())}: catalog type {type(table.catalog).__name__} "
-            "cannot check icespool's commit requirements (a maintenance lease); nothing was "
-            "committed"
+            f"table {table}: catalog type {type(catalog).__name__} cannot check icespool's "
+            "commit requirements (a maintenance lease); nothing was committed"
         )
