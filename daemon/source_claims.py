@@ -22,16 +22,9 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from icespool.errors import CommitError
+from icespool.iceberg import ClaimsMovedError
 
 __all__ = ["NO_CLAIMS", "Claims", "ClaimsFactory", "ClaimsMovedError"]
-
-
-class ClaimsMovedError(CommitError):
-    """Another writer committed positions these claims cover since they were filtered.
-
-    Nothing was committed; filter the spooled rows again and retry.
-    """
 
 
 class Claims(Protocol):

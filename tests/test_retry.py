@@ -7,13 +7,11 @@ and the error that comes out; pauses are real sleeps, kept to milliseconds.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 import pytest
-from pyiceberg.exceptions import CommitFailedException
 
-from icespool.runtime.retry import Backoff, retry, retry_async, retry_conflicts
+from icespool.runtime.retry import Backoff, retry, retry_async
 
 
 class Flaky:
@@ -75,16 +73,6 @@ def test_retry_takes_a_test_of_the_error() -> None:
             pause=lambda *_: 0.0,
         )
     assert flaky.calls == 2
-
-
-def test_retry_conflicts_logs_each_conflict(caplog: pytest.LogCaptureFixture) -> None:
-    flaky = Flaky(CommitFailedException("swap refused"))
-    with caplog.at_level(logging.INFO, logger="icespool.retry"):
-        result = retry_conflicts(flaky, what="table t: x", backoff=Backoff(3, 0.001, 0.002))
-    assert result == "done"
-    assert [r.getMessage() for r in caplog.records] == [
-        "table t: x: conflict (attempt 1/3): swap refused"
-    ]
 
 
 def test_backoff_pause_is_its_delay() -> None:

@@ -15,7 +15,7 @@ from pyiceberg.table import Table
 from icespool import Column, Icespool, SchemaError, ShuttingDownError, UnknownTableError
 from icespool.config import Config, embedded_default, validate_config
 from icespool.errors import CommitError
-from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
+from icespool.iceberg import SEGMENTS_SUMMARY_KEY, commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.schema import arrow_schema_for
 from icespool.spool import Spool

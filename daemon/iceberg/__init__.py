@@ -7,10 +7,11 @@
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
     _transforms the partition transforms, vectorized over Arrow arrays
-    _commit     every commit by kind (its doc lists the modules): ONE snapshot per flush,
-                idempotent per spool segment; property commits; snapshot expiry and
-                replace snapshots for maintenance, with the compare-and-swap
-                requirements of its lease
+    _commit     every commit, by one engine (its doc lists the modules): ONE snapshot per
+                flush, idempotent per spool segment; property commits; snapshot expiry
+                and replace snapshots for maintenance, with the compare-and-swap
+                requirements of its lease; row deletes; schema changes
+    _segments   which spool segments a table holds: the marks those commits leave
     _rest       which REST requests commit (and get an Idempotency-Key)
     _defaults   table properties the daemon sets on the tables it creates
     _properties integer table properties: one parser; a warning and the default for
@@ -25,10 +26,9 @@ Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 from icespool.iceberg._catalog import check_compatible, ensure_table, load_catalog, split_identifier
 from icespool.iceberg._check import catalog_tables, check_catalog
 from icespool.iceberg._commit import (
-    SEGMENT_RECORDS_SUMMARY_KEY,
-    SEGMENTS_SUMMARY_KEY,
     AssertProperty,
     AssertUnreferenced,
+    ClaimsMovedError,
     CommitOutcomeUnknownError,
     CommitRejectedError,
     CommitResult,
@@ -36,14 +36,12 @@ from icespool.iceberg._commit import (
     PropertyUpdate,
     ReplaceConflictError,
     StaleEncodingError,
+    commit_evolution,
     commit_expiry,
     commit_files,
     commit_properties,
     commit_replace,
-    committed_marks,
     delete_rows,
-    find_committed_segments,
-    last_segments_key,
     validates_locally,
 )
 from icespool.iceberg._defaults import (
@@ -60,6 +58,13 @@ from icespool.iceberg._parquet import (
     encode_data_files,
     encode_equality_deletes,
     remove_files,
+)
+from icespool.iceberg._segments import (
+    SEGMENT_RECORDS_SUMMARY_KEY,
+    SEGMENTS_SUMMARY_KEY,
+    committed_marks,
+    find_committed_segments,
+    last_segments_key,
 )
 from icespool.iceberg._tables import (
     check_key,
@@ -91,6 +96,7 @@ __all__ = [
     "AssertProperty",
     "AssertUnreferenced",
     "CatalogHealth",
+    "ClaimsMovedError",
     "CommitOutcomeUnknownError",
     "CommitRejectedError",
     "CommitResult",
@@ -106,6 +112,7 @@ __all__ = [
     "check_compatible",
     "check_key",
     "check_upsert_layout",
+    "commit_evolution",
     "commit_expiry",
     "commit_files",
     "commit_properties",

@@ -4,7 +4,7 @@ Every snapshot the daemon commits carries ``icespool.segments`` = the comma-join
 the spool segments whose rows it adds, and ``icespool.segment-records`` = how many of
 each segment's records the table holds after it. The same commit sets the table property
 ``icespool.spool.<spool-id>.last-segments`` (and its record counts), which snapshot
-expiry never removes. Why these marks make commits idempotent: ``_append``'s doc.
+expiry never removes. Why these marks make commits idempotent: ``_commit/_engine``'s doc.
 """
 
 from __future__ import annotations

@@ -15,11 +15,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from icespool.cdc import applies, droppable, live_files
 from icespool.errors import CommitError
-from icespool.iceberg._commit import (
-    CommitOutcomeUnknownError,
-    ReplaceConflictError,
-    commit_replace,
-)
+from icespool.iceberg import CommitOutcomeUnknownError, ReplaceConflictError, commit_replace
 from icespool.iceberg._parquet import _remove_quietly
 from icespool.maintenance._compact_plan import CompactionError, CompactionPlan
 from icespool.runtime.retry import CONFLICTS, Backoff

@@ -1,11 +1,11 @@
 """The one retry helper: bounded attempts, full-jitter exponential backoff.
 
-Every conflict retry (a data commit, a property-only commit, a schema change) and
-every reconnect backoff in the daemon takes its delays from a `Backoff`, so they
-all behave alike: jittered (replicas that collided do not collide again in step),
-capped, and bounded in attempts where a caller must eventually give up.
+Every conflict retry (the commit engine's, ``iceberg/_commit``, for every kind of
+commit) and every reconnect backoff in the daemon takes its delays from a `Backoff`,
+so they all behave alike: jittered (replicas that collided do not collide again in
+step), capped, and bounded in attempts where a caller must eventually give up.
 
-`retry` (blocking) and `retry_async` run the loop itself for every other retry: which
+`retry` (blocking) and `retry_async` run the loop itself for every retry: which
 errors are worth another try (`Retryable`), the pause before it (a `Backoff`'s, or one
 the error names, as a full queue's ``retry_after``), what to do between tries (log,
 re-read what the next try builds on), and for `retry_async` a deadline past which no
@@ -17,19 +17,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pyiceberg.exceptions import CommitFailedException
-
-__all__ = ["Backoff", "Pause", "Retryable", "retry", "retry_async", "retry_conflicts"]
+__all__ = ["Backoff", "Pause", "Retryable", "retry", "retry_async"]
 
 _T = TypeVar("_T")
-_log = logging.getLogger("icespool.retry")
 
 #: Which errors get another try: exception types, or a test of the error.
 Retryable = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
@@ -126,26 +122,3 @@ async def retry_async(
         if wait > 0:
             await asyncio.sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def retry_conflicts(
-    attempt: Callable[[], _T],
-    *,
-    what: str,
-    backoff: Backoff = CONFLICTS,
-    conflict: type[BaseException] | tuple[type[BaseException], ...] = CommitFailedException,
-) -> _T:
-    """Call ``attempt`` until it does not raise ``conflict`` (blocking).
-
-    ``attempt`` must refresh what it builds on each time (a conflict means another
-    writer changed the table). After ``backoff.attempts`` conflicts the last one is
-    raised: callers keep what they had (the spool, the partition's position) and
-    try again later.
-    """
-
-    def log(number: int, exc: BaseException, wait: float) -> None:
-        _log.info("%s: conflict (attempt %d/%d): %s", what, number, backoff.attempts, exc)
-
-    return retry(
-        attempt, attempts=backoff.attempts, retryable=conflict, pause=backoff.pause, on_retry=log
-    )

@@ -9,7 +9,7 @@ config validates types and partitions with the same code that builds the tables.
     _arrow       the Arrow schema of a table; conform and cast batches to it
     _ranges      values Iceberg readers can hold (dates, times, decimals)
     _infer       an Iceberg schema from a first batch; declared vs existing diff
-    _evolution   which schema change incoming data asks for, and applying it
+    _evolution   which schema change incoming data asks for (iceberg commits it)
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
         EvolutionPlan,
         Policy,
         SchemaChangeError,
-        apply_plan,
         check_width,
         plan_evolution,
     )
@@ -79,7 +78,6 @@ __all__ = [
     "Policy",
     "SchemaChangeError",
     "SchemaDifference",
-    "apply_plan",
     "arrow_schema_for",
     "cast_array",
     "check_required_children",
@@ -127,7 +125,6 @@ __getattr__ = lazy_exports(
             "EvolutionPlan",
             "Policy",
             "SchemaChangeError",
-            "apply_plan",
             "check_width",
             "plan_evolution",
         ),

@@ -1,4 +1,4 @@
-"""Schema evolution: which changes incoming data asks of a table, and applying them.
+"""Schema evolution: which changes incoming data asks of a table.
 
 Per table policy (``evolve`` in ``[[tables]]``):
 
@@ -18,24 +18,18 @@ field id): a change past it is refused whole with `SchemaChangeError`, since eve
 commit writes the whole schema into the table's metadata.
 
 Planning is pure (an existing Iceberg schema and the Arrow schema of the input);
-applying commits one ``update_schema`` and is safe against replicas racing to add
-the same column: a conflict refreshes the table and plans again, and a plan that
-has become empty means another replica already did it. The width is checked on the
-refreshed table each time, so replicas adding different columns cannot pass it
-together.
+``icespool.iceberg.commit_evolution`` plans on the refreshed table and commits the
+plan, again after a conflict.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
 from pyiceberg.types import (
     BooleanType,
     DecimalType,
@@ -54,20 +48,16 @@ from pyiceberg.types import (
 )
 
 from icespool.errors import SchemaError
-from icespool.runtime.retry import retry_conflicts
-from icespool.schema._grammar import count_columns, render_type, type_columns
+from icespool.schema._grammar import render_type, type_columns
 from icespool.schema._infer import infer_schema
 
 __all__ = [
     "EvolutionPlan",
     "Policy",
     "SchemaChangeError",
-    "apply_plan",
     "check_width",
     "plan_evolution",
 ]
-
-_log = logging.getLogger("icespool.evolution")
 
 Policy = Literal["none", "add-columns", "add-and-widen"]
 
@@ -216,52 +206,3 @@ def _plan_field(
             f"values are {render_type(wanted)} but the column is {render_type(have)}, "
             "which is not a legal Iceberg promotion",
         )
-
-
-def apply_plan(
-    table: Table,
-    incoming: pa.Schema,
-    policy: Policy,
-    *,
-    max_columns: int,
-    refresh: Callable[[Table], object],
-    only: Collection[str] | None = None,
-    exact: bool = True,
-) -> EvolutionPlan:
-    """Evolve ``table`` for ``incoming`` (blocking); returns what was changed here.
-
-    Re-plans on the table refreshed with ``refresh`` after a conflict, so two replicas
-    adding the same column converge (the second finds nothing left to do). A plan that
-    would take the table past ``max_columns`` is refused whole (nothing is added).
-    """
-    name = ".".join(table.name())
-
-    def attempt() -> EvolutionPlan:
-        refresh(table)
-        schema = table.schema()
-        plan = plan_evolution(schema, incoming, policy, only=only, exact=exact)
-        if not plan:
-            return plan
-        if plan.adds:
-            width = count_columns(schema.fields) + plan.added_columns
-            check_width(name, width, max_columns, ".".join(plan.adds[0][0]))
-        with table.update_schema() as update:
-            for path, field_type in plan.adds:
-                update.add_column(path, field_type, required=False)
-            for path, field_type in plan.widens:
-                update.update_column(path, field_type=field_type)
-        refresh(table)
-        _log.info(
-            "%s: schema evolved: %s",
-            name,
-            plan.describe(),
-            extra={"table": name, "change": plan.describe()},
-        )
-        return plan
-
-    try:
-        return retry_conflicts(attempt, what=f"table {name}: schema change")
-    except CommitFailedException:
-        raise SchemaChangeError(
-            "?", "schema update kept conflicting with other writers; retry"
-        ) from None

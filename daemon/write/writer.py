@@ -30,10 +30,10 @@ from pyiceberg.table import Table
 
 from icespool.cdc import OP_COLUMN, change_schema, spoolable
 from icespool.config import WriterSettings
-from icespool.iceberg import commit_properties, delete_rows, refresh_table
+from icespool.iceberg import commit_evolution, commit_properties, delete_rows, refresh_table
 from icespool.metrics import Metrics
 from icespool.runtime.lanes import Lane
-from icespool.schema import EvolutionPlan, Policy, apply_plan, arrow_schema_for
+from icespool.schema import EvolutionPlan, Policy, arrow_schema_for
 from icespool.source_claims import NO_CLAIMS, ClaimsFactory
 from icespool.spool import SegmentInfo, Spool, SpoolError
 from icespool.write.cadence import Cadence
@@ -285,14 +285,13 @@ class TableWriter:
             only = [column for column in only if column != OP_COLUMN]
         future: asyncio.Future[EvolutionPlan] = self._lane.submit(
             lambda: asyncio.to_thread(
-                apply_plan,
+                commit_evolution,
                 self._table,
                 incoming,
                 policy,
                 max_columns=max_columns,
                 only=only,
                 exact=exact,
-                refresh=refresh_table,
             )
         )
         plan = await future

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (support)
 from _events import COLUMNS, decode_body, ndjson_body
 from support.maintenance_helpers import live_files, local_path, sql_catalog
 
+from icespool.iceberg import commit_files
 from icespool.iceberg._catalog import ensure_table
-from icespool.iceberg._commit import commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema

@@ -19,7 +19,7 @@ SQLite SQL catalog and local warehouse, everything measured in one run:
 
 Snapshot expiry is the daemon's maintenance (another part of issue 13), not the commit
 path. Here it is SIMULATED in A and C between flushes: every ``--expire-every`` commits
-pyiceberg's ExpireSnapshots keeps the newest ``--keep-snapshots`` snapshots (the
+the daemon's expiry commit keeps the newest ``--keep-snapshots`` snapshots (the
 default 360 is what `history.expire.max-snapshot-age-ms` = 6 h keeps at the default
 60 s batch_timeout), then the manifests and manifest lists no retained snapshot reaches
 are deleted (what maintenance does after expiring). The loop commits far faster than
@@ -52,7 +52,6 @@ from typing import Any
 import aiohttp
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -61,9 +60,7 @@ from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir
 
 from icespool.config import validate_config
 from icespool.config._sections import embedded_catalog
-from icespool.iceberg import load_catalog
-from icespool.iceberg._commit_common import commit_once as _commit_once
-from icespool.iceberg._commit_common import new_transaction
+from icespool.iceberg import commit_expiry, load_catalog
 from icespool.lifecycle.service import Icespool
 
 ROWS = 10
@@ -134,11 +131,9 @@ class Expirer:
         ordered = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)
         old = [s.snapshot_id for s in ordered[: -self.keep] if s is not current]
         if old:
-            # pyiceberg's ExpireSnapshots on the daemon's transaction (its own deep-copies
-            # the metadata once per id), sent as the daemon sends every commit.
-            transaction = new_transaction(table)
-            ExpireSnapshots(transaction).by_ids(old).commit()
-            _commit_once(transaction)
+            # The daemon's expiry commit (not pyiceberg's ExpireSnapshots, which
+            # deep-copies the metadata once per id).
+            commit_expiry(table, lambda _: old)
         reachable: set[str] = set()
         for snapshot in table.metadata.snapshots:
             listed = self._lists.get(snapshot.manifest_list)

@@ -19,15 +19,16 @@ from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 
 from icespool.iceberg import (
+    SEGMENTS_SUMMARY_KEY,
     TABLE_DEFAULTS,
     IcespoolSqlCatalog,
     apply_defaults,
+    commit_files,
     create_with,
     refresh_table,
     table_defaults,
 )
 from icespool.iceberg._catalog import ensure_table, load_catalog
-from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY, commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.runtime.retry import Backoff
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema

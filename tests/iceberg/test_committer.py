@@ -1,4 +1,5 @@
-"""One-snapshot commits: round trip, idempotence, unknown outcomes, concurrent writers.
+"""One-snapshot commits: round trip, idempotence, unknown outcomes (also of property and
+schema commits), concurrent writers.
 
 Runs against a real SQLite SQL catalog and, for the multi-process race, the real
 PostgreSQL on 127.0.0.1:5432 (a fresh database per run, dropped afterwards).
@@ -31,16 +32,18 @@ from sqlalchemy import event
 from support.postgres import scratch_database, sqlalchemy_uri
 
 from icespool.errors import CommitError
-from icespool.iceberg import IcespoolSqlCatalog
-from icespool.iceberg._catalog import ensure_table, load_catalog
-from icespool.iceberg._commit import (
+from icespool.iceberg import (
     SEGMENTS_SUMMARY_KEY,
     CommitResult,
+    IcespoolSqlCatalog,
     StaleEncodingError,
+    commit_evolution,
     commit_files,
+    commit_properties,
     find_committed_segments,
     last_segments_key,
 )
+from icespool.iceberg._catalog import ensure_table, load_catalog
 from icespool.iceberg._parquet import encode_data_files
 from icespool.runtime.retry import Backoff
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
@@ -280,6 +283,39 @@ def test_unreachable_catalog_during_refresh_is_retried(catalog: Catalog, tmp_pat
     assert len(catalog.load_table("demo.events").snapshots()) == 1
 
 
+def test_a_property_commit_whose_answer_was_lost_is_found_by_looking(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["after"])
+    assert commit_properties(table, lambda _: {"icespool.test": "x"}, retry=FAST)
+    assert catalog.load_table("demo.events").properties["icespool.test"] == "x"
+
+
+def test_a_property_commit_that_failed_before_landing_leaves_the_retry_to_its_caller(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """Property commits run on their callers' schedule (the next tick, the next run):
+    a catalog that failed them ends the call with its error, nothing committed."""
+    _create(catalog)
+    table = _lossy(tmp_path, ["before"])
+    with pytest.raises(ConnectionResetError):
+        commit_properties(table, lambda _: {"icespool.test": "x"}, retry=FAST)
+    assert "icespool.test" not in catalog.load_table("demo.events").properties
+
+
+def test_a_schema_change_whose_answer_was_lost_is_found_by_looking(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    _create(catalog)
+    table = _lossy(tmp_path, ["after"])
+    incoming = pa.schema([("extra", pa.string())])
+    plan = commit_evolution(table, incoming, "add-columns", max_columns=100)
+    assert plan.describe() == "add extra string"
+    assert "extra" in catalog.load_table("demo.events").schema().column_names
+    assert not commit_evolution(table, incoming, "add-columns", max_columns=100)
+
+
 def test_gives_up_after_bounded_attempts_and_says_the_spool_keeps_the_data(
     catalog: Catalog, tmp_path: Path
 ) -> None:
@@ -433,7 +469,7 @@ _WORKER = textwrap.dedent(
     sys.path.insert(0, os.environ["ICESPOOL_REPO"])
     import pyarrow as pa
     from icespool.iceberg._catalog import load_catalog
-    from icespool.iceberg._commit import commit_files
+    from icespool.iceberg import commit_files
     from icespool.runtime.retry import Backoff
     from icespool.iceberg._parquet import encode_data_files
     from icespool.schema import arrow_schema_for, conform

@@ -51,8 +51,8 @@ from support.matrix_values import (
 from icespool.config import Config
 from icespool.errors import SchemaError
 from icespool.http import NDJSON
+from icespool.iceberg import commit_files
 from icespool.iceberg._catalog import ensure_table, load_catalog
-from icespool.iceberg._commit import commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.lifecycle.service import Icespool
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema

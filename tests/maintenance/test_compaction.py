@@ -43,9 +43,8 @@ from support.maintenance_helpers import (
 from support.matrix_values import arrow_value, column_values, columns, every_type
 
 from icespool.errors import CommitError
-from icespool.iceberg import CommitOutcomeUnknownError
+from icespool.iceberg import CommitOutcomeUnknownError, commit_files
 from icespool.iceberg._catalog import ensure_table
-from icespool.iceberg._commit import commit_files
 from icespool.maintenance import (
     COMPACTION_SUMMARY_KEY,
     CompactionConflictError,

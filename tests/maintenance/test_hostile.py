@@ -42,9 +42,8 @@ from support.maintenance_helpers import (
 
 from icespool.config import embedded_default, validate_config
 from icespool.errors import ConfigError
-from icespool.iceberg import commit_expiry, commit_properties
+from icespool.iceberg import commit_expiry, commit_files, commit_properties
 from icespool.iceberg._catalog import ensure_table
-from icespool.iceberg._commit import commit_files
 from icespool.iceberg._upstream._metadata import apply_updates
 from icespool.lifecycle.service import Icespool
 from icespool.maintenance import (

@@ -26,8 +26,8 @@ from support.maintenance_helpers import (
     uuid7_at,
 )
 
+from icespool.iceberg import commit_files
 from icespool.iceberg._catalog import ensure_table
-from icespool.iceberg._commit import commit_files
 from icespool.maintenance import (
     FileOwner,
     daemon_file_id,

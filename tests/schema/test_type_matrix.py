@@ -20,8 +20,8 @@ from support.json_values import b64_json, decimal_json, dumps, storage_type
 
 from icespool.decode import JsonOptions, decode_ndjson, decode_ndjson_lenient
 from icespool.errors import SchemaError
+from icespool.iceberg import commit_files
 from icespool.iceberg._catalog import ensure_table, load_catalog
-from icespool.iceberg._commit import commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.schema import arrow_schema_for, conform, parse_partition_spec, parse_schema
 

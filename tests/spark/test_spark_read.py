@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from support.spark_helpers import rows, scan_metrics
 
-from icespool.iceberg._commit import SEGMENTS_SUMMARY_KEY
+from icespool.iceberg import SEGMENTS_SUMMARY_KEY
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 

@@ -14,7 +14,7 @@ from support.daemon_harness import Daemon, DaemonDir
 from support.spark_helpers import unique_catalog_name
 
 from icespool.config import validate_config
-from icespool.iceberg._commit import commit_files, find_committed_segments
+from icespool.iceberg import commit_files, find_committed_segments
 
 ROWS_PER_FLUSH = 40
 DAEMON_FLUSHES = 12

@@ -17,8 +17,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
+from icespool.iceberg import commit_files
 from icespool.iceberg._catalog import load_catalog
-from icespool.iceberg._commit import commit_files
 from icespool.iceberg._parquet import encode_data_files
 from icespool.schema import arrow_schema_for, conform
 from icespool.spool import new_uuid7

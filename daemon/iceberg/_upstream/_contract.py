@@ -128,7 +128,7 @@ PINS: Final[tuple[Pin, ...]] = (
     Pin("_metadata.py", f"{_UPDATE}.RemoveSnapshotsUpdate", (fields("snapshot_ids"),)),
     Pin("_metadata.py", f"{_UPDATE}.RemoveSnapshotRefUpdate", (fields("ref_name"),)),
     Pin("_metadata.py", f"{_UPDATE}.RemoveStatisticsUpdate", (fields("snapshot_id"),)),
-    # _transaction.py: Staging, send, stage, abandon, tidy
+    # _transaction.py: Staging, send, stage, abandon, tidy, staged_snapshot_ids
     Pin(
         "_transaction.py",
         "pyiceberg.table.Transaction.__init__",

@@ -10,6 +10,8 @@ transaction's staged state: building and sending one commit attempt.
 - ``abandon`` / ``tidy``: the manifests a producer wrote (``_SnapshotProducer``'s
   ``_clean_all_uncommitted`` and ``_written_manifests``), deleted when an attempt did not
   land, or when a merge left the first one unlisted.
+- ``staged_snapshot_ids``: the snapshots a transaction's producers add (how a later look
+  recognises an attempt that landed).
 
 Relies on (checked by ``_contract``): ``Transaction`` keeping ``_table``, ``_updates``
 (replaced, never mutated, by ``_stage``), ``_requirements`` and ``_snapshot_producers``;
@@ -29,7 +31,16 @@ from pyiceberg.table.update import (
 
 from icespool.iceberg._upstream._metadata import apply_updates, clock_floor
 
-__all__ = ["Staging", "abandon", "send", "stage", "staged_table", "staged_updates", "tidy"]
+__all__ = [
+    "Staging",
+    "abandon",
+    "send",
+    "stage",
+    "staged_snapshot_ids",
+    "staged_table",
+    "staged_updates",
+    "tidy",
+]
 
 
 class Staging(Transaction):
@@ -106,6 +117,12 @@ def staged_updates(transaction: Transaction) -> tuple[TableUpdate, ...]:
     """The updates staged so far (empty: the transaction would change nothing)."""
     updates: tuple[TableUpdate, ...] = transaction._updates
     return updates
+
+
+def staged_snapshot_ids(transaction: Transaction) -> tuple[int, ...]:
+    """The ids of the snapshots ``transaction`` adds, in order (none: it changes only
+    metadata, as a property or schema update)."""
+    return tuple(producer.snapshot_id for producer in transaction._snapshot_producers)
 
 
 def stage(transaction: Transaction, updates: tuple[TableUpdate, ...]) -> None:

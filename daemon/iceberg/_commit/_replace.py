@@ -6,45 +6,38 @@ Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    ValidationException,
-)
-from pyiceberg.manifest import (
-    DataFile,
-    ManifestContent,
-)
-from pyiceberg.table import Table, Transaction
+from pyiceberg.exceptions import ValidationException
+from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.snapshots import (
-    Operation,
-)
-from pyiceberg.table.update import (
-    ValidatableTableRequirement,
-)
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update import ValidatableTableRequirement
 
 from icespool.errors import CommitError
-from icespool.iceberg._commit_common import (
-    PERMANENT_ERRORS,
+from icespool.iceberg._commit._engine import (
     TABLE_GONE,
+    Attempts,
+    CommitKind,
+    Staged,
+    run,
+    table_name,
+)
+from icespool.iceberg._commit._snapshot import (
     CommitRejectedError,
     CommitResult,
+    cannot_load,
     check_summary,
-    commit_once,
     result_from_snapshot,
-    table_name,
-    try_refresh,
 )
 from icespool.iceberg._upstream._replace import ReplaceFiles
 from icespool.iceberg._upstream._transaction import Staging
-from icespool.runtime.retry import CONFLICTS, Backoff, retry_conflicts
+from icespool.runtime.retry import CONFLICTS, Backoff
 
 __all__ = ["CommitOutcomeUnknownError", "ReplaceConflictError", "commit_replace"]
-
-_log = logging.getLogger("icespool.commit")
 
 
 class ReplaceConflictError(CommitError):
@@ -119,37 +112,78 @@ def _check_replace(table: Table, deleted: Sequence[DataFile], added: Sequence[Da
         )
 
 
-def _stage_replace(
-    table: Table,
-    deleted: Sequence[DataFile],
-    added: Sequence[DataFile],
-    summary: Mapping[str, str],
-    data_sequence_number: int | None = None,
-) -> tuple[Transaction, int]:
-    transaction = Staging(table)
-    producer = ReplaceFiles(
-        operation=Operation.OVERWRITE,  # relabelled in _summary, see ReplaceFiles
-        transaction=transaction,
-        io=table.io,
-        snapshot_properties=dict(summary),
-        branch=MAIN_BRANCH,
-    )
-    producer.data_sequence_number = data_sequence_number
-    for data_file in deleted:
-        producer.delete_data_file(data_file)
-    for data_file in added:
-        producer.append_data_file(data_file)
-    producer.commit()
-    return transaction, producer.snapshot_id
+@dataclass(frozen=True)
+class _Replace(CommitKind[list[DataFile], CommitResult]):
+    """``added`` in place of ``deleted`` as one snapshot; the decision is every file the
+    snapshot removes (``check`` may add delete files nothing live needs any more)."""
 
+    deleted: Sequence[DataFile]
+    added: Sequence[DataFile]
+    summary: Mapping[str, str]
+    requirements: Sequence[ValidatableTableRequirement]
+    data_sequence_number: int | None
+    check: Callable[[Table], Sequence[DataFile]] | None
+    noun = "replace"
+    retries_outages = True
 
-class _OutcomeUnknown(Exception):
-    """An attempt that could not commit or whose outcome nobody saw (catalog
-    unreachable): the next attempt refreshes and looks for its snapshots first."""
+    def landed(self, table: Table, attempts: Attempts) -> CommitResult | None:
+        mine = attempts.landed_snapshot(table)
+        return None if mine is None else result_from_snapshot(table, mine, attempts, ours=True)
 
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+    def decide(self, table: Table) -> list[DataFile]:
+        if self.check is None:
+            _check_replace(table, self.deleted, self.added)
+            return list(self.deleted)
+        _check_added_spec(table, self.added)
+        removing = [*self.deleted, *self.check(table)]
+        if not removing:
+            raise ReplaceConflictError(f"table {table_name(table)}: nothing left to replace")
+        return removing
+
+    def stage(self, table: Table, decision: list[DataFile]) -> Staged:
+        transaction = Staging(table)
+        try:
+            producer = ReplaceFiles(
+                operation=Operation.OVERWRITE,  # relabelled in _summary, see ReplaceFiles
+                transaction=transaction,
+                io=table.io,
+                snapshot_properties=dict(self.summary),
+                branch=MAIN_BRANCH,
+            )
+            producer.data_sequence_number = self.data_sequence_number
+            for data_file in decision:
+                producer.delete_data_file(data_file)
+            for data_file in self.added:
+                producer.append_data_file(data_file)
+            producer.commit()
+        except ValidationException as exc:  # "Missing required files to delete"
+            raise ReplaceConflictError(f"table {table_name(table)}: {exc}") from exc
+        return Staged(transaction, self.requirements)
+
+    def committed(self, table: Table, staged: Staged, attempts: Attempts) -> CommitResult:
+        return result_from_snapshot(table, staged.snapshot_id, attempts, ours=True)
+
+    def rejected(self, table: Table, error: BaseException) -> NoReturn:
+        kind = CommitError if isinstance(error, TABLE_GONE) else CommitRejectedError
+        raise kind(
+            f"table {table_name(table)}: replace rejected ({type(error).__name__}: {error})"
+        ) from error
+
+    def unloadable(self, table: Table, error: BaseException) -> NoReturn:
+        raise cannot_load(table, error) from error
+
+    def gave_up(self, table: Table, attempts: Attempts, last: BaseException) -> NoReturn:
+        name, count = table_name(table), attempts.number
+        if attempts.unknown:
+            raise CommitOutcomeUnknownError(
+                f"table {name}: replace not confirmed after {count} attempts "
+                f"({type(last).__name__}: {last}); it may have landed, so its files are kept "
+                "(an orphan sweep removes them if no snapshot references them)"
+            ) from last
+        raise CommitError(
+            f"table {name}: replace not committed after {count} attempts "
+            f"({type(last).__name__}: {last})"
+        ) from last
 
 
 def commit_replace(
@@ -176,10 +210,10 @@ def commit_replace(
     holds exactly the rows of ``deleted``. Every attempt refreshes the table, looks for
     a snapshot of an earlier attempt (an unknown outcome that landed), then validates
     (``_check_replace``: every removed file still live in main, no delete file applying
-    to them, same partition spec) and commits through ``commit_once``. A concurrent
-    commit (CommitFailedException) is retried on the refreshed table, so a plain
-    append by another writer lets the replace through with the append's files kept;
-    a rewrite or delete of the same files by another writer fails validation.
+    to them, same partition spec) and commits once (the engine, ``_engine``). A
+    concurrent commit (CommitFailedException) is retried on the refreshed table, so a
+    plain append by another writer lets the replace through with the append's files
+    kept; a rewrite or delete of the same files by another writer fails validation.
     ``requirements`` go with every attempt (maintenance's lease): one that fails is
     a conflict like another writer's commit, retried, then ``CommitError``.
 
@@ -194,78 +228,5 @@ def commit_replace(
     if len(set(paths)) != len(paths):
         raise ValueError("commit_replace: the files to remove contain duplicates")
     check_summary(summary)
-    name = table_name(table)
-    attempted: set[int] = set()
-    unknown: list[BaseException] = []
-    count = 0
-
-    def landed() -> int | None:
-        for snapshot in table.metadata.snapshots:
-            if snapshot.snapshot_id in attempted:
-                return snapshot.snapshot_id
-        return None
-
-    def attempt() -> CommitResult:
-        nonlocal count
-        count += 1
-        if (refresh_error := try_refresh(table)) is not None:
-            raise _OutcomeUnknown(refresh_error)
-        if (mine := landed()) is not None:
-            return result_from_snapshot(table, mine, attempts=count, ours=True)
-        if check is None:
-            _check_replace(table, deleted, added)
-            removing = list(deleted)
-        else:
-            _check_added_spec(table, added)
-            removing = [*deleted, *check(table)]
-            if not removing:
-                raise ReplaceConflictError(f"table {name}: nothing left to replace")
-        try:
-            transaction, snapshot_id = _stage_replace(
-                table, removing, added, summary, data_sequence_number
-            )
-        except ValidationException as exc:  # "Missing required files to delete"
-            raise ReplaceConflictError(f"table {name}: {exc}") from exc
-        attempted.add(snapshot_id)
-        try:
-            commit_once(transaction, requirements)
-        except CommitFailedException:
-            raise
-        except PERMANENT_ERRORS as exc:
-            error = CommitError if isinstance(exc, TABLE_GONE) else CommitRejectedError
-            raise error(f"table {name}: replace rejected ({type(exc).__name__}: {exc})") from exc
-        except Exception as exc:
-            unknown.append(exc)
-            _log.warning(
-                "table %s: replace outcome unknown (attempt %d/%d): %s: %s",
-                name,
-                count,
-                retry.attempts,
-                type(exc).__name__,
-                exc,
-            )
-            raise _OutcomeUnknown(exc) from exc
-        return result_from_snapshot(table, snapshot_id, attempts=count, ours=True)
-
-    try:
-        return retry_conflicts(
-            attempt,
-            what=f"table {name}: replace commit",
-            backoff=retry,
-            conflict=(CommitFailedException, _OutcomeUnknown),
-        )
-    except (CommitFailedException, _OutcomeUnknown) as exc:
-        last = exc.error if isinstance(exc, _OutcomeUnknown) else exc
-        if unknown:
-            # A last look: an attempt whose answer was lost may have landed.
-            if try_refresh(table) is None and (mine := landed()) is not None:
-                return result_from_snapshot(table, mine, attempts=count, ours=True)
-            raise CommitOutcomeUnknownError(
-                f"table {name}: replace not confirmed after {count} attempts "
-                f"({type(last).__name__}: {last}); it may have landed, so its files are kept "
-                "(an orphan sweep removes them if no snapshot references them)"
-            ) from last
-        raise CommitError(
-            f"table {name}: replace not committed after {count} attempts "
-            f"({type(last).__name__}: {last})"
-        ) from last
+    kind = _Replace(deleted, added, summary, requirements, data_sequence_number, check)
+    return run(table, kind, retry)
