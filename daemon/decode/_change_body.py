@@ -20,14 +20,18 @@ from icespool.errors import BadInputError, SchemaError
 
 __all__ = [
     "HTTP_OP",
+    "NO_OP",
     "OP_NAMES",
     "body_schema",
+    "changes_of",
     "key_error",
     "line_of",
     "no_key",
+    "refuse_changes",
     "row_of",
     "to_changes",
     "without_op",
+    "without_op_column",
 ]
 
 #: The column of a change body that says what the row is.
@@ -35,6 +39,11 @@ HTTP_OP: Final = "_op"
 #: ``_op`` values, in op-code order (`UPSERT` = 0, `DELETE` = 1).
 OP_NAMES: Final = ("upsert", "delete")
 _OP_TEXT: Final = pa.field(HTTP_OP, pa.string(), nullable=False)
+#: What a change body without ``_op`` is told.
+NO_OP: Final = (
+    "missing: every row of a change body says what it is, 'upsert' or 'delete' "
+    "(send records without it to POST /records)"
+)
 _JSON_WS: Final = b" \t\r\n"
 
 assert OP_NAMES.index("upsert") == UPSERT and OP_NAMES.index("delete") == DELETE
@@ -107,6 +116,18 @@ def to_changes(
     return with_ops(rows, ops, key)
 
 
+def changes_of(
+    decoded: pa.Table | pa.RecordBatch,
+    schema: pa.Schema,
+    key: Sequence[str],
+    where: Callable[[int], str],
+) -> pa.RecordBatch:
+    """`to_changes` for a table of Arrow ``schema`` and ``key``: an upsert must carry
+    the columns the table requires (a delete needs only its key)."""
+    required = [f.name for f in schema if not f.nullable and f.name not in key]
+    return to_changes(decoded, key, required, where)
+
+
 def line_of(body: bytes) -> Callable[[int], str]:
     """``where`` for an NDJSON body: row N is its N-th non-blank line (failure path
     only: one scan of the body)."""
@@ -134,3 +155,22 @@ def no_key(table: str) -> BadInputError:
         f"table {table!r} has no key, so it takes no changes: POST /changes is for "
         "tables with `key = [...]` (upsert tables); append records with POST /records"
     ).because("not_upsert")
+
+
+def refuse_changes(name: str, schema: pa.Schema, key: Sequence[str]) -> None:
+    """A change batch (op column) for a table without a key is refused before any
+    schema change: evolving or creating the table for it would make the op a column
+    and keep every delete as a row."""
+    if OP_COLUMN in schema.names and not key:
+        raise BadInputError(
+            f"column {OP_COLUMN!r} marks keyed changes (upserts and deletes), but table "
+            f"{name} has no key (an append table); declare key = [...] in its [[tables]] "
+            f"entry to make it an upsert table, or send rows without {OP_COLUMN!r}"
+        )
+
+
+def without_op_column(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without the op column: it is the change batch's, never a column to
+    evolve the table for."""
+    index = schema.get_field_index(OP_COLUMN)
+    return schema if index < 0 else schema.remove(index)

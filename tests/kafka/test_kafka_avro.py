@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
-import numpy as np
+import pyarrow as pa
 import pytest
 from support.apicurio import CCOMPAT, PASSWORD, USERNAME, ApicurioRegistry
 from support.kafka_harness import (
@@ -33,9 +33,9 @@ from support.proxy import Mode, TcpProxy
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config, redacted
-from icespool.decode._avro import RegistrySchemas, decode_avro
+from icespool.decode import AvroValues, Decoded, RecordArrays, Target
+from icespool.decode._avro_registry import AvroSchemas, RegistrySchemas
 from icespool.errors import ConfigError
-from icespool.kafka._decode import Fetch
 from icespool.lifecycle.service import Icespool
 from icespool.schema import arrow_schema_for, parse_schema
 
@@ -459,9 +459,12 @@ async def test_fixed_schema_file_with_header_routing(
 # ------------------------------------------------------------------ decoder and client
 
 
-def _fetch(values: list[bytes | None]) -> Fetch:
-    n = len(values)
-    return Fetch("t", 0, np.arange(n, dtype=np.int64), values, [None] * n, [0] * n, [[]] * n)
+def _fetch(values: list[bytes | None]) -> RecordArrays:
+    return RecordArrays(values)
+
+
+def decode_avro(records: RecordArrays, schema: pa.Schema, *, schemas: AvroSchemas) -> Decoded:
+    return AvroValues(lambda: schemas).decode(records, Target("t", schema))
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import decimal
 import io
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fastavro
@@ -37,8 +37,9 @@ from support.kafka_harness import (
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
-from icespool.decode._avro import FileSchema, decode_avro
-from icespool.kafka._decode import Fetch, decode_json
+from icespool.decode import AvroValues, Decoded, JsonValues, Records, Target
+from icespool.decode._avro_registry import AvroSchemas, FileSchema
+from icespool.kafka._fetch import Fetch
 from icespool.kafka._upstream._raw_fetch import parse_batches
 from icespool.lifecycle.service import Icespool
 
@@ -296,6 +297,16 @@ def _fetch(values: list[bytes | None]) -> Fetch:
     n = len(values)
     offsets = np.arange(n, dtype=np.int64)
     return Fetch("t", 0, offsets, values, [None] * n, [0] * n, [[] for _ in range(n)])
+
+
+def decode_avro(records: Records, schema: pa.Schema, *, schemas: AvroSchemas) -> Decoded:
+    return AvroValues(lambda: schemas).decode(records, Target("t", schema))
+
+
+def decode_json(
+    records: Records, schema: pa.Schema, metadata_columns: Sequence[str] = ()
+) -> Decoded:
+    return JsonValues(source_columns=metadata_columns).decode(records, Target("t", schema))
 
 
 def _avro(schema: Any, record: dict[str, Any]) -> bytes:
