@@ -74,28 +74,23 @@ from icespool._lazy import lazy_exports
 if TYPE_CHECKING:
     from icespool.decode._arrow import decode_arrow_stream
     from icespool.decode._avro import AvroValues
-    from icespool.decode._body import ARROW_STREAM, FORMATS, JSON, NDJSON
-    from icespool.decode._change_body import (
-        HTTP_OP,
-        key_error,
-        no_key,
-        refuse_changes,
-        without_op_column,
+    from icespool.decode._body import (
+        ARROW_STREAM,
+        FORMATS,
+        JSON,
+        NDJSON,
+        ArrowBody,
+        JsonArrayBody,
+        NdjsonBody,
     )
-    from icespool.decode._checks import check_depth
+    from icespool.decode._change_body import key_error, no_key, refuse_changes, without_op_column
     from icespool.decode._decoded import DeadRecord, Decoded, EvolveRequest
     from icespool.decode._decoder import Decoder, decoder_for
-    from icespool.decode._json_array import array_error, ndjson_from_array
+    from icespool.decode._json_array import ndjson_from_array
     from icespool.decode._json_values import JsonValues
     from icespool.decode._keyed import KeyedChanges
-    from icespool.decode._locate import RecordError, count_ndjson_records, split_failures
-    from icespool.decode._ndjson import (
-        LenientResult,
-        decode_ndjson,
-        decode_ndjson_lenient,
-        infer_ndjson_schema,
-        infer_records_schema,
-    )
+    from icespool.decode._locate import RecordError, count_ndjson_records
+    from icespool.decode._ndjson import LenientResult, decode_ndjson, decode_ndjson_lenient
     from icespool.decode._plan import JsonOptions
     from icespool.decode._raw import RawValues, header_name, headers_json
     from icespool.decode._records import Binary, RecordArrays, Records, Target, binary_array
@@ -104,27 +99,27 @@ if TYPE_CHECKING:
 __all__ = [
     "ARROW_STREAM",
     "FORMATS",
-    "HTTP_OP",
     "JSON",
     "NDJSON",
+    "ArrowBody",
     "AvroValues",
     "Binary",
     "DeadRecord",
     "Decoded",
     "Decoder",
     "EvolveRequest",
+    "JsonArrayBody",
     "JsonOptions",
     "JsonValues",
     "KeyedChanges",
     "LenientResult",
+    "NdjsonBody",
     "RawValues",
     "RecordArrays",
     "RecordError",
     "Records",
     "Target",
-    "array_error",
     "binary_array",
-    "check_depth",
     "count_ndjson_records",
     "decode_arrow_stream",
     "decode_ndjson",
@@ -132,14 +127,11 @@ __all__ = [
     "decoder_for",
     "header_name",
     "headers_json",
-    "infer_ndjson_schema",
-    "infer_records_schema",
     "key_error",
     "ndjson_from_array",
     "no_key",
     "refuse_changes",
     "route_field_values",
-    "split_failures",
     "without_op_column",
 ]
 
@@ -155,15 +147,16 @@ __getattr__ = lazy_exports(
             "FORMATS",
             "JSON",
             "NDJSON",
+            "ArrowBody",
+            "JsonArrayBody",
+            "NdjsonBody",
         ),
         "icespool.decode._change_body": (
-            "HTTP_OP",
             "key_error",
             "no_key",
             "refuse_changes",
             "without_op_column",
         ),
-        "icespool.decode._checks": ("check_depth",),
         "icespool.decode._decoded": (
             "DeadRecord",
             "Decoded",
@@ -173,23 +166,17 @@ __getattr__ = lazy_exports(
             "Decoder",
             "decoder_for",
         ),
-        "icespool.decode._json_array": (
-            "array_error",
-            "ndjson_from_array",
-        ),
+        "icespool.decode._json_array": ("ndjson_from_array",),
         "icespool.decode._json_values": ("JsonValues",),
         "icespool.decode._keyed": ("KeyedChanges",),
         "icespool.decode._locate": (
             "RecordError",
             "count_ndjson_records",
-            "split_failures",
         ),
         "icespool.decode._ndjson": (
             "LenientResult",
             "decode_ndjson",
             "decode_ndjson_lenient",
-            "infer_ndjson_schema",
-            "infer_records_schema",
         ),
         "icespool.decode._plan": ("JsonOptions",),
         "icespool.decode._raw": (

@@ -15,7 +15,6 @@ columns plus ``"_op": "upsert" | "delete"`` (`icespool.decode._change_body`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Final
 
 import pyarrow as pa
@@ -26,10 +25,10 @@ from icespool.decode._change_body import (
     HTTP_OP,
     NO_OP,
     body_schema,
-    changes_of,
     line_of,
     refuse_changes,
     row_of,
+    to_changes,
     without_op,
     without_op_column,
 )
@@ -71,22 +70,13 @@ class NdjsonBody:
         except SchemaError as exc:
             return Decoded.refused(exc)
         if self._changes:
-            return Decoded.whole(changes_of(table, target.schema, target.key, line_of(body)))
+            return Decoded.whole(to_changes(table, target.schema, target.key, line_of(body)))
         return Decoded.whole(table)
 
     def evolve_request(
         self, records: Records, decoded: Decoded, target: Target
     ) -> EvolveRequest | None:
-        if decoded.error is None:
-            return None
-        body = _body(records)
-        depth = target.options.max_depth
-        inferred: Callable[[], pa.Schema] = lambda: infer_ndjson_schema(body, depth)  # noqa: E731
-        if self._changes:
-            # A change body's _op is no column to evolve the table for.
-            inferred = lambda: without_op(infer_ndjson_schema(body, depth))  # noqa: E731
-        # One column per round: the decode names the first one it failed on.
-        return EvolveRequest(frozenset({decoded.error.column}), inferred, exact=False)
+        return _inferred_request(_body(records), decoded, target, self._changes)
 
     def incoming(self, records: Records, target: Target) -> pa.Schema:
         return infer_ndjson_schema(_body(records), target.options.max_depth)
@@ -101,6 +91,7 @@ class JsonArrayBody:
     index instead of the line."""
 
     def __init__(self, *, changes: bool = False) -> None:
+        self._changes = changes
         self._lines = NdjsonBody(changes=changes)
 
     def decode(self, records: Records, target: Target) -> Decoded:
@@ -109,9 +100,8 @@ class JsonArrayBody:
     def evolve_request(
         self, records: Records, decoded: Decoded, target: Target
     ) -> EvolveRequest | None:
-        if decoded.error is None:
-            return None
-        return self._lines.evolve_request(_as_lines(records), decoded, target)
+        # Converted again only when asked (in a thread), not here on the event loop.
+        return _inferred_request(_body(records), decoded, target, self._changes, array=True)
 
     def incoming(self, records: Records, target: Target) -> pa.Schema:
         return self._lines.incoming(_as_lines(records), target)
@@ -122,6 +112,24 @@ class JsonArrayBody:
 
 def _as_lines(records: Records) -> RecordArrays:
     return RecordArrays([ndjson_from_array(_body(records))])
+
+
+def _inferred_request(
+    body: bytes, decoded: Decoded, target: Target, changes: bool, *, array: bool = False
+) -> EvolveRequest | None:
+    """The column a JSON body failed on, with the schema the body infers (blocking,
+    asked in a thread: the body is read again then, a JSON array turned into NDJSON)."""
+    if decoded.error is None:
+        return None
+    depth = target.options.max_depth
+
+    def inferred() -> pa.Schema:
+        schema = infer_ndjson_schema(ndjson_from_array(body) if array else body, depth)
+        # A change body's _op is no column to evolve the table for.
+        return without_op(schema) if changes else schema
+
+    # One column per round: the decode names the first one it failed on.
+    return EvolveRequest(frozenset({decoded.error.column}), inferred, exact=False)
 
 
 class ArrowBody:
@@ -141,7 +149,7 @@ class ArrowBody:
                 rows = conform(raw, body_schema(change_schema(schema, key)))
             except SchemaError as exc:
                 return Decoded.refused(exc)
-            return Decoded.whole(changes_of(rows, schema, key, row_of))
+            return Decoded.whole(to_changes(rows, schema, key, row_of))
         refuse_changes(target.name, raw.schema, key)
         try:
             batch = conform_changes(raw, schema, key) if key else conform(raw, schema)

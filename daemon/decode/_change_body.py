@@ -1,10 +1,13 @@
 """Change bodies of ``POST /v1/tables/{t}/changes``: rows of the table's columns plus an
 ``"_op"`` of ``"upsert"`` or ``"delete"``, decoded whole (pyarrow) into a change batch.
 
-The decoders read a body into `body_schema` (the change schema with ``_op`` as text in
-place of the int8 op column); `to_changes` maps ``_op`` to `UPSERT` / `DELETE` in one
-vectorized pass and checks what the decode could not know row by row: an upsert
-carries every column the table requires, a delete needs only its key.
+The body decoders (`icespool.decode._body`, with ``changes``) read a body into
+`body_schema` (the change schema with ``_op`` as text in place of the int8 op column);
+`to_changes` maps ``_op`` to `UPSERT` / `DELETE` in one vectorized pass and checks what
+the decode could not know row by row: an upsert carries every column the table
+requires, a delete needs only its key. Also here: how a change's fault is said
+(`key_error`, `no_key`) and the refusal of a change batch for a table without a key
+(`refuse_changes`), which the in-process API shares.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ __all__ = [
     "NO_OP",
     "OP_NAMES",
     "body_schema",
-    "changes_of",
     "key_error",
     "line_of",
     "no_key",
@@ -78,16 +80,17 @@ def key_error(exc: SchemaError, key: Sequence[str]) -> SchemaError:
 
 def to_changes(
     decoded: pa.Table | pa.RecordBatch,
+    schema: pa.Schema,
     key: Sequence[str],
-    required: Sequence[str],
     where: Callable[[int], str],
 ) -> pa.RecordBatch:
-    """A change batch (`icespool.cdc.change_schema` of the table) from ``decoded`` (in
-    `body_schema`). ``required``: the table's required non-key columns (an upsert must
-    carry them); ``where(row)`` says where row ``row`` is in the body (`` (line 3)``).
+    """A change batch (`icespool.cdc.change_schema` of the table of Arrow ``schema``
+    and ``key``) from ``decoded`` (in `body_schema`); ``where(row)`` says where row
+    ``row`` is in the body (`` (line 3)``).
 
-    Raises `SchemaError` naming ``_op`` (an op that is neither) or the column an upsert
-    lacks."""
+    Raises `SchemaError` naming ``_op`` (an op that is neither) or the column the table
+    requires that an upsert lacks (a delete needs only its key)."""
+    required = [f.name for f in schema if not f.nullable and f.name not in key]
     names = decoded.schema.names
     op_text = decoded.column(names.index(HTTP_OP))
     ops = pc.index_in(op_text, value_set=pa.array(OP_NAMES))
@@ -114,18 +117,6 @@ def to_changes(
     if isinstance(ops, pa.ChunkedArray):
         ops = ops.combine_chunks()
     return with_ops(rows, ops, key)
-
-
-def changes_of(
-    decoded: pa.Table | pa.RecordBatch,
-    schema: pa.Schema,
-    key: Sequence[str],
-    where: Callable[[int], str],
-) -> pa.RecordBatch:
-    """`to_changes` for a table of Arrow ``schema`` and ``key``: an upsert must carry
-    the columns the table requires (a delete needs only its key)."""
-    required = [f.name for f in schema if not f.nullable and f.name not in key]
-    return to_changes(decoded, key, required, where)
 
 
 def line_of(body: bytes) -> Callable[[int], str]:

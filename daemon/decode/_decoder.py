@@ -45,7 +45,8 @@ _BODIES: Final[dict[str, type[NdjsonBody | JsonArrayBody | ArrowBody]]] = {
 
 
 class Decoder(Protocol):
-    """One wire format's decoder. Every method blocks: callers run it off the loop."""
+    """One wire format's decoder. ``decode`` and ``incoming`` block: callers run them
+    off the event loop."""
 
     def decode(self, records: Records, target: Target) -> Decoded:
         """``records`` in ``target``'s schema. Lenient decoders list the records that
@@ -56,7 +57,9 @@ class Decoder(Protocol):
         self, records: Records, decoded: Decoded, target: Target
     ) -> EvolveRequest | None:
         """What ``target``'s schema would need for the records ``decoded`` (their
-        decode into it) failed on; None: no schema change would help."""
+        decode into it) failed on; None: no schema change would help. Cheap (asked on
+        the event loop): reading the records again belongs in the request's
+        ``incoming``, which runs in a thread."""
 
     def incoming(self, records: Records, target: Target) -> pa.Schema:
         """The records' own Arrow schema: what a table created for them gets."""

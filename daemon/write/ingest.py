@@ -159,13 +159,13 @@ class Ingest:
                 depth = self._tables.config.table_settings(name).max_nesting_depth
                 target = Target(name, options=JsonOptions(max_depth=depth))
                 writer = await self.create(name, lambda: decoder.incoming(records, target))
+            decode, request = self._decoding(writer, decoder, records)
             # A change body's failure on a key column is said as one (missing_key,
             # bad_key: the reasons of the same faults from Kafka).
             said = functools.partial(key_error, key=writer.key) if changes else None
-            decoded = await self._decode_all_or_nothing(writer, decoder, records, said)
-            assert decoded.batch is not None, "a body decoded whole has its rows"
+            batch = await self._all_or_nothing(writer, decode, request, said)
             # Shielded: a client that hangs up must not cancel a half-done spool append.
-            return await asyncio.shield(writer.append(decoded.batch))
+            return await asyncio.shield(writer.append(batch))
         except BadInputError as exc:
             rephrased = decoder.rephrase(exc)
             if rephrased is exc:
@@ -186,18 +186,18 @@ class Ingest:
         if isinstance(data, Mapping):
             batch = await asyncio.to_thread(_columns_to_batch, data, writer.arrow_schema)
         elif writer.key:
-            batch = await self.conform_changes(writer, data)
+            batch = await self._conform_changes(writer, data)
         else:
             refuse_changes(writer.name, data.schema, writer.key)
-            batch = await self.conform_rows(writer, data)
+            batch = await self._conform_rows(writer, data)
         return await writer.append(batch, meta)
 
-    async def conform_changes(
+    async def _conform_changes(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
     ) -> pa.RecordBatch | pa.Table:
         """Rows (upserts) or a change batch (`icespool.cdc`) cast for ``writer``'s upsert
         table (`conform_changes`), evolving the table first for columns it lacks where
-        the policy allows (as `conform_rows` does for rows)."""
+        the policy allows (as `_conform_rows` does for rows)."""
         key = writer.key
         return await self._conform(
             writer,
@@ -205,7 +205,7 @@ class Ingest:
             lambda: without_op_column(data.schema),
         )
 
-    async def conform_rows(
+    async def _conform_rows(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
     ) -> pa.RecordBatch | pa.Table:
         """``data`` cast to the table's schema, evolving the table first for the
@@ -234,8 +234,7 @@ class Ingest:
                 return None
             return EvolveRequest(frozenset({decoded.error.column}), incoming, exact=True)
 
-        decoded, refused = await self._evolve_and_decode(writer, attempt, request)
-        return _rows_or_refusal(decoded, refused)
+        return await self._all_or_nothing(writer, attempt, request)
 
     # ------------------------------------------------------------------ every source
 
@@ -247,45 +246,41 @@ class Ingest:
         `Decoder.evolve_request`), as the table's policy allows. Returns the last
         decode and, by column, why the table could not be changed for it (see
         `_evolve_and_decode`)."""
-        return await self._evolve_and_decode(
-            writer,
-            lambda schema: decoder.decode(records, self.target(writer, schema)),
-            lambda decoded: decoder.evolve_request(records, decoded, self.target(writer)),
+        return await self._evolve_and_decode(writer, *self._decoding(writer, decoder, records))
+
+    def _decoding(
+        self, writer: TableWriter, decoder: Decoder, records: Records
+    ) -> tuple[Callable[[pa.Schema], Decoded], Callable[[Decoded], EvolveRequest | None]]:
+        """``decoder`` over ``records`` as `_evolve_and_decode` calls it."""
+        options = self.json_options(writer)
+
+        def target(schema: pa.Schema) -> Target:
+            return Target(writer.name, schema, writer.key, options, writer.evolve_policy)
+
+        return (
+            lambda schema: decoder.decode(records, target(schema)),
+            lambda decoded: decoder.evolve_request(records, decoded, target(writer.arrow_schema)),
         )
 
-    async def _decode_all_or_nothing(
+    async def _all_or_nothing(
         self,
         writer: TableWriter,
-        decoder: Decoder,
-        records: Records,
+        decode: Callable[[pa.Schema], Decoded],
+        request: Callable[[Decoded], EvolveRequest | None],
         said: Callable[[SchemaError], SchemaError] | None = None,
-    ) -> Decoded:
-        """`decode_and_evolve` for an all-or-nothing decoder: the column failure that
-        remains is raised (the policy's refusal when the policy refused that column),
-        as ``said`` says it."""
+    ) -> pa.RecordBatch | pa.Table:
+        """`_evolve_and_decode` of an input decoded whole: its rows, or the column
+        failure that remains raised (the policy's refusal when the policy refused that
+        column), as ``said`` says it."""
+        said = said or _as_is
         try:
-            decoded, refused = await self.decode_and_evolve(writer, decoder, records)
-        except SchemaChangeError as exc:  # the records disagree on a field's type
-            if said is None:
-                raise
+            decoded, refused = await self._evolve_and_decode(writer, decode, request)
+        except SchemaChangeError as exc:  # the input's records disagree on a field's type
             raise said(exc) from None
-        try:
-            _rows_or_refusal(decoded, refused)
-        except SchemaError as exc:
-            if said is None:
-                raise
-            raise said(exc) from None
-        return decoded
-
-    def target(self, writer: TableWriter, schema: pa.Schema | None = None) -> Target:
-        """``writer``'s table as a decoder needs it (in ``schema``: by default its own)."""
-        return Target(
-            writer.name,
-            writer.arrow_schema if schema is None else schema,
-            writer.key,
-            self.json_options(writer),
-            writer.evolve_policy,
-        )
+        if decoded.error is not None:
+            raise said(refused.get(decoded.error.column, decoded.error)) from None
+        assert decoded.batch is not None, "an input decoded whole has its rows or its error"
+        return decoded.batch
 
     async def _evolve_and_decode(
         self,
@@ -321,11 +316,13 @@ class Ingest:
             except BadInputError:
                 break  # the records' types cannot even be inferred: the decode error stands
             columns = want.columns if want.exact else _evolvable(want.columns, incoming, writer)
-            new = {c for c in columns - refused.keys() if _typed(c, incoming) not in tried}
+            new = {
+                c for c in columns - refused.keys() if _column_and_type(c, incoming) not in tried
+            }
             if not new:
                 break
             only = None if want.exact else new
-            tried |= {_typed(c, incoming) for c in new}
+            tried |= {_column_and_type(c, incoming) for c in new}
             before = writer.arrow_schema
             try:
                 await writer.evolve(incoming, only=only, exact=want.exact)
@@ -334,7 +331,7 @@ class Ingest:
                 blamed: set[str] = {*want.columns, *(only or ()), exc.column}
                 if only is not None and any(_top(c) == top for c in only) and len(only) > 1:
                     # A plan is refused whole, for one column: the others go again without it.
-                    tried -= {_typed(c, incoming) for c in only if _top(c) != top}
+                    tried -= {_column_and_type(c, incoming) for c in only if _top(c) != top}
                     blamed = {c for c in blamed if _top(c) == top}
                 for column in blamed:
                     refused.setdefault(column, exc)
@@ -450,18 +447,11 @@ def _top(column: str) -> str:
     return column.split(".", 1)[0]
 
 
-def _rows_or_refusal(
-    decoded: Decoded, refused: Mapping[str, SchemaError]
-) -> pa.RecordBatch | pa.Table:
-    """The rows of an all-or-nothing decode, or the column failure that remains (the
-    policy's refusal when the policy refused that column) raised."""
-    if decoded.error is not None:
-        raise refused.get(decoded.error.column, decoded.error)
-    assert decoded.batch is not None, "an all-or-nothing decode has its rows or its error"
-    return decoded.batch
+def _as_is(error: SchemaError) -> SchemaError:
+    return error
 
 
-def _typed(column: str, incoming: pa.Schema) -> tuple[str, str]:
+def _column_and_type(column: str, incoming: pa.Schema) -> tuple[str, str]:
     """``column`` with the type the input has for its top-level column (what one
     round of evolution tries)."""
     index = incoming.get_field_index(_top(column))
