@@ -28,6 +28,7 @@ import pyarrow as pa
 from icespool.decode._body import ARROW_STREAM, JSON, NDJSON, ArrowBody, JsonArrayBody, NdjsonBody
 from icespool.decode._decoded import Decoded, EvolveRequest
 from icespool.decode._json_values import JsonValues
+from icespool.decode._keyed import KeyedChanges
 from icespool.decode._raw import RawValues
 from icespool.decode._records import Records, Target
 from icespool.errors import BadInputError
@@ -83,14 +84,12 @@ def decoder_for(
     columns, max_bytes = source.metadata_columns, source.max_record_bytes
     avro = None
     if format == "avro":
-        from icespool.decode._avro_registry import avro_schemas
+        from icespool.decode._avro_registry import avro_schemas  # fastavro: only for avro
 
         # Made at the first decode (and again while that fails), then kept with its
         # registry cache for as long as the source runs.
         avro = functools.cache(functools.partial(avro_schemas, source))
     if changes in ("keyed", "debezium"):
-        from icespool.decode._keyed import KeyedChanges
-
         return KeyedChanges(
             "debezium" if changes == "debezium" else "keyed",
             avro=avro,
