@@ -216,6 +216,8 @@ def test_http_only_daemon_never_imports_the_kafka_client(tmp_path: Path) -> None
     modules = _service_modules(tmp_path, [])
     assert "icespool.http._api" in modules and "pyiceberg.catalog.sql" in modules
     assert [m for m in modules if _within(m, KAFKA_CLIENT)] == []
+    # Nor the Avro reader: only a source of format "avro" needs it.
+    assert [m for m in modules if _within(m, ("fastavro", "icespool.decode._avro"))] == []
 
 
 def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
@@ -243,6 +245,7 @@ def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
     [
         "icespool",
         "icespool.cdc",
+        "icespool.decode",
         "icespool.http",
         "icespool.kafka",
         "icespool.schema",

@@ -38,7 +38,7 @@ from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
 from icespool.kafka import _handover
-from icespool.kafka._decode import Fetch
+from icespool.kafka._fetch import Fetch
 from icespool.kafka._routing import DynamicRouter
 from icespool.lifecycle.sd_notify import status_line
 from icespool.lifecycle.service import Icespool

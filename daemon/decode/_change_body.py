@@ -1,10 +1,13 @@
 """Change bodies of ``POST /v1/tables/{t}/changes``: rows of the table's columns plus an
 ``"_op"`` of ``"upsert"`` or ``"delete"``, decoded whole (pyarrow) into a change batch.
 
-The decoders read a body into `body_schema` (the change schema with ``_op`` as text in
-place of the int8 op column); `to_changes` maps ``_op`` to `UPSERT` / `DELETE` in one
-vectorized pass and checks what the decode could not know row by row: an upsert
-carries every column the table requires, a delete needs only its key.
+The body decoders (`icespool.decode._body`, with ``changes``) read a body into
+`body_schema` (the change schema with ``_op`` as text in place of the int8 op column);
+`to_changes` maps ``_op`` to `UPSERT` / `DELETE` in one vectorized pass and checks what
+the decode could not know row by row: an upsert carries every column the table
+requires, a delete needs only its key. Also here: how a change's fault is said
+(`key_error`, `no_key`) and the refusal of a change batch for a table without a key
+(`refuse_changes`), which the in-process API shares.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from icespool.errors import BadInputError, SchemaError
 
 __all__ = [
     "HTTP_OP",
+    "NO_OP",
     "OP_NAMES",
     "body_schema",
     "key_error",
     "line_of",
     "no_key",
+    "refuse_changes",
     "row_of",
     "to_changes",
     "without_op",
+    "without_op_column",
 ]
 
 #: The column of a change body that says what the row is.
@@ -35,6 +41,11 @@ HTTP_OP: Final = "_op"
 #: ``_op`` values, in op-code order (`UPSERT` = 0, `DELETE` = 1).
 OP_NAMES: Final = ("upsert", "delete")
 _OP_TEXT: Final = pa.field(HTTP_OP, pa.string(), nullable=False)
+#: What a change body without ``_op`` is told.
+NO_OP: Final = (
+    "missing: every row of a change body says what it is, 'upsert' or 'delete' "
+    "(send records without it to POST /records)"
+)
 _JSON_WS: Final = b" \t\r\n"
 
 assert OP_NAMES.index("upsert") == UPSERT and OP_NAMES.index("delete") == DELETE
@@ -69,16 +80,17 @@ def key_error(exc: SchemaError, key: Sequence[str]) -> SchemaError:
 
 def to_changes(
     decoded: pa.Table | pa.RecordBatch,
+    schema: pa.Schema,
     key: Sequence[str],
-    required: Sequence[str],
     where: Callable[[int], str],
 ) -> pa.RecordBatch:
-    """A change batch (`icespool.cdc.change_schema` of the table) from ``decoded`` (in
-    `body_schema`). ``required``: the table's required non-key columns (an upsert must
-    carry them); ``where(row)`` says where row ``row`` is in the body (`` (line 3)``).
+    """A change batch (`icespool.cdc.change_schema` of the table of Arrow ``schema``
+    and ``key``) from ``decoded`` (in `body_schema`); ``where(row)`` says where row
+    ``row`` is in the body (`` (line 3)``).
 
-    Raises `SchemaError` naming ``_op`` (an op that is neither) or the column an upsert
-    lacks."""
+    Raises `SchemaError` naming ``_op`` (an op that is neither) or the column the table
+    requires that an upsert lacks (a delete needs only its key)."""
+    required = [f.name for f in schema if not f.nullable and f.name not in key]
     names = decoded.schema.names
     op_text = decoded.column(names.index(HTTP_OP))
     ops = pc.index_in(op_text, value_set=pa.array(OP_NAMES))
@@ -134,3 +146,22 @@ def no_key(table: str) -> BadInputError:
         f"table {table!r} has no key, so it takes no changes: POST /changes is for "
         "tables with `key = [...]` (upsert tables); append records with POST /records"
     ).because("not_upsert")
+
+
+def refuse_changes(name: str, schema: pa.Schema, key: Sequence[str]) -> None:
+    """A change batch (op column) for a table without a key is refused before any
+    schema change: evolving or creating the table for it would make the op a column
+    and keep every delete as a row."""
+    if OP_COLUMN in schema.names and not key:
+        raise BadInputError(
+            f"column {OP_COLUMN!r} marks keyed changes (upserts and deletes), but table "
+            f"{name} has no key (an append table); declare key = [...] in its [[tables]] "
+            f"entry to make it an upsert table, or send rows without {OP_COLUMN!r}"
+        )
+
+
+def without_op_column(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without the op column: it is the change batch's, never a column to
+    evolve the table for."""
+    index = schema.get_field_index(OP_COLUMN)
+    return schema if index < 0 else schema.remove(index)

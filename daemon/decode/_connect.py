@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import decimal
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icespool.decode import JsonOptions, decode_ndjson_lenient
-from icespool.kafka._decode import DeadRecord
+from icespool.decode._decoded import DeadRecord, RowReader, Rows
+from icespool.decode._ndjson import decode_ndjson_lenient
+from icespool.decode._plan import JsonOptions
+from icespool.decode._records import Binary
 from icespool.schema import temporal_bounds
-
-if TYPE_CHECKING:
-    from icespool.decode._keyed import Envelopes
 
 __all__ = ["ConnectField", "ConnectTypes", "decimal_from_base64", "wider"]
 
@@ -195,26 +194,22 @@ def wider(current: pa.DataType, incoming: pa.DataType) -> bool:
 
 # ------------------------------------------------------------------ the wrapper
 
-Rows = tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]
-
 
 class ConnectTypes:
-    """An envelope decoder (`icespool.decode._keyed.Envelopes`) for Debezium JSON values
+    """An envelope reader (a `RowReader`, for `icespool.decode._keyed`) of Debezium JSON values
     that honours each value's Kafka Connect schema; see the module's doc. ``wanted``:
     after a call, the columns the values' schemas carry that the table (the ``after``
     struct it was called with) lacks or holds narrower, with their types (None: none).
     ``keys``: for Kafka keys instead, whose schema and payload are the key's row (the
     key columns at the top level and in ``payload``)."""
 
-    def __init__(self, inner: Envelopes, options: JsonOptions, *, keys: bool = False) -> None:
+    def __init__(self, inner: RowReader, options: JsonOptions, *, keys: bool = False) -> None:
         self._inner = inner
         self._options = replace(options, ignore_unknown=True)
         self._keys = keys
         self.wanted: pa.Schema | None = None
 
-    def __call__(
-        self, values: pa.BinaryArray, indices: npt.NDArray[np.int64], schema: pa.Schema
-    ) -> Rows:
+    def __call__(self, values: Binary, indices: npt.NDArray[np.int64], schema: pa.Schema) -> Rows:
         self.wanted = None
         groups, fields = self._groups(values, indices)
         if self._keys:
@@ -251,7 +246,7 @@ class ConnectTypes:
         return table.take(pa.array(order)), at[order], dead
 
     def _groups(
-        self, values: pa.BinaryArray, indices: npt.NDArray[np.int64]
+        self, values: Binary, indices: npt.NDArray[np.int64]
     ) -> tuple[list[tuple[int, npt.NDArray[np.int64]]], list[dict[str, ConnectField]]]:
         """The records by the shape of their ``after`` schema (group -1: none found,
         the table's JSON rules alone), and each group's fields by column.

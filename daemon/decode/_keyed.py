@@ -23,7 +23,7 @@ types), ``not_upsert`` (a delete for a table without a key), ``bad_change`` (an
 envelope without a usable ``op`` or ``after``, an unknown op such as t or m).
 
 Nothing here parses a record in Python on the good path: whole-fetch pyarrow calls,
-bisected (`icespool.decode.split_failures`) only to isolate bad records.
+bisected (`icespool.decode._locate.split_failures`) only to isolate bad records.
 """
 
 from __future__ import annotations
@@ -39,40 +39,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
-from icespool.decode import JsonOptions, RecordError, decode_ndjson_lenient, split_failures
-from icespool.decode._avro import AvroSchemas, avro_rows
 from icespool.decode._connect import ConnectTypes
-from icespool.decode._nesting import too_deep, too_deep_lines
-from icespool.kafka._decode import DeadRecord, Decoded, Fetch, _with_metadata
+from icespool.decode._decoded import (
+    DeadRecord,
+    Decoded,
+    EvolveRequest,
+    RowReader,
+    with_source_columns,
+)
+from icespool.decode._json_values import infer_values_schema, json_evolve_request, value_schema
+from icespool.decode._keyed_rows import json_envelopes, json_keys, key_schema, string_keys
+from icespool.decode._plan import JsonOptions
+from icespool.decode._records import Binary, Records, Target
+from icespool.decode._screen import oversized
+from icespool.errors import BadInputError
 
 if TYPE_CHECKING:
-    from icespool.config import KafkaConfig
+    from icespool.decode._avro_registry import AvroSchemas
 
-__all__ = [
-    "ChangeMode",
-    "Envelopes",
-    "KeyFormat",
-    "KeyRows",
-    "decode_changes",
-    "decode_fetch_changes",
-    "envelope_schema",
-    "json_envelopes",
-    "json_keys",
-    "key_schema",
-    "string_keys",
-]
+__all__ = ["ChangeMode", "KeyFormat", "KeyedChanges", "decode_changes", "envelope_schema"]
 
 ChangeMode = Literal["debezium", "keyed"]
 KeyFormat = Literal["json", "string", "avro"]
-
-#: Decodes the values at ``indices`` into ``schema``: (table of the good ones in
-#: order, their indices, dead records by index into the same values).
-Envelopes = Callable[
-    [pa.BinaryArray, npt.NDArray[np.int64], pa.Schema],
-    tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]],
-]
-#: Decodes the Kafka keys at ``indices`` into the key columns (`key_schema`): same shape.
-KeyRows = Envelopes
 
 _UPSERT_OPS: Final = pa.array(["c", "r", "u"])
 _ENVELOPE: Final = frozenset({"op", "before", "after", "payload"})
@@ -111,238 +99,6 @@ def envelope_schema(
     return pa.schema([*change, pa.field("payload", pa.struct(change))] if payload else change)
 
 
-def key_schema(schema: pa.Schema, key: Sequence[str]) -> pa.Schema:
-    """The key columns (nullable: a key lacking one is found after the decode)."""
-    return pa.schema([schema.field(k).with_nullable(True) for k in key])
-
-
-# ------------------------------------------------------------------ JSON decoders
-
-
-def json_envelopes(options: JsonOptions, *, ignore_unknown: bool) -> Envelopes:
-    """Values (JSON) -> envelope rows through the daemon's lenient NDJSON decode
-    (one pyarrow.json call; bisection only around bad records)."""
-    options = replace(options, ignore_unknown=ignore_unknown)
-
-    def decode(
-        values: pa.BinaryArray, indices: npt.NDArray[np.int64], schema: pa.Schema
-    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
-        return _lenient(values.take(pa.array(indices)).to_pylist(), indices, schema, options)
-
-    return decode
-
-
-def _lenient(
-    raw: list[bytes],
-    indices: npt.NDArray[np.int64],
-    schema: pa.Schema,
-    options: JsonOptions,
-) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
-    dead: list[DeadRecord] = []
-    keep = np.ones(len(raw), dtype=bool)
-    deep = too_deep_lines(_joined(raw), options.max_depth)
-    if deep:  # found by one scan rather than by bisecting down to them
-        for j in deep:
-            keep[j] = False
-            dead.append(DeadRecord(int(indices[j]), "too_deep", too_deep(options.max_depth)))
-        raw = [v for j, v in enumerate(raw) if keep[j]]
-    at = indices[keep]
-    if not raw:
-        return None, at[:0], dead
-    result = decode_ndjson_lenient(raw, schema, options)
-    ok = np.ones(len(raw), dtype=bool)
-    for error in result.errors:
-        ok[error.index] = False
-        dead.append(_record_dead(int(at[error.index]), error))
-    return result.table, at[ok], dead
-
-
-def _joined(values: list[bytes]) -> bytes:
-    """One line per value (a raw newline can only be JSON whitespace: blanked)."""
-    body = b"\n".join(values)
-    if body.count(b"\n") != len(values) - 1 or b"\r" in body:
-        body = b"\n".join(v.replace(b"\n", b" ").replace(b"\r", b" ") for v in values)
-    return body
-
-
-def _record_dead(index: int, error: RecordError) -> DeadRecord:
-    text = error.message if error.column is None else f"column {error.column!r}: {error.message}"
-    return DeadRecord(index, error.reason, text, error.column)
-
-
-def json_keys(
-    key: Sequence[str], schema: pa.Schema, options: JsonOptions, *, connect: bool = False
-) -> KeyRows:
-    """JSON Kafka keys -> key columns: an object of the key columns (Kafka Connect's
-    ``{"schema":..,"payload":{..}}`` envelope allowed) or, for a one-column key, a
-    JSON scalar. Objects and scalars are told apart by their first byte and each
-    kind decoded in one call. ``connect``: objects' Kafka Connect schemas say how the
-    columns are spelled (`ConnectTypes`, as for Debezium's values)."""
-    keys = key_schema(schema, key)
-    enveloped = "payload" not in key and "schema" not in key
-    objects = pa.schema(
-        [*keys, pa.field("payload", pa.struct(list(keys)))] if enveloped else list(keys)
-    )
-    scalar = pa.schema([pa.field("v", keys.field(0).type)]) if len(key) == 1 else None
-    options = replace(options, ignore_unknown=True)
-    read_objects = json_envelopes(options, ignore_unknown=True)
-    if connect:
-        read_objects = ConnectTypes(read_objects, options, keys=True)
-
-    def decode(
-        values: pa.BinaryArray, indices: npt.NDArray[np.int64], _: pa.Schema
-    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
-        picked = values.take(pa.array(indices))
-        first = _first_bytes(picked)
-        is_object = first == ord("{")
-        parts: list[tuple[pa.Table, npt.NDArray[np.int64]]] = []
-        dead: list[DeadRecord] = []
-        if is_object.any():
-            table, at, bad = read_objects(values, indices[is_object], objects)
-            dead += bad
-            if table is not None:
-                if enveloped:
-                    table = _unwrap_payload(table, keys)
-                parts.append((table, at))
-        rest = ~is_object
-        if rest.any():
-            if scalar is None:
-                dead += [
-                    DeadRecord(
-                        int(i),
-                        "bad_key",
-                        f"the Kafka key is not a JSON object; a key of {len(key)} columns "
-                        f"({', '.join(key)}) needs an object of them",
-                    )
-                    for i in indices[rest]
-                ]
-            else:
-                # A scalar S becomes {"v":S}: one decode with the column's JSON rules.
-                wrapped = pc.binary_join_element_wise(
-                    _SCALAR_OPEN, picked.filter(pa.array(rest)), _SCALAR_CLOSE, _NOTHING
-                )
-                table, at, bad = _lenient(wrapped.to_pylist(), indices[rest], scalar, options)
-                named = f"column {key[0]!r}"
-                dead += [
-                    replace(d, column=key[0], error=d.error.replace("column 'v'", named))
-                    if d.column == "v"
-                    else d
-                    for d in bad
-                ]
-                if table is not None:
-                    parts.append((table.rename_columns(list(keys.names)), at))
-        return _merge(parts, keys, dead)
-
-    return decode
-
-
-def _first_bytes(values: pa.BinaryArray) -> npt.NDArray[np.int64]:
-    """The first non-whitespace byte of each value (-1: none), from the buffers."""
-    if values.type != pa.binary():  # e.g. large_binary: the offsets below are int32
-        values = values.cast(pa.binary())
-    out = np.full(len(values), -1, dtype=np.int64)
-    if not len(values):
-        return out
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[
-        values.offset : values.offset + len(values) + 1
-    ]
-    data = values.buffers()[2]
-    body = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
-    starts = offsets[:-1].astype(np.int64)
-    ends = offsets[1:].astype(np.int64)
-    has = ends > starts
-    out[has] = body[starts[has]]
-    # Leading whitespace is rare in keys: those few are looked at one by one.
-    for j in np.flatnonzero(np.isin(out, (0x20, 0x09, 0x0A, 0x0D))):
-        rest = bytes(body[starts[j] : ends[j]]).lstrip(b" \t\r\n")
-        out[j] = rest[0] if rest else -1
-    return out
-
-
-def _unwrap_payload(table: pa.Table, keys: pa.Schema) -> pa.Table:
-    """Key columns from the envelope's ``payload`` where a record has one."""
-    payload = table.column("payload").combine_chunks()
-    inner = payload.flatten()
-    has = pc.is_valid(payload)
-    columns = [
-        pc.if_else(has, inner[i], table.column(name).combine_chunks())
-        for i, name in enumerate(keys.names)
-    ]
-    return pa.Table.from_arrays(columns, schema=keys)
-
-
-def _merge(
-    parts: list[tuple[pa.Table, npt.NDArray[np.int64]]],
-    schema: pa.Schema,
-    dead: list[DeadRecord],
-) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
-    if not parts:
-        return None, np.empty(0, np.int64), dead
-    table = pa.concat_tables([t.cast(schema) for t, _ in parts])
-    at = np.concatenate([a for _, a in parts])
-    order = np.argsort(at, kind="stable")
-    return table.take(pa.array(order)), at[order], dead
-
-
-def string_keys(key: Sequence[str], schema: pa.Schema) -> KeyRows:
-    """Kafka keys as UTF-8 text: the one key column, cast to its type."""
-    keys = key_schema(schema, key)
-
-    def decode(
-        values: pa.BinaryArray, indices: npt.NDArray[np.int64], _: pa.Schema
-    ) -> tuple[pa.Table | None, npt.NDArray[np.int64], list[DeadRecord]]:
-        if len(key) != 1:
-            return (
-                None,
-                np.empty(0, np.int64),
-                [
-                    DeadRecord(
-                        int(i),
-                        "bad_key",
-                        f"key_format 'string' gives one column; the key has {len(key)} "
-                        f'({", ".join(key)}): use key_format = "json"',
-                    )
-                    for i in indices
-                ],
-            )
-        picked = values.take(pa.array(indices))
-        target = keys.field(0).type
-
-        def cast(part: Sequence[int]) -> pa.Array:
-            return picked.take(pa.array(part, pa.int64())).cast(pa.string()).cast(target)
-
-        done, failed = split_failures(
-            range(len(indices)), cast, (pa.ArrowInvalid, pa.ArrowNotImplementedError)
-        )
-        dead = [
-            DeadRecord(
-                int(indices[j]),
-                "bad_key",
-                f"does not convert to {key[0]!r} ({target}): {_first_line(exc)}",
-                key[0],
-            )
-            for j, exc in failed
-        ]
-        parts = [
-            (pa.table([array], schema=keys), indices[np.asarray(part, np.int64)])
-            for array, part in done
-        ]
-        return _merge(parts, keys, dead)
-
-    return decode
-
-
-def _binary(values: pa.Array | Sequence[bytes | None]) -> pa.BinaryArray:
-    # A Fetch holds lists today and whole-fetch arrays soon (kafka-fast): either works.
-    if isinstance(values, pa.Array):
-        return values
-    return pa.array(values, pa.binary())
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).split("\n", 1)[0]
-
-
 # ------------------------------------------------------------------ the change batch
 
 
@@ -356,14 +112,14 @@ class _Rows:
 
 
 def decode_changes(
-    values: pa.BinaryArray,
-    keys: pa.BinaryArray,
+    values: Binary,
+    keys: Binary,
     schema: pa.Schema,
     key: Sequence[str],
     *,
     mode: ChangeMode,
-    envelopes: Envelopes,
-    key_rows: KeyRows,
+    envelopes: RowReader,
+    key_rows: RowReader,
     max_record_bytes: int = 2**20,
     payload: bool = True,
     before_row: bool = False,
@@ -379,14 +135,7 @@ def decode_changes(
     lengths = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
     tomb = lengths == 0
     big = lengths > max_record_bytes
-    dead = [
-        DeadRecord(
-            int(i),
-            "oversized",
-            f"value of {int(lengths[i])} bytes exceeds max_record_bytes ({max_record_bytes})",
-        )
-        for i in np.flatnonzero(big)
-    ]
+    dead = [oversized(int(i), int(lengths[i]), max_record_bytes) for i in np.flatnonzero(big)]
     live = np.flatnonzero(~tomb & ~big).astype(np.int64)
     envelope = envelope_schema(schema, mode, key, payload=payload, before_row=before_row)
     table, at, bad = envelopes(values, live, envelope) if len(live) else (None, live, [])
@@ -565,10 +314,10 @@ def _append_only(rows: _Rows, schema: pa.Schema, dead: list[DeadRecord]) -> Deco
 
 def _complete_keys(
     rows: _Rows,
-    keys: pa.BinaryArray,
+    keys: Binary,
     schema: pa.Schema,
     key: Sequence[str],
-    key_rows: KeyRows,
+    key_rows: RowReader,
     dead: list[DeadRecord],
 ) -> _Rows:
     """Key columns the row lacks (tombstones, deletes without ``before``, keyed rows
@@ -663,73 +412,133 @@ def _check_required(
     return _keep(rows, ~failed)
 
 
-# ------------------------------------------------------------------ one fetch
+# ------------------------------------------------------------------ the decoder
 
 
-def decode_fetch_changes(
-    fetch: Fetch,
-    schema: pa.Schema,
-    key: Sequence[str],
-    config: KafkaConfig,
-    *,
-    options: JsonOptions,
-    avro: AvroSchemas | None,
-    subset: npt.NDArray[np.int64] | None = None,
-) -> Decoded:
-    """The source's entry (``changes`` set): ``fetch``'s records (or its ``subset``
-    positions) for one table whose Arrow schema is ``schema`` and key ``key``, with
-    the source's metadata columns filled as for plain rows."""
-    positions = subset if subset is not None else np.arange(len(fetch.offsets), dtype=np.int64)
-    view = fetch.take(positions) if subset is not None else fetch
-    columns = config.metadata_columns
-    value_schema = pa.schema([f for f in schema if f.name not in columns])
-    mode: ChangeMode = "debezium" if config.changes == "debezium" else "keyed"
-    clash = [k for k in key if k in columns]
-    if clash:  # refused by the config for declared tables; a table created otherwise
-        error = f"the key column {clash[0]!r} is a Kafka metadata column, not in the record"
-        return Decoded(
-            None,
-            np.empty(0, np.int64),
-            [DeadRecord(int(p), "bad_key", error, clash[0]) for p in positions],
+class KeyedChanges:
+    """The decoder of Kafka change records (``changes = "debezium"`` or ``"keyed"``),
+    lenient: each table's records become ONE change batch in its `change_schema`
+    (`decode_changes`), with the source's columns filled as for plain rows. Values are
+    JSON (Debezium's read through their Kafka Connect schemas, `ConnectTypes`) or Avro
+    (``schemas``: the writer schemas); keys as ``key_format`` says."""
+
+    def __init__(
+        self,
+        mode: ChangeMode,
+        *,
+        avro: Callable[[], AvroSchemas] | None = None,
+        key_format: KeyFormat = "json",
+        source_columns: Sequence[str] = (),
+        max_record_bytes: int = 2**20,
+    ) -> None:
+        self._mode = mode
+        self._avro = avro
+        self._key_format = key_format
+        self._source_columns = tuple(source_columns)
+        self._max_bytes = max_record_bytes
+
+    def decode(self, records: Records, target: Target) -> Decoded:
+        key, options = target.key, target.options
+        columns = self._source_columns
+        values = value_schema(target.schema, columns)
+        clash = [k for k in key if k in columns]
+        if clash:  # refused by the config for declared tables; a table created otherwise
+            error = f"the key column {clash[0]!r} is a Kafka metadata column, not in the record"
+            return Decoded(
+                None,
+                np.empty(0, np.int64),
+                [DeadRecord(p, "bad_key", error, clash[0]) for p in range(len(records))],
+            )
+        envelopes: RowReader
+        connect: ConnectTypes | None = None
+        debezium = self._mode == "debezium"
+        if self._avro is not None:
+            from icespool.decode._avro import avro_rows  # fastavro: only for format avro
+
+            envelopes = avro_rows(self._avro(), options.max_depth, ignore_unknown=debezium)
+        else:
+            envelopes = json_envelopes(options, ignore_unknown=debezium)
+            if debezium:  # Kafka Connect schemas say how fields are spelled
+                connect = envelopes = ConnectTypes(envelopes, options)
+        decoded = decode_changes(
+            records.values,
+            records.keys,
+            values,
+            key,
+            mode=self._mode,
+            envelopes=envelopes,
+            key_rows=self._key_rows(key, values, options),
+            max_record_bytes=self._max_bytes,
+            payload=self._avro is None,
+            before_row=self._avro is not None,
         )
-    envelopes: Envelopes
-    connect: ConnectTypes | None = None
-    if config.format == "avro":
-        assert avro is not None, "format avro: the caller loads the schemas"
-        envelopes = avro_rows(avro, options.max_depth, ignore_unknown=mode == "debezium")
-    else:
-        envelopes = json_envelopes(options, ignore_unknown=mode == "debezium")
-        if mode == "debezium":  # Kafka Connect schemas say how fields are spelled
-            connect = envelopes = ConnectTypes(envelopes, options)
-    key_rows: KeyRows
-    if config.key_format == "avro":
-        assert avro is not None, "key_format avro needs format avro (config check)"
-        key_rows = avro_rows(avro, options.max_depth, ignore_unknown=True)
-    elif config.key_format == "string":
-        key_rows = string_keys(key, value_schema)
-    else:
-        key_rows = json_keys(key, value_schema, options, connect=mode == "debezium")
-    decoded = decode_changes(
-        _binary(view.values),
-        _binary(view.keys),
-        value_schema,
-        key,
-        mode=mode,
-        envelopes=envelopes,
-        key_rows=key_rows,
-        max_record_bytes=config.max_record_bytes,
-        payload=config.format == "json",
-        before_row=config.format == "avro",
-    )
-    dead = [replace(d, index=int(positions[d.index])) for d in decoded.dead]
-    wants = connect.wanted if connect is not None else None
-    if decoded.batch is None:
-        return Decoded(None, np.empty(0, np.int64), dead, wants)
-    batch = decoded.batch
-    if columns:
-        rows = pa.Table.from_batches([batch.select(value_schema.names)])
-        # A delete has only its key: the other columns are nullable, as in change_schema.
-        target = change_schema(schema, key).remove(len(schema)) if key else schema
-        plain = _with_metadata(rows, view.take(decoded.rows), target, columns)
-        batch = with_ops(plain, batch.column(OP_COLUMN), key) if key else plain
-    return Decoded(batch, positions[decoded.rows], dead, wants)
+        declared = connect.wanted if connect is not None else None
+        if decoded.batch is None:
+            return Decoded(None, np.empty(0, np.int64), decoded.dead, declared)
+        batch = decoded.batch
+        if columns:
+            rows = pa.Table.from_batches([batch.select(values.names)])
+            # A delete has only its key: the other columns are nullable, as in change_schema.
+            schema = (
+                change_schema(target.schema, key).remove(len(target.schema))
+                if key
+                else target.schema
+            )
+            plain = with_source_columns(rows, records.take(decoded.rows), schema, columns)
+            batch = with_ops(plain, batch.column(OP_COLUMN), key) if key else plain
+        return Decoded(batch, decoded.rows, decoded.dead, declared)
+
+    def _key_rows(self, key: Sequence[str], values: pa.Schema, options: JsonOptions) -> RowReader:
+        if self._key_format == "avro":
+            from icespool.decode._avro import avro_rows  # fastavro: only for key_format avro
+
+            assert self._avro is not None, "key_format avro needs format avro (config check)"
+            return avro_rows(self._avro(), options.max_depth, ignore_unknown=True)
+        if self._key_format == "string":
+            return string_keys(key, values)
+        return json_keys(key, values, options, connect=self._mode == "debezium")
+
+    def evolve_request(
+        self, records: Records, decoded: Decoded, target: Target
+    ) -> EvolveRequest | None:
+        """Debezium: the columns its Kafka Connect schemas declare (exact types); keyed
+        JSON rows: the columns their dead records lacked, as for plain JSON values."""
+        if self._mode == "debezium":
+            # The values are envelopes, not rows to infer columns from: their schemas say.
+            return self._declared_request(decoded, target)
+        if self._avro is not None:
+            return None
+        return json_evolve_request(records, decoded, target)
+
+    def _declared_request(self, decoded: Decoded, target: Target) -> EvolveRequest | None:
+        """New columns, and wider types where the table's policy widens or a value did not
+        fit (elsewhere a source type wider than its column, all of whose values fit, is
+        no reason to try a change the policy refuses on every fetch)."""
+        if decoded.declared is None:
+            return None
+        failed = {d.column for d in decoded.dead}
+        have = set(target.schema.names)
+        widen = target.policy == "add-and-widen"
+        fields = [
+            f
+            for f in decoded.declared
+            if f.name not in self._source_columns
+            and (f.name not in have or widen or f.name in failed)
+        ]
+        new = [f for f in fields if f.name not in have]
+        if new and not widen:
+            # One plan is applied or refused whole: the columns the policy adds go first,
+            # then (next round) the widenings it refuses, whose values become dead letters.
+            fields = new
+        if not fields:
+            return None
+        incoming = pa.schema(fields)
+        return EvolveRequest(frozenset(incoming.names), lambda: incoming, exact=True)
+
+    def incoming(self, records: Records, target: Target) -> pa.Schema:
+        # A table auto_create makes for a route (keyed changes only: the config refuses
+        # it with Debezium): from the values read as JSON rows.
+        return infer_values_schema(records, target)
+
+    def rephrase(self, error: BadInputError) -> BadInputError:
+        return error

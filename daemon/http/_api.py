@@ -31,7 +31,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from icespool.config import HttpConfig
-from icespool.decode import count_ndjson_records, decode_arrow_stream, ndjson_from_array
+from icespool.decode import (
+    ARROW_STREAM,
+    FORMATS,
+    JSON,
+    NDJSON,
+    count_ndjson_records,
+    decode_arrow_stream,
+    ndjson_from_array,
+)
 from icespool.errors import (
     BackpressureError,
     BadInputError,
@@ -59,7 +67,6 @@ from icespool.lifecycle.service import Icespool
 from icespool.metrics import CONTENT_TYPE_LATEST
 from icespool.schema import SchemaChangeError
 from icespool.spool import SpoolIOError
-from icespool.write.ingest import ARROW_STREAM, FORMATS, JSON, NDJSON
 from icespool.write.result import FlushResult
 from icespool.write.writer import TableWriter
 
@@ -385,7 +392,7 @@ class _Api:
             body, held = await self._read_body(request, name)
             if applied:
                 body, held = await self._decoded(body, held, applied, name)
-            accepted = await (early or self._service.ingest).body(
+            accepted = await (early or self._service.ingest).ingest_body(
                 name, body, request.content_type, changes=changes
             )
         except ReadOnlyTableError as exc:

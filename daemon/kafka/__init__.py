@@ -1,16 +1,19 @@
 """Kafka sources: consumer-group members that feed table writers exactly once.
 
-_source       a source's life: connect, fetch loop, rebalances, one fetch's walk
+_source       a source's life: connect, fetch loop, rebalances
 _client       aiokafka consumer/producer options (security), creation, stop
 _partitions   the assigned partitions, each in an explicit state
 _routing      which table each record goes to (static, by field, by header)
 _offsets      offset ranges kept in table properties; a commit's claims
 _catch_up     a drained backlog commits once the source is at the end
-_commit       idle tables' ranges, consumer-group commits and lag
-_decode       JSON and raw values -> Arrow batches, dead records
-_avro         Avro values (registry or schema file) -> Arrow batches
+_group_offsets  idle tables' ranges, consumer-group commits and lag
+_topic_life   what happened to a partition while the tables were not looking
+_fetch        one partition's records of one poll, as the arrays its decoder reads
+_handover     one fetch's walk: route, decode (`icespool.decode`), dead letters, spool
 _dead_letter  the dead-letter table's rows, their summary, and the topic alternative
 _replay       dead letters back into their tables, exactly once
+_check        check-config --connect for one source
+_diagnose     why a connection failed, in an operator's words
 _upstream     the fence around aiokafka's internals (batch-drained getmany, raw
               fetches, topic ids, committed offsets, connection probes, its
               bootstrap log), checked on import

@@ -15,7 +15,8 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from icespool.kafka._decode import DeadRecord, Fetch, header_name, headers_json, record_timestamps
+from icespool.decode import DeadRecord, header_name, headers_json
+from icespool.kafka._fetch import Fetch, record_timestamps
 from icespool.schema import parse_schema
 
 __all__ = [

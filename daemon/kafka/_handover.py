@@ -1,23 +1,23 @@
 """The walk of one fetch batch of one partition: from Kafka records to spooled rows.
 
     route -> create the tables unknown routes name (auto_create)
-          -> decode and evolve each table's records through `icespool.write.ingest`
-          -> dead letters (a table or a topic) -> hand each table its new rows
+          -> decode each table's records with the source's decoder
+             (`icespool.decode.decoder_for`), evolving the table through
+             `icespool.write.ingest`
+          -> dead letters (a table or a topic) -> spool each table its new rows
 
 Caller: `KafkaSource`, under its lock, for a partition in state FETCHING.
 Affects: the partition's ``handed`` marks (never its position or state: the source
-advances or pauses it by what `Handover.hand` returns).
+advances or pauses it by what `Handover.spool_fetch` returns).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,26 +26,17 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from icespool.config import KafkaConfig
-from icespool.decode import infer_records_schema
-from icespool.decode._avro import AvroSchemas, avro_schemas, decode_avro
-from icespool.decode._keyed import decode_fetch_changes
+from icespool.decode import DeadRecord, Decoded, JsonOptions, Target, decoder_for
 from icespool.errors import BackpressureError, IcespoolError
 from icespool.kafka._dead_letter import dead_letter_batch, dead_letter_headers
-from icespool.kafka._decode import (
-    DeadRecord,
-    Decoded,
-    Fetch,
-    decode_json,
-    decode_raw,
-    with_metadata_fields,
-)
+from icespool.kafka._fetch import Fetch, with_metadata_fields
 from icespool.kafka._offsets import Ranges, RecordMark, batch_meta
 from icespool.kafka._partitions import Partition
 from icespool.kafka._routing import Router
 from icespool.metrics import Metrics
 from icespool.runtime.fanout import CATALOG_CONCURRENCY, fan_out
 from icespool.schema import SchemaChangeError
-from icespool.write.ingest import AUTO_CREATED, Ingest, Wants
+from icespool.write.ingest import AUTO_CREATED, Ingest
 from icespool.write.writer import TableWriter
 
 __all__ = ["CREATE_PER_FETCH", "Dead", "Handover"]
@@ -63,7 +54,7 @@ Dead = list[tuple[DeadRecord, str | None]]
 
 
 class Handover:
-    """Hands fetched records to their tables (and dead letters to theirs) exactly once."""
+    """Spools fetched records to their tables (and dead letters to theirs) exactly once."""
 
     def __init__(
         self,
@@ -88,12 +79,13 @@ class Handover:
         self._metrics = metrics
         self._max_depth = max_nesting_depth
         self.dead_letter_table = config.dead_letter_table
-        self._avro: AvroSchemas | None = None
+        # The one decoder of the source's format, asked for once.
+        self._decoder = decoder_for(config.format, changes=config.changes, source=config)
         self.on_new_table: Callable[[str], None] = lambda table: None
         self._refused_logged_at = -_REFUSED_LOG_EVERY
         self._deferred = 0  # new routes the last decode left to create
 
-    async def hand(
+    async def spool_fetch(
         self, part: Partition, fetch: Fetch, unparseable: Mapping[int, str] | None = None
     ) -> bool:
         """Spool what ``fetch`` holds for each table; False when there is no room
@@ -101,7 +93,7 @@ class Handover:
         partition at the fetch's first offset and the re-read skips what was handed)."""
         tp = f"{fetch.topic}[{fetch.partition}]"
         last = int(fetch.offsets[-1])
-        per_table, dead = await self.decode(fetch, create_limit=CREATE_PER_FETCH)
+        per_table, dead = await self.route_and_decode(fetch, create_limit=CREATE_PER_FETCH)
         if self._deferred:
             # New routes left to create: nothing is handed, the fetch is read again
             # (creating the next ones), so one fetch naming thousands of new routes
@@ -127,14 +119,14 @@ class Handover:
             for table, decoded in per_table.items():
                 if decoded.batch is not None:
                     rows = fetch.offsets[decoded.rows]
-                    await self._hand(part, table, decoded.batch, rows, last, mark)
+                    await self._spool_rows(part, table, decoded.batch, rows, last, mark)
         except (BackpressureError, KafkaError) as exc:
             # What was handed stays handed (and is skipped on the re-read).
             _log.info("%s: pausing %s: %s", self.name, tp, exc)
             return False
         return True
 
-    async def decode(
+    async def route_and_decode(
         self, fetch: Fetch, *, create_limit: int | None = None
     ) -> tuple[dict[str, Decoded], Dead]:
         """Route, create the tables unknown routes name (``auto_create``; at most
@@ -163,89 +155,15 @@ class Handover:
         out: dict[str, Decoded] = {}
         for table, rows in subsets.items():
             writer = self._writer_for(table)
-            subset = None if len(rows) == len(fetch.offsets) else rows
-
-            decoded, refused = await self._ingest.decoded(
-                writer,
-                functools.partial(self._decode_table, fetch, subset=subset, writer=writer),
-                functools.partial(self._wants, fetch, writer=writer),
-            )
-            out[table] = decoded
-            for record in decoded.dead:
+            whole = len(rows) == len(fetch.offsets)
+            records = fetch if whole else fetch.take(rows)
+            decoded, refused = await self._ingest.decode_and_evolve(writer, self._decoder, records)
+            out[table] = decoded if whole else decoded.placed(rows)
+            for record in out[table].dead:
                 # The policy or max_columns refuses the change the record needs.
                 dead.append((_refused_by(record, refused.get(record.column or "")), table))
         dead.sort(key=lambda item: item[0].index)
         return out, dead
-
-    def _decode_table(
-        self,
-        fetch: Fetch,
-        schema: pa.Schema,
-        *,
-        subset: npt.NDArray[np.int64] | None,
-        writer: TableWriter,
-    ) -> Decoded:
-        c = self.config
-        common: dict[str, Any] = {
-            "metadata_columns": c.metadata_columns,
-            "max_record_bytes": c.max_record_bytes,
-            "subset": subset,
-        }
-        if c.format == "raw":
-            return decode_raw(fetch, schema, **common)
-        options = self._ingest.json_options(writer)
-        if c.format == "avro" and self._avro is None:
-            self._avro = avro_schemas(c)
-        if c.changes != "none":  # keyed changes: one change batch (icespool.decode._keyed)
-            return decode_fetch_changes(
-                fetch, schema, writer.key, c, options=options, avro=self._avro, subset=subset
-            )
-        if self._avro is not None:  # format avro
-            return decode_avro(
-                fetch, schema, schemas=self._avro, max_depth=options.max_depth, **common
-            )
-        return decode_json(fetch, schema, options=options, **common)
-
-    def _wants(self, fetch: Fetch, decoded: Decoded, *, writer: TableWriter) -> Wants | None:
-        """The columns the dead records of a JSON decode lacked, with their values; for
-        Debezium, the columns its Kafka Connect schemas carry (exact types)."""
-        if self.config.changes == "debezium":
-            # The values are envelopes, not rows to infer columns from: their schemas say.
-            return self._schema_wants(decoded, writer)
-        if self.config.format != "json":
-            return None
-        failed = [d for d in decoded.dead if d.column is not None]
-        if not failed:
-            return None
-        values = [v or b"" for v in fetch.values.take([d.index for d in failed]).to_pylist()]
-        columns = frozenset(d.column for d in failed if d.column is not None)
-        depth = self._ingest.json_options(writer).max_depth
-        return Wants(columns, lambda: infer_records_schema(values, columns, depth), exact=False)
-
-    def _schema_wants(self, decoded: Decoded, writer: TableWriter) -> Wants | None:
-        """New columns, and wider types where the table's policy widens or a value did not
-        fit (elsewhere a source type wider than its column, all of whose values fit, is
-        no reason to try a change the policy refuses on every fetch)."""
-        if decoded.wants is None:
-            return None
-        failed = {d.column for d in decoded.dead}
-        have = set(writer.arrow_schema.names)
-        widen = writer.evolve_policy == "add-and-widen"
-        fields = [
-            f
-            for f in decoded.wants
-            if f.name not in self.config.metadata_columns
-            and (f.name not in have or widen or f.name in failed)
-        ]
-        new = [f for f in fields if f.name not in have]
-        if new and not widen:
-            # One plan is applied or refused whole: the columns the policy adds go first,
-            # then (next round) the widenings it refuses, whose values become dead letters.
-            fields = new
-        if not fields:
-            return None
-        incoming = pa.schema(fields)
-        return Wants(frozenset(incoming.names), lambda: incoming, exact=True)
 
     async def _create_routes(
         self,
@@ -260,22 +178,24 @@ class Handover:
         fetch is routed again) and at most ``limit`` now (the rest: ``_deferred``).
         Routes whose table would pass ``max_columns`` go in ``too_wide``. Returns
         whether one was created."""
-        wanted: dict[str, list[bytes]] = {}
+        wanted: dict[str, list[int]] = {}
         for record, table in dead:
             if record.reason == "unknown_route" and table is not None:
-                wanted.setdefault(table, []).append(fetch.value(record.index) or b"")
+                wanted.setdefault(table, []).append(record.index)
         allowed = min(len(wanted), self._router.room)
         now = allowed if limit is None else min(allowed, limit)
         self._deferred = allowed - now
         chosen = list(wanted.items())[:now]
+        options = JsonOptions(max_depth=self._max_depth)
 
-        async def create(item: tuple[str, list[bytes]]) -> bool:
-            table, values = item
+        async def create(item: tuple[str, list[int]]) -> bool:
+            table, positions = item
+            records = fetch.take(np.asarray(positions, dtype=np.int64))
 
             def incoming() -> pa.Schema:
-                inferred = infer_records_schema(values, None, self._max_depth)
+                shape = self._decoder.incoming(records, Target(table, options=options))
                 # The rows will carry the source's metadata columns too.
-                return with_metadata_fields(inferred, self.config.metadata_columns)
+                return with_metadata_fields(shape, self.config.metadata_columns)
 
             try:
                 await self._ingest.create(table, incoming, evolve=AUTO_CREATED)
@@ -323,11 +243,11 @@ class Handover:
             tables.append(self.dead_letter_table)
         return all(self._writer_for(t).has_capacity() for t in tables)
 
-    async def _hand(
+    async def _spool_rows(
         self,
         part: Partition,
         table: str,
-        batch: pa.RecordBatch,
+        batch: pa.RecordBatch | pa.Table,
         offsets: npt.NDArray[np.int64],
         last: int,
         mark: RecordMark,
@@ -361,7 +281,7 @@ class Handover:
         dlt = self.dead_letter_table
         if dlt is not None:
             batch = dead_letter_batch(fetch, dead, self._writer_for(dlt).arrow_schema)
-            fresh = await self._hand(part, dlt, batch, offsets, last, mark)
+            fresh = await self._spool_rows(part, dlt, batch, offsets, last, mark)
         else:
             # At least once: a crash between send and the next offset commit re-sends.
             producer = self._producer()

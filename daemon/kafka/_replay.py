@@ -57,7 +57,7 @@ from pyiceberg.table import Table
 
 from icespool.config._model import REPLAY_GROUP_PREFIX as _CONFIG_PREFIX
 from icespool.errors import BackpressureError, BadInputError, ShuttingDownError
-from icespool.kafka._decode import Fetch
+from icespool.kafka._fetch import Fetch
 from icespool.kafka._offsets import Ranges, batch_meta, ranges_from_properties
 from icespool.runtime.retry import retry_async
 from icespool.write.writer import TableWriter

@@ -22,7 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from icespool.config import KafkaConfig
-from icespool.kafka._decode import DeadRecord, Fetch, route_values, too_deep_values
+from icespool.decode import DeadRecord, route_field_values
+from icespool.kafka._fetch import Fetch
 
 __all__ = ["DynamicRouter", "Routed", "Router", "StaticRouter", "router_for"]
 
@@ -96,9 +97,13 @@ class DynamicRouter:
         return len(self._targets) - (self._config.dead_letter_table in self._known)
 
     def route(self, fetch: Fetch) -> Routed:
-        c, depth = self._config, self._max_depth
-        routes = route_values(fetch, field=c.route_field, header=c.route_header, max_depth=depth)
-        deep = too_deep_values(fetch.values, depth) if c.route_field else {}
+        c = self._config
+        deep: dict[int, str] = {}
+        if c.route_field is not None:
+            routes, deep = route_field_values(fetch.values, c.route_field, self._max_depth)
+        else:
+            assert c.route_header is not None, "a dynamic route reads a field or a header"
+            routes = _header_values(fetch, c.route_header)
         dead: list[tuple[DeadRecord, str | None]] = []
         by_table: dict[str, list[int]] = {}
         for i, route in enumerate(routes):
@@ -125,6 +130,19 @@ class DynamicRouter:
                 problem = f"route {route!r} -> {table!r} is not a configured table"
                 dead.append((DeadRecord(i, "unknown_route", problem), table))
         return {t: np.asarray(ix, dtype=np.int64) for t, ix in by_table.items()}, dead
+
+
+def _header_values(fetch: Fetch, header: str) -> list[str | None]:
+    """The route value of every record: its ``header``'s value as UTF-8 text (None:
+    no such header, an empty one, or one that is not UTF-8)."""
+    by_header: list[str | None] = []
+    for pairs in fetch.headers:
+        found = next((v for k, v in pairs if k == header), None)
+        try:
+            by_header.append(found.decode() if found else None)
+        except UnicodeDecodeError:
+            by_header.append(None)
+    return by_header
 
 
 def router_for(config: KafkaConfig, tables: Sequence[str], max_depth: int) -> Router:

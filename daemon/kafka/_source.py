@@ -39,6 +39,7 @@ from aiokafka.errors import (
 )
 
 from icespool.config import KafkaConfig
+from icespool.decode import Decoded
 from icespool.kafka._catch_up import CatchUp
 from icespool.kafka._client import (
     PROBE_TIMEOUT,
@@ -48,8 +49,8 @@ from icespool.kafka._client import (
     new_producer,
     stop_quietly,
 )
-from icespool.kafka._decode import Decoded, Fetch
 from icespool.kafka._diagnose import connect_problem
+from icespool.kafka._fetch import Fetch
 from icespool.kafka._group_offsets import OffsetCommitter
 from icespool.kafka._handover import Dead, Handover
 from icespool.kafka._offsets import (
@@ -178,7 +179,7 @@ class KafkaSource:
         format and settings. Holds the source's lock, so it never interleaves with a
         live fetch's decode (both may evolve or create tables)."""
         async with self._lock:
-            return await self._handover.decode(fetch)
+            return await self._handover.route_and_decode(fetch)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -747,7 +748,7 @@ class KafkaSource:
         self._metrics.kafka_records.labels(topic=tp.topic).inc(len(records))
         if part.start is None:  # once per assignment: `tables` lists every table
             part.begin(int(fetch.offsets[0]), self.tables)
-        if await self._handover.hand(part, fetch, unparseable):
+        if await self._handover.spool_fetch(part, fetch, unparseable):
             part.position = int(fetch.offsets[-1]) + 1
         else:
             self._parts.pause(consumer, part, int(fetch.offsets[0]))

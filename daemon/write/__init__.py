@@ -23,30 +23,14 @@ if TYPE_CHECKING:
     from icespool.write.early_acks import EarlyAcks, known_schemas
     from icespool.write.encode_pool import NICENESS, flush_calls, flush_executor, in_flush_thread
     from icespool.write.flush import SEGMENT_ATTEMPTS, FlushJob, Ledger, UncommittableSegmentError
-    from icespool.write.ingest import (
-        ARROW_STREAM,
-        AUTO_CREATED,
-        FORMATS,
-        JSON,
-        NDJSON,
-        Column,
-        Ingest,
-        TableInput,
-        Tables,
-        Wants,
-        refuse_changes,
-    )
+    from icespool.write.ingest import AUTO_CREATED, Column, Ingest, TableInput, Tables
     from icespool.write.pressure import PressureRelief
     from icespool.write.queue import Flusher, TableQueue
     from icespool.write.result import FlushResult
     from icespool.write.writer import TableWriter
 
 __all__ = [
-    "ARROW_STREAM",
     "AUTO_CREATED",
-    "FORMATS",
-    "JSON",
-    "NDJSON",
     "NICENESS",
     "SEGMENT_ATTEMPTS",
     "Cadence",
@@ -63,12 +47,10 @@ __all__ = [
     "TableWriter",
     "Tables",
     "UncommittableSegmentError",
-    "Wants",
     "flush_calls",
     "flush_executor",
     "in_flush_thread",
     "known_schemas",
-    "refuse_changes",
 ]
 
 # Imported when first used: see icespool._lazy.
@@ -90,17 +72,11 @@ __getattr__ = lazy_exports(
             "UncommittableSegmentError",
         ),
         "icespool.write.ingest": (
-            "ARROW_STREAM",
             "AUTO_CREATED",
-            "FORMATS",
-            "JSON",
-            "NDJSON",
             "Column",
             "Ingest",
             "TableInput",
             "Tables",
-            "Wants",
-            "refuse_changes",
         ),
         "icespool.write.pressure": ("PressureRelief",),
         "icespool.write.queue": ("Flusher", "TableQueue"),

@@ -33,20 +33,12 @@ import pyarrow as pa
 
 from icespool.cdc import OP_COLUMN, spoolable
 from icespool.config import Config, TableConfig
-from icespool.decode import (
-    JSON,
-    JsonOptions,
-    array_error,
-    decode_arrow_stream,
-    decode_ndjson,
-    ndjson_from_array,
-)
+from icespool.decode import JsonOptions, RecordArrays, Target, decoder_for
 from icespool.errors import BackpressureError, BadInputError, SchemaError
 from icespool.lifecycle.startup import StartWait
 from icespool.metrics import Metrics
 from icespool.schema import arrow_schema_for, parse_schema
 from icespool.spool import AppendAck, SegmentInfo, Spool, SpoolError
-from icespool.write.ingest import NDJSON, refuse_changes
 
 __all__ = ["EarlyAcks", "known_schemas"]
 
@@ -130,7 +122,7 @@ class EarlyAcks:
             )
         return segments
 
-    async def body(self, name: str, body: bytes, content_type: str, *, changes: bool) -> int:
+    async def ingest_body(self, name: str, body: bytes, content_type: str, *, changes: bool) -> int:
         """Decode an HTTP body for ``name`` against its known schema and spool all of
         it, or none of it; returns the records acked. Raises `BadInputError` (400),
         `BackpressureError` (503: does not fit, full, or the gate shut meanwhile)."""
@@ -221,18 +213,20 @@ def known_schemas(config: Config, recorded: Mapping[str, pa.Schema]) -> dict[str
 def _decode(known: Known, options: JsonOptions, body: bytes, content_type: str) -> pa.RecordBatch:
     """A body as one batch in the known schema (blocking)."""
     key = tuple(known.table.key)
-    if content_type == JSON:
-        try:
-            lines = ndjson_from_array(body)
-            return spoolable(decode_ndjson(lines, known.schema, options), known.schema, key)
-        except BadInputError as exc:
-            raise array_error(exc) from None
-    if content_type == NDJSON:
-        return spoolable(decode_ndjson(body, known.schema, options), known.schema, key)
-    raw = decode_arrow_stream(body)
-    if not key:
-        refuse_changes(known.table.name, raw.schema, None)
-    return spoolable(raw, known.schema, key)
+    decoder = decoder_for(content_type)
+    try:
+        decoded = decoder.decode(
+            RecordArrays([body]), Target(known.table.name, known.schema, key, options)
+        )
+        if decoded.error is not None:
+            raise decoded.error
+        assert decoded.batch is not None, "a body decoded whole has its rows"
+        return spoolable(decoded.batch, known.schema, key)
+    except BadInputError as exc:
+        rephrased = decoder.rephrase(exc)
+        if rephrased is exc:
+            raise
+        raise rephrased from None
 
 
 def _listed(names: list[str]) -> str:

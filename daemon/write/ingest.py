@@ -1,8 +1,9 @@
 """The one way in, for HTTP, Kafka and the Python API: decode -> evolve or create -> append.
 
-    HTTP body    ``Ingest.body``      NDJSON or Arrow IPC, all or nothing (records or changes)
-    Kafka fetch  ``Ingest.decoded``   the source's lenient decode, per table
-    Python API   ``TableInput``       Arrow batches, tables, columns or dicts
+    HTTP body    ``Ingest.ingest_body``        the Content-Type's decoder, all or nothing
+                                               (records or changes)
+    Kafka fetch  ``Ingest.decode_and_evolve``  the source's lenient decoder, per table
+    Python API   ``TableInput``                Arrow batches, tables, columns or dicts
 
 Every path meets the same three steps:
 
@@ -12,73 +13,53 @@ Every path meets the same three steps:
 2. **decode and evolve**: the input is decoded into the table's Arrow schema. Where
    that fails for columns the table lacks (or has too narrow) and the table's
    ``evolve`` policy allows it, the table's schema is changed first and the input
-   decoded again (`Ingest.decoded`). A change the policy refuses is a
+   decoded again (`Ingest.decode_and_evolve`). A change the policy refuses is a
    `SchemaChangeError` naming the column and the policy.
 3. **append**: the decoded batch goes to the table's writer, which spools it (the ack).
 
-Errors are domain errors (`icespool.errors`); each source maps them: HTTP to a status,
-Kafka to a dead letter, the Python API raises them.
+Decoding is `icespool.decode`'s (one `Decoder` per wire format); what happens here is
+the same for every format. Errors are domain errors (`icespool.errors`); each source
+maps them: HTTP to a status, Kafka to a dead letter, the Python API raises them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema, conform_changes, with_ops
+from icespool.cdc import DELETE, UPSERT, conform_changes, with_ops
 from icespool.config import Config
 from icespool.decode import (
-    HTTP_OP,
-    JSON,
+    FORMATS,
+    Decoded,
+    Decoder,
+    EvolveRequest,
     JsonOptions,
-    array_error,
-    body_schema,
-    decode_arrow_stream,
-    decode_ndjson,
-    infer_ndjson_schema,
+    RecordArrays,
+    Records,
+    Target,
+    decoder_for,
     key_error,
-    line_of,
-    ndjson_from_array,
     no_key,
-    row_of,
-    to_changes,
-    without_op,
+    refuse_changes,
+    without_op_column,
 )
 from icespool.errors import BadInputError, ReadOnlyTableError, SchemaError
 from icespool.schema import Policy, SchemaChangeError, conform
 from icespool.write.writer import TableWriter
 
-__all__ = [
-    "ARROW_STREAM",
-    "AUTO_CREATED",
-    "FORMATS",
-    "JSON",
-    "NDJSON",
-    "Column",
-    "Ingest",
-    "TableInput",
-    "Tables",
-    "Wants",
-    "refuse_changes",
-]
+__all__ = ["AUTO_CREATED", "Column", "Ingest", "TableInput", "Tables"]
 
-NDJSON: Final = "application/x-ndjson"
-ARROW_STREAM: Final = "application/vnd.apache.arrow.stream"
-#: Body formats `Ingest.body` takes (HTTP Content-Type values). ``application/json`` is
-#: a JSON array of objects, taken as the NDJSON of its elements
-#: (`icespool.decode.ndjson_from_array`).
-FORMATS: Final = frozenset({NDJSON, ARROW_STREAM, JSON})
 #: The evolve policy of tables a Kafka source creates for new routes: they take new
 #: fields as they come.
 AUTO_CREATED: Final[Policy] = "add-columns"
-
-_R = TypeVar("_R")
 
 
 class Tables(Protocol):
@@ -100,21 +81,6 @@ class Tables(Protocol):
         self, name: str, incoming: pa.Schema, *, evolve: Policy | None = None
     ) -> Awaitable[TableWriter]:
         """Create ``name`` for records shaped like ``incoming`` (or load a replica's)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Wants:
-    """What a decode that failed asks of the table's schema.
-
-    ``columns``: the columns the decode failed on; ``incoming``: the input's own Arrow
-    schema (blocking: inferred from JSON); ``exact``: the input's types are exact
-    (Arrow data: the table evolves for all of ``incoming`` at once), not inferred (JSON:
-    it evolves for the failed columns and the top-level columns it lacks).
-    """
-
-    columns: frozenset[str]
-    incoming: Callable[[], pa.Schema]
-    exact: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +125,7 @@ class Ingest:
         self._refuse_daemon_tables(writer.name)
         writer.check_capacity()
 
-    async def body(
+    async def ingest_body(
         self, name: str, body: bytes, content_type: str, *, changes: bool = False
     ) -> int:
         """Decode a request body (one of `FORMATS`) for ``name`` and spool all of it,
@@ -180,135 +146,31 @@ class Ingest:
         # decoded nor allowed to evolve the table.
         writer = self.check(name)
         if changes:
-            return await self._changes(name, writer, body, content_type)
-        if content_type == JSON:
-            # Same rules as NDJSON, with errors naming the array index, not the line.
-            try:
-                lines = await asyncio.to_thread(ndjson_from_array, body)
-                return await self._records(name, writer, lines)
-            except BadInputError as exc:
-                raise array_error(exc) from None
-        if content_type == NDJSON:
-            return await self._records(name, writer, body)
-        raw = await asyncio.to_thread(decode_arrow_stream, body)
-        refuse_changes(name, raw.schema, writer)
-        if writer is None:
-            writer = await self.create(name, lambda: raw.schema)
-        # An upsert table takes rows (upserts) or, in Arrow, change batches as they are.
-        conformed = self.conformed_changes if writer.key else self.conformed
-        table = await conformed(writer, raw)
-        # Shielded: a client that hangs up must not cancel a half-done spool append.
-        return await asyncio.shield(writer.append(table))
-
-    async def _changes(
-        self, name: str, writer: TableWriter | None, body: bytes, content_type: str
-    ) -> int:
-        """Decode and spool a change body (`body` with ``changes``)."""
-        if writer is None:
-            # Created from its first records: such a table has no key (config refuses
-            # `infer` with `key`), so it is refused before anything is created.
-            raise no_key(name)
-        _keyed(writer)  # an append table: refused before its body is decoded
-        if content_type == JSON:
-            try:
-                lines = await asyncio.to_thread(ndjson_from_array, body)
-                return await self._json_changes(writer, lines)
-            except BadInputError as exc:
-                raise array_error(exc) from None
-        if content_type == NDJSON:
-            return await self._json_changes(writer, body)
-        key = _keyed(writer)
-        raw = await asyncio.to_thread(decode_arrow_stream, body)
-        if HTTP_OP not in raw.schema.names:
-            raise SchemaError(HTTP_OP, _NO_OP)
+            if writer is None:
+                # Created from its first records: such a table has no key (config refuses
+                # `infer` with `key`), so it is refused before anything is created.
+                raise no_key(name)
+            if not writer.key:  # an append table: refused before its body is decoded
+                raise no_key(writer.name)
+        decoder = decoder_for(content_type, changes="keyed" if changes else "none")
+        records = RecordArrays([body])
         try:
-            decoded = await self._whole(
-                writer,
-                lambda schema: conform(raw, body_schema(change_schema(schema, key))),
-                lambda error: Wants(
-                    frozenset({error.column}), lambda: without_op(raw.schema), exact=True
-                ),
-            )
-        except SchemaError as exc:
-            raise key_error(exc, key) from None
-        return await self._spool_changes(writer, decoded, row_of)
-
-    async def _json_changes(self, writer: TableWriter, body: bytes) -> int:
-        key = _keyed(writer)
-        options = self.json_options(writer)
-        try:
-            decoded = await self._whole(
-                writer,
-                lambda schema: decode_ndjson(
-                    body, body_schema(change_schema(schema, key)), options
-                ),
-                lambda error: Wants(
-                    frozenset({error.column}),
-                    lambda: without_op(infer_ndjson_schema(body, options.max_depth)),
-                    exact=False,
-                ),
-            )
-        except SchemaError as exc:
-            raise key_error(exc, key) from None
-        return await self._spool_changes(writer, decoded, line_of(body))
-
-    async def _spool_changes(
-        self,
-        writer: TableWriter,
-        decoded: pa.Table | pa.RecordBatch,
-        where: Callable[[int], str],
-    ) -> int:
-        key = writer.key
-        schema = writer.arrow_schema
-        # Required in the table, so an upsert must carry them; a delete needs only its key.
-        required = [f.name for f in schema if not f.nullable and f.name not in key]
-        batch = await asyncio.to_thread(to_changes, decoded, key, required, where)
-        return await asyncio.shield(writer.append(batch))
-
-    async def _records(self, name: str, writer: TableWriter | None, body: bytes) -> int:
-        """Decode and spool an NDJSON body (`body`'s second half)."""
-        if writer is None:
-            depth = self._tables.config.table_settings(name).max_nesting_depth
-            writer = await self.create(name, lambda: infer_ndjson_schema(body, depth))
-        table = await self._ndjson(writer, body)
-        return await asyncio.shield(writer.append(table))
-
-    async def _ndjson(self, writer: TableWriter, body: bytes) -> pa.Table:
-        options = self.json_options(writer)
-        return await self._whole(
-            writer,
-            lambda schema: decode_ndjson(body, schema, options),
-            # One column per round: the decode names the first one it failed on.
-            lambda error: Wants(
-                frozenset({error.column}),
-                lambda: infer_ndjson_schema(body, options.max_depth),
-                exact=False,
-            ),
-        )
-
-    async def _whole(
-        self,
-        writer: TableWriter,
-        decode: Callable[[pa.Schema], _R],
-        wants: Callable[[SchemaError], Wants],
-    ) -> _R:
-        """All-or-nothing ``decode`` through `decoded`: the `SchemaError` it raises
-        says what to evolve; one that remains is raised (the policy's refusal when
-        the policy refused that column)."""
-
-        def attempt(schema: pa.Schema) -> _R | SchemaError:
-            try:
-                return decode(schema)
-            except SchemaError as exc:
-                return exc
-
-        def failed(result: _R | SchemaError) -> Wants | None:
-            return wants(result) if isinstance(result, SchemaError) else None
-
-        result, refused = await self.decoded(writer, attempt, failed)
-        if isinstance(result, SchemaError):
-            raise refused.get(result.column, result)
-        return result
+            if writer is None:
+                depth = self._tables.config.table_settings(name).max_nesting_depth
+                target = Target(name, options=JsonOptions(max_depth=depth))
+                writer = await self.create(name, lambda: decoder.incoming(records, target))
+            decode, request = self._decoding(writer, decoder, records)
+            # A change body's failure on a key column is said as one (missing_key,
+            # bad_key: the reasons of the same faults from Kafka).
+            said = functools.partial(key_error, key=writer.key) if changes else None
+            batch = await self._all_or_nothing(writer, decode, request, said)
+            # Shielded: a client that hangs up must not cancel a half-done spool append.
+            return await asyncio.shield(writer.append(batch))
+        except BadInputError as exc:
+            rephrased = decoder.rephrase(exc)
+            if rephrased is exc:
+                raise
+            raise rephrased from None
 
     # ------------------------------------------------------------------ Python API
 
@@ -324,54 +186,116 @@ class Ingest:
         if isinstance(data, Mapping):
             batch = await asyncio.to_thread(_columns_to_batch, data, writer.arrow_schema)
         elif writer.key:
-            batch = await self.conformed_changes(writer, data)
+            batch = await self._conform_changes(writer, data)
         else:
-            refuse_changes(writer.name, data.schema, writer)
-            batch = await self.conformed(writer, data)
+            refuse_changes(writer.name, data.schema, writer.key)
+            batch = await self._conform_rows(writer, data)
         return await writer.append(batch, meta)
 
-    async def conformed_changes(
+    async def _conform_changes(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
-    ) -> pa.RecordBatch:
+    ) -> pa.RecordBatch | pa.Table:
         """Rows (upserts) or a change batch (`icespool.cdc`) cast for ``writer``'s upsert
         table (`conform_changes`), evolving the table first for columns it lacks where
-        the policy allows (as `conformed` does for rows)."""
+        the policy allows (as `_conform_rows` does for rows)."""
         key = writer.key
-        return await self._whole(
+        return await self._conform(
             writer,
             lambda schema: conform_changes(data, schema, key),
-            lambda error: Wants(
-                frozenset({error.column}), lambda: _without_op(data.schema), exact=True
-            ),
+            lambda: without_op_column(data.schema),
         )
 
-    async def conformed(
+    async def _conform_rows(
         self, writer: TableWriter, data: pa.RecordBatch | pa.Table
-    ) -> pa.RecordBatch:
+    ) -> pa.RecordBatch | pa.Table:
         """``data`` cast to the table's schema, evolving the table first for the
         columns it lacks where the policy allows (SchemaError otherwise)."""
-        return await self._whole(
-            writer,
-            lambda schema: conform(data, schema),
-            lambda error: Wants(frozenset({error.column}), lambda: data.schema, exact=True),
+        return await self._conform(
+            writer, lambda schema: conform(data, schema), lambda: data.schema
         )
+
+    async def _conform(
+        self,
+        writer: TableWriter,
+        conform: Callable[[pa.Schema], pa.RecordBatch],
+        incoming: Callable[[], pa.Schema],
+    ) -> pa.RecordBatch | pa.Table:
+        """Arrow data ``conform``ed to the table's schema, all or nothing, evolving the
+        table for the columns it lacks as the exact types of ``incoming`` say."""
+
+        def attempt(schema: pa.Schema) -> Decoded:
+            try:
+                return Decoded.whole(conform(schema))
+            except SchemaError as exc:
+                return Decoded.refused(exc)
+
+        def request(decoded: Decoded) -> EvolveRequest | None:
+            if decoded.error is None:
+                return None
+            return EvolveRequest(frozenset({decoded.error.column}), incoming, exact=True)
+
+        return await self._all_or_nothing(writer, attempt, request)
 
     # ------------------------------------------------------------------ every source
 
-    async def decoded(
+    async def decode_and_evolve(
+        self, writer: TableWriter, decoder: Decoder, records: Records
+    ) -> tuple[Decoded, dict[str, SchemaError]]:
+        """``decoder``'s decode of ``records`` for ``writer``'s table (blocking, run in
+        a thread), after evolving the table for what the decode lacked (its
+        `Decoder.evolve_request`), as the table's policy allows. Returns the last
+        decode and, by column, why the table could not be changed for it (see
+        `_evolve_and_decode`)."""
+        return await self._evolve_and_decode(writer, *self._decoding(writer, decoder, records))
+
+    def _decoding(
+        self, writer: TableWriter, decoder: Decoder, records: Records
+    ) -> tuple[Callable[[pa.Schema], Decoded], Callable[[Decoded], EvolveRequest | None]]:
+        """``decoder`` over ``records`` as `_evolve_and_decode` calls it."""
+        options = self.json_options(writer)
+
+        def target(schema: pa.Schema) -> Target:
+            return Target(writer.name, schema, writer.key, options, writer.evolve_policy)
+
+        return (
+            lambda schema: decoder.decode(records, target(schema)),
+            lambda decoded: decoder.evolve_request(records, decoded, target(writer.arrow_schema)),
+        )
+
+    async def _all_or_nothing(
         self,
         writer: TableWriter,
-        decode: Callable[[pa.Schema], _R],
-        wants: Callable[[_R], Wants | None],
-    ) -> tuple[_R, dict[str, SchemaError]]:
+        decode: Callable[[pa.Schema], Decoded],
+        request: Callable[[Decoded], EvolveRequest | None],
+        said: Callable[[SchemaError], SchemaError] | None = None,
+    ) -> pa.RecordBatch | pa.Table:
+        """`_evolve_and_decode` of an input decoded whole: its rows, or the column
+        failure that remains raised (the policy's refusal when the policy refused that
+        column), as ``said`` says it."""
+        said = said or _as_is
+        try:
+            decoded, refused = await self._evolve_and_decode(writer, decode, request)
+        except SchemaChangeError as exc:  # the input's records disagree on a field's type
+            raise said(exc) from None
+        if decoded.error is not None:
+            raise said(refused.get(decoded.error.column, decoded.error)) from None
+        assert decoded.batch is not None, "an input decoded whole has its rows or its error"
+        return decoded.batch
+
+    async def _evolve_and_decode(
+        self,
+        writer: TableWriter,
+        decode: Callable[[pa.Schema], Decoded],
+        request: Callable[[Decoded], EvolveRequest | None],
+    ) -> tuple[Decoded, dict[str, SchemaError]]:
         """``decode(table's Arrow schema)`` (blocking, run in a thread), after evolving
-        the table for what ``wants`` says the result lacks, as the table's policy
+        the table for what ``request`` says the result lacks, as the table's policy
         allows. Returns the last result and, by column, why the table could not be
         changed for it: `SchemaChangeError` when the policy refuses the change, another
         `SchemaError` when the records' shape cannot be a column at all (an empty field
         name, a type Iceberg has no equivalent for). Raises the `SchemaChangeError` of
-        ``wants``'s inference when the records of an all-or-nothing input disagree on a
-        field's type.
+        ``request``'s inference when the records of an all-or-nothing input disagree on
+        a field's type.
 
         It ends: every round tries the table for at least one column and input type it
         has not tried for this input before, and an input has finitely many of both.
@@ -382,7 +306,7 @@ class Ingest:
         tried: set[tuple[str, str]] = set()
         result = await asyncio.to_thread(decode, writer.arrow_schema)
         while writer.evolve_policy != "none":
-            want = wants(result)
+            want = request(result)
             if want is None or not want.columns - refused.keys():
                 break
             try:
@@ -392,11 +316,13 @@ class Ingest:
             except BadInputError:
                 break  # the records' types cannot even be inferred: the decode error stands
             columns = want.columns if want.exact else _evolvable(want.columns, incoming, writer)
-            new = {c for c in columns - refused.keys() if _tried(c, incoming) not in tried}
+            new = {
+                c for c in columns - refused.keys() if _column_and_type(c, incoming) not in tried
+            }
             if not new:
                 break
             only = None if want.exact else new
-            tried |= {_tried(c, incoming) for c in new}
+            tried |= {_column_and_type(c, incoming) for c in new}
             before = writer.arrow_schema
             try:
                 await writer.evolve(incoming, only=only, exact=want.exact)
@@ -405,7 +331,7 @@ class Ingest:
                 blamed: set[str] = {*want.columns, *(only or ()), exc.column}
                 if only is not None and any(_top(c) == top for c in only) and len(only) > 1:
                     # A plan is refused whole, for one column: the others go again without it.
-                    tried -= {_tried(c, incoming) for c in only if _top(c) != top}
+                    tried -= {_column_and_type(c, incoming) for c in only if _top(c) != top}
                     blamed = {c for c in blamed if _top(c) == top}
                 for column in blamed:
                     refused.setdefault(column, exc)
@@ -517,24 +443,17 @@ class TableInput:
         return await self.append(table)
 
 
-_NO_OP: Final = (
-    "missing: every row of a change body says what it is, 'upsert' or 'delete' "
-    "(send records without it to POST /records)"
-)
-
-
-def _keyed(writer: TableWriter) -> tuple[str, ...]:
-    """The key of ``writer``'s table; `BadInputError` for an append table."""
-    if not writer.key:
-        raise no_key(writer.name)
-    return writer.key
-
-
 def _top(column: str) -> str:
     return column.split(".", 1)[0]
 
 
-def _tried(column: str, incoming: pa.Schema) -> tuple[str, str]:
+def _as_is(error: SchemaError) -> SchemaError:
+    return error
+
+
+def _column_and_type(column: str, incoming: pa.Schema) -> tuple[str, str]:
+    """``column`` with the type the input has for its top-level column (what one
+    round of evolution tries)."""
     index = incoming.get_field_index(_top(column))
     return column, str(incoming.field(index).type) if index >= 0 else ""
 
@@ -575,24 +494,6 @@ def _columns_to_batch(columns: Mapping[str, Column | Any], schema: pa.Schema) ->
     if len(lengths) > 1:
         raise BadInputError(f"columns have different lengths: {sorted(lengths)}")
     return conform(pa.table(arrays), schema)
-
-
-def refuse_changes(name: str, schema: pa.Schema, writer: TableWriter | None) -> None:
-    """A change batch (op column) for a table without a key is refused before any
-    schema change: evolving or creating the table for it would make the op a column
-    and keep every delete as a row."""
-    if OP_COLUMN in schema.names and (writer is None or not writer.key):
-        raise BadInputError(
-            f"column {OP_COLUMN!r} marks keyed changes (upserts and deletes), but table "
-            f"{name} has no key (an append table); declare key = [...] in its [[tables]] "
-            f"entry to make it an upsert table, or send rows without {OP_COLUMN!r}"
-        )
-
-
-def _without_op(schema: pa.Schema) -> pa.Schema:
-    # The op column is the change batch's, never a column to evolve the table for.
-    index = schema.get_field_index(OP_COLUMN)
-    return schema if index < 0 else schema.remove(index)
 
 
 def _as_table(rows: pa.RecordBatch | pa.Table | Iterable[Mapping[str, object]]) -> pa.Table:

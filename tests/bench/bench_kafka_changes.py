@@ -5,7 +5,7 @@ Run: .venv/bin/python tests/bench/bench_kafka_changes.py [--records N] [--trials
 One fetch of ``--records`` records of the benchmark's 8-column event (`_events`),
 decoded for one table keyed by ``event_id``:
 
-- ``rows``: the events as plain JSON values through `decode_json` (an append
+- ``rows``: the events as plain JSON values through `JsonValues` (an append
   table's way: the baseline);
 - ``debezium``: the same events as Debezium changes (``{"op":"u","before":{...},
   "after":{...},"source":{...},"ts_ms":..}``, every 10th a delete, a fifth of them in
@@ -23,13 +23,12 @@ import json
 import time
 from collections.abc import Callable
 
-import numpy as np
 import pyarrow as pa
 from _events import JSON_SCHEMA
 
-from icespool.decode import JsonOptions
-from icespool.decode._keyed import decode_changes, json_envelopes, json_keys, string_keys
-from icespool.kafka._decode import Fetch, decode_json
+from icespool.decode import JsonOptions, JsonValues, RecordArrays, Target
+from icespool.decode._keyed import decode_changes
+from icespool.decode._keyed_rows import json_envelopes, json_keys, string_keys
 
 KEY = ("event_id",)
 
@@ -78,14 +77,14 @@ def main() -> None:
     options = JsonOptions()
     rows = [json.dumps(_event(i)).encode() for i in range(n)]
     keys = [str(i % 50_000).encode() for i in range(n)]
-    fetch = Fetch("t", 0, np.arange(n, dtype=np.int64), rows, keys, [0] * n, [[]] * n)
+    fetch = RecordArrays(rows, keys)
     changes = pa.array([_debezium(i) for i in range(n)], pa.binary())
     json_key_array = pa.array([b'{"event_id":' + k + b"}" for k in keys], pa.binary())
     keyed = pa.array([None if i % 10 == 0 else v for i, v in enumerate(rows)], pa.binary())
     string_key_array = pa.array(keys, pa.binary())
 
     def plain() -> None:
-        decoded = decode_json(fetch, JSON_SCHEMA, options=options)
+        decoded = JsonValues().decode(fetch, Target("t", JSON_SCHEMA, options=options))
         assert decoded.batch is not None and decoded.batch.num_rows == n, decoded.dead[:1]
 
     def debezium() -> None:

@@ -24,10 +24,10 @@ from support.connect_json import DECIMAL, b64
 from support.connect_json import envelope as connect_envelope
 
 from icespool.cdc import OP_COLUMN, UPSERT
-from icespool.decode import JsonOptions
+from icespool.decode import DeadRecord, JsonOptions
 from icespool.decode._connect import ConnectTypes, decimal_from_base64
-from icespool.decode._keyed import decode_changes, json_envelopes, json_keys
-from icespool.kafka._decode import DeadRecord
+from icespool.decode._keyed import decode_changes
+from icespool.decode._keyed_rows import json_envelopes, json_keys
 
 UTC = datetime.UTC
 EPOCH = datetime.datetime(1970, 1, 1)

@@ -24,17 +24,13 @@ from support.kafka_harness import unique_name
 
 from icespool.cdc import DELETE, OP_COLUMN, UPSERT, change_schema
 from icespool.config import Config
-from icespool.decode import JsonOptions
-from icespool.decode._avro import FileSchema, RegistrySchemas, avro_rows
-from icespool.decode._keyed import (
-    decode_changes,
-    decode_fetch_changes,
-    json_envelopes,
-    json_keys,
-    string_keys,
-)
+from icespool.decode import Decoded, JsonOptions, Target, decoder_for
+from icespool.decode._avro import avro_rows
+from icespool.decode._avro_registry import RegistrySchemas
+from icespool.decode._keyed import decode_changes
+from icespool.decode._keyed_rows import json_envelopes, json_keys, string_keys
 from icespool.errors import ConfigError
-from icespool.kafka._decode import Decoded, Fetch
+from icespool.kafka._fetch import Fetch
 
 U, D = UPSERT, DELETE
 SCHEMA = pa.schema(
@@ -389,15 +385,9 @@ def test_fetch_entry_fills_metadata_columns_and_maps_subset_positions(
         "t", 0, np.arange(100, 104, dtype=np.int64), values, [b"1", b"2", b"3", None],
         [0] * 4, [[]] * 4,
     )  # fmt: skip
-    decoded = decode_fetch_changes(
-        fetch,
-        schema,
-        KEY,
-        config,
-        options=JsonOptions(),
-        avro=None,
-        subset=np.asarray([0, 1, 2, 3], dtype=np.int64)[1:],
-    )
+    subset = np.asarray([1, 2, 3], dtype=np.int64)
+    decoder = decoder_for(config.format, changes=config.changes, source=config)
+    decoded = decoder.decode(fetch.take(subset), Target("demo.t", schema, KEY)).placed(subset)
     assert decoded.rows.tolist() == [1]
     assert rows(decoded) == [
         {"id": 2, "name": None, "qty": None, "_kafka_offset": 101, "_kafka_key": b"2",
@@ -638,15 +628,12 @@ def test_keyed_avro_rows_from_a_schema_file(
         "t", 0, np.arange(4, dtype=np.int64), values, [b"1", b"2", b"1", b"3"], [0] * 4,
         [[]] * 4,
     )  # fmt: skip
-    decoded = decode_fetch_changes(
-        fetch, SCHEMA, KEY, config, options=JsonOptions(), avro=FileSchema(path)
-    )
+    decoder = decoder_for(config.format, changes=config.changes, source=config)
+    decoded = decoder.decode(fetch, Target("t", SCHEMA, KEY))
     assert rows(decoded) == [change(1, "a", 1, U), change(2, "b", 2, U), change(1, None, None, D)]
     assert dead(decoded) == [(3, "invalid")]
     narrow = pa.schema([SCHEMA.field("id"), SCHEMA.field("qty")])
-    decoded = decode_fetch_changes(
-        fetch, narrow, KEY, config, options=JsonOptions(), avro=FileSchema(path)
-    )
+    decoded = decoder.decode(fetch, Target("t", narrow, KEY))
     assert [d.reason for d in decoded.dead] == ["invalid"] * 3
     assert "column 'name': Avro field is not a column of the table" in decoded.dead[0].error
     assert decoded.rows.tolist() == [2]  # the tombstone needs no value

@@ -1,7 +1,7 @@
 """A fetch as whole arrays: the vectorized poison guards at their edges, and aiokafka's
 prefetched records drained a record batch at a time (issue 17).
 
-The guards (`icespool.kafka._decode.screened_body`) work on the values' lengths, their
+The guards (`icespool.decode._screen.screened_values`) work on the values' lengths, their
 joined body and its bytes, never value by value: these tests pin that every record
 still gets exactly the outcome the per-record guards gave it (empty, oversized at
 the byte boundary, whitespace only, raw newlines and CRs, too deep, null keys), in
@@ -21,8 +21,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from support.kafka_harness import Broker, create_topic, produce_values, unique_name
 
-from icespool.decode import JsonOptions
-from icespool.kafka._decode import Fetch, decode_json
+from icespool.decode import Decoded, JsonOptions, JsonValues, Records, Target
+from icespool.kafka._fetch import Fetch
 from icespool.kafka._upstream._batches import getmany
 from icespool.kafka._upstream._contract import problems
 from icespool.kafka._upstream._raw_fetch import RawRecord
@@ -39,6 +39,11 @@ SCHEMA = pa.schema(
 )
 LIMIT = 64  # max_record_bytes in these tests
 OPTIONS = JsonOptions(max_depth=16)
+
+
+def _decode(records: Records) -> Decoded:
+    decoder = JsonValues(source_columns=META, max_record_bytes=LIMIT)
+    return decoder.decode(records, Target("t", SCHEMA, options=OPTIONS))
 
 
 def _value(i: int, width: int | None = None) -> bytes:
@@ -78,9 +83,7 @@ def test_every_guard_edge_gets_the_outcome_it_had_record_by_record() -> None:
     values = [v for v, _ in cases]
     keys = [None if i % 3 else b"k%d" % i for i in range(len(values))]
     fetch = Fetch.of_records("t", 0, _records(values, keys))
-    decoded = decode_json(
-        fetch, SCHEMA, metadata_columns=META, max_record_bytes=LIMIT, options=OPTIONS
-    )
+    decoded = _decode(fetch)
 
     landed = [i for i, (_, reason) in enumerate(cases) if reason is None]
     assert decoded.rows.tolist() == landed
@@ -102,9 +105,7 @@ def test_every_guard_edge_gets_the_outcome_it_had_record_by_record() -> None:
     # The same records as a subset of a larger fetch (a routed table's share).
     wider = Fetch.of_records("t", 0, _records([_value(99), *values], [None, *keys]))
     subset = np.arange(1, len(values) + 1, dtype=np.int64)
-    again = decode_json(
-        wider, SCHEMA, metadata_columns=META, max_record_bytes=LIMIT, subset=subset, options=OPTIONS
-    )
+    again = _decode(wider.take(subset)).placed(subset)
     assert again.rows.tolist() == [i + 1 for i in landed]
     assert [(d.index, d.reason) for d in again.dead] == [
         (d.index + 1, d.reason) for d in decoded.dead
@@ -119,9 +120,7 @@ def test_a_fetch_of_150000_records_keeps_every_good_one_and_finds_each_poison() 
     values: list[bytes | None] = [poison.get(i, _value(i)) for i in range(n)]
     values[123_456] = b'{"id":123456,\r\n"s":"x"}'
     fetch = Fetch("t", 3, np.arange(n, dtype=np.int64), values, [None] * n, [0] * n, [[]] * n)
-    decoded = decode_json(
-        fetch, SCHEMA, metadata_columns=META, max_record_bytes=LIMIT, options=OPTIONS
-    )
+    decoded = _decode(fetch)
     assert [(d.index, d.reason) for d in decoded.dead] == [
         (0, "empty"),
         (77_777, "oversized"),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
-import numpy as np
+import pyarrow as pa
 import pytest
 from support.apicurio import CCOMPAT, PASSWORD, USERNAME, ApicurioRegistry
 from support.kafka_harness import (
@@ -33,9 +33,9 @@ from support.proxy import Mode, TcpProxy
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config, redacted
-from icespool.decode._avro import RegistrySchemas, decode_avro
+from icespool.decode import AvroValues, Decoded, RecordArrays, Target
+from icespool.decode._avro_registry import AvroSchemas, RegistrySchemas
 from icespool.errors import ConfigError
-from icespool.kafka._decode import Fetch
 from icespool.lifecycle.service import Icespool
 from icespool.schema import arrow_schema_for, parse_schema
 
@@ -459,9 +459,12 @@ async def test_fixed_schema_file_with_header_routing(
 # ------------------------------------------------------------------ decoder and client
 
 
-def _fetch(values: list[bytes | None]) -> Fetch:
-    n = len(values)
-    return Fetch("t", 0, np.arange(n, dtype=np.int64), values, [None] * n, [0] * n, [[]] * n)
+def _fetch(values: list[bytes | None]) -> RecordArrays:
+    return RecordArrays(values)
+
+
+def _decode_avro(records: RecordArrays, schema: pa.Schema, *, schemas: AvroSchemas) -> Decoded:
+    return AvroValues(lambda: schemas).decode(records, Target("t", schema))
 
 
 @pytest.mark.parametrize(
@@ -483,7 +486,7 @@ def test_a_registry_outage_dead_letters_after_3_tries_and_the_schema_is_fetched_
         schemas = RegistrySchemas(url, USERNAME, PASSWORD, timeout=0.5)
         proxy.mode = mode
         began = time.monotonic()
-        decoded = decode_avro(_fetch([body, body]), schema, schemas=schemas)
+        decoded = _decode_avro(_fetch([body, body]), schema, schemas=schemas)
         took = time.monotonic() - began
         failed_at = time.monotonic()
         error = (
@@ -502,13 +505,13 @@ def test_a_registry_outage_dead_letters_after_3_tries_and_the_schema_is_fetched_
         proxy.mode = "reset"
         proxy.mode = "forward"
         began = time.monotonic()
-        again = decode_avro(_fetch([body]), schema, schemas=schemas)
+        again = _decode_avro(_fetch([body]), schema, schemas=schemas)
         assert time.monotonic() - began < 0.5
         assert [(d.index, d.reason, d.error) for d in again.dead] == [
             (0, "schema_unavailable", error)
         ]
         time.sleep(max(0.0, failed_at + 5.2 - time.monotonic()))
-        back = decode_avro(_fetch([body, body]), schema, schemas=schemas)
+        back = _decode_avro(_fetch([body, body]), schema, schemas=schemas)
         assert back.dead == [] and back.rows.tolist() == [0, 1]
         assert back.batch is not None and back.batch.column("id").to_pylist() == [1, 1]
     # Nothing reached the registry during the outage.
@@ -528,7 +531,7 @@ def test_credentials_the_registry_refuses_make_dead_letters_without_retrying(
     ]:
         schemas = RegistrySchemas(schema_registry.url, username, password)
         began = time.monotonic()
-        decoded = decode_avro(_fetch([body]), schema, schemas=schemas)
+        decoded = _decode_avro(_fetch([body]), schema, schemas=schemas)
         assert time.monotonic() - began < 0.5  # no pause: a 401 is not retried
         error = f"schema id {schema_id} unavailable after 1 try: the registry answered 401"
         assert [(d.index, d.reason, d.error) for d in decoded.dead] == [
@@ -592,7 +595,7 @@ async def test_schemas_are_cached_and_fields_map_to_columns_by_name(
         _framed(ids["json"], json.dumps({"id": 6}).encode()),
     ]
     for _ in range(2):
-        decoded = await asyncio.to_thread(decode_avro, _fetch(values), schema, schemas=schemas)
+        decoded = await asyncio.to_thread(_decode_avro, _fetch(values), schema, schemas=schemas)
         assert decoded.batch is not None
         # Rows come back in fetch order although each schema id is decoded apart.
         assert decoded.rows.tolist() == [0, 2, 4, 5]

@@ -18,7 +18,7 @@ import decimal
 import io
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fastavro
@@ -37,8 +37,9 @@ from support.kafka_harness import (
 from support.service_helpers import metric, table_rows, wait_rows
 
 from icespool.config import Config
-from icespool.decode._avro import FileSchema, decode_avro
-from icespool.kafka._decode import Fetch, decode_json
+from icespool.decode import AvroValues, Decoded, JsonValues, Records, Target
+from icespool.decode._avro_registry import AvroSchemas, FileSchema
+from icespool.kafka._fetch import Fetch
 from icespool.kafka._upstream._raw_fetch import parse_batches
 from icespool.lifecycle.service import Icespool
 
@@ -298,6 +299,16 @@ def _fetch(values: list[bytes | None]) -> Fetch:
     return Fetch("t", 0, offsets, values, [None] * n, [0] * n, [[] for _ in range(n)])
 
 
+def _decode_avro(records: Records, schema: pa.Schema, *, schemas: AvroSchemas) -> Decoded:
+    return AvroValues(lambda: schemas).decode(records, Target("t", schema))
+
+
+def _decode_json(
+    records: Records, schema: pa.Schema, metadata_columns: Sequence[str] = ()
+) -> Decoded:
+    return JsonValues(source_columns=metadata_columns).decode(records, Target("t", schema))
+
+
 def _avro(schema: Any, record: dict[str, Any]) -> bytes:
     out = io.BytesIO()
     fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
@@ -328,7 +339,7 @@ def test_avro_recursive_and_too_deep_schemas_are_refused_before_any_value_is_rea
     for _ in range(100):
         nested = pa.struct([("id", pa.int64()), ("next", nested)])
     arrow = pa.schema([("id", pa.int64()), ("next", nested)])
-    decoded = decode_avro(_fetch([value]), arrow, schemas=_schema_file(tmp_path, node))
+    decoded = _decode_avro(_fetch([value]), arrow, schemas=_schema_file(tmp_path, node))
     assert decoded.batch is None
     assert [(d.index, d.reason) for d in decoded.dead] == [(0, "too_deep")]
     assert "deeper than max_nesting_depth (or is recursive)" in decoded.dead[0].error
@@ -375,7 +386,7 @@ def test_avro_out_of_range_and_bad_utf8_are_dead_letters_and_edges_land(tmp_path
             ("t", pa.time64("us")),
         ]
     )
-    decoded = decode_avro(_fetch(values), arrow, schemas=_schema_file(tmp_path, schema))
+    decoded = _decode_avro(_fetch(values), arrow, schemas=_schema_file(tmp_path, schema))
     assert decoded.batch is not None
     assert decoded.batch.column("id").to_pylist() == [0, 1]
     assert [(d.index, d.reason, d.column) for d in decoded.dead] == [
@@ -433,7 +444,7 @@ def test_a_decimal_with_a_huge_exponent_is_a_dead_letter_not_a_crash() -> None:
         b'{"id":3,"amount":"1e28"}',  # 39 digits at scale 10: one past decimal(38,10)
         b'{"id":4,"amount":"' + b"9" * 28 + b"." + b"9" * 10 + b'"}',  # the edge itself
     ]
-    decoded = decode_json(_fetch(values), schema)
+    decoded = _decode_json(_fetch(values), schema)
     assert decoded.batch is not None
     assert decoded.batch.column("id").to_pylist() == [0, 4]
     assert decoded.batch.column("amount")[1].as_py() == decimal.Decimal("9" * 28 + "." + "9" * 10)
@@ -451,7 +462,7 @@ def test_a_value_longer_than_two_read_blocks_lands() -> None:
     schema = pa.schema([pa.field("id", pa.int64(), False), ("s", pa.string())])
     big = "b" * 900_000
     values: list[bytes | None] = [json.dumps({"id": i, "s": big}).encode() for i in range(3)]
-    decoded = decode_json(_fetch(values), schema)
+    decoded = _decode_json(_fetch(values), schema)
     assert decoded.dead == []
     assert decoded.batch is not None and decoded.batch.column("s").to_pylist() == [big] * 3
 
@@ -467,7 +478,7 @@ def test_record_timestamps_outside_what_a_table_holds_are_null() -> None:
     schema = pa.schema(
         [pa.field("id", pa.int64(), False), ("_kafka_timestamp", pa.timestamp("us", "UTC"))]
     )
-    decoded = decode_json(fetch, schema, metadata_columns=["_kafka_timestamp"])
+    decoded = _decode_json(fetch, schema, metadata_columns=["_kafka_timestamp"])
     assert decoded.batch is not None and decoded.dead == []
     column = decoded.batch.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
     assert column == [0, first * 1000, last * 1000, None, None, None, None]
