@@ -63,9 +63,9 @@ $(STAMP_RUN): pyproject.toml $(LOCK)/run.txt | $(BIN)/python
 	$(PIP_SELF)
 	touch $@
 
-# helm-sdkpy (Helm v4's Go library, for tests/test_helm.py) declares Python >= 3.12, which
-# the lock's marker honours; it works on 3.11 too, so there its own pin is installed past
-# the check.
+# helm-sdkpy (Helm v4's Go library, for tests/ops/test_helm.py) declares Python >= 3.12,
+# which the lock's marker honours; it works on 3.11 too, so there its own pin is installed
+# past the check.
 # The tests install everything the demo needs too (the demo extra is a subset).
 $(STAMP_TEST): pyproject.toml $(LOCK)/test.txt $(LOCK)/helm-sdkpy.txt | $(BIN)/python
 	$(PIP_LOCKED) $(LOCK)/test.txt
@@ -132,9 +132,9 @@ define install_debs
 	fi
 endef
 
-# Azurite (npm), the Azure Blob emulator tests/test_azure.py starts: the versions pinned by
-# tests/support/azurite/package-lock.json, installed with `npm ci` into the ignored
-# .test-tools/azurite/ (reinstalled only when the lock file changes).
+# Azurite (npm), the Azure Blob emulator tests/iceberg/test_azure.py starts: the versions
+# pinned by tests/support/azurite/package-lock.json, installed with `npm ci` into the
+# ignored .test-tools/azurite/ (reinstalled only when the lock file changes).
 AZURITE_DIR := .test-tools/azurite
 AZURITE_STAMP := $(AZURITE_DIR)/.installed
 

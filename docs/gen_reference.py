@@ -9,7 +9,8 @@
 - ``metrics.md`` from a live ``Metrics`` registry: every metric the daemon exports, its
   type, labels and help text.
 
-``make docs`` runs it before ``mkdocs build --strict``; tests/test_docs.py runs ``--check``.
+``make docs`` runs it before ``mkdocs build --strict``; tests/ops/test_docs.py runs
+``--check``.
 """
 
 from __future__ import annotations

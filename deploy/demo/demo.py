@@ -673,7 +673,7 @@ def _shown(path: Path | str) -> str:
 
 
 def by_hand(root: Path, config: Path, runtime_dir: str | None) -> str:
-    """The commands that run the same query by hand (checked by tests/test_demo.py)."""
+    """The commands that run the same query by hand (checked by tests/ops/test_demo.py)."""
     activate = Path(sys.executable).parent / "activate"
     setup = (
         f"  . {_shown(activate)}    # icespool and spark-sql on PATH\n"

@@ -1,4 +1,4 @@
-"""A sample of the generated type matrix (tests/test_encode_matrix.py) read through Spark.
+"""A sample of the generated type matrix (tests/iceberg/test_encode_matrix.py) read through Spark.
 
 The explicit shape with every type Spark can load (all but ``time``), nested uuids and
 the temporal range edges, and a few shapes hypothesis draws from the same generator

@@ -104,7 +104,7 @@ def test_check_config_connect_exits_2_when_the_catalog_is_unreachable(tmp_path: 
 
 
 def test_run_with_an_unreachable_catalog_logs_no_password(tmp_path: Path) -> None:
-    """The daemon retries the catalog (see tests/test_timeouts.py); its log of every
+    """The daemon retries the catalog (see tests/faults/test_timeouts.py); its log of every
     failed attempt names the catalog, never the password."""
     config = _write(tmp_path, f"postgresql+psycopg2://icespool:{PASSWORD}@127.0.0.1:1/lake")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICESPOOL")}

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from support.helm_render import HelmRenderError, Render, render_chart
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm/icespool"
 RULES = ROOT / "deploy/prometheus/icespool-rules.yml"
 RULES_TEST = ROOT / "deploy/prometheus/icespool-rules.test.yml"

@@ -7,7 +7,7 @@
   ``timeouts.storage_request`` (pyarrow's own retry limit is 15 minutes), and the records
   land once it is back, every id once.
 
-The kill -9 rounds on a gs:// warehouse are ``test_daemon_faults.py``'s (``sql-gcs``).
+The kill -9 rounds on a gs:// warehouse are ``tests/faults/test_daemon.py``'s (``sql-gcs``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from support.kafka_harness import Broker, create_topic, produce, unique_name
 
 from icespool.maintenance import FileOwner, remove_orphans
 
-SEAMS_DIR = Path(__file__).resolve().parent / "support" / "crash_seams"
+SEAMS_DIR = Path(__file__).resolve().parents[1] / "support" / "crash_seams"
 SEAMS = ("during-compaction-rewrite", "after-compaction-commit", "during-manifest-merge")
 # The [[tables]] entry's properties (write_config's `extra` follows it), then the section.
 EXTRA = """\

@@ -23,7 +23,7 @@ import pytest
 
 from icespool.spark.conf import RUNTIME_DIR_ENV
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "deploy" / "demo" / "demo.py"
 EVENTS = 10_000
 DEMO_TIMEOUT_S = 240  # typically ~25 s: broker + daemon + produce + commit + Spark

@@ -33,7 +33,7 @@ from icespool.spark.conf import (
     spark_settings,
 )
 
-POM = Path(__file__).resolve().parents[1] / "deploy" / "spark" / "pom.xml"
+POM = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "pom.xml"
 # Iceberg's runtime for Spark 4.1 (the default) and for Spark 3.5 (--spark 3.5).
 MAVEN_ICEBERG_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
 MAVEN_ICEBERG_RUNTIME_35 = "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.11.0"

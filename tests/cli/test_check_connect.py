@@ -2,7 +2,7 @@
 step named (the Kafka brokers and topics, the HTTP token files, declared schemas against
 existing tables). A real Apache Kafka broker, a SQLite catalog in tmp_path; the CLI runs
 in this process (a second interpreter start costs seconds) and its stderr is compared
-line by line. The catalog and storage lines themselves are in test_ops_security.py."""
+line by line. The catalog and storage lines themselves are in tests/ops/test_security.py."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from support.daemon_harness import Daemon, DaemonDir
 
 from icespool.http import openapi_document
 
-REPO_DOCUMENT = Path(__file__).resolve().parents[1] / "daemon" / "http" / "openapi.json"
+REPO_DOCUMENT = Path(__file__).resolve().parents[2] / "daemon" / "http" / "openapi.json"
 ADMIN, PRODUCER = "admin-secret-1", "producer-secret-2"
 PER_IP = 12
 HEADER_TIMEOUT = 1.0

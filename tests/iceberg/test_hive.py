@@ -15,7 +15,7 @@ in a local directory, read back with pyiceberg's own HiveCatalog.
    metastore replaces a namespace's whole property map on every write), also when each
    takes over its own ended incarnation's claim.
 
-The kill -9 rounds on Hive are tests/test_daemon_faults.py's ``hive`` variant; Spark
+The kill -9 rounds on Hive are tests/faults/test_daemon.py's ``hive`` variant; Spark
 reading a Hive table is tests/spark/test_spark_hive.py.
 """
 

@@ -25,7 +25,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 from support.daemon_harness import CATALOG_NAME, NDJSON, TABLE, Daemon, DaemonDir, ndjson
 
-SEAMS = Path(__file__).resolve().parent / "support" / "crash_seams"
+SEAMS = Path(__file__).resolve().parents[1] / "support" / "crash_seams"
 TTL = 6.0
 MAINTENANCE = f"""\
 interval = "1s"

@@ -17,7 +17,7 @@ from support.private_names import defined_by, outside, private_attributes, touch
 from icespool.http._upstream import _contract
 from icespool.http._upstream._contract import PINS, UpstreamContractError, check_contract
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FENCE = REPO / "daemon" / "http" / "_upstream"
 VERSION = aiohttp.__version__
 

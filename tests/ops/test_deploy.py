@@ -29,7 +29,7 @@ from icespool.config import load_config, validate_config
 from icespool.lifecycle.app import SHUTDOWN_GRACE_SECONDS
 from icespool.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy/systemd/icespool.service"
 VM_CONFIG = ROOT / "deploy/icespool.toml"
 CONTAINER_CONFIG = ROOT / "deploy/icespool-container.toml"

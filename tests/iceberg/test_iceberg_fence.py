@@ -64,7 +64,7 @@ from icespool.iceberg._upstream._partition_key import physical_partition_key
 from icespool.iceberg._upstream._summary import summary_value
 from icespool.iceberg._upstream._transaction import Staging, staged_updates
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FENCE = REPO / "daemon" / "iceberg" / "_upstream"
 VERSION = pyiceberg.__version__
 

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from support.daemon_harness import Daemon, DaemonDir
 
-SEAMS = Path(__file__).resolve().parent / "support" / "crash_seams"
+SEAMS = Path(__file__).resolve().parents[1] / "support" / "crash_seams"
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 IDS = range(30_000)
 
