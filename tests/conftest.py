@@ -14,13 +14,7 @@ from hypothesis import settings
 from support.apache_kafka import KafkaBroker
 from support.apicurio import ApicurioRegistry
 from support.debezium import DebeziumPostgres
-from support.fixture_types import (
-    REST_CATALOGS,
-    MakeConfig,
-    RestCatalogServer,
-    RunDaemon,
-    rest_catalog_server,
-)
+from support.fixture_types import MakeConfig, RunDaemon
 from support.gcs import FakeGcs
 from support.hive_metastore import HiveMetastore
 from support.iceberg_rest import IcebergRest
@@ -200,12 +194,6 @@ def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(params=list(REST_CATALOGS))
-def rest_catalog(request: pytest.FixtureRequest) -> RestCatalogServer:
-    """Each REST catalog the tests run against, in turn (see `rest_catalog_server`)."""
-    return rest_catalog_server(request.param, request)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Types of the shared fixtures, importable by test modules.
 
 Test modules must not import ``conftest``: with several conftest.py files
-(tests/, tests/spark/) the name resolves to whichever pytest loaded first.
+(tests/ and some of its folders) the name resolves to whichever pytest loaded first.
 """
 
 from __future__ import annotations
