@@ -166,7 +166,7 @@ _REST = frozenset(
     }
 )
 
-# pyiceberg.catalog.hive.HiveCatalog (tests/test_hive.py runs Hive's standalone metastore).
+# pyiceberg.catalog.hive.HiveCatalog (tests/iceberg/test_hive.py runs Hive's standalone metastore).
 _HIVE = frozenset(
     {
         "ugi",

@@ -225,7 +225,7 @@ class SpoolConfig(Section):
     durability: Durability = "page-cache"
     """When an ack is sent: "page-cache" (written) or "fsync" (on disk)."""
     max_bytes: Bytes = 10 * 2**30
-    """Most bytes the spool may hold; at 90 % ingest answers 503 and Kafka pauses."""
+    """Most bytes the spool may hold; at 90 % Kafka sources pause, when full ingest answers 503."""
     segment_max_bytes: Bytes = 128 * 2**20
     """Size in bytes at which a spool segment file is closed and a new one started."""
     # Renewed every third of it (daemon/lifecycle/spool_claim.py).

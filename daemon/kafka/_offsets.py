@@ -1,7 +1,7 @@
 """Which Kafka offsets a table already holds, kept in the table itself.
 
 Every table a Kafka source writes has, per (group, topic, partition), a table
-property ``icespool.kafka.<group>.<topic>.<partition>`` whose value is the list of
+property ``icespool.kafka.<group>/<topic>/<partition>`` (``offsets_key``) whose value is the list of
 offset ranges the table *covers*: "every record of those offsets that routes to
 this table is in the table". It is updated in the same metadata commit as the rows
 (catalogs swap metadata atomically), so rows and offsets can never disagree.

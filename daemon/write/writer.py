@@ -3,7 +3,7 @@
 Data path of a table::
 
     append -> conform to the table's Arrow schema -> spool append (= ack)
-    trigger (records | bytes | age | manual | shutdown | close | recovery | pressure)
+    trigger (docs/architecture/write-path.md lists every one)
       -> job on the table's encode-pool lane: seal, read segments back, encode
          Parquet, ONE append snapshot naming the segments, delete them.
 

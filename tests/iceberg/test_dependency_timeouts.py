@@ -1,4 +1,4 @@
-"""daemon/timeouts.py: which timeouts each catalog client gets, what counts as an outage,
+"""daemon/iceberg/_timeouts.py: which timeouts each catalog client gets, what counts as an outage,
 and a REST catalog whose server stops answering (a real loopback HTTP server)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 Importing the fence checks the installed aiohttp against ``_contract.PINS`` and raises
 ``UpstreamContractError`` (one line: the library, its version, what changed, the module
 to update). Nothing outside this folder touches aiohttp's private names
-(tests/test_http_fence.py).
+(tests/http/test_http_fence.py).
 """
 
 from icespool.http._upstream._contract import UpstreamContractError, check_contract

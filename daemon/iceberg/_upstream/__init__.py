@@ -27,7 +27,7 @@ replaces, why, and what it relies on:
 Importing the fence checks the installed pyiceberg against ``_contract.PINS`` and raises
 ``UpstreamContractError`` (one line: the library, its version, what changed, the module
 to update) rather than letting a changed pyiceberg misbehave at the first commit. Nothing
-outside this folder touches pyiceberg's private names (tests/test_upstream_fence.py).
+outside this folder touches pyiceberg's private names (tests/iceberg/test_iceberg_fence.py).
 """
 
 from icespool.iceberg._upstream._contract import UpstreamContractError, check_contract
