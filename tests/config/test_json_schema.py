@@ -86,5 +86,5 @@ def test_the_json_schema_carries_a_description_for_every_key() -> None:
     assert set(definitions["TableConfig"]["properties"]) >= {"schema", "name", "key"}
     assert "columns" not in definitions["TableConfig"]["properties"]
     assert definitions["SpoolConfig"]["properties"]["max_bytes"]["description"] == (
-        "Most bytes the spool may hold; at 90 % ingest answers 503 and Kafka pauses."
+        "Most bytes the spool may hold; at 90 % Kafka sources pause, when full ingest answers 503."
     )
