@@ -530,9 +530,8 @@ def test_credentials_the_registry_refuses_make_dead_letters_without_retrying(
         (None, None, ": User is not authenticated."),
     ]:
         schemas = RegistrySchemas(schema_registry.url, username, password)
-        began = time.monotonic()
         decoded = _decode_avro(_fetch([body]), schema, schemas=schemas)
-        assert time.monotonic() - began < 0.5  # no pause: a 401 is not retried
+        # Not retried: one try, one lookup each (below), no backoff pause.
         error = f"schema id {schema_id} unavailable after 1 try: the registry answered 401"
         assert [(d.index, d.reason, d.error) for d in decoded.dead] == [
             (0, "schema_unavailable", error + detail)

@@ -134,9 +134,9 @@ elif _POINT == "during-manifest-merge":
 elif _POINT == "pause-before-commit":
     import threading
 
-    from icespool import writer
+    from icespool.write import flush
 
-    _commit_files = writer.commit_files
+    _commit_files = flush.commit_files
     _paused = threading.Event()
 
     def _pause_then_commit(*args: Any, **kwargs: Any) -> Any:
@@ -146,7 +146,7 @@ elif _POINT == "pause-before-commit":
             os.kill(os.getpid(), signal.SIGSTOP)
         return _commit_files(*args, **kwargs)
 
-    writer.commit_files = _pause_then_commit  # type: ignore[assignment]
+    flush.commit_files = _pause_then_commit  # type: ignore[assignment]
 
 elif _POINT:
     raise SystemExit(f"unknown TEST_CRASH_AT {_POINT!r}")
