@@ -113,7 +113,10 @@ lock-upgrade:
 # TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
 # only then. maven: assembles the Apache Kafka test broker and the Spark runtime (below).
-TEST_DEB_PACKAGES := openjdk-17-jre-headless prometheus systemd strace faketime maven
+# mmdebstrap and buildah: tests/ops/test_image.py builds the Dockerfile on a base made
+# from Debian's packages and runs it (chroot isolation: no OCI runtime needed).
+TEST_DEB_PACKAGES := openjdk-17-jre-headless prometheus systemd strace faketime maven \
+  mmdebstrap buildah
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
 SPARK_DEB_PACKAGES := openjdk-17-jre-headless maven
