@@ -7,6 +7,7 @@
 #   make lint    ruff check, ruff format --check, mypy (strict) on the icespool package
 #   make bench   run every tests/bench/bench_*.py script
 #   make docs    generate the reference pages and build the docs site (strict) into build/site
+#   make docs-serve   the same, served on 127.0.0.1:8000 (DOCS_ADDR=...), rebuilt on each change
 #   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
 #   make lock-upgrade   the same, taking the newest versions pyproject.toml's bounds allow
 #   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
@@ -27,11 +28,12 @@ PIP_FLAGS := --disable-pip-version-check --quiet
 STAMP_RUN := $(VENV)/.icespool-installed
 STAMP_TEST := $(VENV)/.icespool-installed-test
 STAMP_DEMO := $(VENV)/.icespool-installed-demo
+STAMP_DOCS := $(VENV)/.icespool-installed-docs
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
-  clean distclean lock lock-upgrade docs pkgroot
+  clean distclean lock lock-upgrade docs docs-serve pkgroot
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -73,10 +75,15 @@ $(STAMP_TEST): pyproject.toml $(LOCK)/test.txt $(LOCK)/helm-sdkpy.txt | $(BIN)/p
 	  $(PIP_LOCKED) $(LOCK)/helm-sdkpy.txt --ignore-requires-python; \
 	fi
 	$(PIP_SELF)
-	touch $@ $(STAMP_RUN) $(STAMP_DEMO)
+	touch $@ $(STAMP_RUN) $(STAMP_DEMO) $(STAMP_DOCS)
 
 $(STAMP_DEMO): pyproject.toml $(LOCK)/demo.txt | $(BIN)/python
 	$(PIP_LOCKED) $(LOCK)/demo.txt
+	$(PIP_SELF)
+	touch $@ $(STAMP_RUN)
+
+$(STAMP_DOCS): pyproject.toml $(LOCK)/docs.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/docs.txt
 	$(PIP_SELF)
 	touch $@ $(STAMP_RUN)
 
@@ -101,6 +108,8 @@ lock: | $(UV)
 	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt -o $(LOCK)/run.txt
 	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra demo \
 	  -o $(LOCK)/demo.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra docs \
+	  -o $(LOCK)/docs.txt
 	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra glue --extra azure --extra hive \
 	  -o $(LOCK)/image.txt
 	$(UV_PIN) --python-version 3.12 --no-deps $(LOCK)/helm-sdkpy.in -c $(LOCK)/test.txt \
@@ -337,9 +346,19 @@ demo: $(STAMP_DEMO) $(KAFKA_STAMP) spark-runtime
 
 # The documentation site: the reference pages generated from the code, then MkDocs in
 # strict mode (a broken link, a missing page or one outside the nav fails) into build/site.
-docs: $(STAMP_TEST)
+# Only the docs extra's lock (docs.txt) is installed for it, not the test tools. The built
+# pages link to each other as files (mkdocs.yml's use_directory_urls: false), so
+# build/site/index.html opens in a browser as it is; docs-serve serves the site on
+# 127.0.0.1:8000 and rebuilds it on every change.
+DOCS_ADDR ?= 127.0.0.1:8000
+
+docs: $(STAMP_DOCS)
 	$(BIN)/python docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP_DOCS)
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 # The packages under their import names, as links: icespool/ holds daemon/'s entries
 # and icespool/spool is spool/ (pyproject's package-dir, which mypy cannot follow). mypy
