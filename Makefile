@@ -32,6 +32,11 @@ STAMP_DOCS := $(VENV)/.icespool-installed-docs
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
+# mvn's console library (jansi) writes ANSI resets when it exits, colour off (-B,
+# -Dstyle.color=never) or not: stray escape codes in every log. jansi.noreset stops them.
+MAVEN_OPTS += -Djansi.noreset=true
+export MAVEN_OPTS
+
 .PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 java21 demo \
   clean distclean lock lock-upgrade docs docs-serve pkgroot
 
@@ -347,13 +352,15 @@ spark-deps:
 # The Iceberg Spark runtime for pyspark 4.1: the jars deploy/spark/pom.xml pins (the Iceberg
 # runtime, the AWS and GCP bundles, the PostgreSQL and SQLite JDBC drivers), copied from
 # Maven Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
-# wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the
-# installed Python packages (pyspark) change: otherwise it costs nothing.
+# wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the lock
+# that pins pyspark change: otherwise it costs nothing. The installs only have to be there
+# (order-only): `make test` touches the demo's stamp when it installs the test lock (a
+# superset), which must not fetch and check the runtime again.
 SPARK_RUNTIME := .spark-runtime
 SPARK_RUNTIME_STAMP := $(SPARK_RUNTIME)/.installed
 
-$(SPARK_RUNTIME_STAMP): deploy/spark/pom.xml deploy/spark/check_runtime.py $(STAMP_DEMO) \
-  | spark-deps
+$(SPARK_RUNTIME_STAMP): deploy/spark/pom.xml deploy/spark/check_runtime.py $(LOCK)/demo.txt \
+  | spark-deps $(STAMP_DEMO)
 	@command -v mvn >/dev/null || { \
 	  echo "error: mvn (Debian package maven) is missing: it fetches the Spark runtime" >&2; \
 	  exit 1; }
