@@ -138,7 +138,7 @@ class TableRegistry:
         evolve: Policy | None = None,
     ) -> TableWriter:
         """Start serving ``name`` with a loaded ``table`` (not started: see `TableWriter.start`)."""
-        settings = self.config.table_settings(name) if table_config else self.config.defaults
+        settings = self.config.writer_settings(name)
         writer = TableWriter(
             name,
             table,
@@ -261,7 +261,7 @@ class TableRegistry:
             if name in self.writers:
                 return self.writers[name]
             table_config = self._awaiting_schema.get(name)
-            settings = self.config.table_settings(name) if table_config else self.config.defaults
+            settings = self.config.writer_settings(name)
             table = await asyncio.to_thread(
                 create_inferred,
                 self.require_catalog(),
