@@ -33,6 +33,9 @@ def test_every_config_key_and_metric_is_in_the_reference() -> None:
         del model
     for key in ("claim_ttl", "max_columns", "metadata_max_age", "isolation_level"):
         assert f"| `{key}` |" in config_page, key
+    # The tightest bounds, in the key's units: not the duration type's "> 0" beside the
+    # field's own ">= 3", in seconds.
+    assert '| `claim_ttl` | duration | `"30s"` | >= 3s, <= 1h |' in config_page
     metrics_page = (REPO / "docs" / "reference" / "metrics.md").read_text()
     families = {
         family.name
