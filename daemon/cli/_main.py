@@ -548,7 +548,8 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
     """`icespool dead-letters list`: read from the catalog. `replay`: one POST to the
     running daemon, which holds the spool lock and the writers (an offline replay would
     need it stopped)."""
-    _note_relative_default(args)
+    if args.action == "list":
+        _note_relative_default(args)
     config = _load(args)
     table = args.table
     if table is None:
