@@ -306,7 +306,7 @@ JAVA21_CHECK := PYTHONPATH=tests $(PYTHON) -m support.apicurio --java
 
 java21: | $(BIN)/python
 	@$(JAVA21_CHECK) >/dev/null 2>&1 || $(MAKE) --no-print-directory $(JDK_STAMP)
-	@echo "Java >= 21 for the schema registry: $$($(JAVA21_CHECK))"
+	@java="$$($(JAVA21_CHECK))"; echo "Java >= 21 for the schema registry: $$java"
 
 $(JDK_STAMP): tests/support/jdk/requirements.txt | $(BIN)/python
 	rm -rf $(JDK_DIR)

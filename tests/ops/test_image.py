@@ -131,7 +131,7 @@ def _host_pip_config(directory: Path) -> Path:
     """The host's pip settings (its config files and PIP_* variables) as one file for the
     build's RUN steps: pip there must reach the index the way pip here does (an index
     mirror, a CA bundle of its own). PIP_FIND_LINKS names host folders: left out."""
-    config = configparser.ConfigParser()
+    config = configparser.ConfigParser(interpolation=None)
     files = [
         "/etc/pip.conf",
         "/etc/xdg/pip/pip.conf",
