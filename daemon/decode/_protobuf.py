@@ -35,7 +35,7 @@ from icespool.decode._proto_schema import ProtoSchema
 from icespool.decode._records import Records, Target
 from icespool.decode._registry import CachedSchemas, SchemaUnavailable
 from icespool.decode._screen import EMPTY, oversized
-from icespool.decode._wire import group_by_id, in_order, message_path
+from icespool.decode._wire import group_by_id, in_order, message_path, new_columns_request
 from icespool.errors import BadInputError, SchemaError
 
 __all__ = ["ProtobufValues"]
@@ -114,18 +114,6 @@ class ProtobufValues:
 
     def rephrase(self, error: BadInputError) -> BadInputError:
         return error
-
-
-def new_columns_request(decoded: Decoded) -> EvolveRequest | None:
-    """The columns the records' schemas declare that the table lacks (exact types),
-    when records failed on one of them."""
-    if decoded.declared is None:
-        return None
-    failed = {d.column.split(".", 1)[0] for d in decoded.dead if d.column is not None}
-    if not failed & set(decoded.declared.names):
-        return None
-    incoming = decoded.declared
-    return EvolveRequest(frozenset(incoming.names), lambda: incoming, exact=True)
 
 
 def _nonempty(values: list[bytes | None]) -> list[int]:

@@ -11,9 +11,16 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from icespool.decode._decoded import DeadRecord
+from icespool.decode._decoded import DeadRecord, Decoded, EvolveRequest
 
-__all__ = ["HEADER", "bad_header", "group_by_id", "in_order", "message_path"]
+__all__ = [
+    "HEADER",
+    "bad_header",
+    "group_by_id",
+    "in_order",
+    "message_path",
+    "new_columns_request",
+]
 
 #: Magic byte and schema id.
 HEADER = 5
@@ -87,3 +94,15 @@ def in_order(
         table = table.take(pa.array(order))
         ok = ok[order]
     return table, ok
+
+
+def new_columns_request(decoded: Decoded) -> EvolveRequest | None:
+    """The columns the records' schemas declare that the table lacks (exact types),
+    when records failed on one of them."""
+    if decoded.declared is None:
+        return None
+    failed = {d.column.split(".", 1)[0] for d in decoded.dead if d.column is not None}
+    if not failed & set(decoded.declared.names):
+        return None
+    incoming = decoded.declared
+    return EvolveRequest(frozenset(incoming.names), lambda: incoming, exact=True)
