@@ -200,9 +200,11 @@ def natural_type(schema: JsonSchema, node: Any, left: int = 64) -> pa.DataType |
         return _FORMATS.get(str(node.get("format")), pa.string())
     if kind == "array":
         item = natural_type(schema, node.get("items", {}), left - 1)
+        if item is None:
+            return None
         if pa.types.is_struct(item) and item.names == ["key", "value"]:
             return pa.map_(item.field("key").type, item.field("value").type)
-        return None if item is None else pa.list_(item)
+        return pa.list_(item)
     if kind == "object":
         properties = node.get("properties")
         fields = []
