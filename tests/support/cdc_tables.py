@@ -132,7 +132,14 @@ def commit_changes(
         touched.append(deletes.select(list(key)))
     key_arrow = arrow_schema_for(schema.select(*key))
     keys = pa.concat_tables([pa.Table.from_batches([conform(t, key_arrow)]) for t in touched])
-    keys = keys.group_by(list(key), use_threads=False).aggregate([])
+    # Distinct keys (by row: Arrow's hash kernels take no extension type such as uuid).
+    seen: set[tuple[Any, ...]] = set()
+    unique = [
+        row
+        for row in keys.to_pylist()
+        if (k := tuple(row.values())) not in seen and not seen.add(k)
+    ]
+    keys = pa.Table.from_pylist(unique, schema=keys.schema)
     files += encode_equality_deletes(
         table,
         [conform(keys, key_arrow)],
