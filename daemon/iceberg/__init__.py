@@ -6,6 +6,7 @@
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
+    _position_deletes  rows named by data file and position -> position-delete files
     _transforms the partition transforms, vectorized over Arrow arrays
     _commit     every commit, by one engine (its doc lists the modules): ONE snapshot per
                 flush, idempotent per spool segment; property commits; snapshot expiry
@@ -59,6 +60,7 @@ from icespool.iceberg._parquet import (
     encode_equality_deletes,
     remove_files,
 )
+from icespool.iceberg._position_deletes import POSITION_DELETE_MARK, encode_position_deletes
 from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
@@ -90,6 +92,7 @@ __all__ = [
     "DELETE_FILE_MARK",
     "MAX_SNAPSHOT_AGE_MS",
     "MIN_SNAPSHOTS_TO_KEEP",
+    "POSITION_DELETE_MARK",
     "SEGMENTS_SUMMARY_KEY",
     "SEGMENT_RECORDS_SUMMARY_KEY",
     "TABLE_DEFAULTS",
@@ -123,6 +126,7 @@ __all__ = [
     "delete_rows",
     "encode_data_files",
     "encode_equality_deletes",
+    "encode_position_deletes",
     "ensure_table",
     "existing_table",
     "find_committed_segments",

@@ -66,7 +66,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from icespool.iceberg import DELETE_FILE_MARK, refresh_table
+from icespool.iceberg import DELETE_FILE_MARK, POSITION_DELETE_MARK, refresh_table
 from icespool.spool import new_uuid7
 
 __all__ = [
@@ -88,10 +88,12 @@ COMPACTION_PREFIX: Final = "c-"
 
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _INCARNATION: Final = r"[0-9a-f]{12}"
-# An upsert table's flush also writes equality deletes: ``{segment}-{incarnation}-eq-...``.
+# An upsert table's flush also writes delete files: ``{segment}-{incarnation}-eq-...``
+# (equality) or ``...-pos-...`` (position).
 _NAME: Final = re.compile(
     rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:-(?P<incarnation>{_INCARNATION}))?"
-    rf"(?:{re.escape(DELETE_FILE_MARK)})?-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"(?:{re.escape(DELETE_FILE_MARK)}|{re.escape(POSITION_DELETE_MARK)})?"
+    rf"-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 

@@ -26,10 +26,12 @@ from pyiceberg.table import Table
 from support.cdc_tables import commit_changes, commit_position_deletes, merged_rows
 from support.maintenance_helpers import INCARNATION, local_path, sql_catalog
 
-from icespool.cdc import IndexUnavailableError, KeyIndex, key_values
+from icespool.cdc import IndexUnavailableError, KeyIndex, key_values, read_merged
+from icespool.iceberg import commit_files, encode_position_deletes
 from icespool.iceberg._catalog import ensure_table
 from icespool.maintenance import IoBudget, commit_rewrite, plan_compaction, rewrite
 from icespool.schema import parse_partition_spec, parse_schema
+from icespool.spool import new_uuid7
 
 COLUMNS: list[dict[str, object]] = [
     {"name": "region", "type": "string", "required": True},
@@ -230,3 +232,33 @@ def test_every_key_type_is_found_again(catalog: Catalog, tmp_path: Path, kind: s
     commit_changes(table, arrow.slice(0, 10), arrow.slice(30).select(["k"]), ("k",))
     index = _index(tmp_path, table, ("k",), name="typed")
     _assert_exact(index, table, ("k",))
+
+
+@pytest.mark.parametrize("partition_by", [[], ["bucket(3, id)", "region"]])
+def test_position_deletes_of_located_rows_delete_exactly_them(
+    catalog: Catalog, tmp_path: Path, partition_by: list[str]
+) -> None:
+    table = _table(catalog, partition_by)
+    index = _index(tmp_path, table)
+    every = [(r, i) for r in ("eu", "us") for i in range(40)]
+    commit_changes(table, _rows(every, "a"), None, KEY)
+    commit_changes(table, _rows(every[::3], "b"), None, KEY)
+    table.refresh()
+    index.sync(table)
+    gone = every[::2]
+    located = index.locate(
+        key_values([pa.array([r for r, _ in gone]), pa.array([i for _, i in gone])])
+    )
+    files = encode_position_deletes(table, located, file_prefix=new_uuid7(), compression="zstd")
+    # One file per partition of the rows named; a file naming one data file is
+    # file-scoped: its file_path bounds are that whole path.
+    assert len(files) == len({(located.files[p].file.partition) for p in located.positions})
+    for delete_file in files:
+        lower = delete_file.lower_bounds[2147483546].decode()
+        upper = delete_file.upper_bounds[2147483546].decode()
+        assert lower in located.positions and upper in located.positions
+    commit_files(table, files, segment_ids=[new_uuid7()], summary={})
+    expected = {(r, i) for r, i in every if (r, i) not in set(gone)}
+    assert set(merged_rows(table, KEY)) == expected
+    assert {(r["region"], r["id"]) for r in read_merged(table).to_pylist()} == expected
+    _assert_exact(index, table)
