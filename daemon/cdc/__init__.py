@@ -35,7 +35,13 @@ if TYPE_CHECKING:
         droppable,
         live_files,
     )
-    from icespool.cdc._index import IndexUnavailableError, KeyIndex, Located, NewFile
+    from icespool.cdc._index import (
+        IndexBehindError,
+        IndexUnavailableError,
+        KeyIndex,
+        Located,
+        NewFile,
+    )
     from icespool.cdc._key import key_type_problem
     from icespool.cdc._key_values import KeyValue, key_values
     from icespool.cdc._merge import Resolved, apply_equality_deletes, last_changes
@@ -45,6 +51,7 @@ __all__ = [
     "DELETE",
     "OP_COLUMN",
     "UPSERT",
+    "IndexBehindError",
     "IndexUnavailableError",
     "KeyIndex",
     "KeyValue",
@@ -88,7 +95,13 @@ __getattr__ = lazy_exports(
             "droppable",
             "live_files",
         ),
-        "icespool.cdc._index": ("IndexUnavailableError", "KeyIndex", "Located", "NewFile"),
+        "icespool.cdc._index": (
+            "IndexBehindError",
+            "IndexUnavailableError",
+            "KeyIndex",
+            "Located",
+            "NewFile",
+        ),
         "icespool.cdc._key": ("key_type_problem",),
         "icespool.cdc._key_values": ("KeyValue", "key_values"),
         "icespool.cdc._merge": (

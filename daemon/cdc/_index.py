@@ -53,7 +53,7 @@ from icespool.cdc._deletes import LiveData, LiveDelete, live_files
 from icespool.cdc._files import read_columns, read_positions
 from icespool.cdc._key_values import KeyValue, key_values
 
-__all__ = ["IndexUnavailableError", "KeyIndex", "Located", "NewFile"]
+__all__ = ["IndexBehindError", "IndexUnavailableError", "KeyIndex", "Located", "NewFile"]
 
 _log = logging.getLogger("icespool.keys")
 
@@ -77,6 +77,11 @@ _VERSION: Final = "1"
 class IndexUnavailableError(Exception):
     """The index cannot answer for the table now (it is being built, or a file it
     needs cannot be read): the commit writes equality deletes instead."""
+
+
+class IndexBehindError(IndexUnavailableError):
+    """Bringing the index to the table's snapshot would read more rows than the caller
+    allows now (a rebuild, or another writer's rewrite of much of the table)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +124,10 @@ class KeyIndex:
     def close(self) -> None:
         self._db.close()
 
+    def set_cache(self, cache_bytes: int) -> None:
+        """Bound the page cache (memory) to about ``cache_bytes``."""
+        self._db.execute(f"PRAGMA cache_size={-max(cache_bytes // 1024, 64)}")
+
     # ------------------------------------------------------------------ state
 
     @property
@@ -155,8 +164,11 @@ class KeyIndex:
 
     # ------------------------------------------------------------------ sync
 
-    def sync(self, table: Table) -> None:
-        """Bring the index to ``table``'s current snapshot of ``main`` (as loaded)."""
+    def sync(self, table: Table, *, max_rows: int | None = None) -> None:
+        """Bring the index to ``table``'s current snapshot of ``main`` (as loaded).
+
+        ``max_rows``: raise `IndexBehindError` instead when that would read the keys of
+        more rows (by the snapshots' summaries), nothing changed."""
         metadata = table.metadata
         current = metadata.current_snapshot()
         identity = self._identity(metadata)
@@ -166,6 +178,15 @@ class KeyIndex:
                 self._live = dict(live_files(table.io, metadata, current).data)
             return
         chain = _chain(metadata, current, self.snapshot_id) if same else None
+        if max_rows is not None:
+            if chain is None:
+                rows = _summary_rows(current, "total-records")
+            else:
+                rows = sum(_summary_rows(snapshot, "added-records") for snapshot in chain)
+            if rows > max_rows:
+                raise IndexBehindError(
+                    f"the key index is {rows} rows behind the table (more than {max_rows})"
+                )
         if chain is None:
             self.rebuild(table)
             return
@@ -431,6 +452,15 @@ def _open(path: Path, cache_bytes: int) -> sqlite3.Connection:
 
 def _live_delete(data: LiveData, is_global: bool) -> LiveDelete:
     return LiveDelete(data.file, data.sequence_number, data.spec_id, is_global)
+
+
+def _summary_rows(snapshot: Snapshot | None, key: str) -> int:
+    summary = snapshot.summary if snapshot is not None else None
+    value = summary.get(key) if summary is not None else None
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
 
 
 def _scope(spec_id: int, data_file: DataFile) -> str:

@@ -39,8 +39,9 @@ from icespool.schema import arrow_schema_for
 
 __all__ = ["POSITION_DELETE_MARK", "encode_position_deletes"]
 
-#: In the names of position-delete files: ``{prefix}-pos-{n:05d}-00000.parquet`` (the
-#: shape of a data file's name, so the orphan sweep knows them as the daemon's).
+#: Callers name position-delete files ``{segment}-{incarnation}-pos...``: the files are
+#: ``{file_prefix}-{n:05d}-00000.parquet``, the shape of a data file's name, so the
+#: orphan sweep knows them as the daemon's.
 POSITION_DELETE_MARK: Final = "-pos"
 _SCHEMA: Final = Schema(
     NestedField(2147483546, "file_path", StringType(), required=True),
@@ -64,7 +65,7 @@ def encode_position_deletes(
     try:
         for number, ((spec_id, _), paths) in enumerate(groups.items()):
             rows = _rows(paths, located.positions)
-            name = f"{file_prefix}{POSITION_DELETE_MARK}-{number:05d}-00000.parquet"
+            name = f"{file_prefix}-{number:05d}-00000.parquet"
             written.append(_write(table, rows, spec_id, located.files[paths[0]], name, compression))
     except OSError as exc:
         remove_files(table, written)

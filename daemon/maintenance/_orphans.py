@@ -89,10 +89,10 @@ COMPACTION_PREFIX: Final = "c-"
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _INCARNATION: Final = r"[0-9a-f]{12}"
 # An upsert table's flush also writes delete files: ``{segment}-{incarnation}-eq-...``
-# (equality) or ``...-pos-...`` (position).
+# (equality) or ``...-pos-...`` (position), the mark numbered by the commit attempt.
 _NAME: Final = re.compile(
     rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:-(?P<incarnation>{_INCARNATION}))?"
-    rf"(?:{re.escape(DELETE_FILE_MARK)}|{re.escape(POSITION_DELETE_MARK)})?"
+    rf"(?:(?:{re.escape(DELETE_FILE_MARK)}|{re.escape(POSITION_DELETE_MARK)})[0-9]*)?"
     rf"-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8

@@ -249,7 +249,9 @@ def test_position_deletes_of_located_rows_delete_exactly_them(
     located = index.locate(
         key_values([pa.array([r for r, _ in gone]), pa.array([i for _, i in gone])])
     )
-    files = encode_position_deletes(table, located, file_prefix=new_uuid7(), compression="zstd")
+    files = encode_position_deletes(
+        table, located, file_prefix=f"{new_uuid7()}-pos0", compression="zstd"
+    )
     # One file per partition of the rows named; a file naming one data file is
     # file-scoped: its file_path bounds are that whole path.
     assert len(files) == len({(located.files[p].file.partition) for p in located.positions})

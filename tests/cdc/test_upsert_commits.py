@@ -1,6 +1,7 @@
 """Upsert tables through a real daemon (in-process service, SQLite catalog): each flush
-commits ONE snapshot of data files plus equality deletes, and the merged state equals
-the state computed here key by key."""
+commits ONE snapshot of data files plus the deletes of the older rows of its keys (by
+position once the key index is ready, by equality while it cannot answer), and the
+merged state equals the state computed here key by key."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
+from support.service_helpers import key_index_ready
 
 from icespool.cdc import read_merged
 from icespool.errors import BadInputError, SchemaError
@@ -72,6 +74,7 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
     expected: State = {}
     async with run_daemon(config) as (service, _):
         table = service.writer(TABLE)
+        await key_index_ready(service, TABLE)
         created = iceberg_table(service)
         assert created.metadata.format_version == 2
         assert created.schema().identifier_field_names() == {"id", "region"}
@@ -103,17 +106,21 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
             assert result.records == 600  # every change of the flush, counted once
             iceberg = iceberg_table(service)
             snapshot = iceberg.metadata.snapshot_by_id(result.snapshot_id)
-            assert snapshot.summary.operation.value == "overwrite"
+            # Nothing to delete in the first flush (every key new): a plain append.
+            assert snapshot.summary.operation.value == ("overwrite" if flush_no else "append")
             assert snapshot.summary[SEGMENTS_SUMMARY_KEY] == ",".join(result.segments)
             added = files_of(iceberg, result.snapshot_id)
-            deletes = [f for f in added if f.content == DataFileContent.EQUALITY_DELETES]
-            assert deletes and all(f.equality_ids == [1, 2] for f in deletes)
+            # The older rows of the keys the flush changed go by position (the first
+            # flush found none: every key was new).
+            deletes = [f for f in added if f.content != DataFileContent.DATA]
+            assert all(f.content == DataFileContent.POSITION_DELETES for f in deletes)
+            assert bool(deletes) == (flush_no > 0)
             # The orphan sweep knows every file, and each names the flush's first segment.
             assert all(is_daemon_file(f.file_path) for f in added)
             assert {daemon_file_id(f.file_path) for f in added} == {result.segments[0]}
-            # {segment uuid7: 5 parts}-{incarnation}-eq-{partition}-{file}.parquet
-            assert {f.file_path.rsplit("/", 1)[-1].split("-")[6] for f in deletes} == {"eq"}
-            # One delete file per partition the flush touched (key -> partition).
+            # {segment uuid7: 5 parts}-{incarnation}-pos{attempt}-{group}-00000.parquet
+            assert {f.file_path.rsplit("/", 1)[-1].split("-")[6] for f in deletes} <= {"pos0"}
+            # One delete file per partition of the rows it deletes.
             partitions = [f.partition for f in deletes]
             assert len(partitions) == len(set(map(tuple, partitions)))
             assert merged(iceberg) == expected, f"after flush {flush_no}"
@@ -134,6 +141,7 @@ async def test_a_delete_only_chunk_writes_only_delete_files(
     config = make_config(tables=[upsert_table()])
     async with run_daemon(config) as (service, _):
         table = service.writer(TABLE)
+        await key_index_ready(service, TABLE)
         await table.upsert(
             [{"id": i, "region": "eu", "name": f"n{i}", "score": i} for i in range(10)]
         )
@@ -145,8 +153,9 @@ async def test_a_delete_only_chunk_writes_only_delete_files(
         snapshot = iceberg.metadata.snapshot_by_id(result.snapshot_id)
         assert snapshot.summary.operation.value == "delete"
         added = files_of(iceberg, result.snapshot_id)
-        assert [f.content for f in added] == [DataFileContent.EQUALITY_DELETES]
-        assert added[0].record_count == 3
+        # The two rows that existed, by position; the key never written needs nothing.
+        assert [f.content for f in added] == [DataFileContent.POSITION_DELETES]
+        assert added[0].record_count == 2
         assert merged(iceberg) == {(i, "eu"): (f"n{i}", i) for i in range(10) if i not in (3, 5)}
 
 
