@@ -219,7 +219,7 @@ class _DeleteReader:
             return cached
         tables = []
         for delete in deletes:
-            rows = self.read(delete)
+            rows = _storage_columns(self.read(delete))
             sequence = pa.array(np.full(rows.num_rows, delete.sequence_number, dtype=np.int64))
             tables.append(rows.append_column(_SEQUENCE, sequence))
         keys = [c for c in tables[0].column_names if c != _SEQUENCE]
@@ -263,6 +263,17 @@ class _DeleteReader:
         target = arrow_schema_for(Schema(*fields))
         batch = conform(data, target, match_field_ids=True, drop_extra=True)
         return pa.Table.from_batches([batch], schema=target)
+
+
+def _storage_columns(rows: pa.Table) -> pa.Table:
+    """``rows`` with extension-typed columns (uuid) as their storage: Arrow's hash
+    kernels take no extension type, and the storage compares the same."""
+    for index, field in enumerate(rows.schema):
+        if isinstance(field.type, pa.BaseExtensionType):
+            column = rows.column(index)
+            storage = pa.chunked_array([c.storage for c in column.chunks], field.type.storage_type)
+            rows = rows.set_column(index, field.with_type(field.type.storage_type), storage)
+    return rows
 
 
 def _read_conformed(
