@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         droppable,
         live_files,
     )
+    from icespool.cdc._files import read_columns
     from icespool.cdc._index import (
         IndexBehindError,
         IndexUnavailableError,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
         NewFile,
     )
     from icespool.cdc._key import key_type_problem
-    from icespool.cdc._key_values import KeyValue, key_values
+    from icespool.cdc._key_values import KeyValue, key_array, key_values
     from icespool.cdc._merge import Resolved, apply_equality_deletes, last_changes
     from icespool.cdc._read import read_merged
 
@@ -66,10 +67,12 @@ __all__ = [
     "change_schema",
     "conform_changes",
     "droppable",
+    "key_array",
     "key_type_problem",
     "key_values",
     "last_changes",
     "live_files",
+    "read_columns",
     "read_merged",
     "spoolable",
     "with_ops",
@@ -103,7 +106,8 @@ __getattr__ = lazy_exports(
             "NewFile",
         ),
         "icespool.cdc._key": ("key_type_problem",),
-        "icespool.cdc._key_values": ("KeyValue", "key_values"),
+        "icespool.cdc._files": ("read_columns",),
+        "icespool.cdc._key_values": ("KeyValue", "key_array", "key_values"),
         "icespool.cdc._merge": (
             "Resolved",
             "apply_equality_deletes",

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["KeyValue", "key_values"]
+__all__ = ["KeyValue", "key_array", "key_values"]
 
 KeyValue = int | bytes
 
@@ -27,21 +27,30 @@ _LENGTH = struct.Struct(">I")
 def key_values(columns: Sequence[pa.Array | pa.ChunkedArray]) -> list[KeyValue]:
     """The key value of each row of the key ``columns`` (in key order, no nulls: key
     columns are required)."""
+    return key_array(columns).to_pylist()  # type: ignore[no-any-return]
+
+
+def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    """`key_values` as one Arrow array (int64 or binary), for whole-array set kernels;
+    built without a Python object per row for a one-column key."""
     arrays = [_combined(column) for column in columns]
     if len(arrays) == 1:
         only = arrays[0]
         if _integer_like(only.type):
-            return _integers(only).tolist()  # type: ignore[no-any-return]
-        return _bytes(only).to_pylist()  # type: ignore[no-any-return]
+            return pa.array(_integers(only), pa.int64())
+        return _bytes(only)
     parts = [
-        [value.tobytes() for value in _integers(array).astype(">i8").view("S8")]
-        if _integer_like(array.type)
-        else _bytes(array).to_pylist()
+        _fixed8(array) if _integer_like(array.type) else _bytes(array).to_pylist()
         for array in arrays
     ]
-    return [
-        b"".join(_LENGTH.pack(len(part)) + part for part in row) for row in zip(*parts, strict=True)
-    ]
+    joined = [b"".join(_LENGTH.pack(len(p)) + p for p in row) for row in zip(*parts, strict=True)]
+    return pa.array(joined, pa.binary())
+
+
+def _fixed8(array: pa.Array) -> list[bytes]:
+    """Each integer as its 8 big-endian bytes."""
+    raw = _integers(array).astype(">i8").tobytes()
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
 
 def _combined(column: pa.Array | pa.ChunkedArray) -> pa.Array:

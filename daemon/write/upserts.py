@@ -92,14 +92,18 @@ class UpsertRows:
         index_path: Path,
         load_table: Callable[[], Table],
         metrics: Metrics,
+        on_equality_deletes: Callable[[], object] = lambda: None,
     ) -> None:
         """``index_path``: the key index's file; ``load_table()``: a Table object of
-        the writer's table for the index's own thread (never the flush's)."""
+        the writer's table for the index's own thread (never the flush's);
+        ``on_equality_deletes()``: told (from the flush's thread) after a commit that
+        deleted by key, so maintenance turns those deletes into position deletes."""
         self._name = name
         self._key = tuple(key)
         self._index_path = index_path
         self._load_table = load_table
         self._metrics = metrics
+        self._on_equality_deletes = on_equality_deletes
         self._index: KeyIndex | None = None
         self._ready = False  # synced once since it opened, and not known to be behind
         self._builder: threading.Thread | None = None
@@ -231,6 +235,8 @@ class UpsertRows:
         deletes = result.deletes
         kind = "position" if deletes is None or deletes.located is not None else "equality"
         self._metrics.upsert_commits.labels(table=self._name, deletes=kind).inc()
+        if kind == "equality" and deletes is not None and deletes.files:
+            self._on_equality_deletes()
         index = self._index
         if deletes is None or deletes.located is None or index is None:
             return  # the index reads the snapshot at its next sync

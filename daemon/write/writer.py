@@ -69,11 +69,13 @@ class TableWriter:
         key: Sequence[str] = (),
         commit_refusal: Callable[[], str | None] = lambda: None,
         on_spool_refused: Callable[[str, SpoolError], None] | None = None,
+        on_equality_deletes: Callable[[], object] = lambda: None,
     ) -> None:
         """``commit_refusal()``: why this process must not commit now (its spool claim:
         daemon/lifecycle/spool_claim.py); ``on_spool_refused(table, error)``: told of
         every append the spool refused (the daemon's `icespool.write.pressure.PressureRelief`
-        frees room held by other tables)."""
+        frees room held by other tables); ``on_equality_deletes()``: an upsert table's
+        commit deleted by key (called from the flush's thread)."""
         self.name = name
         self.arrow_schema = arrow_schema
         # An upsert table's key columns (empty: an append table): see `append`.
@@ -94,6 +96,7 @@ class TableWriter:
                 # Its own Table object: a Table must not be shared with a running commit.
                 load_table=lambda: table.catalog.load_table(table.name()),
                 metrics=metrics,
+                on_equality_deletes=on_equality_deletes,
             )
         self._job = FlushJob(
             name,

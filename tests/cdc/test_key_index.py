@@ -21,6 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from support.cdc_tables import commit_changes, commit_position_deletes, merged_rows
@@ -264,3 +266,37 @@ def test_position_deletes_of_located_rows_delete_exactly_them(
     assert set(merged_rows(table, KEY)) == expected
     assert {(r["region"], r["id"]) for r in read_merged(table).to_pylist()} == expected
     _assert_exact(index, table)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-(2**63), 2**63 - 1), st.binary(max_size=12), st.text(max_size=6)),
+        max_size=60,
+    )
+)
+def test_key_values_are_one_per_key(rows: list[tuple[int, bytes, str]]) -> None:
+    """Distinct keys get distinct values, equal keys equal ones (composite keys are
+    joined with their lengths, so no two run together)."""
+    columns = [
+        pa.array([r[0] for r in rows], pa.int64()),
+        pa.array([r[1] for r in rows], pa.binary()),
+        pa.array([r[2] for r in rows], pa.string()),
+    ]
+    values = key_values(columns)
+    assert len(values) == len(rows)
+    assert len(set(values)) == len(set(rows))
+    by_key = dict(zip(rows, values, strict=True))
+    assert all(by_key[r] == v for r, v in zip(rows, values, strict=True))
+
+
+def test_key_values_do_not_depend_on_the_arrow_type_of_a_column() -> None:
+    ints = [-(2**31), 0, 256, 2**31 - 1]
+    assert key_values([pa.array(ints, pa.int32())]) == key_values([pa.array(ints, pa.int64())])
+    text = ["", "a", "\u00e9"]
+    assert key_values([pa.array(text, pa.string())]) == key_values(
+        [pa.array(text, pa.large_string())]
+    )
+    raw = [uuid.UUID(int=7).bytes]
+    assert key_values([pa.array(raw, pa.binary(16))]) == key_values(
+        [pa.ExtensionArray.from_storage(pa.uuid(), pa.array(raw, pa.binary(16)))]
+    )

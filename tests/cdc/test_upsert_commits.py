@@ -15,7 +15,8 @@ import pytest
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
-from support.service_helpers import key_index_ready
+from support.cdc_tables import delete_files
+from support.service_helpers import key_index_ready, metric
 
 from icespool.cdc import read_merged
 from icespool.errors import BadInputError, SchemaError
@@ -275,3 +276,38 @@ async def test_two_replicas_committing_one_upsert_table_at_once_keep_every_chang
         assert len(iceberg.metadata.snapshots) == 12
     # The flushes raced: some row deltas were retried after a conflict.
     assert any("commit conflict" in r.getMessage() for r in caplog.records)
+
+
+async def test_without_a_key_index_commits_delete_by_key_and_maintenance_converts_them(
+    make_config: Any, run_daemon: Any
+) -> None:
+    """The key index cannot be opened (a file stands where its directory goes): every
+    commit deletes by key (equality deletes, counted), /v1/status says so, and
+    maintenance turns those deletes into position deletes within seconds, out of its
+    hour-long turn, with the merged state exactly the same."""
+    config = make_config(tables=[upsert_table()], maintenance={"interval": "1h"})
+    config.spool.dir.mkdir(parents=True, exist_ok=True)
+    (config.spool.dir / "key-index").write_text("not a directory")
+    async with run_daemon(config) as (service, _):
+        table = service.writer(TABLE)
+        for n in range(3):
+            rows = [{"id": i, "region": "eu", "name": f"v{n}", "score": n} for i in range(20)]
+            await table.upsert(rows)
+            await table.delete([{"id": n, "region": "eu"}])
+            await table.flush()
+        expected = {(i, "eu"): ("v2", 2) for i in range(20) if i != 2}
+        assert service.status()["tables"][TABLE]["key_index"] == {
+            "ready": False,
+            "snapshot_id": None,
+        }
+        assert (
+            metric(service, "icespool_upsert_commits_total", table=TABLE, deletes="equality") == 3
+        )
+        for _ in range(300):
+            kinds = {f.content for f in delete_files(iceberg_table(service))}
+            if kinds == {DataFileContent.POSITION_DELETES}:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"equality deletes not converted: {kinds}")
+        assert merged(iceberg_table(service)) == expected

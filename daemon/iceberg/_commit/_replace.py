@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from pyiceberg.exceptions import ValidationException
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Operation
@@ -59,9 +59,11 @@ class CommitOutcomeUnknownError(CommitError):
 
 
 def _check_added_spec(table: Table, added: Sequence[DataFile]) -> None:
+    """Added data files must be of the current spec (delete files take the spec of the
+    data files they apply to, any of the table's)."""
     current_spec = table.metadata.default_spec_id
     for data_file in added:
-        if data_file.spec_id != current_spec:
+        if data_file.content == DataFileContent.DATA and data_file.spec_id != current_spec:
             raise ReplaceConflictError(
                 f"table {table_name(table)}: the partition spec changed to {current_spec} since "
                 f"{data_file.file_path} was written for spec {data_file.spec_id}"
