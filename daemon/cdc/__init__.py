@@ -35,8 +35,9 @@ if TYPE_CHECKING:
         droppable,
         live_files,
     )
-    from icespool.cdc._files import read_columns
+    from icespool.cdc._files import read_columns, read_positions
     from icespool.cdc._index import (
+        Change,
         IndexBehindError,
         IndexUnavailableError,
         KeyIndex,
@@ -52,6 +53,7 @@ __all__ = [
     "DELETE",
     "OP_COLUMN",
     "UPSERT",
+    "Change",
     "IndexBehindError",
     "IndexUnavailableError",
     "KeyIndex",
@@ -74,6 +76,7 @@ __all__ = [
     "live_files",
     "read_columns",
     "read_merged",
+    "read_positions",
     "spoolable",
     "with_ops",
 ]
@@ -99,6 +102,7 @@ __getattr__ = lazy_exports(
             "live_files",
         ),
         "icespool.cdc._index": (
+            "Change",
             "IndexBehindError",
             "IndexUnavailableError",
             "KeyIndex",
@@ -106,7 +110,7 @@ __getattr__ = lazy_exports(
             "NewFile",
         ),
         "icespool.cdc._key": ("key_type_problem",),
-        "icespool.cdc._files": ("read_columns",),
+        "icespool.cdc._files": ("read_columns", "read_positions"),
         "icespool.cdc._key_values": ("KeyValue", "key_array", "key_values"),
         "icespool.cdc._merge": (
             "Resolved",

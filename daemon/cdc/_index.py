@@ -38,7 +38,7 @@ import sqlite3
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -49,11 +49,18 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-from icespool.cdc._deletes import LiveData, LiveDelete, live_files
+from icespool.cdc._deletes import LiveData, LiveDelete, LiveFiles, live_files
 from icespool.cdc._files import read_columns, read_positions
 from icespool.cdc._key_values import KeyValue, key_values
 
-__all__ = ["IndexBehindError", "IndexUnavailableError", "KeyIndex", "Located", "NewFile"]
+__all__ = [
+    "Change",
+    "IndexBehindError",
+    "IndexUnavailableError",
+    "KeyIndex",
+    "Located",
+    "NewFile",
+]
 
 _log = logging.getLogger("icespool.keys")
 
@@ -107,6 +114,48 @@ class NewFile:
     keys: Sequence[KeyValue]
 
 
+@dataclass(frozen=True)
+class Change:
+    """What one of this writer's commits changed (`KeyIndex.committed`): the rows it
+    deleted (``located``, where they were), the data files it added (with their keys),
+    the data files it removed (rewritten), the file-scoped delete files it added (by the
+    data file each names) and the delete files it removed."""
+
+    located: Located
+    added: Sequence[NewFile] = ()
+    removed: Sequence[str] = ()
+    deletes: Mapping[str, DataFile] = field(default_factory=dict)
+    dropped_deletes: Sequence[str] = ()
+
+
+class _View:
+    """The live files at the index's snapshot: data files, and the position-delete
+    files that name one data file each (file-scoped: Spark's default, and the
+    daemon's), by that data file."""
+
+    def __init__(self, live: LiveFiles | None = None) -> None:
+        self.data: dict[str, LiveData] = dict(live.data) if live is not None else {}
+        self.scoped: dict[str, dict[str, LiveDelete]] = defaultdict(dict)
+        self._named: dict[str, str] = {}  # delete file path -> the data file it names
+        for delete in live.deletes if live is not None else ():
+            if not delete.is_equality and len(delete.paths) == 1:
+                self.add_scoped(next(iter(delete.paths)), delete)
+
+    def add_scoped(self, data_path: str, delete: LiveDelete) -> None:
+        self.scoped[data_path][delete.path] = delete
+        self._named[delete.path] = data_path
+
+    def drop_delete(self, path: str) -> None:
+        named = self._named.pop(path, None)
+        if named is not None:
+            self.scoped.get(named, {}).pop(path, None)
+
+    def drop_data(self, path: str) -> None:
+        self.data.pop(path, None)
+        for delete in self.scoped.pop(path, {}):
+            self._named.pop(delete, None)
+
+
 class KeyIndex:
     """The key index of one upsert table, kept in the SQLite file at ``path``."""
 
@@ -117,8 +166,8 @@ class KeyIndex:
         self._db = _open(path, cache_bytes)
         # One user at a time: the writer's lane, or a background build.
         self.lock = threading.Lock()
-        # The live data files at `snapshot_id` (None: not read yet since open).
-        self._live: dict[str, LiveData] | None = None
+        # The live files at `snapshot_id` (None: not read yet since open).
+        self._view: _View | None = None
         self._ids: dict[str, int] = {}
 
     def close(self) -> None:
@@ -174,8 +223,8 @@ class KeyIndex:
         identity = self._identity(metadata)
         same = all(self._meta(name) == value for name, value in identity.items())
         if same and current is not None and self.snapshot_id == current.snapshot_id:
-            if self._live is None:
-                self._live = dict(live_files(table.io, metadata, current).data)
+            if self._view is None:
+                self._view = _View(live_files(table.io, metadata, current))
             return
         chain = _chain(metadata, current, self.snapshot_id) if same else None
         if max_rows is not None:
@@ -202,7 +251,7 @@ class KeyIndex:
             self._db.execute("DELETE FROM rows")
             self._db.execute("DELETE FROM files")
             self._ids.clear()
-            self._live = {}
+            self._view = _View()
             if live is not None:
                 specs = metadata.specs()
                 for path, data in live.data.items():
@@ -215,7 +264,7 @@ class KeyIndex:
             ".".join(table.name()),
             snapshot or "(none)",
             self.rows(),
-            len(self._live),
+            len(self._view.data),
             extra={"table": ".".join(table.name())},
         )
 
@@ -225,13 +274,16 @@ class KeyIndex:
         metadata = table.metadata
         specs = metadata.specs()
         added, removed = _changes(io, snapshot)
-        if self._live is None:
+        if self._view is None:
             parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id or -1)
-            self._live = dict(live_files(io, metadata, parent).data) if parent else {}
+            self._view = _View(live_files(io, metadata, parent) if parent else None)
+        view = self._view
         with self._transaction():
             for data in removed:
                 if data.file.content == DataFileContent.DATA:
                     self._drop_file(data.file.file_path)
+                else:
+                    view.drop_delete(data.file.file_path)
             deletes = [d for d in added if d.file.content != DataFileContent.DATA]
             equality = [
                 LiveDelete(
@@ -267,7 +319,7 @@ class KeyIndex:
     def locate(self, keys: Sequence[KeyValue]) -> Located:
         """Where the live rows of ``keys`` are (a key may have none, or, written by
         another engine without a delete, several)."""
-        live = self._live if self._live is not None else {}
+        live = self._view.data if self._view is not None else {}
         positions: dict[str, list[int]] = defaultdict(list)
         for chunk in _chunks(keys):
             marks = ",".join("?" * len(chunk))
@@ -285,32 +337,61 @@ class KeyIndex:
             {p: live[p] for p in positions},
         )
 
+    def live_rows(self, path: str) -> tuple[np.ndarray, list[KeyValue]]:
+        """The positions of the live rows of data file ``path``, and their keys."""
+        file_id = self._ids_of([path]).get(path)
+        if file_id is None:
+            return np.zeros(0, dtype=np.int64), []
+        rows = self._db.execute(
+            "SELECT pos, key FROM rows WHERE file = ? ORDER BY pos", (file_id,)
+        ).fetchall()
+        return np.asarray([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]
+
+    def data_file(self, path: str) -> LiveData | None:
+        """The live data file at ``path`` (None: not live at the index's snapshot)."""
+        return self._view.data.get(path) if self._view is not None else None
+
+    def scoped_deletes(self, path: str) -> list[LiveDelete]:
+        """The live position-delete files that name data file ``path`` alone."""
+        if self._view is None:
+            return []
+        return list(self._view.scoped.get(path, {}).values())
+
     def committed(
         self,
         snapshot_id: int,
         parent_id: int | None,
         sequence_number: int,
-        located: Located,
-        added: Iterable[NewFile],
+        change: Change,
         scopes: Mapping[int, bool],
     ) -> bool:
-        """Record this writer's commit ``snapshot_id`` (child of ``parent_id``) that
-        deleted the rows of ``located`` and added ``added``, without reading anything.
-        ``scopes``: spec id -> whether it is unpartitioned. False (nothing changed) when
-        the index is not at ``parent_id``: the next `sync` reads the commit instead."""
-        if self.snapshot_id != parent_id or self._live is None:
+        """Record this writer's commit ``snapshot_id`` (child of ``parent_id``) that made
+        ``change``, without reading anything. ``scopes``: spec id -> whether it is
+        unpartitioned. False (nothing changed) when the index is not at ``parent_id``:
+        the next `sync` reads the commit instead."""
+        view = self._view
+        if self.snapshot_id != parent_id or view is None:
             return False
         with self._transaction():
-            for path, positions in located.positions.items():
-                file_id = self._ids_of([path])[path]
+            for path, positions in change.located.positions.items():
+                file_id = self._ids_of([path]).get(path)
+                if file_id is None:
+                    continue
                 self._db.executemany(
                     "DELETE FROM rows WHERE file = ? AND pos = ?",
                     ((file_id, int(p)) for p in positions),
                 )
-            for new in added:
+            for path in change.removed:
+                self._drop_file(path)
+            for path in change.dropped_deletes:
+                view.drop_delete(path)
+            for new in change.added:
                 data = LiveData(new.file, sequence_number, new.spec_id)
                 file_id = self._register(new.file.file_path, data, scopes[new.spec_id])
                 self._insert(file_id, new.keys)
+            for path, delete_file in change.deletes.items():
+                spec_id = getattr(delete_file, "spec_id", 0)
+                view.add_scoped(path, LiveDelete(delete_file, sequence_number, spec_id, False))
             self._set_meta(snapshot=str(snapshot_id))
         return True
 
@@ -332,8 +413,8 @@ class KeyIndex:
         )
         file_id = int(cursor.lastrowid or 0)
         self._ids[path] = file_id
-        if self._live is not None:
-            self._live[path] = data
+        if self._view is not None:
+            self._view.data[path] = data
         return file_id
 
     def _insert(self, file_id: int, keys: Sequence[KeyValue]) -> None:
@@ -349,8 +430,8 @@ class KeyIndex:
         self._db.execute("DELETE FROM rows WHERE file = ?", (file_id,))
         self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
         self._ids.pop(path, None)
-        if self._live is not None:
-            self._live.pop(path, None)
+        if self._view is not None:
+            self._view.drop_data(path)
 
     def _ids_of(self, paths: Iterable[str]) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -378,6 +459,8 @@ class KeyIndex:
         # The paths it names are known from the manifest (a whole-table read found them)
         # or read with the positions.
         named = read_positions(io, delete.file, delete.paths or None)
+        if len(named) == 1 and self._view is not None:
+            self._view.add_scoped(next(iter(named)), delete)
         known = self._ids_of(named)
         for path, file_id in known.items():
             positions = named[path]
@@ -428,7 +511,7 @@ class KeyIndex:
         except BaseException:
             self._db.execute("ROLLBACK")
             # What was cached of the rolled-back state is read again when needed.
-            self._live = None
+            self._view = None
             self._ids.clear()
             raise
         self._db.execute("COMMIT")

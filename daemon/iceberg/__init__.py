@@ -29,7 +29,7 @@ from icespool.iceberg._check import catalog_tables, check_catalog
 from icespool.iceberg._commit import (
     AssertProperty,
     AssertUnreferenced,
-    AttemptDeletes,
+    AttemptChanges,
     ClaimsMovedError,
     CommitOutcomeUnknownError,
     CommitRejectedError,
@@ -59,6 +59,7 @@ from icespool.iceberg._health import CatalogHealth
 from icespool.iceberg._parquet import (
     COMPRESSION_CODECS,
     DELETE_FILE_MARK,
+    TAIL_FILE_MARK,
     EncodedFile,
     encode_data_files,
     encode_data_files_with_rows,
@@ -102,9 +103,10 @@ __all__ = [
     "SEGMENTS_SUMMARY_KEY",
     "SEGMENT_RECORDS_SUMMARY_KEY",
     "TABLE_DEFAULTS",
+    "TAIL_FILE_MARK",
     "AssertProperty",
     "AssertUnreferenced",
-    "AttemptDeletes",
+    "AttemptChanges",
     "CatalogHealth",
     "ClaimsMovedError",
     "CommitOutcomeUnknownError",

@@ -63,6 +63,7 @@ from icespool.schema import arrow_schema_for, conform, fill_masked_children
 __all__ = [
     "COMPRESSION_CODECS",
     "DELETE_FILE_MARK",
+    "TAIL_FILE_MARK",
     "EncodedFile",
     "encode_data_files",
     "encode_data_files_with_rows",
@@ -103,6 +104,8 @@ _RAW_TEMPORAL: Final[dict[type, Callable[[Any], int]]] = {
 #: Appended to a segment's id to name its equality-delete files
 #: (``{segment}-eq-{partition:05d}-{file:05d}.parquet``): the orphan sweep knows the shape.
 DELETE_FILE_MARK: Final = "-eq"
+#: In the names of an upsert table's rewritten last file: ``{prefix}-t{attempt}-...``.
+TAIL_FILE_MARK: Final = "-t"
 
 _FILE_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # A file is closed once it is this close to the target: one more row group would

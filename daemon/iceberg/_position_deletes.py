@@ -1,19 +1,20 @@
 """Position-delete files: the rows an upsert commit deletes, named by data file and
 position, written as Iceberg v2 Parquet position deletes.
 
-One file per partition of the data files named (a position delete carries its data
-files' spec and partition, so it scopes to them whatever the table's current spec),
-rows sorted by path then position as the spec requires. The ``file_path`` column's
-bounds are kept whole (Iceberg truncates string bounds to 16 characters by default):
-a reader finds from them which data files a delete file can name, and a file naming
-one data file is file-scoped (lower = upper), which Spark indexes by path.
+One file per data file named (file-scoped, as Spark writes them by default), in the
+spec and partition of that data file (so it scopes to it whatever the table's current
+spec), positions sorted as the spec requires. A reader then applies to each data file
+the one delete file that names it: Spark packs a file with one delete file into a read
+task with others, where a file with many applicable delete files is read alone. The
+``file_path`` column's bounds are kept whole (Iceberg truncates string bounds to 16
+characters by default): lower = upper = the data file's path is how readers know a
+delete file is file-scoped.
 
 Blocking; the flush runs it in its thread.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Final
 
@@ -28,7 +29,6 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
 from icespool.cdc import LiveData, Located
@@ -55,26 +55,24 @@ _MAPPING: Final = parquet_path_to_id_mapping(_SCHEMA)
 
 def encode_position_deletes(
     table: Table, located: Located, *, file_prefix: str, compression: str
-) -> list[DataFile]:
-    """Position-delete files deleting the rows ``located`` names, through ``table.io``."""
-    groups: dict[tuple[int, Record], list[str]] = defaultdict(list)
-    for path in sorted(located.positions):
-        data = located.files[path]
-        groups[(data.spec_id, data.file.partition)].append(path)
-    written: list[DataFile] = []
+) -> dict[str, DataFile]:
+    """Position-delete files deleting the rows ``located`` names, one per data file
+    (by its path), written through ``table.io`` as ``{file_prefix}-{n:05d}-00000.parquet``."""
+    written: dict[str, DataFile] = {}
     try:
-        for number, ((spec_id, _), paths) in enumerate(groups.items()):
-            rows = _rows(paths, located.positions)
+        for number, path in enumerate(sorted(located.positions)):
+            data = located.files[path]
+            rows = _rows([path], located.positions)
             name = f"{file_prefix}-{number:05d}-00000.parquet"
-            written.append(_write(table, rows, spec_id, located.files[paths[0]], name, compression))
+            written[path] = _write(table, rows, data.spec_id, data, name, compression)
     except OSError as exc:
-        remove_files(table, written)
+        remove_files(table, written.values())
         raise CatalogError(
             f"cannot write position deletes for table {'.'.join(table.name())}: {exc}; "
             "check the warehouse storage (the spool still holds the records)"
         ) from exc
     except BaseException:
-        remove_files(table, written)
+        remove_files(table, written.values())
         raise
     return written
 

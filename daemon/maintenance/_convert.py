@@ -113,9 +113,10 @@ def write_conversion(
     delete no live row: the commit then only removes them)."""
     if not conversion.located.rows:
         return []
-    return encode_position_deletes(
+    written = encode_position_deletes(
         table, conversion.located, file_prefix=file_prefix, compression=compression
     )
+    return list(written.values())
 
 
 def commit_conversion(

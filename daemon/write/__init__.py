@@ -8,6 +8,8 @@ flush        seal -> read back -> encode -> commit; strikes and quarantine
 result       `FlushResult`: what a flush committed
 rows         how spooled rows become one commit: `AppendRows` (append tables)
 upserts      `UpsertRows`: last change per key, deletes by position through the key index
+upsert_changes  one upsert commit attempt's changes: merged position deletes, the tail
+index_keeper `IndexKeeper`: an upsert table's key index, ready for its commits or not
 cadence      how long past ``batch_timeout`` a table waits while its commits collide
 pressure     an append the spool refused for room commits the tables holding it
 early_acks   acks while the start waits for the catalog

@@ -254,14 +254,15 @@ def test_position_deletes_of_located_rows_delete_exactly_them(
     files = encode_position_deletes(
         table, located, file_prefix=f"{new_uuid7()}-pos0", compression="zstd"
     )
-    # One file per partition of the rows named; a file naming one data file is
-    # file-scoped: its file_path bounds are that whole path.
-    assert len(files) == len({(located.files[p].file.partition) for p in located.positions})
-    for delete_file in files:
-        lower = delete_file.lower_bounds[2147483546].decode()
-        upper = delete_file.upper_bounds[2147483546].decode()
-        assert lower in located.positions and upper in located.positions
-    commit_files(table, files, segment_ids=[new_uuid7()], summary={})
+    # One file per data file named, file-scoped: its file_path bounds are that whole
+    # path, and it carries that data file's partition.
+    assert set(files) == set(located.positions)
+    for path, delete_file in files.items():
+        assert delete_file.lower_bounds[2147483546].decode() == path
+        assert delete_file.upper_bounds[2147483546].decode() == path
+        assert delete_file.partition == located.files[path].file.partition
+        assert delete_file.record_count == len(located.positions[path])
+    commit_files(table, list(files.values()), segment_ids=[new_uuid7()], summary={})
     expected = {(r, i) for r, i in every if (r, i) not in set(gone)}
     assert set(merged_rows(table, KEY)) == expected
     assert {(r["region"], r["id"]) for r in read_merged(table).to_pylist()} == expected

@@ -48,12 +48,12 @@ from icespool.iceberg._commit._requirements import (
 )
 from icespool.iceberg._commit._schema import commit_evolution
 from icespool.iceberg._commit._snapshot import CommitRejectedError, CommitResult
-from icespool.iceberg._commit._upsert import AttemptDeletes, UpsertResult, commit_upsert
+from icespool.iceberg._commit._upsert import AttemptChanges, UpsertResult, commit_upsert
 
 __all__ = [
     "AssertProperty",
     "AssertUnreferenced",
-    "AttemptDeletes",
+    "AttemptChanges",
     "ClaimsMovedError",
     "CommitOutcomeUnknownError",
     "CommitRejectedError",

@@ -2,13 +2,15 @@
 deletes of the older rows of every key it changes (a row delta), idempotent per spool
 segment as an append is (the segment marks: ``_marks``).
 
-The deletes are resolved on every attempt, against the refreshed table that attempt
-builds on (``resolve``): position deletes naming the rows the key index found live in
-that state (or equality deletes when the index cannot answer). The catalog swaps only
-if that state is still current, so a concurrent rewrite, delete or upsert by another
-writer fails the swap, and the next attempt resolves again against the new files: a
-position is never applied to a row that moved. The delete files of an attempt that
-does not land are deleted with it (``Staged.files``).
+What the snapshot adds and removes is decided on every attempt, against the refreshed
+table that attempt builds on (``resolve``): position deletes naming the rows the key
+index found live in that state (or equality deletes when the index cannot answer), and
+possibly data files rewritten with the changes applied (the writer's small last file)
+in place of the old ones. The catalog swaps only if that state is still current, so a
+concurrent rewrite, delete or upsert by another writer fails the swap, and the next
+attempt resolves again against the new files: a position is never applied to a row
+that moved. The files written for an attempt that does not land are deleted with it
+(``Staged.files``).
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``.
 """
@@ -19,12 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
+from pyiceberg.exceptions import ValidationException
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.table.snapshots import Operation
 
-from icespool.cdc import Located
 from icespool.iceberg._commit._append import PropertyUpdate, check_spec, stage_files
-from icespool.iceberg._commit._engine import Attempts, CommitKind, Staged, run
+from icespool.iceberg._commit._engine import Attempts, CommitKind, Staged, run, table_name
 from icespool.iceberg._commit._marks import SegmentMarks
 from icespool.iceberg._commit._snapshot import (
     CommitResult,
@@ -34,74 +38,90 @@ from icespool.iceberg._commit._snapshot import (
     result_from_snapshot,
 )
 from icespool.iceberg._parquet import remove_files
+from icespool.iceberg._upstream._replace import ReplaceFiles
+from icespool.iceberg._upstream._transaction import Staging, abandon
 from icespool.runtime.retry import CONFLICTS, Backoff
 
-__all__ = ["AttemptDeletes", "UpsertResult", "commit_upsert"]
+__all__ = ["AttemptChanges", "UpsertResult", "commit_upsert"]
+
+
+class StaleChangesError(Exception):
+    """An attempt's changes remove a file its base no longer holds: the attempt fails
+    (nothing sent) and the next one decides again."""
 
 
 @dataclass(frozen=True)
-class AttemptDeletes:
-    """The delete files one attempt adds, written for the table it builds on, and where
-    the rows they delete were (None: equality deletes, which name keys, not rows)."""
+class AttemptChanges:
+    """What one attempt's snapshot adds and removes, decided for the table it builds on.
 
-    files: Sequence[DataFile]
-    located: Located | None = None
+    ``added``: data and delete files; ``removed``: files the snapshot takes out (data
+    files rewritten with the changes applied, delete files merged into new ones);
+    ``written``: those of ``added`` written for this attempt alone (deleted if it does
+    not land); ``detail``: the caller's own record of the attempt, handed back with the
+    result of the attempt that lands."""
+
+    added: Sequence[DataFile]
+    removed: Sequence[DataFile] = ()
+    written: Sequence[DataFile] = ()
+    detail: object = None
 
 
-#: Writes the delete files for the refreshed table (each attempt calls it once).
-Resolve = Callable[[Table], AttemptDeletes]
+#: Decides an attempt's changes for the refreshed table (called once per attempt).
+Resolve = Callable[[Table], AttemptChanges]
 
 
 @dataclass(frozen=True)
 class UpsertResult:
     """What `commit_upsert` committed, and (when an attempt of this call landed) the
-    snapshot that attempt built on and the deletes it added."""
+    snapshot that attempt built on and its changes."""
 
     commit: CommitResult
     parent_id: int | None = None
-    deletes: AttemptDeletes | None = None
+    changes: AttemptChanges | None = None
 
 
 @dataclass(frozen=True)
 class _Attempt:
     parent_id: int | None
-    deletes: AttemptDeletes
+    changes: AttemptChanges
 
 
 @dataclass(frozen=True)
 class _Upsert(CommitKind[dict[str, str], CommitResult]):
-    """The data files, plus the deletes ``resolve`` writes for each attempt's base."""
+    """The files ``resolve`` decides for each attempt's base, as one snapshot."""
 
-    data_files: Sequence[DataFile]
     resolve: Resolve
     marks: SegmentMarks
     summary: Mapping[str, str]
     update_properties: PropertyUpdate | None
     noun = "commit"
     retries_outages = True
-    # Snapshot id of each attempt staged -> what it built on and deleted.
+    # Snapshot id of each attempt staged -> what it built on and changed.
     staged: dict[int, _Attempt] = field(default_factory=dict)
 
     def landed(self, table: Table, attempts: Attempts) -> CommitResult | None:
         return self.marks.landed(table, attempts)
 
     def decide(self, table: Table) -> dict[str, str]:
-        check_spec(table, self.data_files)
         update = self.update_properties
         return {**(update(table.metadata.properties) if update else {}), **self.marks.properties()}
 
     def stage(self, table: Table, decision: dict[str, str]) -> Staged:
         current = table.metadata.current_snapshot()
-        deletes = self.resolve(table)
+        changes = self.resolve(table)
         try:
+            check_spec(table, [f for f in changes.added if f.content == DataFileContent.DATA])
             summary = {**self.summary, **self.marks.summary()}
-            transaction = stage_files(table, [*self.data_files, *deletes.files], summary, decision)
+            if changes.removed:
+                transaction = _stage_overwrite(table, changes, summary, decision)
+            else:
+                transaction = stage_files(table, changes.added, summary, decision)
         except BaseException:
-            remove_files(table, deletes.files)
+            remove_files(table, changes.written)
             raise
-        staged = Staged(transaction, files=deletes.files)
+        staged = Staged(transaction, files=changes.written)
         parent = None if current is None else current.snapshot_id
-        self.staged[staged.snapshot_id] = _Attempt(parent, deletes)
+        self.staged[staged.snapshot_id] = _Attempt(parent, changes)
         return staged
 
     def committed(self, table: Table, staged: Staged, attempts: Attempts) -> CommitResult:
@@ -117,9 +137,44 @@ class _Upsert(CommitKind[dict[str, str], CommitResult]):
         raise self.marks.not_committed(table, attempts, last) from last
 
 
+def _stage_overwrite(
+    table: Table,
+    changes: AttemptChanges,
+    summary: Mapping[str, str],
+    properties: Mapping[str, str],
+) -> Transaction:
+    """The snapshot taking ``changes.removed`` out and putting ``changes.added`` in: an
+    ``overwrite`` (rows changed), by the producer that can remove delete files too."""
+    transaction = Staging(table)
+    try:
+        if properties:
+            transaction.set_properties(dict(properties))
+        producer = ReplaceFiles(
+            operation=Operation.OVERWRITE,
+            transaction=transaction,
+            io=table.io,
+            snapshot_properties=dict(summary),
+            branch=MAIN_BRANCH,
+        )
+        producer.label = Operation.OVERWRITE
+        for data_file in changes.removed:
+            producer.delete_data_file(data_file)
+        for data_file in changes.added:
+            producer.append_data_file(data_file)
+        producer.commit()
+    except ValidationException as exc:  # "Missing required files to delete"
+        abandon(transaction)
+        # The changes named a file the refreshed table no longer holds. Nothing was
+        # sent; the next attempt decides again on the table as it is then.
+        raise StaleChangesError(f"table {table_name(table)}: {exc}") from exc
+    except BaseException:
+        abandon(transaction)
+        raise
+    return transaction
+
+
 def commit_upsert(
     table: Table,
-    data_files: Sequence[DataFile],
     resolve: Resolve,
     *,
     segment_ids: Sequence[str],
@@ -129,15 +184,15 @@ def commit_upsert(
     spool_id: str | None = None,
     segment_spans: Mapping[str, tuple[int, int]] | None = None,
 ) -> UpsertResult:
-    """Commit ``data_files`` (an upsert table's new rows, possibly none) with the
-    deletes ``resolve`` writes for each attempt's base, as ONE snapshot tagged with
+    """Commit the files ``resolve`` decides for each attempt's base (an upsert table's
+    new rows and the deletes of its keys' older rows), as ONE snapshot tagged with
     ``segment_ids``. Everything else as `commit_files` (the marks, ``spool_id``,
     ``segment_spans``, ``update_properties``, conflicts and unknown outcomes)."""
     marks = SegmentMarks.of(segment_ids, segment_spans, spool_id)
     check_summary(summary)
-    kind = _Upsert(data_files, resolve, marks, summary, update_properties)
+    kind = _Upsert(resolve, marks, summary, update_properties)
     result = run(table, kind, retry)
     attempt = kind.staged.get(result.snapshot_id) if not result.already_committed else None
     if attempt is None:
         return UpsertResult(result)
-    return UpsertResult(result, attempt.parent_id, attempt.deletes)
+    return UpsertResult(result, attempt.parent_id, attempt.changes)

@@ -64,11 +64,14 @@ class ReplaceFiles(_OverwriteFiles):
     """
 
     data_sequence_number: int | None = None
+    #: The snapshot's operation: ``replace`` for rewrites that keep every row; an upsert
+    #: that rewrites a file with its changes applied is an ``overwrite``.
+    label: Operation = Operation.REPLACE
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         overwrite = super()._summary(snapshot_properties).model_dump()
         overwrite.pop(OPERATION)
-        return Summary(Operation.REPLACE, **overwrite)
+        return Summary(self.label, **overwrite)
 
     def _writer(self, spec_id: int, content: ManifestContent) -> ManifestWriter:
         if content == ManifestContent.DATA:
