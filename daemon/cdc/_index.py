@@ -118,11 +118,14 @@ class NewFile:
 class Change:
     """What one of this writer's commits changed (`KeyIndex.committed`): the rows it
     deleted (``located``, where they were), the data files it added (with their keys),
-    the data files it removed (rewritten), the file-scoped delete files it added (by the
-    data file each names) and the delete files it removed."""
+    the data files it replaced by a copy with more rows after theirs (``extended``: old
+    path -> the new file, with the keys of the rows it adds), the data files it removed,
+    the file-scoped delete files it added (by the data file each names) and the delete
+    files it removed."""
 
     located: Located
     added: Sequence[NewFile] = ()
+    extended: Mapping[str, NewFile] = field(default_factory=dict)
     removed: Sequence[str] = ()
     deletes: Mapping[str, DataFile] = field(default_factory=dict)
     dropped_deletes: Sequence[str] = ()
@@ -347,6 +350,14 @@ class KeyIndex:
         ).fetchall()
         return np.asarray([r[0] for r in rows], dtype=np.int64), [r[1] for r in rows]
 
+    def live_count(self, path: str) -> int:
+        """How many rows of data file ``path`` are live."""
+        file_id = self._ids_of([path]).get(path)
+        if file_id is None:
+            return 0
+        row = self._db.execute("SELECT count(*) FROM rows WHERE file = ?", (file_id,)).fetchone()
+        return int(row[0])
+
     def data_file(self, path: str) -> LiveData | None:
         """The live data file at ``path`` (None: not live at the index's snapshot)."""
         return self._view.data.get(path) if self._view is not None else None
@@ -381,6 +392,8 @@ class KeyIndex:
                     "DELETE FROM rows WHERE file = ? AND pos = ?",
                     ((file_id, int(p)) for p in positions),
                 )
+            for old, new in change.extended.items():
+                self._extend(old, new, sequence_number)
             for path in change.removed:
                 self._drop_file(path)
             for path in change.dropped_deletes:
@@ -396,6 +409,24 @@ class KeyIndex:
         return True
 
     # ------------------------------------------------------------------ writing
+
+    def _extend(self, old: str, new: NewFile, sequence_number: int) -> None:
+        """``old`` replaced by ``new``: the same rows at the same positions, then more.
+        Its rows keep their entries (the file's id is the same; O(new rows))."""
+        view = self._view
+        file_id = self._ids_of([old]).get(old)
+        previous = view.data.get(old) if view is not None else None
+        if file_id is None or previous is None or view is None:
+            raise IndexUnavailableError(f"key index has no live file {old} to extend")
+        path = new.file.file_path
+        self._db.execute(
+            "UPDATE files SET path = ?, seq = ? WHERE id = ?", (path, sequence_number, file_id)
+        )
+        self._ids.pop(old, None)
+        self._ids[path] = file_id
+        view.drop_data(old)
+        view.data[path] = LiveData(new.file, sequence_number, new.spec_id)
+        self._insert(file_id, new.keys, start=previous.file.record_count)
 
     def _add_file(self, io: FileIO, path: str, data: LiveData, unpartitioned: bool) -> None:
         file_id = self._register(path, data, unpartitioned)
@@ -417,10 +448,10 @@ class KeyIndex:
             self._view.data[path] = data
         return file_id
 
-    def _insert(self, file_id: int, keys: Sequence[KeyValue]) -> None:
+    def _insert(self, file_id: int, keys: Sequence[KeyValue], start: int = 0) -> None:
         self._db.executemany(
             "INSERT INTO rows(file, pos, key) VALUES(?, ?, ?)",
-            zip([file_id] * len(keys), range(len(keys)), keys, strict=True),
+            zip([file_id] * len(keys), range(start, start + len(keys)), keys, strict=True),
         )
 
     def _drop_file(self, path: str) -> None:

@@ -8,12 +8,13 @@ With the key index (`position_changes`):
   positions merged with those of the delete files that named that file alone, which the
   snapshot removes. A reader applies one delete file per data file, and a file with one
   delete file shares a read task with others.
-- The writer's last small data file of a partition (its "tail", under
-  ``TAIL_BYTES``) is rewritten instead, with its live rows (minus the changed keys') and
-  the commit's new rows of that partition, in place of the old one and its delete
-  files: a table fed every second keeps one small file per partition and writer, not
-  one per commit. A tail that grows past ``TAIL_BYTES`` is kept as it is, and the next
-  commit starts a new one; maintenance compacts the kept ones.
+- The commit's new rows of a partition go at the end of the writer's last small data
+  file there (its "tail", under ``TAIL_BYTES``): a copy of it with the new rows after
+  its own, in its place, so its rows keep their positions (its delete file, merged as
+  above, moves to the copy, and the key index takes it by renaming the file). A table
+  fed every second keeps one small file per partition and writer, not one per commit.
+  A tail that grows past ``TAIL_BYTES`` is kept as it is and the next commit starts a
+  new one; maintenance compacts the kept ones, dropping their deleted rows.
 
 Without it (`equality_changes`): the new rows as written, and equality deletes of every
 key the commit touched, as Iceberg's upsert writers do.
@@ -33,7 +34,17 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
-from icespool.cdc import Change, KeyIndex, KeyValue, Located, NewFile, read_positions
+from icespool.cdc import (
+    Change,
+    IndexUnavailableError,
+    KeyIndex,
+    KeyValue,
+    LiveData,
+    LiveDelete,
+    Located,
+    NewFile,
+    read_positions,
+)
 from icespool.config import WriterSettings
 from icespool.iceberg import (
     DELETE_FILE_MARK,
@@ -49,11 +60,14 @@ from icespool.iceberg import (
 )
 from icespool.schema import conform
 
-__all__ = ["TAIL_BYTES", "Plan", "Tails", "equality_changes", "position_changes"]
+__all__ = ["TAIL_BYTES", "Detail", "Plan", "Tails", "equality_changes", "position_changes"]
 
-#: A tail of at most this many bytes on disk is rewritten by the next commit; a larger
+#: A tail of at most this many bytes on disk is extended by the next commit; a larger
 #: one is kept as it is (the cost of a commit stays bounded by it).
 TAIL_BYTES: Final = 8 * 2**20
+#: A target file size no tail reaches: its copy is one file.
+_ONE_FILE: Final = 2**62
+_NONE: Final = np.zeros(0, dtype=np.int64)
 
 #: A partition of the table: its spec id and partition values.
 Part = tuple[int, Record]
@@ -112,10 +126,9 @@ def position_changes(
 ) -> AttemptChanges:
     """The attempt's changes with ``index`` synced to ``table`` (module doc)."""
     located = index.locate(plan.values)
-    rewriting = _tails_to_rewrite(plan, index, tails)
     written: list[DataFile] = []
     try:
-        return _position_changes(table, plan, attempt, index, located, rewriting, written)
+        return _position_changes(table, plan, attempt, index, located, tails, written)
     except BaseException:
         remove_files(table, written)
         raise
@@ -127,18 +140,33 @@ def _position_changes(
     attempt: int,
     index: KeyIndex,
     located: Located,
-    rewriting: Mapping[Part, str],
+    tails: Mapping[Part, str],
     written: list[DataFile],
 ) -> AttemptChanges:
+    parts = _by_part(plan.written)
+    candidates = {part: tails[part] for part in parts if part in tails}
+    scoped = _scoped(table, index, [*located.positions, *candidates.values()])
+    extending = {
+        part: path for part, path in candidates.items() if _extendable(index, path, scoped)
+    }
+    # Rows each data file loses: the new positions, with those of the delete files that
+    # name it alone (replaced by one merged file); a tail's go to its copy, at the same
+    # positions.
+    touched = {*located.positions, *extending.values()}
+    dead = {
+        path: np.union1d(scoped[path][0], located.positions.get(path, _NONE)) for path in touched
+    }
+    files = {path: located.files.get(path) or index.data_file(path) for path in touched}
+    removed = [d.file for path in touched for d in scoped[path][1]]
+    dropped = [d.path for path in touched for d in scoped[path][1]]
     added: list[DataFile] = []
-    removed: list[DataFile] = []
     new_files: list[NewFile] = []
-    dropped: list[str] = []
+    extended: dict[str, NewFile] = {}
     next_tails: Tails = {}
     used: set[str] = set()
-    for part, encoded in _by_part(plan.written).items():
-        tail = rewriting.get(part)
-        if tail is None:
+    for part, encoded in parts.items():
+        path = extending.get(part)
+        if path is None:
             for e in encoded:
                 added.append(e.file)
                 used.add(e.file.file_path)
@@ -146,50 +174,61 @@ def _position_changes(
                 new_files.append(NewFile(e.file, plan.spec_id, keys))
             next_tails[part] = encoded[-1].file
             continue
-        files, keys = _rewrite_tail(table, plan, attempt, index, located, tail, encoded)
-        written.extend(e.file for e in files)
-        for e in files:
-            added.append(e.file)
-            new_files.append(NewFile(e.file, plan.spec_id, [keys[i] for i in e.rows.to_pylist()]))
-        next_tails[part] = files[-1].file
-        tail_file = index.data_file(tail)
-        assert tail_file is not None  # checked by _tails_to_rewrite
-        removed.append(tail_file.file)
-        for delete in index.scoped_deletes(tail):
-            removed.append(delete.file)
-            dropped.append(delete.path)
-    rewritten = set(rewriting.values())
-    merged: dict[str, np.ndarray] = {}
-    for path, positions in located.positions.items():
-        if path in rewritten:
-            continue  # its rows are gone with the old tail
-        merged[path] = positions
-        for delete in index.scoped_deletes(path):
-            named = read_positions(table.io, delete.file, [path]).get(path)
-            if named is not None:
-                merged[path] = np.union1d(merged[path], named)
-            removed.append(delete.file)
-            dropped.append(delete.path)
+        old = files.pop(path)
+        assert old is not None  # live: chosen by _extendable
+        copy, keys = _extend_tail(table, plan, attempt, old, encoded)
+        written.append(copy.file)
+        added.append(copy.file)
+        removed.append(old.file)
+        extended[path] = NewFile(copy.file, old.spec_id, keys)
+        next_tails[part] = copy.file
+        dead[copy.file.file_path] = dead.pop(path)
+        files[copy.file.file_path] = LiveData(copy.file, 0, old.spec_id)
     deletes = encode_position_deletes(
         table,
-        Located(merged, {path: located.files[path] for path in merged}),
+        Located(
+            {p: v for p, v in dead.items() if len(v)},
+            {p: f for p, f in files.items() if f is not None},
+        ),
         file_prefix=f"{plan.prefix}{POSITION_DELETE_MARK}{attempt}",
         compression=plan.settings.compression,
     )
     written.extend(deletes.values())
     added.extend(deletes.values())
-    kept = {p: v for p, v in located.positions.items() if p not in rewritten}
-    change = Change(
-        located=Located(kept, {p: located.files[p] for p in kept}),
-        added=new_files,
-        removed=sorted(rewritten),
-        deletes=deletes,
-        dropped_deletes=dropped,
-    )
+    change = Change(located, new_files, extended, (), deletes, dropped)
     tails_after = {part: f for part, f in next_tails.items() if f.file_size_in_bytes < TAIL_BYTES}
     return AttemptChanges(
         added, removed, list(written), Detail(change, tails_after, frozenset(used))
     )
+
+
+def _scoped(
+    table: Table, index: KeyIndex, paths: Sequence[str]
+) -> dict[str, tuple[np.ndarray, list[LiveDelete]]]:
+    """For each data file: the positions its file-scoped delete files delete, and them."""
+    out: dict[str, tuple[np.ndarray, list[LiveDelete]]] = {}
+    for path in paths:
+        deletes = index.scoped_deletes(path)
+        positions = _NONE
+        for delete in deletes:
+            named = read_positions(table.io, delete.file, [path]).get(path)
+            if named is not None:
+                positions = np.union1d(positions, named)
+        out[path] = (positions, deletes)
+    return out
+
+
+def _extendable(
+    index: KeyIndex, path: str, scoped: Mapping[str, tuple[np.ndarray, list[LiveDelete]]]
+) -> bool:
+    """Whether the tail at ``path`` is live and every dead row of it is named by its
+    file-scoped deletes (carried to its copy). A row dead by another writer's delete that
+    names several files, or by an equality delete, would come back in the copy (its newer
+    sequence number): such a tail is kept as it is."""
+    data = index.data_file(path)
+    if data is None or data.file.file_size_in_bytes >= TAIL_BYTES:
+        return False
+    return index.live_count(path) + len(scoped[path][0]) == data.file.record_count
 
 
 def _by_part(written: Sequence[EncodedFile]) -> dict[Part, list[EncodedFile]]:
@@ -199,51 +238,32 @@ def _by_part(written: Sequence[EncodedFile]) -> dict[Part, list[EncodedFile]]:
     return parts
 
 
-def _tails_to_rewrite(plan: Plan, index: KeyIndex, tails: Mapping[Part, str]) -> dict[Part, str]:
-    """The tails this attempt rewrites: the writer's, live at its base, still small, of
-    a partition the commit adds rows to."""
-    wanted: dict[Part, str] = {}
-    for part in _by_part(plan.written):
-        path = tails.get(part)
-        data = index.data_file(path) if path is not None else None
-        if data is not None and data.file.file_size_in_bytes < TAIL_BYTES:
-            wanted[part] = path  # type: ignore[assignment]
-    return wanted
-
-
-def _rewrite_tail(
-    table: Table,
-    plan: Plan,
-    attempt: int,
-    index: KeyIndex,
-    located: Located,
-    tail: str,
-    encoded: Sequence[EncodedFile],
-) -> tuple[list[EncodedFile], list[KeyValue]]:
-    """The tail's live rows, minus those of the keys this commit changes, then the
-    commit's new rows of its partition, written as new files; and their keys in order."""
-    positions, keys = index.live_rows(tail)
-    gone = located.positions.get(tail)
-    keep = np.ones(len(positions), dtype=bool)
-    if gone is not None and len(gone):
-        keep = ~np.isin(positions, gone)
+def _extend_tail(
+    table: Table, plan: Plan, attempt: int, tail: LiveData, encoded: Sequence[EncodedFile]
+) -> tuple[EncodedFile, list[KeyValue]]:
+    """A copy of ``tail`` with the commit's new rows of its partition after its own (one
+    file: its rows keep their positions), and the keys of the rows it adds."""
     schema = plan.upserts.schema
-    with table.io.new_input(tail).open() as stream:
+    with table.io.new_input(tail.file.file_path).open() as stream:
         old = pq.read_table(stream)
     old = pa.Table.from_batches(
         [conform(b, schema, match_field_ids=True, drop_extra=True) for b in old.to_batches()],
         schema=schema,
-    ).take(pa.array(positions[keep]))
+    )
+    if old.num_rows != tail.file.record_count:
+        raise IndexUnavailableError(
+            f"{tail.file.file_path} holds {old.num_rows} rows, its manifest entry counts "
+            f"{tail.file.record_count}"
+        )
     new_rows = np.concatenate([e.rows.to_numpy(zero_copy_only=False) for e in encoded])
-    fresh = plan.upserts.take(pa.array(new_rows))
     settings = plan.settings
-    files = encode_data_files_with_rows(
+    (copy,) = encode_data_files_with_rows(
         table,
-        pa.concat_tables([old, fresh]).to_batches(),
-        target_file_size=settings.target_file_size,
+        pa.concat_tables([old, plan.upserts.take(pa.array(new_rows))]).to_batches(),
+        # One file whatever its size: its first rows must keep their positions.
+        target_file_size=_ONE_FILE,
         row_group_records=settings.row_group_records,
         compression=settings.compression,
         file_prefix=f"{plan.prefix}{TAIL_FILE_MARK}{attempt}",
     )
-    kept_keys = [k for k, on in zip(keys, keep.tolist(), strict=True) if on]
-    return files, [*kept_keys, *(plan.upsert_values[i] for i in new_rows.tolist())]
+    return copy, [plan.upsert_values[i] for i in new_rows.tolist()]
