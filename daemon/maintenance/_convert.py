@@ -37,6 +37,7 @@ from icespool.cdc import LiveData, LiveDelete, Located, key_array, live_files, r
 from icespool.iceberg import (
     CommitResult,
     ReplaceConflictError,
+    ReplaceExtra,
     commit_replace,
     encode_position_deletes,
 )
@@ -131,7 +132,7 @@ def commit_conversion(
     of the equality deletes or a data file named since the conversion was planned."""
     named = set(conversion.located.positions)
 
-    def still_named(refreshed: Table) -> list[DataFile]:
+    def still_named(refreshed: Table) -> ReplaceExtra:
         snapshot = refreshed.metadata.current_snapshot()
         live = (
             live_files(refreshed.io, refreshed.metadata, snapshot) if snapshot is not None else None
@@ -142,7 +143,7 @@ def commit_conversion(
                 f"table {'.'.join(refreshed.name())}: {len(gone)} data file(s) an equality "
                 f"delete applied to were rewritten or removed since: {gone[:3]}"
             )
-        return []
+        return ReplaceExtra()
 
     return commit_replace(
         table,

@@ -36,6 +36,7 @@ from icespool.maintenance._expire import (
     delete_files,
     find_garbage,
 )
+from icespool.maintenance._lineage import Rewritten
 from icespool.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
 from icespool.maintenance._settings import created_table_properties
 from icespool.spool import new_uuid7
@@ -155,7 +156,7 @@ class _Outputs:
         self._files: list[DataFile] = []
         self._state = "writing"  # then "written", "committing" or "abandoned"
 
-    def written(self, io: FileIO, files: list[DataFile]) -> list[DataFile]:
+    def written(self, io: FileIO, files: Rewritten) -> Rewritten:
         """In the rewrite's thread, when it is done."""
         with self._lock:
             if self._state == "abandoned":
@@ -207,7 +208,7 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
     state.compacting = plan.file_ids
     outputs = _Outputs()
 
-    def write() -> list[DataFile]:
+    def write() -> Rewritten:
         return outputs.written(
             table.io,
             _compact.rewrite(
@@ -221,9 +222,11 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
             ),
         )
 
-    def commit(new_files: list[DataFile]) -> _compact.CompactionResult:
+    def commit(new_files: Rewritten) -> _compact.CompactionResult:
         outputs.committing()
-        return _compact.commit_rewrite(table, plan, new_files, requirements=ctx.requirements)
+        return _compact.commit_rewrite(
+            table, plan, new_files, requirements=ctx.requirements, compression=writer.compression
+        )
 
     try:
         new_files = await ctx.off_lane(write)

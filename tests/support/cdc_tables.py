@@ -51,6 +51,7 @@ from support.maintenance_helpers import ENCODE
 
 __all__ = [
     "commit_changes",
+    "commit_position_delete_across",
     "commit_position_deletes",
     "delete_files",
     "merged_rows",
@@ -181,6 +182,31 @@ def write_position_delete(table: Table, data_file: DataFile, positions: Iterable
         name=f"{new_uuid7()}{DELETE_FILE_MARK}-00000-00000.parquet",
         equality_ids=None,
     )
+
+
+def commit_position_delete_across(table: Table, deletes: Mapping[str, Iterable[int]]) -> int:
+    """Commit ONE position-delete file naming rows of several data files (in one
+    partition), as an engine writing partition-scoped deletes does."""
+    table.refresh()
+    live = live_files(table.io, table.metadata, table.metadata.current_snapshot())  # type: ignore[arg-type]
+    arrow = arrow_schema_for(_POSITION_SCHEMA)
+    pairs = sorted((path, pos) for path, positions in deletes.items() for pos in positions)
+    rows = pa.Table.from_arrays(
+        [pa.array([p for p, _ in pairs], pa.string()), pa.array([q for _, q in pairs], pa.int64())],
+        schema=arrow,
+    )
+    first = live.data[pairs[0][0]].file
+    written = _write_delete_file(
+        table,
+        rows,
+        _POSITION_SCHEMA,
+        content=DataFileContent.POSITION_DELETES,
+        partition=first.partition,
+        partition_key=None,
+        name=f"{new_uuid7()}{DELETE_FILE_MARK}-00000-00000.parquet",
+        equality_ids=None,
+    )
+    return _commit(table, [written], new_uuid7())
 
 
 def commit_position_deletes(table: Table, deletes: Mapping[str, Iterable[int]]) -> int:

@@ -39,6 +39,7 @@ from icespool.iceberg._commit._marks import ClaimsMovedError
 from icespool.iceberg._commit._replace import (
     CommitOutcomeUnknownError,
     ReplaceConflictError,
+    ReplaceExtra,
     commit_replace,
 )
 from icespool.iceberg._commit._requirements import (
@@ -61,6 +62,7 @@ __all__ = [
     "ExpiredSnapshots",
     "PropertyUpdate",
     "ReplaceConflictError",
+    "ReplaceExtra",
     "StaleEncodingError",
     "UpsertResult",
     "commit_evolution",
