@@ -3,11 +3,12 @@ on (blocking; run in the flush's thread, inside the commit engine's attempt).
 
 With the key index (`position_changes`):
 
-- The older rows of the keys the commit changes are deleted by position. Every data
-  file they are in gets ONE delete file naming every deleted row of it: the new
-  positions merged with those of the delete files that named that file alone, which the
-  snapshot removes. A reader applies one delete file per data file, and a file with one
-  delete file shares a read task with others.
+- The older rows of the keys the commit changes are deleted by position, in delete
+  files that each name one data file: a new one per commit while a file has fewer than
+  ``DELTAS``, then all of them merged into one (the snapshot removes the others). A
+  reader applies at most ``DELTAS`` delete files to a data file (Spark packs a file
+  with few delete files into a read task with others), and a commit rewrites a file's
+  deleted positions only every ``DELTAS`` commits touching it.
 - The commit's new rows of a partition go at the end of the writer's last small data
   file there (its "tail", under ``TAIL_BYTES``): a copy of it with the new rows after
   its own, in its place, so its rows keep their positions (its delete file, merged as
@@ -60,11 +61,21 @@ from icespool.iceberg import (
 )
 from icespool.schema import conform
 
-__all__ = ["TAIL_BYTES", "Detail", "Plan", "Tails", "equality_changes", "position_changes"]
+__all__ = [
+    "DELTAS",
+    "TAIL_BYTES",
+    "Detail",
+    "Plan",
+    "Tails",
+    "equality_changes",
+    "position_changes",
+]
 
 #: A tail of at most this many bytes on disk is extended by the next commit; a larger
 #: one is kept as it is (the cost of a commit stays bounded by it).
-TAIL_BYTES: Final = 8 * 2**20
+TAIL_BYTES: Final = 4 * 2**20
+#: Delete files a data file may have naming it alone before a commit merges them.
+DELTAS: Final = 4
 #: A target file size no tail reaches: its copy is one file.
 _ONE_FILE: Final = 2**62
 _NONE: Final = np.zeros(0, dtype=np.int64)
@@ -96,11 +107,13 @@ class Plan:
 @dataclass(frozen=True)
 class Detail:
     """A position attempt's record (`AttemptChanges.detail`): what the key index takes
-    once it landed, the writer's tails after it, and which encoded files it commits."""
+    once it landed, the writer's tails after it, which encoded files it commits, and
+    the positions each delete file it writes deletes (by the delete file's path)."""
 
     change: Change
     tails: Tails
     used: frozenset[str]
+    positions: Mapping[str, np.ndarray]
 
 
 def equality_changes(table: Table, plan: Plan, attempt: int) -> AttemptChanges:
@@ -122,13 +135,19 @@ def equality_changes(table: Table, plan: Plan, attempt: int) -> AttemptChanges:
 
 
 def position_changes(
-    table: Table, plan: Plan, attempt: int, index: KeyIndex, tails: Mapping[Part, str]
+    table: Table,
+    plan: Plan,
+    attempt: int,
+    index: KeyIndex,
+    tails: Mapping[Part, str],
+    known: Mapping[str, np.ndarray],
 ) -> AttemptChanges:
-    """The attempt's changes with ``index`` synced to ``table`` (module doc)."""
+    """The attempt's changes with ``index`` synced to ``table`` (module doc). ``known``:
+    the positions of delete files the writer wrote itself (not read again)."""
     located = index.locate(plan.values)
     written: list[DataFile] = []
     try:
-        return _position_changes(table, plan, attempt, index, located, tails, written)
+        return _position_changes(table, plan, attempt, index, located, tails, known, written)
     except BaseException:
         remove_files(table, written)
         raise
@@ -141,24 +160,31 @@ def _position_changes(
     index: KeyIndex,
     located: Located,
     tails: Mapping[Part, str],
+    known: Mapping[str, np.ndarray],
     written: list[DataFile],
 ) -> AttemptChanges:
     parts = _by_part(plan.written)
     candidates = {part: tails[part] for part in parts if part in tails}
-    scoped = _scoped(table, index, [*located.positions, *candidates.values()])
+    scoped = _scoped(table, index, [*located.positions, *candidates.values()], known)
     extending = {
         part: path for part, path in candidates.items() if _extendable(index, path, scoped)
     }
-    # Rows each data file loses: the new positions, with those of the delete files that
-    # name it alone (replaced by one merged file); a tail's go to its copy, at the same
-    # positions.
+    # Rows each data file loses. A file with fewer than DELTAS delete files naming it
+    # alone gets one more with the new positions; at DELTAS they are merged into one
+    # (all of them replaced), and a tail's always are, moved to its copy at the same
+    # positions: a reader applies at most DELTAS delete files to a file, and a commit
+    # rewrites a file's deleted positions only every DELTAS commits touching it.
     touched = {*located.positions, *extending.values()}
+    merging = {p for p in touched if p in extending.values() or len(scoped[p][1]) >= DELTAS}
     dead = {
-        path: np.union1d(scoped[path][0], located.positions.get(path, _NONE)) for path in touched
+        path: _union(scoped[path][0], located.positions.get(path, _NONE))
+        if path in merging
+        else located.positions[path]
+        for path in touched
     }
     files = {path: located.files.get(path) or index.data_file(path) for path in touched}
-    removed = [d.file for path in touched for d in scoped[path][1]]
-    dropped = [d.path for path in touched for d in scoped[path][1]]
+    removed = [d.file for path in merging for d in scoped[path][1]]
+    dropped = [d.path for path in merging for d in scoped[path][1]]
     added: list[DataFile] = []
     new_files: list[NewFile] = []
     extended: dict[str, NewFile] = {}
@@ -197,25 +223,46 @@ def _position_changes(
     added.extend(deletes.values())
     change = Change(located, new_files, extended, (), deletes, dropped)
     tails_after = {part: f for part, f in next_tails.items() if f.file_size_in_bytes < TAIL_BYTES}
-    return AttemptChanges(
-        added, removed, list(written), Detail(change, tails_after, frozenset(used))
-    )
+    positions = {deletes[path].file_path: dead[path] for path in deletes}
+    detail = Detail(change, tails_after, frozenset(used), positions)
+    return AttemptChanges(added, removed, list(written), detail)
 
 
 def _scoped(
-    table: Table, index: KeyIndex, paths: Sequence[str]
+    table: Table, index: KeyIndex, paths: Sequence[str], known: Mapping[str, np.ndarray]
 ) -> dict[str, tuple[np.ndarray, list[LiveDelete]]]:
     """For each data file: the positions its file-scoped delete files delete, and them."""
     out: dict[str, tuple[np.ndarray, list[LiveDelete]]] = {}
     for path in paths:
         deletes = index.scoped_deletes(path)
-        positions = _NONE
-        for delete in deletes:
-            named = read_positions(table.io, delete.file, [path]).get(path)
-            if named is not None:
-                positions = np.union1d(positions, named)
-        out[path] = (positions, deletes)
+        named = [
+            known[d.path]
+            if d.path in known
+            else read_positions(table.io, d.file, [path]).get(path, _NONE)
+            for d in deletes
+        ]
+        out[path] = (_union(*named), deletes)
     return out
+
+
+def _union(*positions: np.ndarray) -> np.ndarray:
+    """The sorted union of position arrays (a mask over their range: linear, where a
+    hashed set union of hundreds of thousands of positions took a tenth of a second)."""
+    present = [p for p in positions if len(p)]
+    if not present:
+        return _NONE
+    if len(present) == 1:
+        return np.unique(present[0]) if not _sorted_unique(present[0]) else present[0]
+    mask = np.zeros(
+        max(int(p[-1]) if _sorted_unique(p) else int(p.max()) for p in present) + 1, dtype=bool
+    )
+    for p in present:
+        mask[p] = True
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+def _sorted_unique(positions: np.ndarray) -> bool:
+    return bool(len(positions) < 2 or np.all(positions[1:] > positions[:-1]))
 
 
 def _extendable(

@@ -24,6 +24,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.table import Table
 
@@ -80,6 +81,9 @@ class UpsertRows:
         )
         # The last small data file this writer committed per partition (its tail).
         self._tails: Tails = {}
+        # What the live delete files this writer wrote delete (delete path -> positions):
+        # the next commit merging them into new ones need not read them back.
+        self._positions: dict[str, np.ndarray] = {}
 
     def start(self, table: Table) -> None:
         """Open the key index and bring it up to date in its own thread, so it is ready
@@ -154,7 +158,7 @@ class UpsertRows:
         with self._index.synced(table, plan.settings.key_index_memory) as index:
             if index is not None:
                 try:
-                    return position_changes(table, plan, attempt, index, tails)
+                    return position_changes(table, plan, attempt, index, tails, self._positions)
                 except (IndexUnavailableError, sqlite3.Error) as exc:
                     self._index.fail(f"{type(exc).__name__}: {exc}")
         return equality_changes(table, plan, attempt)
@@ -180,6 +184,9 @@ class UpsertRows:
                 self._on_equality_deletes()
             return
         self._tails.update(detail.tails)
+        for path in detail.change.dropped_deletes:
+            self._positions.pop(path, None)
+        self._positions.update(detail.positions)
         snapshot = table.metadata.snapshot_by_id(result.commit.snapshot_id)
         if snapshot is None:  # pragma: no cover - the commit just landed
             return
