@@ -119,7 +119,8 @@ class Change:
     """What one of this writer's commits changed (`KeyIndex.committed`): the rows it
     deleted (``located``, where they were), the data files it added (with their keys),
     the data files it replaced by a copy with more rows after theirs (``extended``: old
-    path -> the new file, with the keys of the rows it adds), the data files it removed,
+    path -> the new file, with the keys of the rows it adds) or by one with only their
+    live rows, in order, then more (``compacted``: the same), the data files it removed,
     the file-scoped delete files it added (by the data file each names) and the delete
     files it removed."""
 
@@ -129,6 +130,7 @@ class Change:
     removed: Sequence[str] = ()
     deletes: Mapping[str, DataFile] = field(default_factory=dict)
     dropped_deletes: Sequence[str] = ()
+    compacted: Mapping[str, NewFile] = field(default_factory=dict)
 
 
 class _View:
@@ -394,6 +396,8 @@ class KeyIndex:
                 )
             for old, new in change.extended.items():
                 self._extend(old, new, sequence_number)
+            for old, new in change.compacted.items():
+                self._compact(old, new, sequence_number, scopes[new.spec_id])
             for path in change.removed:
                 self._drop_file(path)
             for path in change.dropped_deletes:
@@ -427,6 +431,28 @@ class KeyIndex:
         view.drop_data(old)
         view.data[path] = LiveData(new.file, sequence_number, new.spec_id)
         self._insert(file_id, new.keys, start=previous.file.record_count)
+
+    def _compact(self, old: str, new: NewFile, sequence_number: int, unpartitioned: bool) -> None:
+        """``old`` replaced by ``new``: its live rows in their order, then more. Its
+        entries move to the new file renumbered (O(its live rows), in SQLite)."""
+        file_id = self._ids_of([old]).get(old)
+        if file_id is None or self._view is None or old not in self._view.data:
+            raise IndexUnavailableError(f"key index has no live file {old} to compact")
+        new_id = self._register(
+            new.file.file_path, LiveData(new.file, sequence_number, new.spec_id), unpartitioned
+        )
+        kept = self._db.execute(
+            "INSERT INTO rows(file, pos, key) SELECT ?, ROW_NUMBER() OVER (ORDER BY pos) - 1, "
+            "key FROM rows WHERE file = ?",
+            (new_id, file_id),
+        ).rowcount
+        if kept + len(new.keys) != new.file.record_count:
+            raise IndexUnavailableError(
+                f"{new.file.file_path} holds {new.file.record_count} rows, the key index "
+                f"has {kept} live rows of {old} and {len(new.keys)} new ones"
+            )
+        self._drop_file(old)
+        self._insert(new_id, new.keys, start=kept)
 
     def _add_file(self, io: FileIO, path: str, data: LiveData, unpartitioned: bool) -> None:
         file_id = self._register(path, data, unpartitioned)

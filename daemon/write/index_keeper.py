@@ -108,7 +108,7 @@ class IndexKeeper:
             return
         try:
             yield index
-        except (sqlite3.Error, OSError) as exc:
+        except (IndexUnavailableError, sqlite3.Error, OSError) as exc:
             self.fail(f"{type(exc).__name__}: {exc}", delay=_REBUILD_DELAY)
         finally:
             index.lock.release()

@@ -14,6 +14,8 @@ With the key index (`position_changes`):
   its own, in its place, so its rows keep their positions (its delete file, merged as
   above, moves to the copy, and the key index takes it by renaming the file). A table
   fed every second keeps one small file per partition and writer, not one per commit.
+  A tail more than half dead is copied with its live rows only (the key index renumbers
+  them): a tail never holds more dead rows than live ones.
   A tail that grows past ``TAIL_BYTES`` is kept as it is and the next commit starts a
   new one; maintenance compacts the kept ones, dropping their deleted rows.
 
@@ -188,6 +190,7 @@ def _position_changes(
     added: list[DataFile] = []
     new_files: list[NewFile] = []
     extended: dict[str, NewFile] = {}
+    compacted: dict[str, NewFile] = {}
     next_tails: Tails = {}
     used: set[str] = set()
     for part, encoded in parts.items():
@@ -202,14 +205,22 @@ def _position_changes(
             continue
         old = files.pop(path)
         assert old is not None  # live: chosen by _extendable
-        copy, keys = _extend_tail(table, plan, attempt, old, encoded)
+        gone = dead.pop(path)
+        # Mostly dead: its live rows only (renumbered in the index), else all of them.
+        keep = (
+            _complement(gone, old.file.record_count)
+            if 2 * len(gone) > old.file.record_count
+            else None
+        )
+        copy, keys = _extend_tail(table, plan, attempt, old, encoded, keep)
         written.append(copy.file)
         added.append(copy.file)
         removed.append(old.file)
-        extended[path] = NewFile(copy.file, old.spec_id, keys)
+        (extended if keep is None else compacted)[path] = NewFile(copy.file, old.spec_id, keys)
         next_tails[part] = copy.file
-        dead[copy.file.file_path] = dead.pop(path)
-        files[copy.file.file_path] = LiveData(copy.file, 0, old.spec_id)
+        if keep is None:
+            dead[copy.file.file_path] = gone
+            files[copy.file.file_path] = LiveData(copy.file, 0, old.spec_id)
     deletes = encode_position_deletes(
         table,
         Located(
@@ -221,7 +232,7 @@ def _position_changes(
     )
     written.extend(deletes.values())
     added.extend(deletes.values())
-    change = Change(located, new_files, extended, (), deletes, dropped)
+    change = Change(located, new_files, extended, (), deletes, dropped, compacted)
     tails_after = {part: f for part, f in next_tails.items() if f.file_size_in_bytes < TAIL_BYTES}
     positions = {deletes[path].file_path: dead[path] for path in deletes}
     detail = Detail(change, tails_after, frozenset(used), positions)
@@ -261,6 +272,13 @@ def _union(*positions: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask).astype(np.int64)
 
 
+def _complement(positions: np.ndarray, count: int) -> np.ndarray:
+    """The positions below ``count`` not in ``positions``, sorted."""
+    mask = np.ones(count, dtype=bool)
+    mask[positions] = False
+    return np.flatnonzero(mask).astype(np.int64)
+
+
 def _sorted_unique(positions: np.ndarray) -> bool:
     return bool(len(positions) < 2 or np.all(positions[1:] > positions[:-1]))
 
@@ -286,10 +304,16 @@ def _by_part(written: Sequence[EncodedFile]) -> dict[Part, list[EncodedFile]]:
 
 
 def _extend_tail(
-    table: Table, plan: Plan, attempt: int, tail: LiveData, encoded: Sequence[EncodedFile]
+    table: Table,
+    plan: Plan,
+    attempt: int,
+    tail: LiveData,
+    encoded: Sequence[EncodedFile],
+    keep: np.ndarray | None,
 ) -> tuple[EncodedFile, list[KeyValue]]:
-    """A copy of ``tail`` with the commit's new rows of its partition after its own (one
-    file: its rows keep their positions), and the keys of the rows it adds."""
+    """A copy of ``tail`` (of its rows at ``keep`` only, in order, when given) with the
+    commit's new rows of its partition after them (one file: all of its rows keep their
+    positions), and the keys of the rows it adds."""
     schema = plan.upserts.schema
     with table.io.new_input(tail.file.file_path).open() as stream:
         old = pq.read_table(stream)
@@ -302,6 +326,8 @@ def _extend_tail(
             f"{tail.file.file_path} holds {old.num_rows} rows, its manifest entry counts "
             f"{tail.file.record_count}"
         )
+    if keep is not None:
+        old = old.take(pa.array(keep))
     new_rows = np.concatenate([e.rows.to_numpy(zero_copy_only=False) for e in encoded])
     settings = plan.settings
     (copy,) = encode_data_files_with_rows(

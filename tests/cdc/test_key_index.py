@@ -13,19 +13,22 @@ from __future__ import annotations
 import datetime as dt
 import random
 import uuid
-from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
-from support.cdc_tables import commit_changes, commit_position_deletes, merged_rows
+from support.cdc_tables import (
+    assert_index_exact,
+    commit_changes,
+    commit_position_deletes,
+    merged_rows,
+)
 from support.maintenance_helpers import INCARNATION, local_path, sql_catalog
 
 from icespool.cdc import IndexUnavailableError, KeyIndex, key_values, read_merged
@@ -87,23 +90,6 @@ def _keys(keys: list[tuple[str, int]]) -> pa.Table:
     return pa.table({"region": [r for r, _ in keys], "id": [i for _, i in keys]})
 
 
-def _assert_exact(index: KeyIndex, table: Table, key: tuple[str, ...] = KEY) -> None:
-    """The index holds one row per live row of the table, and each row it names holds
-    the key it is found under."""
-    table.refresh()
-    index.sync(table)
-    expected = merged_rows(table, key)
-    wanted = [tuple(k) for k in expected]
-    located = index.locate(key_values([pa.array([k[i] for k in wanted]) for i in range(len(key))]))
-    assert located.rows == len(expected) == index.rows()
-    seen: Counter[tuple[Any, ...]] = Counter()
-    for path, positions in located.positions.items():
-        read = pq.read_table(local_path(path)).take(pa.array(positions))
-        for row in read.to_pylist():
-            seen[tuple(row[c] for c in key)] += 1
-    assert seen == Counter(wanted)
-
-
 def test_follows_upserts_position_deletes_and_rewrites(catalog: Catalog, tmp_path: Path) -> None:
     table = _table(catalog)
     index = _index(tmp_path, table)
@@ -138,20 +124,20 @@ def test_follows_upserts_position_deletes_and_rewrites(catalog: Catalog, tmp_pat
                 incarnation=INCARNATION,
             )
             commit_rewrite(table, plan, new)
-        _assert_exact(index, table)
+        assert_index_exact(index, table, KEY)
 
 
 def test_a_restarted_index_catches_up_from_its_file(catalog: Catalog, tmp_path: Path) -> None:
     table = _table(catalog, ["bucket(4, id)"])
     index = _index(tmp_path, table)
     commit_changes(table, _rows([("eu", i) for i in range(50)], "a"), None, KEY)
-    _assert_exact(index, table)
+    assert_index_exact(index, table, KEY)
     at = index.snapshot_id
     index.close()
     commit_changes(table, _rows([("eu", i) for i in range(0, 50, 2)], "b"), _keys([("eu", 1)]), KEY)
     reopened = _index(tmp_path, table)
     assert reopened.snapshot_id == at  # kept on disk: only the new snapshot is read
-    _assert_exact(reopened, table)
+    assert_index_exact(reopened, table, KEY)
 
 
 def test_a_rollback_or_another_table_rebuilds(catalog: Catalog, tmp_path: Path) -> None:
@@ -159,14 +145,14 @@ def test_a_rollback_or_another_table_rebuilds(catalog: Catalog, tmp_path: Path) 
     index = _index(tmp_path, table)
     first = commit_changes(table, _rows([("eu", i) for i in range(20)], "a"), None, KEY)
     commit_changes(table, _rows([("us", i) for i in range(20)], "b"), None, KEY)
-    _assert_exact(index, table)
+    assert_index_exact(index, table, KEY)
     table.refresh()
     table.manage_snapshots().rollback_to_snapshot(first).commit()
-    _assert_exact(index, table)  # the index's snapshot is no ancestor: rebuilt
+    assert_index_exact(index, table, KEY)  # the index's snapshot is no ancestor: rebuilt
     catalog.drop_table("k.users")
     other = _table(catalog)
     commit_changes(other, _rows([("ap", 1)], "c"), None, KEY)
-    _assert_exact(index, other)  # another table under the same name
+    assert_index_exact(index, other, KEY)  # another table under the same name
 
 
 def test_duplicate_keys_written_by_another_engine_are_all_named(
@@ -202,7 +188,7 @@ def test_an_unreadable_data_file_makes_the_index_unavailable(
     # Nothing half-applied: the index is still at the snapshot it had.
     assert (index.snapshot_id, index.rows()) == (before, 1)
     newest.write_bytes(good)
-    _assert_exact(index, table)
+    assert_index_exact(index, table, KEY)
 
 
 _SAMPLES: dict[str, list[Any]] = {
@@ -233,7 +219,7 @@ def test_every_key_type_is_found_again(catalog: Catalog, tmp_path: Path, kind: s
     commit_changes(table, arrow, None, ("k",))
     commit_changes(table, arrow.slice(0, 10), arrow.slice(30).select(["k"]), ("k",))
     index = _index(tmp_path, table, ("k",), name="typed")
-    _assert_exact(index, table, ("k",))
+    assert_index_exact(index, table, ("k",))
 
 
 @pytest.mark.parametrize("partition_by", [[], ["bucket(3, id)", "region"]])
@@ -266,7 +252,7 @@ def test_position_deletes_of_located_rows_delete_exactly_them(
     expected = {(r, i) for r, i in every if (r, i) not in set(gone)}
     assert set(merged_rows(table, KEY)) == expected
     assert {(r["region"], r["id"]) for r in read_merged(table).to_pylist()} == expected
-    _assert_exact(index, table)
+    assert_index_exact(index, table, KEY)
 
 
 @given(

@@ -16,13 +16,15 @@ import pytest
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
-from support.cdc_tables import delete_files
+from support.cdc_tables import assert_index_exact, delete_files
 from support.service_helpers import key_index_ready, metric
 
-from icespool.cdc import live_files, read_merged
+from icespool.cdc import KeyIndex, live_files, read_merged
 from icespool.errors import BadInputError, SchemaError
 from icespool.iceberg import SEGMENTS_SUMMARY_KEY, load_catalog
 from icespool.maintenance import daemon_file_id, is_daemon_file
+from icespool.spool import table_file_stem
+from icespool.write import KEY_INDEX_DIR
 
 TABLE = "cdc.users"
 SCHEMA = [
@@ -125,9 +127,22 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
             per_file = Counter(next(iter(d.paths)) for d in live.deletes)
             assert set(per_file) <= set(live.data) and set(per_file.values()) <= {1}
             assert merged(iceberg) == expected, f"after flush {flush_no}"
+            # A tail more than half dead is copied with its live rows only (every flush
+            # here changes about as many keys as the table holds).
+            assert sum(d.file.record_count for d in live.data.values()) <= 2 * len(expected)
         manifests = iceberg.current_snapshot().manifests(iceberg.io)
         assert len(manifests) < 5, "a manifest more per commit"
     assert len(expected) > 100
+    # The daemon's own key index took every commit without reading it back: at the last
+    # snapshot, naming exactly the live row of each key.
+    iceberg = load_catalog(config.catalog.name, config.catalog.properties()).load_table(TABLE)
+    index_file = config.spool.dir / KEY_INDEX_DIR / f"{table_file_stem(TABLE)}.sqlite3"
+    index = KeyIndex(index_file, [1, 2], cache_bytes=1 << 20)
+    try:
+        assert index.snapshot_id == iceberg.metadata.current_snapshot_id
+        assert_index_exact(index, iceberg, ("id", "region"))
+    finally:
+        index.close()
 
 
 async def test_a_delete_only_chunk_writes_only_delete_files(

@@ -15,7 +15,7 @@ apply). It refuses a key that is live twice.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,7 +37,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from icespool.cdc import live_files
+from icespool.cdc import KeyIndex, key_values, live_files
 from icespool.iceberg import (
     DELETE_FILE_MARK,
     commit_files,
@@ -47,9 +47,10 @@ from icespool.iceberg import (
 )
 from icespool.schema import arrow_schema_for, conform
 from icespool.spool import new_uuid7
-from support.maintenance_helpers import ENCODE
+from support.maintenance_helpers import ENCODE, local_path
 
 __all__ = [
+    "assert_index_exact",
     "commit_changes",
     "commit_position_delete_across",
     "commit_position_deletes",
@@ -280,3 +281,20 @@ def merged_rows(table: Table, key: Sequence[str]) -> dict[tuple[Any, ...], dict[
                 raise AssertionError(f"key {k} is live twice: {state[k]} and {row}")
             state[k] = row
     return state
+
+
+def assert_index_exact(index: KeyIndex, table: Table, key: Sequence[str]) -> None:
+    """The index holds one row per live row of the table, and each row it names holds
+    the key it is found under."""
+    table.refresh()
+    index.sync(table)
+    expected = merged_rows(table, key)
+    wanted = [tuple(k) for k in expected]
+    located = index.locate(key_values([pa.array([k[i] for k in wanted]) for i in range(len(key))]))
+    assert located.rows == len(expected) == index.rows()
+    seen: Counter[tuple[Any, ...]] = Counter()
+    for path, positions in located.positions.items():
+        read = pq.read_table(local_path(path)).take(pa.array(positions))
+        for row in read.to_pylist():
+            seen[tuple(row[c] for c in key)] += 1
+    assert seen == Counter(wanted)
