@@ -60,6 +60,7 @@ class IndexKeeper:
         self._builder: threading.Thread | None = None
         self._retry_at = 0.0  # time.monotonic() before which a failed build waits
         self._closed = False
+        self._deferred: Callable[[KeyIndex], object] | None = None
         metrics.key_index_ready.labels(table=name).set(0)
 
     def open(self, table: Table) -> None:
@@ -93,25 +94,28 @@ class IndexKeeper:
             yield None  # not openable, or its own thread is building it
             return
         try:
+            self._apply_deferred(index)
             usable = self._sync(index, table, cache_bytes)
             yield index if usable else None
         finally:
             index.lock.release()
             self._build_soon()
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[KeyIndex | None]:
-        """The index as it is, held for this caller alone (None: not open or busy)."""
-        index = self._index
-        if index is None or not index.lock.acquire(blocking=False):
-            yield None
+    def defer(self, update: Callable[[KeyIndex], object]) -> None:
+        """Have ``update`` (what a landed commit changed) applied to the index before
+        its next use (`synced`) or when it closes: the commit is reported without
+        waiting for it, and an index that cannot take it (another snapshot) reads the
+        commit at its next sync instead."""
+        self._deferred = update
+
+    def _apply_deferred(self, index: KeyIndex) -> None:
+        update, self._deferred = self._deferred, None
+        if update is None:
             return
         try:
-            yield index
+            update(index)
         except (IndexUnavailableError, sqlite3.Error, OSError) as exc:
             self.fail(f"{type(exc).__name__}: {exc}", delay=_REBUILD_DELAY)
-        finally:
-            index.lock.release()
 
     def _sync(self, index: KeyIndex, table: Table, cache_bytes: int) -> bool:
         if not self._ready:
@@ -162,6 +166,7 @@ class IndexKeeper:
             if self._closed:
                 return
             try:
+                self._apply_deferred(index)
                 index.sync(self._load_table())
             except Exception as exc:
                 self._retry_at = time.monotonic() + _REBUILD_DELAY
@@ -192,6 +197,7 @@ class IndexKeeper:
             builder.join(timeout=1.0)
         if index is not None and index.lock.acquire(timeout=1.0):
             try:
+                self._apply_deferred(index)
                 index.close()
             finally:
                 index.lock.release()

@@ -164,8 +164,9 @@ class UpsertRows:
         return equality_changes(table, plan, attempt)
 
     def _record(self, table: Table, result: UpsertResult, plan: Plan) -> None:
-        """Count the commit; give the index what it changed (no read back); drop the
-        encoded files the commit did not use (a rewritten tail holds their rows)."""
+        """Count the commit; have the index take what it changed before its next use (no
+        read back); drop the encoded files the commit did not use (a rewritten tail holds
+        their rows)."""
         changes = result.changes
         detail = changes.detail if changes is not None else None
         if result.commit.already_committed or changes is None:
@@ -191,12 +192,9 @@ class UpsertRows:
         if snapshot is None:  # pragma: no cover - the commit just landed
             return
         scopes = {spec_id: spec.is_unpartitioned() for spec_id, spec in table.specs().items()}
-        with self._index.held() as index:
-            if index is not None:
-                index.committed(
-                    snapshot.snapshot_id,
-                    result.parent_id,
-                    snapshot.sequence_number or 0,
-                    detail.change,
-                    scopes,
-                )
+        change, parent_id = detail.change, result.parent_id
+        self._index.defer(
+            lambda index: index.committed(
+                snapshot.snapshot_id, parent_id, snapshot.sequence_number or 0, change, scopes
+            )
+        )
