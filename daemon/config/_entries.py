@@ -106,6 +106,8 @@ class TableConfig(Section):
     """Deepest nesting of a record for this table (unset: [defaults] max_nesting_depth)."""
     max_columns: MaxColumns | None = None
     """Columns this table may grow to, nested counted (unset: [defaults] max_columns)."""
+    key_index_memory: Bytes | None = None
+    """Memory this upsert table's key index may cache (unset: [defaults] key_index_memory)."""
     maintenance: MaintenanceOverride | None = None
     """Overrides of [maintenance] for this table, e.g. { enabled = false }."""
 

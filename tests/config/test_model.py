@@ -396,7 +396,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "max_batch_records, "
             "max_batch_bytes, batch_timeout, "
             "target_file_size, compression, row_group_records, max_queue_bytes, max_nesting_depth, "
-            "max_columns, "
+            "max_columns, key_index_memory, "
             "maintenance",
         ),
         (
