@@ -303,7 +303,7 @@ async def test_spark_compaction_alongside_ingest_keeps_the_final_state(
         # rewrite that loses a race with a daemon commit fails and is tried again.
         procedures = [
             f"CALL {name}.system.rewrite_data_files(table => '{TABLE}', options => "
-            "map('delete-file-threshold', '1', 'min-input-files', '1'))",
+            "map('rewrite-all', 'true'))",
             f"CALL {name}.system.rewrite_position_delete_files(table => '{TABLE}', "
             "options => map('rewrite-all', 'true'))",
         ]

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import pyarrow as pa
+from support.spark_helpers import land
 
 from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
 from icespool.iceberg._catalog import load_catalog
@@ -185,16 +186,18 @@ async def test_spark_rewrites_beside_changes_and_the_daemons_compaction(
                 feeder.state.pop(key)
             feeder.running.set()
             before_spark = feeder.commits
+            # The daemon's upserts delete by position: a rewrite whose inputs gained
+            # position deletes meanwhile is refused by Spark's validation, and retried.
             await asyncio.to_thread(
-                lambda: spark.sql(
-                    f"CALL {procedures}.rewrite_data_files(table => '{TABLE}', "
-                    "options => map('delete-file-threshold', '1', 'min-input-files', '2'))"
-                ).collect()
+                land,
+                spark,
+                f"CALL {procedures}.rewrite_data_files(table => '{TABLE}', "
+                "options => map('delete-file-threshold', '1', 'min-input-files', '2'))",
             )
             await asyncio.to_thread(
-                lambda: spark.sql(
-                    f"CALL {procedures}.rewrite_position_delete_files(table => '{TABLE}')"
-                ).collect()
+                land,
+                spark,
+                f"CALL {procedures}.rewrite_position_delete_files(table => '{TABLE}')",
             )
             during_spark = feeder.commits - before_spark
             # 2. The daemon's run gives up; a later one compacts what Spark left.

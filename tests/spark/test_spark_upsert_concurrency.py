@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from typing import Any
 
 import pyarrow as pa
 from support.cdc_tables import assert_index_exact
 from support.service_helpers import key_index_ready
+from support.spark_helpers import land
 
 from icespool.cdc import DELETE, UPSERT, KeyIndex, read_merged, with_ops
 from icespool.iceberg._catalog import load_catalog
@@ -50,8 +50,6 @@ REGIONS = ("eu", "us")
 KEYS = 300
 #: Spark's own keys: the daemon's feeder never changes them.
 SPARK_EVERY = 5
-#: Seconds a Spark statement keeps being retried before the test gives up on it.
-SPARK_PATIENCE = 120.0
 
 State = dict[tuple[str, int], dict[str, Any]]
 
@@ -104,36 +102,6 @@ class _Feeder:
             await asyncio.sleep(self.rng.uniform(0.3, 2.0))
 
 
-def _conflict(exc: Exception) -> bool:
-    """Spark's refusal to commit over the daemon's newer commit (its validation)."""
-    text = str(exc)
-    return any(
-        marker in text
-        for marker in (
-            "ValidationException",
-            "CommitFailedException",
-            "Found conflicting",
-            "Cannot commit",
-            "Missing required files",
-        )
-    )
-
-
-def _land(spark: Any, sql: str) -> int:
-    """Run ``sql`` until Spark commits it; how many times it was refused."""
-    refused = 0
-    deadline = time.monotonic() + SPARK_PATIENCE
-    while True:
-        try:
-            spark.sql(sql).collect()
-            return refused
-        except Exception as exc:
-            if not _conflict(exc) or time.monotonic() > deadline:
-                raise
-            refused += 1
-            time.sleep(random.uniform(0.1, 1.0))
-
-
 def _spark_state(spark: Any, name: str) -> State:
     state: State = {}
     for row in spark.sql(f"SELECT region, id, payload, version FROM {name}").collect():
@@ -160,7 +128,7 @@ async def _spark_rounds(spark: Any, name: str, procedures: str, state: State) ->
         merged = [k for k in spark_keys if (k[1] // SPARK_EVERY) % 2 == round_no % 2]
         values = ", ".join(f"('{r}', {i}, '{r}-{i}-s{version}', {version})" for r, i in merged)
         refused += await asyncio.to_thread(
-            _land,
+            land,
             spark,
             f"MERGE INTO {name} t USING (SELECT * FROM VALUES {values} "
             "AS s(region, id, payload, version)) s ON t.region = s.region AND t.id = s.id "
@@ -176,18 +144,18 @@ async def _spark_rounds(spark: Any, name: str, procedures: str, state: State) ->
             }
         gone = round_no % 3
         refused += await asyncio.to_thread(
-            _land, spark, f"DELETE FROM {name} WHERE id % {SPARK_EVERY} = 0 AND id % 3 = {gone}"
+            land, spark, f"DELETE FROM {name} WHERE id % {SPARK_EVERY} = 0 AND id % 3 = {gone}"
         )
         for key in [k for k in state if k[1] % SPARK_EVERY == 0 and k[1] % 3 == gone]:
             state.pop(key)
         refused += await asyncio.to_thread(
-            _land,
+            land,
             spark,
             f"CALL {procedures}.rewrite_data_files(table => '{TABLE}', options => "
             "map('delete-file-threshold', '1', 'min-input-files', '1'))",
         )
         refused += await asyncio.to_thread(
-            _land,
+            land,
             spark,
             f"CALL {procedures}.rewrite_position_delete_files(table => '{TABLE}', "
             "options => map('rewrite-all', 'true'))",
