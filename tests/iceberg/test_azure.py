@@ -100,7 +100,11 @@ async def test_daemon_commits_to_canonical_abfs_locations_through_adlfs(
         monkeypatch.setenv(name, value)
     assert main(["check-config", "--connect", "--config", str(home.config_path)]) == 0
     printed = capsys.readouterr()
-    assert "catalog 'lake' (sql) is reachable" in printed.out + printed.err
+    # The SQLite catalog does not exist before the daemon's first start: checked as the
+    # empty catalog it would be, the check creating nothing.
+    assert "catalog 'lake' (sql): the SQLite database" in printed.out + printed.err
+    assert "does not exist yet" in printed.out + printed.err
+    assert not (tmp_path / "catalog.db").exists()
     # The account key is part of the connection string: never printed.
     assert AZURITE_KEY not in printed.out + printed.err
 
