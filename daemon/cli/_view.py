@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from icespool.lifecycle.progress import human_bytes, human_seconds
+from icespool.config import human_bytes, human_seconds
 
 __all__ = ["render_status", "render_tables"]
 

@@ -55,7 +55,14 @@ from icespool.config._model import (
 )
 from icespool.config._redact import REDACTED, hide_secrets, is_secret_key, redact_uri, redact_value
 from icespool.config._render import render_toml
-from icespool.config._units import format_bytes, format_duration, parse_bytes, parse_duration
+from icespool.config._units import (
+    format_bytes,
+    format_duration,
+    human_bytes,
+    human_seconds,
+    parse_bytes,
+    parse_duration,
+)
 
 __all__ = [
     "CATALOG_TYPES",
@@ -94,6 +101,8 @@ __all__ = [
     "format_duration",
     "format_key",
     "hide_secrets",
+    "human_bytes",
+    "human_seconds",
     "is_secret_key",
     "load_config",
     "parse_bytes",

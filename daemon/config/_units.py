@@ -10,7 +10,14 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["format_bytes", "format_duration", "parse_bytes", "parse_duration"]
+__all__ = [
+    "format_bytes",
+    "format_duration",
+    "human_bytes",
+    "human_seconds",
+    "parse_bytes",
+    "parse_duration",
+]
 
 _BYTE_UNITS: dict[str, int] = {
     "": 1,
@@ -158,3 +165,31 @@ def format_duration(seconds: float) -> str:
         return f"{int(millis)}ms"
     # Decimal(repr(x)) is the shortest exact spelling; ":f" avoids "1e-05" which is no duration.
     return f"{Decimal(repr(seconds)):f}s"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as the config's sizes) for people reading logs and
+    status, not for the config (``format_bytes`` renders those exactly)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_seconds(seconds: float | None) -> str:
+    """75 -> '1m15s'; 4000 -> '1h06m'; sub-minute values keep a decimal below 10 s."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"

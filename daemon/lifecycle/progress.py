@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+from icespool.config import human_bytes, human_seconds
+
 if TYPE_CHECKING:  # the CLI renders sizes without importing the spool (and pyarrow)
     from icespool.spool import SegmentInfo
 
-__all__ = ["Progress", "human_bytes", "human_seconds"]
+__all__ = ["Progress"]
 
 _log = logging.getLogger("icespool.progress")
 _LOG_EVERY = 5.0
@@ -175,30 +177,3 @@ class Progress:
         )
         if self._line is not None and not self.finished:
             self._draw()
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB' (binary units, as the config's sizes)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_seconds(seconds: float | None) -> str:
-    """75 -> '1m15s'; 4000 -> '1h06m'; sub-minute values keep a decimal below 10 s."""
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"

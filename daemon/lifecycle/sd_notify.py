@@ -22,6 +22,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from icespool.config import human_bytes
+
 if TYPE_CHECKING:  # the service imports pyiceberg; this module stays light without it
     from icespool.lifecycle.service import Icespool
 
@@ -192,13 +194,5 @@ def status_line(service: Icespool) -> str:
     totals = service.totals()
     return (
         f"serving {totals.tables} tables: {totals.acked} records acked, "
-        f"{totals.committed} committed, spool {_human_bytes(totals.spool_bytes)}"
+        f"{totals.committed} committed, spool {human_bytes(totals.spool_bytes)}"
     )
-
-
-def _human_bytes(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover

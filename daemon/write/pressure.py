@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from icespool.lifecycle.progress import human_bytes, human_seconds
+from icespool.config import human_bytes, human_seconds
 from icespool.metrics import Metrics
 from icespool.spool import Spool, SpoolError, SpoolFullError, SpoolIOError, TableUsage
 from icespool.write.result import FlushResult

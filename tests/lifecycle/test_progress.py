@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 from support.daemon_harness import Daemon, DaemonDir, daemon_command
 
-from icespool.lifecycle.progress import Progress, human_bytes, human_seconds
+from icespool.config import human_bytes, human_seconds
+from icespool.lifecycle.progress import Progress
 
 # Every POST below is ~1.5 KiB in the spool: with 1 KiB segments each one is a segment.
 SMALL_SEGMENTS = 'segment_max_bytes = "1KiB"'
