@@ -28,6 +28,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -35,7 +36,6 @@ from icespool.cdc import OP_COLUMN, spoolable
 from icespool.config import Config, TableConfig
 from icespool.decode import JsonOptions, RecordArrays, Target, decoder_for
 from icespool.errors import BackpressureError, BadInputError, SchemaError
-from icespool.lifecycle.startup import StartWait
 from icespool.metrics import Metrics
 from icespool.schema import arrow_schema_for, parse_schema
 from icespool.spool import AppendAck, SegmentInfo, Spool, SpoolError
@@ -45,6 +45,15 @@ __all__ = ["EarlyAcks", "known_schemas"]
 _log = logging.getLogger("icespool.service")
 # Messages name this many tables accepted while waiting, then only count them.
 _NAMED = 5
+
+
+class _StartWait(Protocol):
+    """What the start is waiting for (the lifecycle's ``StartWait``), as the refusals
+    quote it."""
+
+    def reason(self) -> str: ...
+
+    def retry_after(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +73,12 @@ class EarlyAcks:
         self._spool = spool
         self._metrics = metrics
         self._known = known_schemas(config, spool.schemas)
-        self._wait: StartWait | None = None
+        self._wait: _StartWait | None = None
         self._appends: set[asyncio.Future[AppendAck]] = set()
         self._reserved: dict[str, int] = {}
         self._acked: dict[str, int] = {}  # records acked while waiting, per table
 
-    def waiting(self, wait: StartWait | None) -> None:
+    def waiting(self, wait: _StartWait | None) -> None:
         """The start's wait as it stands (None: the catalog answered: the gate shuts)."""
         if wait is not None and self._wait is None and self._known:
             _log.warning(
