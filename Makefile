@@ -423,12 +423,13 @@ lint: $(STAMP_TEST) pkgroot
 # well under the serial time. `make pytest PYTEST_WORKERS=0` runs it in one process.
 # --dist loadgroup: tests are handed out one by one, except those under
 # tests/spark/, which run on one worker, one JVM (see tests/support/xdist_groups.py).
+# --durations: the slowest tests, where the suite's 20 minutes go.
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 
 pytest: $(STAMP_TEST) test-deps spark-runtime
 	ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/pytest -q $(PYTEST_XDIST) tests \
-	  --ignore=tests/bench
+	  --ignore=tests/bench --durations=30
 
 test: $(STAMP_TEST) test-deps
 	$(MAKE) --no-print-directory lint
