@@ -1,6 +1,6 @@
 """Events in Kafka formats "protobuf" and "json-schema", written by Confluent's own serializers.
 
-    writer = Writer("protobuf", registry, topic)     # registers its schemas in the registry
+    with Writer("protobuf", registry, topic) as writer:  # registers its schemas (then closes)
     writer.value(i, version)                         # the record of id i, schema version 1 or 2
     writer.misfit                                    # a record whose schema does not fit the table
     expected(fmt, i, version)                        # that record's row, as pyiceberg reads it
@@ -225,9 +225,17 @@ class Writer:
     record of another subject whose ``point`` is a string (the table's is a struct)."""
 
     def __init__(self, fmt: str, registry: ApicurioRegistry, topic: str) -> None:
+        # A bound on each request (the client's default waits forever on a registry slowed
+        # by a loaded machine); closed by `close` (an open client's socket left to the
+        # garbage collector fails the test that happens to be running then).
         client = SchemaRegistryClient(
-            {"url": registry.url, "basic.auth.user.info": f"{USERNAME}:{PASSWORD}"}
+            {
+                "url": registry.url,
+                "basic.auth.user.info": f"{USERNAME}:{PASSWORD}",
+                "timeout": 60,
+            }
         )
+        self._client = client
         self.fmt = fmt
         self.context = SerializationContext(topic, MessageField.VALUE)
         misfit_context = SerializationContext(f"{topic}-misfit", MessageField.VALUE)
@@ -255,6 +263,16 @@ class Writer:
             self.misfit = JSONSerializer(json.dumps(misfit_schema), client)(
                 {"id": -1, "point": "p"}, misfit_context
             )
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the registry client (`value` needs it for a version it has not written yet)."""
+        self._client.close()
 
     def value(self, i: int, version: int) -> bytes:
         """The record of id ``i`` in schema ``version``, as the serializer writes it."""
