@@ -84,6 +84,8 @@ async def test_spark_reads_protobuf_and_json_schema_fed_tables(
                 "schema_registry_url": schema_registry.url,
                 "schema_registry_username": USERNAME,
                 "schema_registry_password": PASSWORD,
+                # A loaded machine's registry may answer slower than the default 2 s.
+                "schema_registry_timeout": "30s",
             }
         ],
     )
