@@ -1,8 +1,8 @@
 """JSON Schema values (Kafka's ``format = "json-schema"``) -> one batch per table.
 
 The Confluent wire format: magic byte 0, the 4-byte schema id, then the value as JSON
-text. The headers are read and cut off for the whole fetch at once (numpy over the
-values' offsets, one ``binary_slice``); the values of each schema id are then decoded
+text. The headers are read and cut off for the whole fetch at once
+(`icespool.decode._wire.split_framed`); the values of each schema id are then decoded
 as Kafka JSON values are, by ONE ``pyarrow.json`` call in the table's types
 (`icespool.decode._ndjson`), and the schema's checks run on the decoded columns
 (`icespool.decode._json_schema`). No value is parsed in Python.
@@ -31,8 +31,8 @@ from icespool.decode._json_values import dead_record, value_schema
 from icespool.decode._ndjson import decode_ndjson_lenient
 from icespool.decode._records import Binary, Records, Target
 from icespool.decode._registry import CachedSchemas, SchemaUnavailable
-from icespool.decode._screen import EMPTY, screened_values
-from icespool.decode._wire import HEADER, bad_header, in_order, new_columns_request
+from icespool.decode._screen import screened_values
+from icespool.decode._wire import in_order, new_columns_request, split_framed
 from icespool.errors import BadInputError, SchemaError
 
 __all__ = ["JsonSchemaValues"]
@@ -59,9 +59,9 @@ class JsonSchemaValues:
         columns = value_schema(target.schema, self._source_columns)
         values = records.values
         dead: list[DeadRecord] = []
-        parts: list[tuple[pa.RecordBatch, list[int]]] = []
+        parts: list[tuple[pa.RecordBatch, npt.NDArray[np.int64]]] = []
         declared: dict[str, pa.Field] = {}
-        groups, bodies = _split(values, dead)
+        groups, bodies = split_framed(values, dead)
         for schema_id, indices in groups.items():
             try:
                 schema = schemas.get(schema_id)
@@ -84,7 +84,8 @@ class JsonSchemaValues:
         if not parts:
             return Decoded(None, np.empty(0, np.int64), dead, wanted)
         table, ok = in_order(parts, columns)
-        batch = with_source_columns(table, records.take(ok), target.schema, self._source_columns)
+        rows = records if len(ok) == len(records) else records.take(ok)
+        batch = with_source_columns(table, rows, target.schema, self._source_columns)
         return Decoded(batch, ok, dead, wanted)
 
     def _decode_group(
@@ -93,7 +94,7 @@ class JsonSchemaValues:
         bodies: Binary,
         indices: npt.NDArray[np.int64],
         target: Target,
-        out: list[tuple[pa.RecordBatch, list[int]]],
+        out: list[tuple[pa.RecordBatch, npt.NDArray[np.int64]]],
         dead: list[DeadRecord],
     ) -> None:
         options = target.options
@@ -124,7 +125,7 @@ class JsonSchemaValues:
         else:
             table = result.table
         if table.num_rows:
-            out.append((table.combine_chunks().to_batches()[0], positions.tolist()))
+            out.append((table.combine_chunks().to_batches()[0], positions))
 
     def evolve_request(
         self, records: Records, decoded: Decoded, target: Target
@@ -135,7 +136,7 @@ class JsonSchemaValues:
         """The declared schema of the first value whose schema the registry knows (a
         table auto_create makes for a route)."""
         schemas = self._schemas()
-        groups, _ = _split(records.values, [])
+        groups, _ = split_framed(records.values, [])
         for schema_id in groups:
             try:
                 return schemas.get(schema_id).arrow_schema()
@@ -145,50 +146,6 @@ class JsonSchemaValues:
 
     def rephrase(self, error: BadInputError) -> BadInputError:
         return error
-
-
-def _split(
-    values: Binary, dead: list[DeadRecord]
-) -> tuple[dict[int, npt.NDArray[np.int64]], Binary]:
-    """The positions of the values by schema id, and every value without its header;
-    values that are empty or not in the wire format are dead."""
-    n = len(values)
-    if not n:
-        return {}, values
-    offsets_type = np.int64 if pa.types.is_large_binary(values.type) else np.int32
-    offsets = np.frombuffer(values.buffers()[1], offsets_type)[
-        values.offset : values.offset + n + 1
-    ]
-    data_buffer = values.buffers()[2]
-    data = (
-        np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
-    )
-    lengths = np.diff(offsets)
-    present = lengths > 0
-    if values.null_count:
-        present &= values.is_valid().to_numpy(zero_copy_only=False)
-    framed = present & (lengths >= HEADER)
-    starts = offsets[:-1].astype(np.int64)
-    framed[framed] = data[starts[framed]] == 0
-    for i in np.flatnonzero(~present).tolist():
-        dead.append(DeadRecord(i, "empty", EMPTY))
-    for i in np.flatnonzero(present & ~framed).tolist():
-        value = values[i].as_py()
-        dead.append(DeadRecord(i, "invalid", bad_header(value) or "not the wire format"))
-    at = np.flatnonzero(framed)
-    first = starts[at]
-    ids = (
-        (data[first + 1].astype(np.int64) << 24)
-        | (data[first + 2].astype(np.int64) << 16)
-        | (data[first + 3].astype(np.int64) << 8)
-        | data[first + 4].astype(np.int64)
-    )
-    groups: dict[int, npt.NDArray[np.int64]] = {}
-    for schema_id in np.unique(ids).tolist():
-        groups[int(schema_id)] = at[ids == schema_id].astype(np.int64)
-    # An explicit stop: pyarrow 26's default one fails on binary arrays.
-    bodies = pc.binary_slice(values, HEADER, 2**31 - 1)
-    return groups, bodies
 
 
 def _misfit(schema: JsonSchema, columns: pa.Schema) -> SchemaError | None:

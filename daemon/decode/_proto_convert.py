@@ -1,11 +1,12 @@
 """Protobuf messages -> Arrow columns in the table's types, and a message's own Arrow schema.
 
 The message descriptor decides, once per (schema, message, table), how each column
-converts (`batch_builder`). Values are then read a field at a time over all messages
-(``[m.f for m in messages]``, one C attribute read each) into ``pa.array``, nested
-messages, lists and maps rebuilt from their flattened children, and cast to the
-table's types with Arrow's checked casts. Only enums (a name per number), the
-well-known message types and uuids convert value by value in Python.
+converts (`batch_builder`). The serialized messages are then parsed and turned into
+an Arrow batch by ptars (Rust: no Python per message), and each of its columns is
+brought to the table's type on whole arrays: nested messages, lists and maps rebuilt
+from their converted children, Arrow's checked casts, enums named by one lookup over
+the column. Only Struct, Value and ListValue (their JSON text) and uuids convert
+value by value in Python. Groups (proto2's deprecated nested messages) are not read.
 
 Type mapping (the natural type before the cast to the column's):
 
@@ -30,9 +31,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
-import numpy as np
 import pyarrow as pa
-from google.protobuf import json_format
+import pyarrow.compute as pc
+from google.protobuf import json_format, struct_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from icespool.errors import BadInputError, SchemaError
@@ -43,7 +44,8 @@ __all__ = ["CONVERSION_ERRORS", "batch_builder", "message_schema"]
 #: What a conversion of values that do not fit raises.
 CONVERSION_ERRORS: Final = (BadInputError, pa.ArrowException, ValueError, TypeError, OverflowError)
 
-Convert = Callable[[list[Any]], pa.Array]
+#: A field's column as ptars reads it -> the column in the table's type.
+Convert = Callable[[pa.Array], pa.Array]
 
 _F = FieldDescriptor
 _SCALARS: Final[dict[int, pa.DataType]] = {
@@ -132,7 +134,9 @@ def _field_type(f: FieldDescriptor, left: int, path: str) -> pa.DataType:
 def _value_type(f: FieldDescriptor, left: int, path: str) -> pa.DataType:
     if left < 0:
         raise _too_deep(path)
-    if f.type in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
+    if f.type == _F.TYPE_GROUP:
+        raise _group(path)
+    if f.type == _F.TYPE_MESSAGE:
         special = _special(f.message_type.full_name)
         if special is not None:
             return special
@@ -146,34 +150,47 @@ def _too_deep(path: str) -> SchemaError:
     ).because("too_deep")
 
 
+def _group(path: str) -> SchemaError:
+    return SchemaError(path, "Protobuf groups (deprecated since proto2) are not read")
+
+
 # ------------------------------------------------------------------ messages -> a batch
 
 
+class NotProtobuf(ValueError):
+    """Bytes that do not parse as the message type (ptars' own words)."""
+
+
 def batch_builder(
-    descriptor: Descriptor, value_schema: pa.Schema, max_depth: int
-) -> Callable[[list[Any]], pa.RecordBatch]:
-    """messages -> a batch in ``value_schema``; SchemaError when the message type cannot
-    fit the table at all (then no message of it can)."""
+    descriptor: Descriptor, handler: Any, value_schema: pa.Schema, max_depth: int
+) -> Callable[[pa.BinaryArray], pa.RecordBatch]:
+    """serialized messages -> a batch in ``value_schema``, through ``handler`` (ptars'
+    converter of the message type); SchemaError when the message type cannot fit the
+    table at all (then no message of it can)."""
     fields = descriptor.fields_by_name
     for name in fields:
         if value_schema.get_field_index(name) < 0:
             raise SchemaError(name, "Protobuf field is not a column of the table")
-    columns: list[tuple[Callable[[list[Any]], list[Any]], Convert] | pa.DataType] = []
+    columns: list[tuple[str, Convert] | pa.DataType] = []
     for target in value_schema:
         if target.name in fields:
             f = fields[target.name]
             # The message itself is the first level, as a JSON object is.
-            columns.append((_getter(f), _converter(f, target.type, target.name, max_depth - 1)))
+            columns.append((f.name, _converter(f, target.type, target.name, max_depth - 1)))
         elif not target.nullable:
             raise SchemaError(target.name, "required column is missing from the Protobuf message")
         else:
             columns.append(target.type)
 
-    def build(messages: list[Any]) -> pa.RecordBatch:
+    def build(payloads: pa.BinaryArray) -> pa.RecordBatch:
+        try:
+            natural = handler.array_to_record_batch(payloads)
+        except ValueError as exc:
+            raise NotProtobuf(str(exc)) from None
         arrays = [
-            pa.nulls(len(messages), column)
+            pa.nulls(len(payloads), column)
             if isinstance(column, pa.DataType)
-            else column[1](column[0](messages))
+            else column[1](natural.column(column[0]))
             for column in columns
         ]
         batch = conform(pa.RecordBatch.from_arrays(arrays, schema=value_schema), value_schema)
@@ -184,17 +201,6 @@ def batch_builder(
         return batch
 
     return build
-
-
-def _getter(f: FieldDescriptor) -> Callable[[list[Any]], list[Any]]:
-    """A field's values of some messages (None for a message that is None, or, for a
-    field with presence, that does not have it)."""
-    name = f.name
-    if f.has_presence and not f.is_repeated:
-        return lambda ms: [
-            None if m is None or not m.HasField(name) else getattr(m, name) for m in ms
-        ]
-    return lambda ms: [None if m is None else getattr(m, name) for m in ms]
 
 
 def _converter(f: FieldDescriptor, target: pa.DataType, path: str, left: int) -> Convert:
@@ -210,7 +216,9 @@ def _converter(f: FieldDescriptor, target: pa.DataType, path: str, left: int) ->
 
 def _single(f: FieldDescriptor, target: pa.DataType, path: str, left: int) -> Convert:
     """A value that is not repeated (a list element or map value too)."""
-    if f.type in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
+    if f.type == _F.TYPE_GROUP:
+        raise _group(path)
+    if f.type == _F.TYPE_MESSAGE:
         name = f.message_type.full_name
         if _special(name) is None:
             return _struct(f.message_type, target, path, left - 1)
@@ -221,15 +229,8 @@ def _single(f: FieldDescriptor, target: pa.DataType, path: str, left: int) -> Co
             raise SchemaError(path, f"Protobuf {_kind(f)} does not convert to uuid")
         return _checked(path, _kind(f), _uuid, target)
     if f.type == _F.TYPE_ENUM:
-        names = {v.number: v.name for v in f.enum_type.values}
-
-        def enum(values: list[Any]) -> pa.Array:
-            return pa.array(
-                [None if v is None else names.get(v, str(v)) for v in values], pa.string()
-            )
-
-        return _checked(path, _kind(f), enum, target)
-    return _checked(path, _kind(f), lambda values: pa.array(values, natural), target)
+        return _checked(path, _kind(f), _enum(f), target)
+    return _checked(path, _kind(f), lambda values: values.cast(natural), target)
 
 
 def _kind(f: FieldDescriptor) -> str:
@@ -241,7 +242,7 @@ def _kind(f: FieldDescriptor) -> str:
 
 
 def _checked(path: str, kind: str, natural: Convert, target: pa.DataType) -> Convert:
-    def convert(values: list[Any]) -> pa.Array:
+    def convert(values: pa.Array) -> pa.Array:
         try:
             return cast_array(natural(values), target)
         except SchemaError:
@@ -252,38 +253,63 @@ def _checked(path: str, kind: str, natural: Convert, target: pa.DataType) -> Con
     return convert
 
 
+def _enum(f: FieldDescriptor) -> Convert:
+    """An enum's numbers -> their names (a number the schema does not name: its
+    digits), by one lookup over the whole column."""
+    names = {v.number: v.name for v in f.enum_type.values}
+    numbers = pa.array(sorted(names), pa.int32())
+    labels = pa.array([names[n] for n in numbers.to_pylist()], pa.string())
+
+    def enum(values: pa.Array) -> pa.Array:
+        named = labels.take(pc.index_in(values, value_set=numbers))
+        return pc.coalesce(named, values.cast(pa.string()))
+
+    return enum
+
+
 def _well_known(name: str) -> Convert:
+    """ptars reads a Timestamp as a timestamp, a Duration as a duration (both in
+    microseconds), a wrapper as its value (null when unset); Struct, Value and
+    ListValue come as their bytes (`icespool.decode._proto_schema`)."""
     if name == _TIMESTAMP:
-        return lambda values: pa.array(
-            [None if v is None else v.seconds * 1_000_000 + v.nanos // 1000 for v in values],
-            pa.int64(),
-        ).view(_MICROS)
+        return lambda values: values.cast(_MICROS)
     if name == _DURATION:
-        # Duration's nanos carry the seconds' sign: truncation toward zero keeps it.
-        return lambda values: pa.array(
-            [None if v is None else v.seconds * 1_000_000 + int(v.nanos / 1000) for v in values],
-            pa.int64(),
-        )
+        return lambda values: values.view(pa.int64())
     if name in _JSON_TYPES:
-        return lambda values: pa.array(
+        return _json_text(name)
+    wrapped = _WRAPPERS[name]
+    return lambda values: values.cast(wrapped)
+
+
+def _json_text(name: str) -> Convert:
+    """Struct, Value or ListValue messages (serialized) -> their JSON text: a parse
+    and a `json_format` call per value, in Python."""
+    kind = {"Struct": struct_pb2.Struct, "Value": struct_pb2.Value}.get(
+        name.rsplit(".", 1)[1], struct_pb2.ListValue
+    )
+
+    def text(values: pa.Array) -> pa.Array:
+        return pa.array(
             [
                 None
                 if v is None
-                else json.dumps(json_format.MessageToDict(v), separators=(",", ":"))
-                for v in values
+                else json.dumps(
+                    json_format.MessageToDict(kind.FromString(v)), separators=(",", ":")
+                )
+                for v in values.to_pylist()
             ],
             pa.string(),
         )
-    wrapped = _WRAPPERS[name]
-    return lambda values: pa.array([None if v is None else v.value for v in values], wrapped)
+
+    return text
 
 
-def _uuid(values: list[Any]) -> pa.Array:
+def _uuid(values: pa.Array) -> pa.Array:
     try:
         storage = pa.array(
             [
                 None if v is None else (v if isinstance(v, bytes) else uuid.UUID(v).bytes)
-                for v in values
+                for v in values.to_pylist()
             ],
             pa.binary(16),
         )
@@ -292,17 +318,8 @@ def _uuid(values: list[Any]) -> pa.Array:
     return pa.ExtensionArray.from_storage(pa.uuid(), storage)
 
 
-def _mask(values: list[Any]) -> pa.Array | None:
-    if all(v is not None for v in values):
-        return None
-    return pa.array([v is None for v in values], pa.bool_())
-
-
-def _offsets(values: list[Any]) -> pa.Array:
-    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int32, len(values))
-    offsets = np.zeros(len(values) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.array(offsets)
+def _nulls(values: pa.Array) -> pa.Array | None:
+    return values.is_null() if values.null_count else None
 
 
 def _struct(descriptor: Descriptor, target: pa.DataType, path: str, left: int) -> Convert:
@@ -314,20 +331,20 @@ def _struct(descriptor: Descriptor, target: pa.DataType, path: str, left: int) -
     for name in fields:
         if target.get_field_index(name) < 0:
             raise SchemaError(f"{path}.{name}", "Protobuf field is not in the table's struct")
-    children: list[tuple[Callable[[list[Any]], list[Any]], Convert] | pa.DataType] = []
+    children: list[tuple[str, Convert] | pa.DataType] = []
     for child in target.fields:
         if child.name in fields:
             f = fields[child.name]
-            children.append((_getter(f), _converter(f, child.type, f"{path}.{child.name}", left)))
+            children.append((f.name, _converter(f, child.type, f"{path}.{child.name}", left)))
         else:
             children.append(child.type)
 
-    def convert(values: list[Any]) -> pa.Array:
+    def convert(values: pa.Array) -> pa.Array:
         arrays = [
-            pa.nulls(len(values), c) if isinstance(c, pa.DataType) else c[1](c[0](values))
+            pa.nulls(len(values), c) if isinstance(c, pa.DataType) else c[1](values.field(c[0]))
             for c in children
         ]
-        return pa.StructArray.from_arrays(arrays, fields=list(target.fields), mask=_mask(values))
+        return pa.StructArray.from_arrays(arrays, fields=list(target.fields), mask=_nulls(values))
 
     return convert
 
@@ -337,10 +354,9 @@ def _list(f: FieldDescriptor, target: pa.DataType, path: str, left: int) -> Conv
         raise SchemaError(path, f"a repeated Protobuf field does not convert to {target}")
     element = _single(f, target.value_type, f"{path}.element", left)
 
-    def convert(values: list[Any]) -> pa.Array:
-        flat = [x for v in values if v is not None for x in v]
+    def convert(values: pa.Array) -> pa.Array:
         return pa.ListArray.from_arrays(
-            _offsets(values), element(flat), type=target, mask=_mask(values)
+            values.offsets, element(values.values), type=target, mask=_nulls(values)
         )
 
     return convert
@@ -353,14 +369,13 @@ def _map(f: FieldDescriptor, target: pa.DataType, path: str, left: int) -> Conve
     key = _single(entry["key"], target.key_type, f"{path}.key", left)
     item = _single(entry["value"], target.item_type, f"{path}.value", left)
 
-    def convert(values: list[Any]) -> pa.Array:
-        pairs = [pair for v in values if v is not None for pair in v.items()]
+    def convert(values: pa.Array) -> pa.Array:
         return pa.MapArray.from_arrays(
-            _offsets(values),
-            key([k for k, _ in pairs]),
-            item([x for _, x in pairs]),
+            values.offsets,
+            key(values.keys),
+            item(values.items),
             type=target,
-            mask=_mask(values),
+            mask=_nulls(values),
         )
 
     return convert

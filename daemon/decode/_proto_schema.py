@@ -20,11 +20,13 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 import grpc_tools
+import ptars
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError
@@ -41,6 +43,11 @@ _INCLUDE: Final = str(Path(grpc_tools.__file__).parent / "_proto")
 _BASE64: Final = re.compile(r"[A-Za-z0-9+/=\s]+")
 #: The main schema's file name when the registry gives it none (its text).
 _MAIN: Final = "icespool-schema.proto"
+_JSON_TYPES: Final = frozenset(
+    f".google.protobuf.{name}" for name in ("Struct", "Value", "ListValue")
+)
+#: Microseconds, as the table's timestamps; Durations too (then read as a long).
+_PTARS: Final = ptars.PtarsConfig(timestamp_unit="us", duration_unit="us")
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,14 @@ class ProtoSchema:
     label: str
     file: descriptor_pb2.FileDescriptorProto
     pool: descriptor_pool.DescriptorPool
+    #: The same files with Struct, Value and ListValue fields read as bytes (ptars
+    #: would make nested structs of them; they become their JSON text).
+    converters_pool: descriptor_pool.DescriptorPool
+    converters: Any  # ptars.HandlerPool over converters_pool
     _classes: dict[tuple[int, ...], tuple[Descriptor, type[Any]]] = field(
         default_factory=dict, compare=False
     )
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     def message(self, path: tuple[int, ...]) -> tuple[Descriptor, type[Any]]:
         """The descriptor and message class at ``path``; LookupError names what is missing."""
@@ -76,6 +88,13 @@ class ProtoSchema:
         found = (descriptor, message_factory.GetMessageClass(descriptor))
         self._classes[path] = found
         return found
+
+    def handler(self, descriptor: Descriptor) -> Any:
+        """ptars' converter of ``descriptor``'s messages (serialized) to an Arrow batch."""
+        with self._lock:
+            return self.converters.get_for_message(
+                self.converters_pool.FindMessageTypeByName(descriptor.full_name)
+            )
 
 
 def parse_proto_schema(answer: RegistryAnswer, registry: SchemaRegistry) -> ProtoSchema:
@@ -103,13 +122,46 @@ def parse_proto_schema(answer: RegistryAnswer, registry: SchemaRegistry) -> Prot
     except ValueError as exc:
         raise SchemaUnavailable("invalid", f"{answer.label}: {exc}") from None
     pool = descriptor_pool.DescriptorPool()
+    converters_pool = descriptor_pool.DescriptorPool()
     try:
         for proto in compiled.file:
             pool.Add(proto)
+            converters_pool.Add(_json_as_bytes(proto))
+        converters = ptars.HandlerPool([converters_pool.FindFileByName(main)], config=_PTARS)
     except (TypeError, KeyError, ValueError) as exc:
         raise SchemaUnavailable("invalid", f"{answer.label}: {exc}") from None
     file = next(f for f in compiled.file if f.name == main)
-    return ProtoSchema(answer.label, file, pool)
+    return ProtoSchema(answer.label, file, pool, converters_pool, converters)
+
+
+def _json_as_bytes(file: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDescriptorProto:
+    """``file`` with every field of type Struct, Value or ListValue declared ``bytes``:
+    the same wire format (length-delimited), so a converter hands over each one's
+    serialized message."""
+    if file.name.startswith(_WELL_KNOWN):
+        return file
+    copy = descriptor_pb2.FileDescriptorProto()
+    copy.CopyFrom(file)
+    pending = list(copy.message_type)
+    while pending:
+        message = pending.pop()
+        pending.extend(message.nested_type)
+        for f in message.field:
+            if f.type_name not in _JSON_TYPES:
+                continue
+            f.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+            f.ClearField("type_name")
+            if copy.syntax == "proto3" and not f.HasField("oneof_index") and _single(f):
+                # A message field has presence (unset: null), a proto3 bytes field only
+                # as `optional`: a synthetic oneof of its own, as protoc writes it.
+                f.proto3_optional = True
+                f.oneof_index = len(message.oneof_decl)
+                message.oneof_decl.add(name=f"_{f.name}")
+    return copy
+
+
+def _single(f: descriptor_pb2.FieldDescriptorProto) -> bool:
+    return bool(f.label != descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
 
 
 def _descriptor(text: str) -> descriptor_pb2.FileDescriptorProto | None:

@@ -1050,7 +1050,7 @@ def test_rendered_toml_leaves_out_unset_values_at_every_depth() -> None:
             "not both",
         ),
         ({"sasl_mechanism": "PLAIN"}, "kafka[0].security_protocol", "SASL_PLAINTEXT"),
-        ({"format": "thrift"}, "kafka[0].format", "protobuf"),
+        ({"format": "thrift"}, "kafka[0].format", "'protobuf' or 'json-schema'"),
         ({"metadata_columns": ["_kafka_bogus"]}, "kafka[0].metadata_columns", "_kafka_offset"),
     ],
 )
