@@ -34,7 +34,7 @@ and ``ManifestListWriterV2.prepare_manifest``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from pyiceberg.avro.codecs import AVRO_CODEC_KEY, AvroCompressionCodec
@@ -73,6 +73,7 @@ __all__ = [
     "inherited_row_ids",
     "manifest_row_ids",
     "read_entries",
+    "snapshot_entries",
     "v3_value",
     "with_v3_values",
 ]
@@ -169,6 +170,29 @@ def read_entries(
             if not discard_deleted or not deleted:
                 entries.append(_inherit_from_manifest(entry, manifest))
     return entries
+
+
+def snapshot_entries(
+    io: FileIO,
+    snapshot: Snapshot,
+    format_version: int,
+    *,
+    discard_deleted: bool = True,
+    added_by: int | None = None,
+) -> Iterator[tuple[ManifestFile, list[ManifestEntry]]]:
+    """Each manifest of ``snapshot`` (of a table of ``format_version``) with its
+    entries: pyiceberg's read below v3, `read_entries` from v3 on (every v3 field, row
+    ids inherited). ``added_by``: only the manifests that snapshot added."""
+    row_ids = manifest_row_ids(io, snapshot) if format_version >= _V3 else None
+    for manifest in snapshot.manifests(io):
+        if added_by is not None and manifest.added_snapshot_id != added_by:
+            continue
+        if row_ids is None:
+            entries = manifest.fetch_manifest_entry(io, discard_deleted=discard_deleted)
+        else:
+            first_row_id = row_ids.get(manifest.manifest_path)
+            entries = read_entries(io, manifest, first_row_id, discard_deleted=discard_deleted)
+        yield manifest, entries
 
 
 class ManifestWriterV3(ManifestWriterV2):
