@@ -68,6 +68,7 @@ from icespool.iceberg._health import CatalogHealth
 from icespool.iceberg._parquet import (
     COMPRESSION_CODECS,
     DELETE_FILE_MARK,
+    ROW_LINEAGE_FIELDS,
     TAIL_FILE_MARK,
     EncodedFile,
     encode_data_files,
@@ -115,6 +116,7 @@ __all__ = [
     "MAX_SNAPSHOT_AGE_MS",
     "MIN_SNAPSHOTS_TO_KEEP",
     "POSITION_DELETE_MARK",
+    "ROW_LINEAGE_FIELDS",
     "SEGMENTS_SUMMARY_KEY",
     "SEGMENT_RECORDS_SUMMARY_KEY",
     "TABLE_DEFAULTS",
