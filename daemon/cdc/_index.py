@@ -77,8 +77,8 @@ CREATE TABLE IF NOT EXISTS files(
 CREATE TABLE IF NOT EXISTS rows(
     file INTEGER NOT NULL, pos INTEGER NOT NULL, key NOT NULL,
     PRIMARY KEY(file, pos)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS rows_key ON rows(key);
 """
+_KEY_LOOKUP: Final = "CREATE INDEX IF NOT EXISTS rows_key ON rows(key)"
 _VERSION: Final = "1"
 
 
@@ -263,10 +263,15 @@ class KeyIndex:
             self._db.execute("DELETE FROM files")
             self._ids.clear()
             self._view = _View()
+            # The key lookup index is built once after the rows (a sort), not row by row:
+            # random inserts into it over a table larger than the page cache hit disk.
+            self._db.execute("DROP INDEX rows_key")
             if live is not None:
                 specs = metadata.specs()
                 for path, data in live.data.items():
                     self._add_file(table.io, path, data, specs[data.spec_id].is_unpartitioned())
+            self._db.execute(_KEY_LOOKUP)
+            if live is not None:
                 self._apply_deletes(table.io, live.deletes)
             snapshot = "" if current is None else str(current.snapshot_id)
             self._set_meta(**self._identity(metadata), snapshot=snapshot)
@@ -602,6 +607,7 @@ def _open(path: Path, cache_bytes: int) -> sqlite3.Connection:
         db.execute(f"PRAGMA cache_size={-max(cache_bytes // 1024, 64)}")
         db.execute("PRAGMA temp_store=MEMORY")
         db.executescript(_SCHEMA)
+        db.execute(_KEY_LOOKUP)
     except sqlite3.DatabaseError:
         db.close()
         raise

@@ -15,7 +15,9 @@ With the key index (`position_changes`):
   above, moves to the copy, and the key index takes it by renaming the file). A table
   fed every second keeps one small file per partition and writer, not one per commit.
   A tail more than half dead is copied with its live rows only (the key index renumbers
-  them): a tail never holds more dead rows than live ones.
+  them): a tail never holds more dead rows than live ones. One commit copies at most
+  ``TAIL_BUDGET`` bytes of tails (the smallest first): with many partitions, the rest
+  get new files this time.
   A tail that grows past ``TAIL_BYTES`` is kept as it is and the next commit starts a
   new one; maintenance compacts the kept ones, dropping their deleted rows.
 
@@ -84,6 +86,7 @@ from icespool.schema import conform
 
 __all__ = [
     "DELTAS",
+    "TAIL_BUDGET",
     "TAIL_BYTES",
     "Detail",
     "Plan",
@@ -95,6 +98,8 @@ __all__ = [
 #: A tail of at most this many bytes on disk is extended by the next commit; a larger
 #: one is kept as it is (the cost of a commit stays bounded by it).
 TAIL_BYTES: Final = 4 * 2**20
+#: Bytes of tails one commit copies in all: the smallest tails first.
+TAIL_BUDGET: Final = 16 * 2**20
 #: Delete files a data file may have naming it alone before a commit merges them.
 DELTAS: Final = 4
 #: A target file size no tail reaches: its copy is one file.
@@ -190,9 +195,14 @@ def _position_changes(
     parts = _by_part(plan.written)
     candidates = {part: tails[part] for part in parts if part in tails}
     scoped = _scoped(table, index, [*located.positions, *candidates.values()], known, vectors)
-    extending = {
-        part: path for part, path in candidates.items() if _extendable(index, path, scoped, vectors)
-    }
+    extending = _within_budget(
+        index,
+        {
+            part: path
+            for part, path in candidates.items()
+            if _extendable(index, path, scoped, vectors)
+        },
+    )
     # Rows each data file loses. A file with fewer than DELTAS delete files naming it
     # alone gets one more with the new positions; at DELTAS they are merged into one
     # (all of them replaced), and a tail's always are, moved to its copy at the same
@@ -320,6 +330,25 @@ def _extendable(
     if vectors and data.first_row_id is None:
         return False
     return index.live_count(path) + len(scoped[path][0]) == data.file.record_count
+
+
+def _within_budget(index: KeyIndex, tails: Mapping[Part, str]) -> dict[Part, str]:
+    """The tails this commit copies: the smallest first, up to ``TAIL_BUDGET`` bytes in
+    all (a commit adding rows to many partitions writes new files for the rest)."""
+    chosen: dict[Part, str] = {}
+    spent = 0
+    for part, path in sorted(tails.items(), key=lambda item: _size(index, item[1])):
+        size = _size(index, path)
+        if spent + size > TAIL_BUDGET:
+            break
+        chosen[part] = path
+        spent += size
+    return chosen
+
+
+def _size(index: KeyIndex, path: str) -> int:
+    data = index.data_file(path)
+    return data.file.file_size_in_bytes if data is not None else 0
 
 
 def _by_part(written: Sequence[EncodedFile]) -> dict[Part, list[EncodedFile]]:

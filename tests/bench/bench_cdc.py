@@ -5,7 +5,7 @@ before and after compaction.
     python tests/bench/bench_cdc.py [--changes 1000000] [--keys 100000] [--batch 50000]
                                     [--pyiceberg-budget 600]
     python tests/bench/bench_cdc.py --live [--keys 100000] [--rate 2000] [--deletes 0.3]
-        [--live-seconds 60] [--live-changes 400000] [--baseline-tree PATH]
+        [--live-seconds 60] [--live-changes 2000000] [--baseline-tree PATH]
 
 ``--live`` measures only the write side at a 1 s commit cadence: position deletes beside
 the equality-delete path (tests/bench/_cdc_live.py says how). Without it:
@@ -240,7 +240,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--deletes", type=float, default=0.3)
     parser.add_argument("--live-seconds", type=float, default=60.0)
-    parser.add_argument("--live-changes", type=int, default=400_000)
+    parser.add_argument("--live-changes", type=int, default=2_000_000)
     parser.add_argument("--baseline-tree", type=Path, default=None)
     args = parser.parse_args()
     if args.live:

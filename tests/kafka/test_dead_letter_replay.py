@@ -20,7 +20,14 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.types import StringType
-from support.daemon_harness import CATALOG_NAME, TABLE, Daemon, DaemonDir, daemon_command
+from support.daemon_harness import (
+    CATALOG_NAME,
+    TABLE,
+    Daemon,
+    DaemonDir,
+    crash_seam_env,
+    daemon_command,
+)
 from support.fixture_types import MakeConfig, RunDaemon
 from support.kafka_harness import (
     SESSION_TIMEOUT,
@@ -44,7 +51,6 @@ SCHEMA = [
     {"name": "v", "type": "string"},
     {"name": "_kafka_offset", "type": "long"},
 ]
-SEAMS = Path(__file__).resolve().parent.parent / "support" / "crash_seams"
 
 
 def _good(i: int) -> bytes:
@@ -258,10 +264,7 @@ session_timeout = "{SESSION_TIMEOUT}"
     await produce_values(broker.bootstrap, topic, values, partition_of=lambda i: i % 2)
     poison = [i for i in range(400) if i % 4 == 0]
     daemon = Daemon(home)
-    seam = {
-        "TEST_CRASH_AT": crash_at,
-        "PYTHONPATH": os.pathsep.join([str(SEAMS), os.environ.get("PYTHONPATH", "")]),
-    }
+    seam = crash_seam_env(crash_at)
     try:
         daemon.start(env=seam)
         await daemon.wait_ready()

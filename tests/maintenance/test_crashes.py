@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
 import time
 from collections import Counter
@@ -24,12 +23,19 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import aiohttp
-from support.daemon_harness import NDJSON, TABLE, Daemon, DaemonDir, DaemonError, ndjson
+from support.daemon_harness import (
+    NDJSON,
+    TABLE,
+    Daemon,
+    DaemonDir,
+    DaemonError,
+    crash_seam_env,
+    ndjson,
+)
 from support.kafka_harness import Broker, create_topic, produce, unique_name
 
 from icespool.maintenance import FileOwner, remove_orphans
 
-SEAMS_DIR = Path(__file__).resolve().parents[1] / "support" / "crash_seams"
 SEAMS = ("during-compaction-rewrite", "after-compaction-commit", "during-manifest-merge")
 # The [[tables]] entry's properties (write_config's `extra` follows it), then the section.
 EXTRA = """\
@@ -48,12 +54,6 @@ max_snapshot_age = "1s"
 PARTITIONS = 3
 Feed = Callable[[], Awaitable[None]]
 Done = Callable[[], Awaitable[bool]]
-
-
-def _seam_env(seam: str) -> dict[str, str]:
-    # No empty PYTHONPATH entry: it would put the daemon's cwd (holding spool/) on the path.
-    path = [str(SEAMS_DIR), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    return {"TEST_CRASH_AT": seam, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def _local(uri: str) -> str:
@@ -95,7 +95,7 @@ def _assert_exactly_once(home: DaemonDir, acked: set[int], sent: set[int]) -> in
 
 async def _crash_at(daemon: Daemon, seam: str, feed: Feed) -> None:
     """Start the daemon with ``seam`` armed, keep ``feed``ing it until it kills itself."""
-    daemon.start(env=_seam_env(seam))
+    daemon.start(env=crash_seam_env(seam))
     try:
         await daemon.wait_ready()
     except DaemonError:

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from support.daemon_harness import Daemon, DaemonDir
+from support.daemon_harness import Daemon, DaemonDir, crash_seam_env
 
-SEAMS = Path(__file__).resolve().parents[1] / "support" / "crash_seams"
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 IDS = range(30_000)
 
@@ -54,7 +53,7 @@ async def test_a_skewed_replica_keeps_a_paused_replicas_files(
     b_home.write_config(batch_timeout="1h", extra="\n[maintenance]\nenabled = false\n")
     a, b = Daemon(a_home), Daemon(b_home)
     try:
-        b.start(env={"TEST_CRASH_AT": "pause-before-commit", "PYTHONPATH": str(SEAMS)})
+        b.start(env=crash_seam_env("pause-before-commit"))
         await b.wait_ready()
         async with aiohttp.ClientSession() as session:
             for start in range(IDS.start, IDS.stop, 5000):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import re
 import signal
 import time
@@ -23,9 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
-from support.daemon_harness import CATALOG_NAME, NDJSON, TABLE, Daemon, DaemonDir, ndjson
+from support.daemon_harness import (
+    CATALOG_NAME,
+    NDJSON,
+    TABLE,
+    Daemon,
+    DaemonDir,
+    crash_seam_env,
+    ndjson,
+)
 
-SEAMS = Path(__file__).resolve().parents[1] / "support" / "crash_seams"
 TTL = 6.0
 MAINTENANCE = f"""\
 interval = "1s"
@@ -256,14 +262,7 @@ async def test_kill_9_during_expiry_loses_and_duplicates_nothing(tmp_path: Path)
     try:
         async with aiohttp.ClientSession() as session:
             for seam in ("after-expiry-commit", "during-expiry-delete"):
-                env = {
-                    "TEST_CRASH_AT": seam,
-                    # No empty entry: it would put the daemon's cwd (holding spool/) on the path.
-                    "PYTHONPATH": os.pathsep.join(
-                        p for p in (str(SEAMS), os.environ.get("PYTHONPATH")) if p
-                    ),
-                }
-                daemon.start(env=env)
+                daemon.start(env=crash_seam_env(seam))
                 await daemon.wait_ready()
                 deadline = time.monotonic() + 30
                 while daemon.running:

@@ -35,6 +35,7 @@ __all__ = [
     "Daemon",
     "DaemonDir",
     "DaemonError",
+    "crash_seam_env",
     "daemon_command",
     "ndjson",
 ]
@@ -56,6 +57,20 @@ schema = [
 
 class DaemonError(AssertionError):
     """The daemon did not do what the test waited for (the message has its log tail)."""
+
+
+#: Test-owned crash points for children (support/crash_seams/sitecustomize.py).
+CRASH_SEAMS_DIR = Path(__file__).resolve().parent / "crash_seams"
+
+
+def crash_seam_env(point: str) -> dict[str, str]:
+    """The environment that makes a child ``icespool run`` stop at crash seam ``point``."""
+    # No empty PYTHONPATH entry: it would put the daemon's cwd (holding spool/) on the path.
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {
+        "TEST_CRASH_AT": point,
+        "PYTHONPATH": os.pathsep.join([str(CRASH_SEAMS_DIR), *inherited]),
+    }
 
 
 def daemon_command() -> list[str]:

@@ -18,6 +18,13 @@ cleanup, no flush) the first time it gets there:
                                  rest of the run (expiry, orphan sweep) not done
     during-manifest-merge        a merge append (commit.manifest.min-count-to-merge) wrote a
                                  merged manifest, its commit not sent
+    upsert-before-commit         an upsert flush encoded its data files, no attempt made
+    upsert-during-attempt        an upsert commit attempt wrote its position deletes (and
+                                 any tail copy), its commit not sent
+    upsert-after-commit          an upsert commit that deleted by position landed; neither
+                                 the key index nor the spool took it yet
+    upsert-during-index-update   the key index taking a landed commit's changes: all of
+                                 them written in its transaction, not committed
 
 One point pauses instead (SIGSTOP, until the test sends SIGCONT), as a replica stalled
 past every timeout (a suspended VM, a stop-the-world pause) would:
@@ -130,6 +137,61 @@ elif _POINT == "during-manifest-merge":
         return merged
 
     snapshot._ManifestMergeManager._create_manifest = _merge_then_die  # type: ignore[method-assign]
+
+elif _POINT in ("upsert-before-commit", "upsert-after-commit"):
+    from icespool.write import upserts
+
+    _commit_upsert = upserts.commit_upsert
+
+    def _commit_upsert_or_die(*args: Any, **kwargs: Any) -> Any:
+        if _POINT == "upsert-before-commit":
+            _die(_POINT)
+        result = _commit_upsert(*args, **kwargs)
+        changes = result.changes
+        if (changes is not None and changes.removed) or any(
+            "-pos" in f.file_path for f in (changes.written if changes else ())
+        ):
+            _die(_POINT)
+        return result
+
+    upserts.commit_upsert = _commit_upsert_or_die  # type: ignore[assignment]
+
+elif _POINT == "upsert-during-attempt":
+    from icespool.write import upsert_changes
+
+    _encode_position_deletes = upsert_changes.encode_position_deletes
+
+    def _encode_then_die(*args: Any, **kwargs: Any) -> Any:
+        written = _encode_position_deletes(*args, **kwargs)
+        if written:
+            _die(_POINT)
+        return written
+
+    upsert_changes.encode_position_deletes = _encode_then_die  # type: ignore[assignment]
+
+elif _POINT == "upsert-during-index-update":
+    import threading
+
+    from icespool.cdc import KeyIndex
+
+    _committed = KeyIndex.committed
+    _set_meta = KeyIndex._set_meta
+    _taking = threading.local()
+
+    def _committed_flagged(self: KeyIndex, *args: Any, **kwargs: Any) -> Any:
+        _taking.on = True
+        try:
+            return _committed(self, *args, **kwargs)
+        finally:
+            _taking.on = False
+
+    def _set_meta_or_die(self: KeyIndex, **values: str) -> Any:
+        if getattr(_taking, "on", False):
+            _die(_POINT)  # the transaction holds every change, its COMMIT not run
+        return _set_meta(self, **values)
+
+    KeyIndex.committed = _committed_flagged  # type: ignore[method-assign]
+    KeyIndex._set_meta = _set_meta_or_die  # type: ignore[method-assign]
 
 elif _POINT == "pause-before-commit":
     import threading
