@@ -160,7 +160,12 @@ class _View:
     def drop_data(self, path: str) -> None:
         self.data.pop(path, None)
         for key in self._naming.pop(path, {}):
-            self._names.pop(key, None)
+            # A delete naming other data files still names them (dropped with the last).
+            rest = self._names.get(key, frozenset()) - {path}
+            if rest:
+                self._names[key] = rest
+            else:
+                self._names.pop(key, None)
 
     def naming(self, path: str) -> list[LiveDelete]:
         """The position deletes naming data file ``path``."""
