@@ -7,8 +7,8 @@ keep their row ids, and the merged state equals the state computed here key by k
 
 The merged state is read twice: by the daemon's reader (`read_merged`) and by the
 test's own (support.cdc_tables.merged_rows: manifests read with pyiceberg's v3 schema,
-vectors with pyiceberg's Puffin reader). Spark reads the same tables in
-tests/spark/test_spark_upserts_v3.py.
+vectors with pyiceberg's Puffin reader); at the end also by pyiceberg's own `scan()`.
+Spark reads the same tables in tests/spark/test_spark_upserts_v3.py.
 """
 
 from __future__ import annotations
@@ -202,6 +202,10 @@ async def test_flushes_delete_by_one_vector_per_file_and_keep_row_lineage(
         stored = [path for path in live.data if "_row_id" in pq.read_schema(local_path(path)).names]
         assert stored
     iceberg = load_catalog(config.catalog.name, config.catalog.properties()).load_table(TABLE)
+    # pyiceberg's own scan (its Puffin reader) reads the same merged state.
+    scanned = iceberg.scan().to_arrow().to_pylist()
+    assert len(scanned) == len(expected)
+    assert {(r["id"], r["region"]): (r["name"], r["score"]) for r in scanned} == expected
     index_file = config.spool.dir / KEY_INDEX_DIR / f"{table_file_stem(TABLE)}.sqlite3"
     index = KeyIndex(index_file, [1, 2], cache_bytes=1 << 20)
     try:
