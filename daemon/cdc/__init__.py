@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from icespool.cdc._changes import DELETE, OP_COLUMN, UPSERT, change_schema, with_ops
     from icespool.cdc._conform import conform_changes, spoolable
     from icespool.cdc._deletes import (
+        DeleteKey,
         LiveData,
         LiveDelete,
         LiveFiles,
@@ -35,7 +36,12 @@ if TYPE_CHECKING:
         droppable,
         live_files,
     )
-    from icespool.cdc._files import read_columns, read_positions
+    from icespool.cdc._files import (
+        read_columns,
+        read_optional_columns,
+        read_positions,
+        union_positions,
+    )
     from icespool.cdc._index import (
         Change,
         IndexBehindError,
@@ -54,6 +60,7 @@ __all__ = [
     "OP_COLUMN",
     "UPSERT",
     "Change",
+    "DeleteKey",
     "IndexBehindError",
     "IndexUnavailableError",
     "KeyIndex",
@@ -76,8 +83,10 @@ __all__ = [
     "live_files",
     "read_columns",
     "read_merged",
+    "read_optional_columns",
     "read_positions",
     "spoolable",
+    "union_positions",
     "with_ops",
 ]
 
@@ -94,6 +103,7 @@ __getattr__ = lazy_exports(
         ),
         "icespool.cdc._conform": ("conform_changes", "spoolable"),
         "icespool.cdc._deletes": (
+            "DeleteKey",
             "LiveData",
             "LiveDelete",
             "LiveFiles",
@@ -110,7 +120,12 @@ __getattr__ = lazy_exports(
             "NewFile",
         ),
         "icespool.cdc._key": ("key_type_problem",),
-        "icespool.cdc._files": ("read_columns", "read_positions"),
+        "icespool.cdc._files": (
+            "read_columns",
+            "read_optional_columns",
+            "read_positions",
+            "union_positions",
+        ),
         "icespool.cdc._key_values": ("KeyValue", "key_array", "key_values"),
         "icespool.cdc._merge": (
             "Resolved",

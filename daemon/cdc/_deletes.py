@@ -10,14 +10,17 @@ Planning"):
   unpartitioned (a global delete);
 - a position delete of sequence number N applies to the data files it names whose data
   sequence number is <= N (also partition-scoped, and naming a path suffices: paths
-  are unique).
+  are unique); a deletion vector (format v3) likewise names its one data file, and where
+  one applies no position-delete file does (it holds their deletes: the spec's rule).
 
 A delete file nothing live needs (`droppable`) can be removed from the table by the
 same commit that removes the last data files it applied to.
 
 Position deletes name files in their ``file_path`` column; the manifest's bounds of
 that column give the one path of a file-scoped delete (what Spark writes by default)
-without reading it; otherwise the column is read (``paths_read`` counts the bytes).
+without reading it; otherwise the column is read (``paths_read`` counts the bytes). A
+deletion vector's entry names its data file (``referenced_data_file``), and several
+vectors may share one Puffin file: a delete file is known by its `LiveDelete.key`.
 """
 
 from __future__ import annotations
@@ -31,17 +34,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import StringType
 
-__all__ = ["LiveDelete", "LiveFiles", "applies", "droppable", "live_files"]
+from icespool.iceberg import file_key, snapshot_entries, v3_value
+
+__all__ = ["DeleteKey", "LiveDelete", "LiveFiles", "applies", "droppable", "live_files"]
 
 #: Field id of a position delete file's ``file_path`` column (Iceberg reserved).
 PATH_FIELD_ID: Final = 2147483546
 _PATH_COLUMN: Final = "file_path"
+
+#: What tells a delete file apart: its path, and a deletion vector's blob offset.
+DeleteKey = tuple[str, int | None]
 
 
 @dataclass(frozen=True)
@@ -60,15 +68,28 @@ class LiveDelete:
         return self.file.content == DataFileContent.EQUALITY_DELETES
 
     @property
+    def is_vector(self) -> bool:
+        """A deletion vector (a blob of a Puffin file), not a position-delete file."""
+        return self.file.file_format == FileFormat.PUFFIN
+
+    @property
     def path(self) -> str:
         return self.file.file_path
+
+    @property
+    def key(self) -> DeleteKey:
+        return file_key(self.file)
 
 
 @dataclass(frozen=True)
 class LiveData:
+    """A live data file, its data sequence number and spec, and (format v3) the
+    ``_row_id`` of its first row (None: the table tracks no row lineage)."""
+
     file: DataFile
     sequence_number: int
     spec_id: int
+    first_row_id: int | None = None
 
 
 @dataclass
@@ -115,7 +136,11 @@ class LiveFiles:
             *global_,
             *named.get(data.file.file_path, ()),
         ]
-        return [d for d in candidates if applies(d, data.file, data.sequence_number, data.spec_id)]
+        found = [d for d in candidates if applies(d, data.file, data.sequence_number, data.spec_id)]
+        if any(d.is_vector for d in found):
+            # A vector holds the deletes of the position-delete files before it.
+            return [d for d in found if d.is_equality or d.is_vector]
+        return found
 
 
 def applies(delete: LiveDelete, data_file: DataFile, sequence_number: int, spec_id: int) -> bool:
@@ -132,6 +157,9 @@ def applies(delete: LiveDelete, data_file: DataFile, sequence_number: int, spec_
 
 def _position_paths(io: FileIO, delete_file: DataFile) -> tuple[frozenset[str], int]:
     """The data file paths a position delete names, and the bytes read to find them."""
+    referenced = v3_value(delete_file, "referenced_data_file")
+    if referenced is not None:  # a deletion vector, or a file that says its one file
+        return frozenset({referenced}), 0
     lower = (delete_file.lower_bounds or {}).get(PATH_FIELD_ID)
     upper = (delete_file.upper_bounds or {}).get(PATH_FIELD_ID)
     if lower is not None and lower == upper:
@@ -153,14 +181,16 @@ def live_files(
     change)."""
     live = LiveFiles()
     specs = metadata.specs()
-    for manifest in snapshot.manifests(io):
+    for manifest, entries in snapshot_entries(io, snapshot, metadata.format_version):
         spec_id = manifest.partition_spec_id
-        entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
         if manifest.content == ManifestContent.DATA:
             for entry in entries:
                 data_file = entry.data_file
                 live.data[data_file.file_path] = LiveData(
-                    data_file, entry.sequence_number or 0, spec_id
+                    data_file,
+                    entry.sequence_number or 0,
+                    spec_id,
+                    v3_value(data_file, "first_row_id"),
                 )
             continue
         is_global = specs[spec_id].is_unpartitioned()

@@ -38,20 +38,21 @@ import sqlite3
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
 import numpy as np
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-from icespool.cdc._deletes import LiveData, LiveDelete, LiveFiles, live_files
+from icespool.cdc._deletes import DeleteKey, LiveData, LiveDelete, LiveFiles, live_files
 from icespool.cdc._files import read_columns, read_positions
 from icespool.cdc._key_values import KeyValue, key_values
+from icespool.iceberg import file_key, snapshot_entries, v3_value
 
 __all__ = [
     "Change",
@@ -121,44 +122,54 @@ class Change:
     the data files it replaced by a copy with more rows after theirs (``extended``: old
     path -> the new file, with the keys of the rows it adds) or by one with only their
     live rows, in order, then more (``compacted``: the same), the data files it removed,
-    the file-scoped delete files it added (by the data file each names) and the delete
-    files it removed."""
+    the file-scoped delete files or deletion vectors it added (by the data file each
+    names) and the delete files it removed."""
 
     located: Located
     added: Sequence[NewFile] = ()
     extended: Mapping[str, NewFile] = field(default_factory=dict)
     removed: Sequence[str] = ()
     deletes: Mapping[str, DataFile] = field(default_factory=dict)
-    dropped_deletes: Sequence[str] = ()
+    dropped_deletes: Sequence[DeleteKey] = ()
     compacted: Mapping[str, NewFile] = field(default_factory=dict)
 
 
 class _View:
-    """The live files at the index's snapshot: data files, and the position-delete
-    files that name one data file each (file-scoped: Spark's default, and the
-    daemon's), by that data file."""
+    """The live files at the index's snapshot: data files, and the position-delete files
+    and deletion vectors naming each of them (a file-scoped one names one data file:
+    Spark's default, and the daemon's)."""
 
     def __init__(self, live: LiveFiles | None = None) -> None:
         self.data: dict[str, LiveData] = dict(live.data) if live is not None else {}
-        self.scoped: dict[str, dict[str, LiveDelete]] = defaultdict(dict)
-        self._named: dict[str, str] = {}  # delete file path -> the data file it names
+        self._naming: dict[str, dict[DeleteKey, LiveDelete]] = defaultdict(dict)
+        self._names: dict[DeleteKey, frozenset[str]] = {}  # delete -> the data files it names
         for delete in live.deletes if live is not None else ():
-            if not delete.is_equality and len(delete.paths) == 1:
-                self.add_scoped(next(iter(delete.paths)), delete)
+            if not delete.is_equality:
+                self.add_delete(delete)
 
-    def add_scoped(self, data_path: str, delete: LiveDelete) -> None:
-        self.scoped[data_path][delete.path] = delete
-        self._named[delete.path] = data_path
+    def add_delete(self, delete: LiveDelete) -> None:
+        """A position delete (its ``paths`` known) naming live data files."""
+        self._names[delete.key] = delete.paths
+        for path in delete.paths:
+            self._naming[path][delete.key] = delete
 
-    def drop_delete(self, path: str) -> None:
-        named = self._named.pop(path, None)
-        if named is not None:
-            self.scoped.get(named, {}).pop(path, None)
+    def drop_delete(self, key: DeleteKey) -> None:
+        for path in self._names.pop(key, ()):
+            self._naming.get(path, {}).pop(key, None)
 
     def drop_data(self, path: str) -> None:
         self.data.pop(path, None)
-        for delete in self.scoped.pop(path, {}):
-            self._named.pop(delete, None)
+        for key in self._naming.pop(path, {}):
+            # A delete naming other data files still names them (dropped with the last).
+            rest = self._names.get(key, frozenset()) - {path}
+            if rest:
+                self._names[key] = rest
+            else:
+                self._names.pop(key, None)
+
+    def naming(self, path: str) -> list[LiveDelete]:
+        """The position deletes naming data file ``path``."""
+        return list(self._naming.get(path, {}).values())
 
 
 class KeyIndex:
@@ -283,7 +294,7 @@ class KeyIndex:
         io = table.io
         metadata = table.metadata
         specs = metadata.specs()
-        added, removed = _changes(io, snapshot)
+        added, removed = _changes(io, snapshot, metadata.format_version)
         if self._view is None:
             parent = metadata.snapshot_by_id(snapshot.parent_snapshot_id or -1)
             self._view = _View(live_files(io, metadata, parent) if parent else None)
@@ -293,7 +304,7 @@ class KeyIndex:
                 if data.file.content == DataFileContent.DATA:
                     self._drop_file(data.file.file_path)
                 else:
-                    view.drop_delete(data.file.file_path)
+                    view.drop_delete(file_key(data.file))
             deletes = [d for d in added if d.file.content != DataFileContent.DATA]
             equality = [
                 LiveDelete(
@@ -370,10 +381,13 @@ class KeyIndex:
         return self._view.data.get(path) if self._view is not None else None
 
     def scoped_deletes(self, path: str) -> list[LiveDelete]:
-        """The live position-delete files that name data file ``path`` alone."""
-        if self._view is None:
-            return []
-        return list(self._view.scoped.get(path, {}).values())
+        """The live position deletes (files or vectors) that name data file ``path``
+        alone."""
+        return [d for d in self.position_deletes(path) if len(d.paths) == 1]
+
+    def position_deletes(self, path: str) -> list[LiveDelete]:
+        """Every live position delete (file or vector) naming data file ``path``."""
+        return self._view.naming(path) if self._view is not None else []
 
     def committed(
         self,
@@ -382,11 +396,14 @@ class KeyIndex:
         sequence_number: int,
         change: Change,
         scopes: Mapping[int, bool],
+        row_ids: Mapping[str, int] | None = None,
     ) -> bool:
         """Record this writer's commit ``snapshot_id`` (child of ``parent_id``) that made
         ``change``, without reading anything. ``scopes``: spec id -> whether it is
-        unpartitioned. False (nothing changed) when the index is not at ``parent_id``:
-        the next `sync` reads the commit instead."""
+        unpartitioned; ``row_ids``: the ``first_row_id`` of each data file it added, by
+        path (a table with row lineage). False (nothing changed) when the index is not at
+        ``parent_id``: the next `sync` reads the commit instead."""
+        ids = row_ids or {}
         view = self._view
         if self.snapshot_id != parent_id or view is None:
             return False
@@ -400,28 +417,36 @@ class KeyIndex:
                     ((file_id, int(p)) for p in positions),
                 )
             for old, new in change.extended.items():
-                self._extend(old, new, sequence_number)
+                self._extend(old, new, self._live(new, sequence_number, ids))
             for old, new in change.compacted.items():
-                self._compact(old, new, sequence_number, scopes[new.spec_id])
+                live = self._live(new, sequence_number, ids)
+                self._compact(old, new, live, scopes[new.spec_id])
             for path in change.removed:
                 self._drop_file(path)
-            for path in change.dropped_deletes:
-                view.drop_delete(path)
+            for key in change.dropped_deletes:
+                view.drop_delete(key)
             for new in change.added:
-                data = LiveData(new.file, sequence_number, new.spec_id)
+                data = self._live(new, sequence_number, ids)
                 file_id = self._register(new.file.file_path, data, scopes[new.spec_id])
                 self._insert(file_id, new.keys)
             for path, delete_file in change.deletes.items():
                 spec_id = getattr(delete_file, "spec_id", 0)
-                view.add_scoped(path, LiveDelete(delete_file, sequence_number, spec_id, False))
+                view.add_delete(
+                    LiveDelete(delete_file, sequence_number, spec_id, False, frozenset({path}))
+                )
             self._set_meta(snapshot=str(snapshot_id))
         return True
 
     # ------------------------------------------------------------------ writing
 
-    def _extend(self, old: str, new: NewFile, sequence_number: int) -> None:
-        """``old`` replaced by ``new``: the same rows at the same positions, then more.
-        Its rows keep their entries (the file's id is the same; O(new rows))."""
+    @staticmethod
+    def _live(new: NewFile, sequence_number: int, row_ids: Mapping[str, int]) -> LiveData:
+        path = new.file.file_path
+        return LiveData(new.file, sequence_number, new.spec_id, row_ids.get(path))
+
+    def _extend(self, old: str, new: NewFile, live: LiveData) -> None:
+        """``old`` replaced by ``new`` (``live``): the same rows at the same positions,
+        then more. Its rows keep their entries (the file's id is the same; O(new rows))."""
         view = self._view
         file_id = self._ids_of([old]).get(old)
         previous = view.data.get(old) if view is not None else None
@@ -429,23 +454,22 @@ class KeyIndex:
             raise IndexUnavailableError(f"key index has no live file {old} to extend")
         path = new.file.file_path
         self._db.execute(
-            "UPDATE files SET path = ?, seq = ? WHERE id = ?", (path, sequence_number, file_id)
+            "UPDATE files SET path = ?, seq = ? WHERE id = ?",
+            (path, live.sequence_number, file_id),
         )
         self._ids.pop(old, None)
         self._ids[path] = file_id
         view.drop_data(old)
-        view.data[path] = LiveData(new.file, sequence_number, new.spec_id)
+        view.data[path] = live
         self._insert(file_id, new.keys, start=previous.file.record_count)
 
-    def _compact(self, old: str, new: NewFile, sequence_number: int, unpartitioned: bool) -> None:
-        """``old`` replaced by ``new``: its live rows in their order, then more. Its
-        entries move to the new file renumbered (O(its live rows), in SQLite)."""
+    def _compact(self, old: str, new: NewFile, live: LiveData, unpartitioned: bool) -> None:
+        """``old`` replaced by ``new`` (``live``): its live rows in their order, then more.
+        Its entries move to the new file renumbered (O(its live rows), in SQLite)."""
         file_id = self._ids_of([old]).get(old)
         if file_id is None or self._view is None or old not in self._view.data:
             raise IndexUnavailableError(f"key index has no live file {old} to compact")
-        new_id = self._register(
-            new.file.file_path, LiveData(new.file, sequence_number, new.spec_id), unpartitioned
-        )
+        new_id = self._register(new.file.file_path, live, unpartitioned)
         kept = self._db.execute(
             "INSERT INTO rows(file, pos, key) SELECT ?, ROW_NUMBER() OVER (ORDER BY pos) - 1, "
             "key FROM rows WHERE file = ?",
@@ -514,15 +538,14 @@ class KeyIndex:
                 self._apply_positions(io, delete)
 
     def _apply_positions(self, io: FileIO, delete: LiveDelete) -> None:
-        if delete.file.file_format == FileFormat.PUFFIN:
-            raise IndexUnavailableError(
-                f"deletion vector {delete.path}: not readable by this key index"
-            )
-        # The paths it names are known from the manifest (a whole-table read found them)
-        # or read with the positions.
-        named = read_positions(io, delete.file, delete.paths or None)
-        if len(named) == 1 and self._view is not None:
-            self._view.add_scoped(next(iter(named)), delete)
+        # The paths it names are known from the manifest (a whole-table read found them,
+        # a vector says its one) or read with the positions.
+        try:
+            named = read_positions(io, delete.file, delete.paths or None)
+        except (OSError, ValueError) as exc:
+            raise IndexUnavailableError(f"cannot read {delete.path}: {exc}") from exc
+        if self._view is not None:
+            self._view.add_delete(replace(delete, paths=delete.paths or frozenset(named)))
         known = self._ids_of(named)
         for path, file_id in known.items():
             positions = named[path]
@@ -638,17 +661,24 @@ def _chain(
     return chain
 
 
-def _changes(io: FileIO, snapshot: Snapshot) -> tuple[list[LiveData], list[LiveData]]:
+def _changes(
+    io: FileIO, snapshot: Snapshot, format_version: int
+) -> tuple[list[LiveData], list[LiveData]]:
     """The files ``snapshot`` added and removed (entries it wrote with its own id)."""
     added: list[LiveData] = []
     removed: list[LiveData] = []
-    for manifest in snapshot.manifests(io):
-        if manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+    for manifest, entries in snapshot_entries(
+        io, snapshot, format_version, discard_deleted=False, added_by=snapshot.snapshot_id
+    ):
+        for entry in entries:
             if entry.snapshot_id != snapshot.snapshot_id:
                 continue
-            data = LiveData(entry.data_file, entry.sequence_number or 0, manifest.partition_spec_id)
+            data = LiveData(
+                entry.data_file,
+                entry.sequence_number or 0,
+                manifest.partition_spec_id,
+                v3_value(entry.data_file, "first_row_id"),
+            )
             if entry.status == ManifestEntryStatus.ADDED:
                 added.append(data)
             elif entry.status == ManifestEntryStatus.DELETED:

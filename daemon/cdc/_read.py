@@ -3,9 +3,10 @@
 pyiceberg 0.12's scan refuses tables with equality deletes, so the daemon's own
 readers (tests, tools) read through this instead. Which delete applies to which data
 file is `icespool.cdc._deletes`' (Iceberg's scoping rules, shared with compaction);
-this applies them to the rows: position deletes by (file, position), equality
-deletes by key, each as one join over the whole table. Blocking; the whole table is
-read into memory (a reader for checks and small tables, not a query engine).
+this applies them to the rows: position deletes and deletion vectors by (file,
+position), equality deletes by key, each as one join over the whole table. Blocking;
+the whole table is read into memory (a reader for checks and small tables, not a
+query engine).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
 from icespool.cdc._deletes import LiveData, LiveDelete, live_files
+from icespool.cdc._files import read_positions
 from icespool.schema import arrow_schema_for, conform
 
 __all__ = ["read_merged"]
@@ -54,9 +56,9 @@ def read_merged(table: Table) -> pa.Table:
             _ROW: pa.array(np.arange(merged.num_rows, dtype=np.int64)),
         }
     )
-    index = {d.path: j for j, d in enumerate(live.deletes)}
+    index = {d.key: j for j, d in enumerate(live.deletes)}
     # The (data file, delete file) pairs Iceberg's rules say apply.
-    pairs = [(i, index[d.path]) for i, one in enumerate(data) for d in live.deletes_for(one)]
+    pairs = [(i, index[d.key]) for i, one in enumerate(data) for d in live.deletes_for(one)]
     if not pairs:
         return merged
     applying = pa.table(
@@ -102,17 +104,18 @@ def _apply_positions(
     files = {d.file.file_path: i for i, d in enumerate(data)}
     pieces = []
     for j in which:
-        read = pa.Table.from_batches([_read(table, deletes[j].path)])
-        paths = read.column("file_path").to_pylist()  # per delete, tests and tools only
-        pieces.append(
-            pa.table(
-                {
-                    _DATA: pa.array([files.get(p, -1) for p in paths], pa.int64()),
-                    _POS: read.column("pos").cast(pa.int64()),
-                    _DELETE: pa.array(np.full(read.num_rows, j, np.int64)),
-                }
+        for path, positions in read_positions(table.io, deletes[j].file).items():
+            pieces.append(
+                pa.table(
+                    {
+                        _DATA: pa.array(np.full(len(positions), files.get(path, -1), np.int64)),
+                        _POS: pa.array(positions, pa.int64()),
+                        _DELETE: pa.array(np.full(len(positions), j, np.int64)),
+                    }
+                )
             )
-        )
+    if not pieces:
+        return
     named = pa.concat_tables(pieces)
     hits = rows.join(named, keys=[_DATA, _POS], join_type="inner", use_threads=False)
     _drop(hits, applying, keep)

@@ -257,10 +257,11 @@ def _check_key(i: int, table: TableConfig, types_by_name: Mapping[str, str]) -> 
             )
         seen.add(name)
     version = table.properties.get("format-version")
-    if version is not None and version != "2":
+    if version is not None and version not in ("2", "3"):
         raise ConfigError(
             f"tables[{i}].properties.format-version",
-            f"an upsert table (key = {table.key}) is format version 2 (equality deletes); "
+            f"an upsert table (key = {table.key}) is format version 2 (position and equality "
+            f'deletes) or 3 (deletion vectors); set format-version = "2" or "3", or '
             f"remove format-version = {version!r}",
         )
     if table.columns is None:

@@ -7,6 +7,7 @@
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
     _position_deletes  rows named by data file and position -> position-delete files
+    _deletion_vectors  the same for format-v3 tables: deletion vectors in a Puffin file
     _transforms the partition transforms, vectorized over Arrow arrays
     _commit     every commit, by one engine (its doc lists the modules): ONE snapshot per
                 flush, idempotent per spool segment; property commits; snapshot expiry
@@ -56,10 +57,18 @@ from icespool.iceberg._defaults import (
     apply_defaults,
     table_defaults,
 )
+from icespool.iceberg._deletion_vectors import (
+    DELETION_VECTOR_MARK,
+    deserialize_vector,
+    encode_deletion_vectors,
+    read_deletion_vector,
+    serialize_vector,
+)
 from icespool.iceberg._health import CatalogHealth
 from icespool.iceberg._parquet import (
     COMPRESSION_CODECS,
     DELETE_FILE_MARK,
+    ROW_LINEAGE_FIELDS,
     TAIL_FILE_MARK,
     EncodedFile,
     encode_data_files,
@@ -94,13 +103,20 @@ from icespool.iceberg._timeouts import (
 from icespool.iceberg._transforms import partition_transform
 from icespool.iceberg._upstream._refresh import refresh_table
 from icespool.iceberg._upstream._sql import IcespoolSqlCatalog
+from icespool.iceberg._upstream._v3_manifests import (
+    file_key,
+    snapshot_entries,
+    v3_value,
+)
 
 __all__ = [
     "COMPRESSION_CODECS",
     "DELETE_FILE_MARK",
+    "DELETION_VECTOR_MARK",
     "MAX_SNAPSHOT_AGE_MS",
     "MIN_SNAPSHOTS_TO_KEEP",
     "POSITION_DELETE_MARK",
+    "ROW_LINEAGE_FIELDS",
     "SEGMENTS_SUMMARY_KEY",
     "SEGMENT_RECORDS_SUMMARY_KEY",
     "TABLE_DEFAULTS",
@@ -139,24 +155,31 @@ __all__ = [
     "create_inferred",
     "create_with",
     "delete_rows",
+    "deserialize_vector",
     "encode_data_files",
     "encode_data_files_with_rows",
+    "encode_deletion_vectors",
     "encode_equality_deletes",
     "encode_position_deletes",
     "ensure_table",
     "existing_table",
+    "file_key",
     "find_committed_segments",
     "last_segments_key",
     "load_catalog",
     "load_declared",
     "partition_transform",
+    "read_deletion_vector",
     "refresh_table",
     "remove_files",
+    "serialize_vector",
     "short_error",
+    "snapshot_entries",
     "split_identifier",
     "startup_timeout",
     "table_defaults",
     "table_names",
     "unavailable",
+    "v3_value",
     "validates_locally",
 ]

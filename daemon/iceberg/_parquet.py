@@ -47,6 +47,8 @@ from pyiceberg.table.locations import LocationProvider
 from pyiceberg.typedef import Record
 from pyiceberg.types import (
     DateType,
+    LongType,
+    NestedField,
     PrimitiveType,
     TimestampType,
     TimestamptzType,
@@ -63,6 +65,7 @@ from icespool.schema import arrow_schema_for, conform, fill_masked_children
 __all__ = [
     "COMPRESSION_CODECS",
     "DELETE_FILE_MARK",
+    "ROW_LINEAGE_FIELDS",
     "TAIL_FILE_MARK",
     "EncodedFile",
     "encode_data_files",
@@ -106,6 +109,15 @@ _RAW_TEMPORAL: Final[dict[type, Callable[[Any], int]]] = {
 DELETE_FILE_MARK: Final = "-eq"
 #: In the names of an upsert table's rewritten last file: ``{prefix}-t{attempt}-...``.
 TAIL_FILE_MARK: Final = "-t"
+
+#: The row lineage columns of a format-v3 data file (the spec's reserved field ids): a
+#: row copied into a new file carries its ``_row_id`` and ``_last_updated_sequence_number``
+#: there; null (a new or changed row) means inherited from the file's metadata.
+ROW_LINEAGE_FIELDS: Final = (
+    NestedField(2147483540, "_row_id", LongType(), required=False),
+    NestedField(2147483539, "_last_updated_sequence_number", LongType(), required=False),
+)
+_NO_METRICS: Final = MetricsMode(MetricModeTypes.NONE)
 
 _FILE_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # A file is closed once it is this close to the target: one more row group would
@@ -525,12 +537,20 @@ def encode_data_files_with_rows(
     row_group_records: int,
     compression: str,
     file_prefix: str,
+    row_lineage: bool = False,
 ) -> list[EncodedFile]:
     """`encode_data_files`, saying which rows of ``batches`` (their indices in the
-    batches taken as one table) each file holds, in file order."""
+    batches taken as one table) each file holds, in file order.
+
+    ``row_lineage``: the batches also hold the `ROW_LINEAGE_FIELDS` columns (by field
+    id), written to the files without column metrics (a stored ``_row_id`` bounds only
+    the copied rows; readers must not prune by it)."""
+    schema = table.metadata.schema()
+    if row_lineage:
+        schema = Schema(*schema.fields, *ROW_LINEAGE_FIELDS, schema_id=schema.schema_id)
     return _encode(
         table,
-        table.metadata.schema(),
+        schema,
         batches,
         target_file_size=target_file_size,
         row_group_records=row_group_records,
@@ -625,7 +645,7 @@ def _encode(
         settings=settings,
         spec_id=metadata.default_spec_id,
         file_prefix=file_prefix,
-        statistics_plan=_statistics_plan(file_schema, properties),
+        statistics_plan=_without_lineage_metrics(_statistics_plan(file_schema, properties)),
         column_mapping=column_mapping,
         written=[],
         use_dictionary=_dictionary_columns(data, write_schema, column_mapping),
@@ -655,6 +675,16 @@ def _encode(
         _remove_quietly(context.io, context.written)
         raise
     return data_files
+
+
+def _without_lineage_metrics(
+    plan: dict[int, StatisticsCollector],
+) -> dict[int, StatisticsCollector]:
+    lineage = {field.field_id for field in ROW_LINEAGE_FIELDS}
+    return {
+        field_id: replace(collector, mode=_NO_METRICS) if field_id in lineage else collector
+        for field_id, collector in plan.items()
+    }
 
 
 def _dictionary_columns(

@@ -16,7 +16,7 @@ Blocking; the flush runs it in its thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import pyarrow as pa
@@ -31,11 +31,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField, StringType
 
-from icespool.cdc import LiveData, Located
 from icespool.errors import CatalogError
 from icespool.iceberg._parquet import remove_files
 from icespool.iceberg._upstream._partition_key import physical_partition_key
 from icespool.schema import arrow_schema_for
+
+if TYPE_CHECKING:
+    from icespool.cdc import LiveData, Located
 
 __all__ = ["POSITION_DELETE_MARK", "encode_position_deletes"]
 

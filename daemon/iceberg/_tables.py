@@ -78,8 +78,8 @@ def load_declared(
         return check_key(table, key, name) if key else table
     schema = declared_schema(declared)
     properties: Mapping[str, str] = declared.properties
-    if key:
-        properties = {**properties, _FORMAT_VERSION: "2"}  # equality deletes need v2
+    if key and properties.get(_FORMAT_VERSION) != "3":
+        properties = {**properties, _FORMAT_VERSION: "2"}  # row-level deletes need v2
     table = ensure_table(
         catalog,
         name,
@@ -182,7 +182,7 @@ def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
 def check_key(table: Table, key: Sequence[str], name: str) -> Table:
     """``table`` as an upsert table with ``key``, or `CatalogError` naming the table.
 
-    The table must be format v2 (equality deletes), its key columns required, of a
+    The table must be format v2 or later (row-level deletes), its key columns required, of a
     type Iceberg allows as an identifier field, and its partition source columns key
     columns. Its identifier fields must be the key; a table without any gets the key
     as its identifier fields here (one schema commit, logged), so Spark and other

@@ -10,6 +10,14 @@ files naming exactly those rows, and commits ONE ``replace`` snapshot that remov
 equality deletes and adds the position deletes: the table's rows are the same before
 and after, and readers apply per-file positions instead of joins.
 
+In a format-v3 table the rows go to deletion vectors instead (position delete files
+must not be added there), one per data file, each merged with the file's current
+deletes (its vector, and any position delete files of an older format), which the same
+snapshot removes (all but position delete files naming several data files: the vector
+holds their rows of its file). The daemon's upserts replace a file's vector at every
+commit touching it, so the vectors are written on each commit attempt, against the
+deletes the refreshed table has then (`commit_conversion`), not when planned.
+
 Safe beside other writers: the commit checks, on the refreshed table of every attempt,
 that the equality deletes are still live and that every data file named is still live
 (a rewrite of one by another writer or by compaction, say, fails the check and the
@@ -22,6 +30,7 @@ table's lane.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,12 +42,23 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.update import ValidatableTableRequirement
 
-from icespool.cdc import LiveData, LiveDelete, Located, key_array, live_files, read_columns
+from icespool.cdc import (
+    LiveData,
+    LiveDelete,
+    LiveFiles,
+    Located,
+    key_array,
+    live_files,
+    read_columns,
+    read_positions,
+    union_positions,
+)
 from icespool.iceberg import (
     CommitResult,
     ReplaceConflictError,
     ReplaceExtra,
     commit_replace,
+    encode_deletion_vectors,
     encode_position_deletes,
 )
 from icespool.maintenance._budget import IoBudget
@@ -47,14 +67,18 @@ __all__ = ["Conversion", "commit_conversion", "plan_conversion", "write_conversi
 
 #: The summary mark of a conversion's snapshot.
 _SUMMARY = {"icespool.maintenance": "convert-equality-deletes"}
+#: The first format version with deletion vectors.
+_VECTORS = 3
 
 
 @dataclass(frozen=True)
 class Conversion:
-    """The equality deletes of one snapshot and the rows they delete."""
+    """The equality deletes of one snapshot and the rows they delete; ``vectors``: they
+    become deletion vectors (a format-v3 table), written at commit."""
 
     equality: tuple[DataFile, ...]
     located: Located
+    vectors: bool = False
 
 
 def plan_conversion(
@@ -79,7 +103,8 @@ def plan_conversion(
         if len(found):
             positions[path] = found
     located = Located(positions, {path: live.data[path] for path in positions})
-    return Conversion(tuple(d.file for d in equality), located)
+    vectors = table.metadata.format_version >= _VECTORS
+    return Conversion(tuple(d.file for d in equality), located, vectors)
 
 
 def _deleted_rows(
@@ -111,8 +136,9 @@ def write_conversion(
     table: Table, conversion: Conversion, *, file_prefix: str, compression: str
 ) -> list[DataFile]:
     """The position-delete files of ``conversion`` (none when its equality deletes
-    delete no live row: the commit then only removes them)."""
-    if not conversion.located.rows:
+    delete no live row: the commit then only removes them; none for deletion vectors:
+    `commit_conversion` writes those)."""
+    if not conversion.located.rows or conversion.vectors:
         return []
     written = encode_position_deletes(
         table, conversion.located, file_prefix=file_prefix, compression=compression
@@ -126,11 +152,15 @@ def commit_conversion(
     files: Sequence[DataFile],
     *,
     requirements: Sequence[ValidatableTableRequirement] = (),
+    vector_prefix: str = "",
 ) -> CommitResult:
-    """ONE ``replace`` snapshot: ``conversion``'s equality deletes out, ``files`` in.
+    """ONE ``replace`` snapshot: ``conversion``'s equality deletes out, ``files`` in
+    (with ``conversion.vectors``: each attempt's deletion vectors in, named
+    ``{vector_prefix}{attempt}-00000-00000.puffin``, and the deletes they merge out).
     Raises `ReplaceConflictError` (nothing committed) when another writer removed one
     of the equality deletes or a data file named since the conversion was planned."""
     named = set(conversion.located.positions)
+    attempts = itertools.count()
 
     def still_named(refreshed: Table) -> ReplaceExtra:
         snapshot = refreshed.metadata.current_snapshot()
@@ -138,12 +168,14 @@ def commit_conversion(
             live_files(refreshed.io, refreshed.metadata, snapshot) if snapshot is not None else None
         )
         gone = sorted(named - set(live.data)) if live is not None else sorted(named)
-        if gone:
+        if gone or live is None:
             raise ReplaceConflictError(
                 f"table {'.'.join(refreshed.name())}: {len(gone)} data file(s) an equality "
                 f"delete applied to were rewritten or removed since: {gone[:3]}"
             )
-        return ReplaceExtra()
+        if not conversion.vectors or not conversion.located.rows:
+            return ReplaceExtra()
+        return _vectors(refreshed, conversion, live, f"{vector_prefix}{next(attempts)}")
 
     return commit_replace(
         table,
@@ -153,3 +185,22 @@ def commit_conversion(
         requirements=requirements,
         check=still_named,
     )
+
+
+def _vectors(table: Table, conversion: Conversion, live: LiveFiles, prefix: str) -> ReplaceExtra:
+    """The deletion vectors of ``conversion``'s rows, each merged with its data file's
+    current deletes in ``live`` (the refreshed table), and the deletes they replace."""
+    merged: dict[str, np.ndarray] = {}
+    replaced: dict[tuple[str, int | None], DataFile] = {}
+    for path, rows in conversion.located.positions.items():
+        earlier = [d for d in live.deletes_for(live.data[path]) if not d.is_equality]
+        named = [read_positions(table.io, d.file, [path]).get(path, rows[:0]) for d in earlier]
+        merged[path] = union_positions(rows, *named)
+        # Those naming several data files stay: the vector holds their rows of its file.
+        replaced.update((d.key, d.file) for d in earlier if len(d.paths) == 1)
+    vectors = encode_deletion_vectors(
+        table,
+        Located(merged, {path: live.data[path] for path in merged}),
+        file_prefix=prefix,
+    )
+    return ReplaceExtra(list(replaced.values()), list(vectors.values()))

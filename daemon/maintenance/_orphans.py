@@ -68,6 +68,7 @@ from pyiceberg.table import Table
 
 from icespool.iceberg import (
     DELETE_FILE_MARK,
+    DELETION_VECTOR_MARK,
     POSITION_DELETE_MARK,
     TAIL_FILE_MARK,
     refresh_table,
@@ -92,17 +93,19 @@ _log = logging.getLogger("icespool.maintenance.orphans")
 COMPACTION_PREFIX: Final = "c-"
 
 _MARKS: Final = "|".join(
-    re.escape(mark) for mark in (DELETE_FILE_MARK, POSITION_DELETE_MARK, TAIL_FILE_MARK)
+    re.escape(mark)
+    for mark in (DELETE_FILE_MARK, POSITION_DELETE_MARK, DELETION_VECTOR_MARK, TAIL_FILE_MARK)
 )
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _INCARNATION: Final = r"[0-9a-f]{12}"
 # An upsert table's flush also writes delete files: ``{segment}-{incarnation}-eq-...``
-# (equality) or ``...-pos-...`` (position), and rewrites its last small data file
-# (``...-t-...``), each mark numbered by the commit attempt.
+# (equality), ``...-pos-...`` (position) or ``...-dv-...puffin`` (a format-v3 table's
+# deletion vectors), and rewrites its last small data file (``...-t-...``), each mark
+# numbered by the commit attempt.
 _NAME: Final = re.compile(
     rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:-(?P<incarnation>{_INCARNATION}))?"
     rf"(?:(?:{_MARKS})[0-9]*)?"
-    rf"-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"-[0-9]{{5,}}-[0-9]{{5,}}\.(?:parquet|puffin)$"
 )
 _DELETE_WORKERS: Final = 8
 

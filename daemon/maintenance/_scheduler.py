@@ -273,7 +273,9 @@ class MaintenanceScheduler:
     def soon(self, name: str, tasks: frozenset[str] = frozenset({"convert"})) -> None:
         """Run ``tasks`` of ``name`` within seconds, out of its turn (an upsert table
         committed equality deletes: maintenance turns them into position deletes).
-        Requests before that run starts ride on it; its regular runs stay as they are."""
+        Requests before that run starts ride on it, later ones get a run after it (their
+        equality deletes were committed after it planned); its regular runs stay as they
+        are."""
         state = self._states.get(name)
         if state is None or state.urgent is not None:
             return
@@ -449,6 +451,8 @@ class MaintenanceScheduler:
         try:
             async with asyncio.timeout(run_timeout + min(_ABANDON_AFTER, run_timeout)):
                 only = state.urgent if urgent else None
+                if urgent:
+                    state.urgent = None  # what is asked from now on was not planned here
                 outcome, error = await self._maintain(state, started, tasks, removed, only)
         except TimeoutError:
             outcome, error = "timeout", f"abandoned after {run_timeout:g}s"
@@ -462,7 +466,6 @@ class MaintenanceScheduler:
             self._slots.release()
             ended = time.time()
             if urgent:
-                state.urgent = None
                 self._log_run(state, outcome, error, removed, wall, ended, started)
             else:
                 self._finish(state, outcome, error, tasks, removed, wall, ended, started)

@@ -22,6 +22,8 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 
 from icespool.iceberg import (
+    DELETION_VECTOR_MARK,
+    POSITION_DELETE_MARK,
     CommitOutcomeUnknownError,
     ReplaceConflictError,
     apply_defaults,
@@ -275,18 +277,22 @@ async def _convert_task(ctx: RunContext) -> TaskResult:
     if conversion is None:
         return TaskResult(detail="no equality deletes")
     writer = ctx.config.table_settings(ctx.name)
-    prefix = f"{_orphans.COMPACTION_PREFIX}{new_uuid7()}-{ctx.files.current}-pos"
+    prefix = f"{_orphans.COMPACTION_PREFIX}{new_uuid7()}-{ctx.files.current}"
     files = await ctx.off_lane(
         _convert.write_conversion,
         table,
         conversion,
-        file_prefix=prefix,
+        file_prefix=f"{prefix}{POSITION_DELETE_MARK}",
         compression=writer.compression,
     )
     try:
         await ctx.in_lane(
             lambda: _convert.commit_conversion(
-                table, conversion, files, requirements=ctx.requirements
+                table,
+                conversion,
+                files,
+                requirements=ctx.requirements,
+                vector_prefix=f"{prefix}{DELETION_VECTOR_MARK}",
             )
         )
     except ReplaceConflictError as exc:
@@ -297,10 +303,15 @@ async def _convert_task(ctx: RunContext) -> TaskResult:
     except BaseException:
         await asyncio.shield(ctx.off_lane(_remove_quietly, table.io, [f.file_path for f in files]))
         raise
+    made = (
+        f"{len(conversion.located.positions)} deletion vectors"
+        if conversion.vectors
+        else f"{len(files)} position delete files"
+    )
     return TaskResult(
         detail=(
-            f"{len(conversion.equality)} equality delete files turned into "
-            f"{len(files)} position delete files ({conversion.located.rows} rows)"
+            f"{len(conversion.equality)} equality delete files turned into {made} "
+            f"({conversion.located.rows} rows)"
         )
     )
 

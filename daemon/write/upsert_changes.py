@@ -21,6 +21,17 @@ With the key index (`position_changes`):
   A tail that grows past ``TAIL_BYTES`` is kept as it is and the next commit starts a
   new one; maintenance compacts the kept ones, dropping their deleted rows.
 
+In a format-v3 table the deletes are deletion vectors instead, one per data file in
+one Puffin file per attempt, and a data file has at most one: every commit touching a
+file merges its vector with the file's earlier deletes (its vector, and any position
+delete files an older format left) and removes the earlier ones it can (all but
+position delete files naming several data files, whose rows the vector then holds too:
+readers ignore them where a vector applies). A tail's copy keeps row lineage: the rows
+it copies carry their ``_row_id`` and ``_last_updated_sequence_number`` explicitly
+(read from the tail, or inherited from its metadata), its new rows null (new row ids,
+the commit's sequence number). A tail whose row ids are unknown (a file from before the
+table had row lineage) is not extended.
+
 Without it (`equality_changes`): the new rows as written, and equality deletes of every
 key the commit touched, as Iceberg's upsert writers do.
 """
@@ -34,6 +45,7 @@ from typing import Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -41,6 +53,7 @@ from pyiceberg.typedef import Record
 
 from icespool.cdc import (
     Change,
+    DeleteKey,
     IndexUnavailableError,
     KeyIndex,
     KeyValue,
@@ -48,19 +61,25 @@ from icespool.cdc import (
     LiveDelete,
     Located,
     NewFile,
+    read_optional_columns,
     read_positions,
+    union_positions,
 )
 from icespool.config import WriterSettings
 from icespool.iceberg import (
     DELETE_FILE_MARK,
+    DELETION_VECTOR_MARK,
     POSITION_DELETE_MARK,
+    ROW_LINEAGE_FIELDS,
     TAIL_FILE_MARK,
     AttemptChanges,
     EncodedFile,
     check_upsert_layout,
     encode_data_files_with_rows,
+    encode_deletion_vectors,
     encode_equality_deletes,
     encode_position_deletes,
+    file_key,
     remove_files,
 )
 from icespool.schema import conform
@@ -86,6 +105,8 @@ DELTAS: Final = 4
 #: A target file size no tail reaches: its copy is one file.
 _ONE_FILE: Final = 2**62
 _NONE: Final = np.zeros(0, dtype=np.int64)
+#: The first format version with deletion vectors and row lineage.
+_VECTORS: Final = 3
 
 #: A partition of the table: its spec id and partition values.
 Part = tuple[int, Record]
@@ -120,7 +141,7 @@ class Detail:
     change: Change
     tails: Tails
     used: frozenset[str]
-    positions: Mapping[str, np.ndarray]
+    positions: Mapping[DeleteKey, np.ndarray]
 
 
 def equality_changes(table: Table, plan: Plan, attempt: int) -> AttemptChanges:
@@ -147,7 +168,7 @@ def position_changes(
     attempt: int,
     index: KeyIndex,
     tails: Mapping[Part, str],
-    known: Mapping[str, np.ndarray],
+    known: Mapping[DeleteKey, np.ndarray],
 ) -> AttemptChanges:
     """The attempt's changes with ``index`` synced to ``table`` (module doc). ``known``:
     the positions of delete files the writer wrote itself (not read again)."""
@@ -167,31 +188,42 @@ def _position_changes(
     index: KeyIndex,
     located: Located,
     tails: Mapping[Part, str],
-    known: Mapping[str, np.ndarray],
+    known: Mapping[DeleteKey, np.ndarray],
     written: list[DataFile],
 ) -> AttemptChanges:
+    vectors = table.metadata.format_version >= _VECTORS
     parts = _by_part(plan.written)
     candidates = {part: tails[part] for part in parts if part in tails}
-    scoped = _scoped(table, index, [*located.positions, *candidates.values()], known)
+    scoped = _scoped(table, index, [*located.positions, *candidates.values()], known, vectors)
     extending = _within_budget(
-        index, {part: path for part, path in candidates.items() if _extendable(index, path, scoped)}
+        index,
+        {
+            part: path
+            for part, path in candidates.items()
+            if _extendable(index, path, scoped, vectors)
+        },
     )
     # Rows each data file loses. A file with fewer than DELTAS delete files naming it
     # alone gets one more with the new positions; at DELTAS they are merged into one
     # (all of them replaced), and a tail's always are, moved to its copy at the same
     # positions: a reader applies at most DELTAS delete files to a file, and a commit
-    # rewrites a file's deleted positions only every DELTAS commits touching it.
+    # rewrites a file's deleted positions only every DELTAS commits touching it. A
+    # file's deletion vector (format v3) is always merged: it may have only one.
     touched = {*located.positions, *extending.values()}
-    merging = {p for p in touched if p in extending.values() or len(scoped[p][1]) >= DELTAS}
+    merging = {
+        p for p in touched if vectors or p in extending.values() or len(scoped[p][1]) >= DELTAS
+    }
     dead = {
-        path: _union(scoped[path][0], located.positions.get(path, _NONE))
+        path: union_positions(scoped[path][0], located.positions.get(path, _NONE))
         if path in merging
         else located.positions[path]
         for path in touched
     }
     files = {path: located.files.get(path) or index.data_file(path) for path in touched}
-    removed = [d.file for path in merging for d in scoped[path][1]]
-    dropped = [d.path for path in merging for d in scoped[path][1]]
+    # Those naming several data files stay (a vector holds their rows of its file).
+    replaced = {d.key: d for path in merging for d in scoped[path][1] if len(d.paths) <= 1}
+    removed = [d.file for d in replaced.values()]
+    dropped = list(replaced)
     added: list[DataFile] = []
     new_files: list[NewFile] = []
     extended: dict[str, NewFile] = {}
@@ -217,7 +249,7 @@ def _position_changes(
             if 2 * len(gone) > old.file.record_count
             else None
         )
-        copy, keys = _extend_tail(table, plan, attempt, old, encoded, keep)
+        copy, keys = _extend_tail(table, plan, attempt, old, encoded, keep, vectors)
         written.append(copy.file)
         added.append(copy.file)
         removed.append(old.file)
@@ -226,55 +258,52 @@ def _position_changes(
         if keep is None:
             dead[copy.file.file_path] = gone
             files[copy.file.file_path] = LiveData(copy.file, 0, old.spec_id)
-    deletes = encode_position_deletes(
-        table,
-        Located(
-            {p: v for p, v in dead.items() if len(v)},
-            {p: f for p, f in files.items() if f is not None},
-        ),
-        file_prefix=f"{plan.prefix}{POSITION_DELETE_MARK}{attempt}",
-        compression=plan.settings.compression,
+    deleting = Located(
+        {p: v for p, v in dead.items() if len(v)},
+        {p: f for p, f in files.items() if f is not None},
     )
-    written.extend(deletes.values())
+    if vectors:
+        deletes = encode_deletion_vectors(
+            table, deleting, file_prefix=f"{plan.prefix}{DELETION_VECTOR_MARK}{attempt}"
+        )
+        # The Puffin file once: every vector's entry names it.
+        written.extend({f.file_path: f for f in deletes.values()}.values())
+    else:
+        deletes = encode_position_deletes(
+            table,
+            deleting,
+            file_prefix=f"{plan.prefix}{POSITION_DELETE_MARK}{attempt}",
+            compression=plan.settings.compression,
+        )
+        written.extend(deletes.values())
     added.extend(deletes.values())
     change = Change(located, new_files, extended, (), deletes, dropped, compacted)
     tails_after = {part: f for part, f in next_tails.items() if f.file_size_in_bytes < TAIL_BYTES}
-    positions = {deletes[path].file_path: dead[path] for path in deletes}
+    positions = {file_key(deletes[path]): dead[path] for path in deletes}
     detail = Detail(change, tails_after, frozenset(used), positions)
     return AttemptChanges(added, removed, list(written), detail)
 
 
 def _scoped(
-    table: Table, index: KeyIndex, paths: Sequence[str], known: Mapping[str, np.ndarray]
+    table: Table,
+    index: KeyIndex,
+    paths: Sequence[str],
+    known: Mapping[DeleteKey, np.ndarray],
+    vectors: bool,
 ) -> dict[str, tuple[np.ndarray, list[LiveDelete]]]:
-    """For each data file: the positions its file-scoped delete files delete, and them."""
+    """For each data file: the positions its file-scoped delete files delete, and them
+    (with ``vectors``: every position delete naming it, which its vector must hold)."""
     out: dict[str, tuple[np.ndarray, list[LiveDelete]]] = {}
     for path in paths:
-        deletes = index.scoped_deletes(path)
+        deletes = index.position_deletes(path) if vectors else index.scoped_deletes(path)
         named = [
-            known[d.path]
-            if d.path in known
+            known[d.key]
+            if d.key in known
             else read_positions(table.io, d.file, [path]).get(path, _NONE)
             for d in deletes
         ]
-        out[path] = (_union(*named), deletes)
+        out[path] = (union_positions(*named), deletes)
     return out
-
-
-def _union(*positions: np.ndarray) -> np.ndarray:
-    """The sorted union of position arrays (a mask over their range: linear, where a
-    hashed set union of hundreds of thousands of positions took a tenth of a second)."""
-    present = [p for p in positions if len(p)]
-    if not present:
-        return _NONE
-    if len(present) == 1:
-        return np.unique(present[0]) if not _sorted_unique(present[0]) else present[0]
-    mask = np.zeros(
-        max(int(p[-1]) if _sorted_unique(p) else int(p.max()) for p in present) + 1, dtype=bool
-    )
-    for p in present:
-        mask[p] = True
-    return np.flatnonzero(mask).astype(np.int64)
 
 
 def _complement(positions: np.ndarray, count: int) -> np.ndarray:
@@ -284,19 +313,21 @@ def _complement(positions: np.ndarray, count: int) -> np.ndarray:
     return np.flatnonzero(mask).astype(np.int64)
 
 
-def _sorted_unique(positions: np.ndarray) -> bool:
-    return bool(len(positions) < 2 or np.all(positions[1:] > positions[:-1]))
-
-
 def _extendable(
-    index: KeyIndex, path: str, scoped: Mapping[str, tuple[np.ndarray, list[LiveDelete]]]
+    index: KeyIndex,
+    path: str,
+    scoped: Mapping[str, tuple[np.ndarray, list[LiveDelete]]],
+    vectors: bool,
 ) -> bool:
     """Whether the tail at ``path`` is live and every dead row of it is named by its
     file-scoped deletes (carried to its copy). A row dead by another writer's delete that
     names several files, or by an equality delete, would come back in the copy (its newer
-    sequence number): such a tail is kept as it is."""
+    sequence number): such a tail is kept as it is. With ``vectors`` (row lineage) its
+    rows' ids must be known too."""
     data = index.data_file(path)
     if data is None or data.file.file_size_in_bytes >= TAIL_BYTES:
+        return False
+    if vectors and data.first_row_id is None:
         return False
     return index.live_count(path) + len(scoped[path][0]) == data.file.record_count
 
@@ -334,15 +365,17 @@ def _extend_tail(
     tail: LiveData,
     encoded: Sequence[EncodedFile],
     keep: np.ndarray | None,
+    lineage: bool,
 ) -> tuple[EncodedFile, list[KeyValue]]:
     """A copy of ``tail`` (of its rows at ``keep`` only, in order, when given) with the
     commit's new rows of its partition after them (one file: all of its rows keep their
-    positions), and the keys of the rows it adds."""
+    positions), and the keys of the rows it adds. With ``lineage``, the copied rows keep
+    their row lineage (module doc)."""
     schema = plan.upserts.schema
     with table.io.new_input(tail.file.file_path).open() as stream:
-        old = pq.read_table(stream)
+        read = pq.read_table(stream)
     old = pa.Table.from_batches(
-        [conform(b, schema, match_field_ids=True, drop_extra=True) for b in old.to_batches()],
+        [conform(b, schema, match_field_ids=True, drop_extra=True) for b in read.to_batches()],
         schema=schema,
     )
     if old.num_rows != tail.file.record_count:
@@ -350,17 +383,50 @@ def _extend_tail(
             f"{tail.file.file_path} holds {old.num_rows} rows, its manifest entry counts "
             f"{tail.file.record_count}"
         )
+    new_rows = np.concatenate([e.rows.to_numpy(zero_copy_only=False) for e in encoded])
+    new = plan.upserts.take(pa.array(new_rows))
+    if lineage:
+        old = _with_lineage(table, tail, old)
+        new = _with_lineage(table, None, new)
     if keep is not None:
         old = old.take(pa.array(keep))
-    new_rows = np.concatenate([e.rows.to_numpy(zero_copy_only=False) for e in encoded])
     settings = plan.settings
     (copy,) = encode_data_files_with_rows(
         table,
-        pa.concat_tables([old, plan.upserts.take(pa.array(new_rows))]).to_batches(),
+        pa.concat_tables([old, new]).to_batches(),
         # One file whatever its size: its first rows must keep their positions.
         target_file_size=_ONE_FILE,
         row_group_records=settings.row_group_records,
         compression=settings.compression,
         file_prefix=f"{plan.prefix}{TAIL_FILE_MARK}{attempt}",
+        row_lineage=lineage,
     )
     return copy, [plan.upsert_values[i] for i in new_rows.tolist()]
+
+
+def _with_lineage(table: Table, tail: LiveData | None, rows: pa.Table) -> pa.Table:
+    """``rows`` with the row lineage columns: the tail's (``tail``: the file they were
+    read from, in its order), stored ones kept and the others inherited from its metadata
+    (``_row_id`` = its first row id + position, ``_last_updated_sequence_number`` = its
+    data sequence number); none (new rows: null, inherited in their new file)."""
+    count = rows.num_rows
+    columns: list[pa.Array] = []
+    if tail is None:
+        columns = [pa.nulls(count, pa.int64()), pa.nulls(count, pa.int64())]
+    else:
+        assert tail.first_row_id is not None  # checked by _extendable
+        ids = [field.field_id for field in ROW_LINEAGE_FIELDS]
+        stored = read_optional_columns(table.io, tail.file.file_path, ids)
+        inherited = [
+            pa.array(np.arange(count, dtype=np.int64) + tail.first_row_id),
+            pa.array(np.full(count, tail.sequence_number, dtype=np.int64)),
+        ]
+        columns = [
+            pc.coalesce(column.cast(pa.int64()), fallback) if column is not None else fallback
+            for column, fallback in zip(stored, inherited, strict=True)
+        ]
+    for lineage, column in zip(ROW_LINEAGE_FIELDS, columns, strict=True):
+        field_id = str(lineage.field_id).encode()
+        arrow = pa.field(lineage.name, pa.int64(), metadata={b"PARQUET:field_id": field_id})
+        rows = rows.append_column(arrow, column)
+    return rows

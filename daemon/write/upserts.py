@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from icespool.cdc import IndexUnavailableError, key_values, last_changes
+from icespool.cdc import DeleteKey, IndexUnavailableError, key_values, last_changes
 from icespool.config import WriterSettings
 from icespool.iceberg import (
     AttemptChanges,
@@ -83,7 +83,7 @@ class UpsertRows:
         self._tails: Tails = {}
         # What the live delete files this writer wrote delete (delete path -> positions):
         # the next commit merging them into new ones need not read them back.
-        self._positions: dict[str, np.ndarray] = {}
+        self._positions: dict[DeleteKey, np.ndarray] = {}
 
     def start(self, table: Table) -> None:
         """Open the key index and bring it up to date in its own thread, so it is ready
@@ -185,16 +185,21 @@ class UpsertRows:
                 self._on_equality_deletes()
             return
         self._tails.update(detail.tails)
-        for path in detail.change.dropped_deletes:
-            self._positions.pop(path, None)
+        for key in detail.change.dropped_deletes:
+            self._positions.pop(key, None)
         self._positions.update(detail.positions)
         snapshot = table.metadata.snapshot_by_id(result.commit.snapshot_id)
         if snapshot is None:  # pragma: no cover - the commit just landed
             return
         scopes = {spec_id: spec.is_unpartitioned() for spec_id, spec in table.specs().items()}
-        change, parent_id = detail.change, result.parent_id
+        change, parent_id, row_ids = detail.change, result.parent_id, result.row_ids
         self._index.defer(
             lambda index: index.committed(
-                snapshot.snapshot_id, parent_id, snapshot.sequence_number or 0, change, scopes
+                snapshot.snapshot_id,
+                parent_id,
+                snapshot.sequence_number or 0,
+                change,
+                scopes,
+                row_ids,
             )
         )

@@ -20,7 +20,9 @@ freshness.
    the same rows, compact), then times ``count(*)`` and ``GROUP BY city`` on each table
    (best of three, the tables in turn), and counts each table's live delete files by
    kind.
-4. Per probe: delete files (equality / position), both query times and their ratios;
+4. Per probe: delete files (equality / position; with ``--format-version 3`` the
+   position count is of deletion vectors, one per data file at most, and ``bench.appends``
+   is a v3 table too), both query times and their ratios;
    then the median and worst ratios. The daemons' commit durations (their logs) give
    commit p50/p99, and their metrics how each upsert commit deleted.
 

@@ -10,7 +10,8 @@ of data files.
 
 ``merged_rows`` is the test's independent reader: plain Python over every live file,
 applying Iceberg's rules row by row (no code shared with the daemon's vectorized
-apply). It refuses a key that is live twice.
+apply; format-v3 manifests read with pyiceberg's own v3 schema, deletion vectors with
+pyiceberg's Puffin reader). It refuses a key that is live twice.
 """
 
 from __future__ import annotations
@@ -21,19 +22,27 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.avro.file import AvroFile
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
 )
 from pyiceberg.manifest import (
+    DATA_FILE_TYPE,
+    MANIFEST_ENTRY_SCHEMAS,
     DataFile,
     DataFileContent,
     FileFormat,
     ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.deletion_vector import deletion_vectors_from_puffin_file
+from pyiceberg.table.puffin import Footer, PuffinFile
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
@@ -55,7 +64,10 @@ __all__ = [
     "commit_position_delete_across",
     "commit_position_deletes",
     "delete_files",
+    "entries",
     "merged_rows",
+    "v3_field",
+    "vector_positions",
     "write_position_delete",
 ]
 
@@ -218,8 +230,50 @@ def commit_position_deletes(table: Table, deletes: Mapping[str, Iterable[int]]) 
     return _commit(table, written, new_uuid7())
 
 
+def entries(table: Table, manifest: ManifestFile) -> list[ManifestEntry]:
+    """The live entries of ``manifest``, read with pyiceberg's schema of the table's
+    format version (v3: with referenced_data_file, content_offset...; pyiceberg's own
+    read drops them), sequence numbers inherited from the manifest."""
+    version = table.metadata.format_version
+    with AvroFile[ManifestEntry](
+        table.io.new_input(manifest.manifest_path),
+        MANIFEST_ENTRY_SCHEMAS[version],
+        read_types={-1: ManifestEntry, 2: DataFile},
+        read_enums={0: ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
+    ) as reader:
+        found = [e for e in reader if e.status != ManifestEntryStatus.DELETED]
+    for entry in found:
+        if entry.sequence_number is None:
+            entry.sequence_number = manifest.sequence_number
+    return found
+
+
+def v3_field(data_file: DataFile, name: str) -> Any:
+    """A v3 field of an entry read by `entries` (None when absent)."""
+    position = [f.name for f in DATA_FILE_TYPE[3].fields].index(name)
+    return data_file[position] if len(data_file) > position else None
+
+
+def vector_positions(table: Table, delete_file: DataFile) -> tuple[str, list[int]]:
+    """The data file a deletion vector names and the positions it deletes, through
+    pyiceberg's Puffin reader: the blob at the entry's content offset, alone in a
+    Puffin file of its own."""
+    with table.io.new_input(delete_file.file_path).open() as stream:
+        content = stream.read()
+    offset = v3_field(delete_file, "content_offset")
+    length = v3_field(delete_file, "content_size_in_bytes")
+    (blob,) = [b for b in PuffinFile(content).footer.blobs if b.offset == offset]
+    assert blob.length == length and blob.type == "deletion-vector-v1"
+    footer = Footer(blobs=[blob.model_copy(update={"offset": 4})]).model_dump_json().encode()
+    alone = b"PFA1" + content[offset : offset + length] + b"PFA1" + footer
+    alone += len(footer).to_bytes(4, "little") + bytes(4) + b"PFA1"
+    (vector,) = deletion_vectors_from_puffin_file(PuffinFile(alone))
+    assert vector.referenced_data_file == v3_field(delete_file, "referenced_data_file")
+    return vector.referenced_data_file, [int(p) for p in vector.to_vector().to_pylist()]
+
+
 def delete_files(table: Table) -> list[DataFile]:
-    """The live delete files of ``main``."""
+    """The live delete files of ``main`` (v3 ones with their v3 fields)."""
     table.refresh()
     snapshot = table.metadata.current_snapshot()
     if snapshot is None:
@@ -228,7 +282,7 @@ def delete_files(table: Table) -> list[DataFile]:
         entry.data_file
         for manifest in snapshot.manifests(table.io)
         if manifest.content == ManifestContent.DELETES
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        for entry in entries(table, manifest)
     ]
 
 
@@ -243,13 +297,19 @@ def merged_rows(table: Table, key: Sequence[str]) -> dict[tuple[Any, ...], dict[
     data: list[tuple[DataFile, int, int]] = []
     equality: list[tuple[int, int, Record, bool, list[str], set[tuple[Any, ...]]]] = []
     positions: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    vectors: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for manifest in snapshot.manifests(table.io):
         spec_id = manifest.partition_spec_id
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in entries(table, manifest):
             f = entry.data_file
             seq = entry.sequence_number or 0
             if f.content == DataFileContent.DATA:
                 data.append((f, seq, spec_id))
+                continue
+            if f.file_format == FileFormat.PUFFIN:
+                referenced, deleted = vector_positions(table, f)
+                assert referenced not in vectors, f"two deletion vectors name {referenced}"
+                vectors[referenced] = [(pos, seq) for pos in deleted]
                 continue
             with table.io.new_input(f.file_path).open() as stream:
                 rows = pq.read_table(stream).to_pylist()
@@ -265,7 +325,9 @@ def merged_rows(table: Table, key: Sequence[str]) -> dict[tuple[Any, ...], dict[
     for f, seq, spec_id in data:
         with table.io.new_input(f.file_path).open() as stream:
             rows = pq.read_table(stream).to_pylist()
-        gone = {pos for pos, dseq in positions.get(f.file_path, ()) if seq <= dseq}
+        # Where a deletion vector applies, position delete files do not (it holds theirs).
+        named = vectors.get(f.file_path) or positions.get(f.file_path, ())
+        gone = {pos for pos, dseq in named if seq <= dseq}
         for pos, row in enumerate(rows):
             if pos in gone:
                 continue

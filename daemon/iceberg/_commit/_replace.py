@@ -36,6 +36,7 @@ from icespool.iceberg._commit._snapshot import (
 from icespool.iceberg._parquet import remove_files
 from icespool.iceberg._upstream._replace import ReplaceFiles
 from icespool.iceberg._upstream._transaction import Staging
+from icespool.iceberg._upstream._v3_manifests import file_key
 from icespool.runtime.retry import CONFLICTS, Backoff
 
 __all__ = ["CommitOutcomeUnknownError", "ReplaceConflictError", "ReplaceExtra", "commit_replace"]
@@ -247,8 +248,8 @@ def commit_replace(
     """
     if not deleted and check is None:
         raise ValueError("commit_replace needs at least one file to remove")
-    paths = [data_file.file_path for data_file in deleted]
-    if len(set(paths)) != len(paths):
+    keys = [file_key(data_file) for data_file in deleted]
+    if len(set(keys)) != len(keys):
         raise ValueError("commit_replace: the files to remove contain duplicates")
     check_summary(summary)
     kind = _Replace(deleted, added, summary, requirements, data_sequence_number, check)

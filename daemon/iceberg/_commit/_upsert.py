@@ -39,7 +39,7 @@ from icespool.iceberg._commit._snapshot import (
 )
 from icespool.iceberg._parquet import remove_files
 from icespool.iceberg._upstream._replace import ReplaceFiles
-from icespool.iceberg._upstream._transaction import Staging, abandon
+from icespool.iceberg._upstream._transaction import Staging, abandon, staged_row_ids
 from icespool.runtime.retry import CONFLICTS, Backoff
 
 __all__ = ["AttemptChanges", "UpsertResult", "commit_upsert"]
@@ -73,17 +73,20 @@ Resolve = Callable[[Table], AttemptChanges]
 @dataclass(frozen=True)
 class UpsertResult:
     """What `commit_upsert` committed, and (when an attempt of this call landed) the
-    snapshot that attempt built on and its changes."""
+    snapshot that attempt built on, its changes and (a table with row lineage) the
+    ``first_row_id`` each data file it added was given, by path."""
 
     commit: CommitResult
     parent_id: int | None = None
     changes: AttemptChanges | None = None
+    row_ids: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class _Attempt:
     parent_id: int | None
     changes: AttemptChanges
+    row_ids: Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ class _Upsert(CommitKind[dict[str, str], CommitResult]):
             raise
         staged = Staged(transaction, files=changes.written)
         parent = None if current is None else current.snapshot_id
-        self.staged[staged.snapshot_id] = _Attempt(parent, changes)
+        self.staged[staged.snapshot_id] = _Attempt(parent, changes, staged_row_ids(transaction))
         return staged
 
     def committed(self, table: Table, staged: Staged, attempts: Attempts) -> CommitResult:
@@ -195,4 +198,4 @@ def commit_upsert(
     attempt = kind.staged.get(result.snapshot_id) if not result.already_committed else None
     if attempt is None:
         return UpsertResult(result)
-    return UpsertResult(result, attempt.parent_id, attempt.changes)
+    return UpsertResult(result, attempt.parent_id, attempt.changes, attempt.row_ids)

@@ -11,6 +11,11 @@ replaces, why, and what it relies on:
     _merge_append      _MergeAppendFiles with Iceberg's merge defaults; a row delta
     _delete_manifest   ManifestWriterV2 writing delete manifests (int equality ids)
     _replace           _OverwriteFiles committing a ``replace`` snapshot
+    _row_lineage       _SnapshotProducer._commit for v3 tables: the v3 manifest list,
+                       the snapshot's and the table's row ids
+    _v3_manifests      manifests and manifest lists read and written with their v3
+                       fields (row ids, deletion vectors' blobs)
+    _v3_metadata       ToOutputFile.table_metadata for v3 metadata files
     _summary           Summary.get through pydantic's private slot, fast
     _partition_key     PartitionKey.partition seeded with physical values
     _sql               SqlCatalog.commit_table without re-reading the table's history;

@@ -25,12 +25,14 @@ from icespool._upstream_contract import (
     UpstreamContractError,
     accepts,
     columns,
+    equals,
     fields,
     handles,
     has,
     kind,
     params,
     private_attributes,
+    says,
     uses,
     uses_exactly,
 )
@@ -80,6 +82,36 @@ UPDATE_TYPES: Final = (
     "SetStatisticsUpdate",
     "UpgradeFormatVersionUpdate",
 )
+
+#: What pyiceberg 0.12 says when asked to write v3 metadata.
+_NO_V3_WRITES: Final = (
+    "Writing V3 is not yet supported, see: https://github.com/apache/iceberg-python/issues/1551"
+)
+#: The fields a v3 data file has after those of v2 (``_v3_manifests`` reads them by name).
+_V3_DATA_FILE_FIELDS: Final = (
+    "first_row_id",
+    "referenced_data_file",
+    "content_offset",
+    "content_size_in_bytes",
+)
+
+
+def _v3_file_fields() -> contract.Check:
+    """``DATA_FILE_TYPE`` (format version -> data file struct): v3 is v2's fields, then
+    the v3 ones, so a v2-built DataFile is a prefix of a v3 one."""
+
+    def check(obj: object) -> str | None:
+        try:
+            v2 = [f.name for f in obj[2].fields]  # type: ignore[index]
+            v3 = [f.name for f in obj[3].fields]  # type: ignore[index]
+        except (KeyError, TypeError, AttributeError):
+            return "no longer maps format versions 2 and 3 to structs"
+        if v3 != [*v2, *_V3_DATA_FILE_FIELDS]:
+            return f"gives v3 data files the fields {v3}"
+        return None
+
+    return check
+
 
 PINS: Final[tuple[Pin, ...]] = (
     # _metadata.py: update_table_metadata, step by step
@@ -284,6 +316,152 @@ PINS: Final[tuple[Pin, ...]] = (
         "_rest.py",
         "pyiceberg.catalog.rest.RestCatalog._create_session",
         (uses("_config_headers"),),
+    ),
+    # _v3_metadata.py: v3 metadata files
+    Pin(
+        "_v3_metadata.py",
+        "pyiceberg.serializers.ToOutputFile.table_metadata",
+        (
+            params("metadata", "output_file", "overwrite"),
+            uses_exactly(
+                "Compressor",
+                "Config",
+                "UTF8",
+                "bytes_compressor",
+                "create",
+                "encode",
+                "get_bool",
+                "get_compressor",
+                "location",
+                "model_dump_json",
+                "write",
+            ),
+        ),
+    ),
+    Pin(
+        "_v3_metadata.py",
+        "pyiceberg.table.metadata.TableMetadataV3.model_dump_json",
+        (says(_NO_V3_WRITES),),
+    ),
+    Pin("_v3_metadata.py", "pyiceberg.table.metadata.TableMetadataV3", (fields("next_row_id"),)),
+    Pin(
+        "_v3_metadata.py",
+        "pyiceberg.catalog.sql.SqlCatalog._write_metadata",
+        (kind(staticmethod), params("metadata", "io", "metadata_path")),
+    ),
+    # _v3_manifests.py: v3 manifests and manifest lists
+    Pin("_v3_manifests.py", "pyiceberg.manifest.DEFAULT_READ_VERSION", (equals(2),)),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.ManifestFile.fetch_manifest_entry",
+        (uses("AvroFile", "DEFAULT_READ_VERSION", "MANIFEST_ENTRY_SCHEMAS"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.read_manifest_list",
+        (uses("AvroFile", "DEFAULT_READ_VERSION", "MANIFEST_LIST_FILE_SCHEMAS"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest._inherit_from_manifest",
+        (params("entry", "manifest"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.ManifestWriter.new_writer",
+        (uses("AvroOutputFile", "_with_partition", "_meta", "_output_file"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.ManifestListWriter.__init__",
+        (params("self", "format_version", "output_file", "meta"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.ManifestListWriter.__enter__",
+        (uses("AvroOutputFile", "_writer", "_output_file", "_meta"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.ManifestListWriterV2.prepare_manifest",
+        (uses("_commit_snapshot_id", "_sequence_number"),),
+    ),
+    Pin(
+        "_v3_manifests.py",
+        "pyiceberg.manifest.DATA_FILE_TYPE",
+        (_v3_file_fields(),),
+    ),
+    # _row_lineage.py: snapshots of v3 tables
+    Pin(
+        "_row_lineage.py",
+        f"{_SNAPSHOT}._SnapshotProducer._commit",
+        (
+            params("self"),
+            uses_exactly(
+                "AddSnapshotUpdate",
+                "AssertRefSnapshotId",
+                "BRANCH",
+                "SetSnapshotRefUpdate",
+                "Snapshot",
+                "SnapshotRefType",
+                "_compression",
+                "_io",
+                "_manifests",
+                "_new_manifest_list_file_name",
+                "_parent_snapshot_id",
+                "_snapshot_id",
+                "_summary",
+                "_table",
+                "_target_branch",
+                "_transaction",
+                "_written_manifest_lists",
+                "add_manifests",
+                "append",
+                "commit_uuid",
+                "current_schema_id",
+                "format_version",
+                "location_provider",
+                "new_metadata_location",
+                "new_output",
+                "next_row_id",
+                "next_sequence_number",
+                "refs",
+                "snapshot_id",
+                "snapshot_properties",
+                "table_metadata",
+                "write_manifest_list",
+            ),
+        ),
+    ),
+    Pin(
+        "_row_lineage.py",
+        f"{_SNAPSHOT}._new_manifest_list_file_name",
+        (params("snapshot_id", "attempt", "commit_uuid"),),
+    ),
+    Pin(
+        "_row_lineage.py",
+        f"{_SNAPSHOT}._SnapshotProducer.__init__",
+        (uses("_parent_snapshot_id", "_written_manifest_lists", "commit_uuid"),),
+    ),
+    Pin(
+        "_row_lineage.py",
+        f"{_SNAPSHOT}._SnapshotProducer.fetch_manifest_entry",
+        (params("self", "manifest", "discard_deleted"),),
+    ),
+    Pin(
+        "_row_lineage.py",
+        f"{_SNAPSHOT}._ManifestMergeManager._create_manifest",
+        (uses("fetch_manifest_entry"),),
+    ),
+    Pin(
+        "_row_lineage.py",
+        "pyiceberg.table.snapshots.Snapshot",
+        (fields("first_row_id", "added_rows"),),
+    ),
+    Pin(
+        "_replace.py",
+        f"{_SNAPSHOT}._SnapshotProducer._summary",
+        (uses("_deleted_data_files"),),
     ),
     # _gcs_io.py
     Pin(

@@ -1,5 +1,5 @@
-"""Overrides ``ManifestWriterV2._meta`` and ``ManifestWriter._with_partition``: a v2
-manifest of delete files, which pyiceberg 0.12 cannot write.
+"""Overrides ``ManifestWriterV2._meta`` and ``ManifestWriter._with_partition``: a manifest
+of delete files, which pyiceberg 0.12 cannot write (v2 here; v3: ``_v3_manifests``).
 
 Relies on (checked by ``_contract``): ``ManifestWriterV2``'s constructor ``(spec, schema,
 output_file, snapshot_id, avro_compression)``, its ``_meta`` property and
@@ -19,11 +19,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
-__all__ = ["DeleteManifestWriter"]
+__all__ = ["DeleteContent", "DeleteManifestWriter"]
 
 
-class DeleteManifestWriter(ManifestWriterV2):
-    """A v2 manifest of delete files (pyiceberg 0.12 writes data manifests only).
+class DeleteContent:
+    """What makes a manifest writer's manifest one of delete files (pyiceberg 0.12
+    writes data manifests only): its content, its ``content`` metadata, and
+    ``equality_ids`` declared as the spec declares them.
 
     pyiceberg 0.12 declares ``equality_ids`` (field 135) as ``list<long>``; the spec
     (and Java, which casts the values to Integer) says ``list<int>``: Spark fails
@@ -36,10 +38,11 @@ class DeleteManifestWriter(ManifestWriterV2):
 
     @property
     def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
+        meta: dict[str, str] = super()._meta  # type: ignore[misc]
+        return {**meta, "content": "deletes"}
 
     def _with_partition(self, format_version: TableVersion) -> Schema:
-        schema = super()._with_partition(format_version)
+        schema: Schema = super()._with_partition(format_version)  # type: ignore[misc]
         return Schema(
             *[
                 NestedField(2, "data_file", _int_equality_ids(field.field_type), required=True)
@@ -48,6 +51,10 @@ class DeleteManifestWriter(ManifestWriterV2):
                 for field in schema.fields
             ]
         )
+
+
+class DeleteManifestWriter(DeleteContent, ManifestWriterV2):
+    """A v2 manifest of delete files."""
 
 
 def _int_equality_ids(data_file: StructType) -> StructType:

@@ -43,7 +43,6 @@ from pyiceberg.catalog.hive import (
 from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import new_table_metadata
 from pyiceberg.table.sorting import SortOrder
@@ -53,6 +52,7 @@ from thrift.transport import TSocket, TTransport
 
 from icespool.config import TimeoutsConfig
 from icespool.iceberg._upstream._contract import HIVE_PINS, check_contract
+from icespool.iceberg._upstream._v3_metadata import write_metadata
 
 __all__ = ["BoundedHiveCatalog"]
 
@@ -121,7 +121,10 @@ class _BoundedHiveClient(_HiveClient):
 
 class BoundedHiveCatalog(HiveCatalog):
     """pyiceberg's HiveCatalog whose every metastore call is bounded by ``timeouts`` and
-    runs on a connection of the calling thread's own."""
+    runs on a connection of the calling thread's own, and that writes v3 metadata
+    (``_v3_metadata``)."""
+
+    _write_metadata = staticmethod(write_metadata)
 
     def __init__(self, name: str, timeouts: TimeoutsConfig, **properties: str) -> None:
         # Read by _create_hive_client, which HiveCatalog.__init__ calls.
@@ -188,7 +191,7 @@ class BoundedHiveCatalog(HiveCatalog):
             schema, spec, sort_order, hive_table.sd.location, table_properties
         )
         try:
-            ToOutputFile.table_metadata(metadata, io.new_output(location), overwrite=False)
+            write_metadata(metadata, io, location)
         except FileExistsError:
             return location, False  # another replica restored it meanwhile
         return location, True

@@ -41,7 +41,7 @@ from pyiceberg.table.update.snapshot import (
 from pyiceberg.utils.properties import property_as_bool
 
 from icespool.iceberg._properties import int_property, warn_bad_property
-from icespool.iceberg._upstream._delete_manifest import DeleteManifestWriter
+from icespool.iceberg._upstream._row_lineage import RowLineage
 
 __all__ = ["DeleteMerging", "MergeAppend", "MergeRowDelta"]
 
@@ -53,8 +53,9 @@ _MIN_MERGE_COUNT_DEFAULT: Final = TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAU
 _MERGE_TARGET_DEFAULT: Final = TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
 
 
-class MergeAppend(_MergeAppendFiles):
-    """pyiceberg's merge append, with the merge properties read as Iceberg reads them.
+class MergeAppend(RowLineage, _MergeAppendFiles):
+    """pyiceberg's merge append, with the merge properties read as Iceberg reads them
+    (and v3 tables' row lineage: ``RowLineage``).
 
     Unset ``commit.manifest-merge.enabled`` means merging, as in Java and Spark
     (pyiceberg 0.12's default is off: a table another engine created, which lacks the
@@ -144,15 +145,6 @@ class MergeRowDelta(MergeAppend):
             snapshot_producer=cast(Any, DeleteMerging(self)),
         )
         return [*data, *merging.merge_manifests([*self._delete_manifests(deletes), *old])]
-
-    def delete_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
-        return DeleteManifestWriter(
-            spec,
-            self.schema(),
-            self.new_manifest_output(),  # tracked: abandoned and tidied like the others
-            self._snapshot_id,
-            self._compression,
-        )
 
     def _delete_manifests(self, deletes: Sequence[DataFile]) -> list[ManifestFile]:
         """One manifest per partition spec of ``deletes``: a position delete carries the

@@ -4,7 +4,7 @@ which pyiceberg 0.12 cannot commit; what it changes is in ``ReplaceFiles``' doc.
 Relies on (checked by ``_contract``): ``_OverwriteFiles`` with ``_summary(snapshot_properties)``
 and ``_manifests()`` to override; the producer's ``_transaction``, ``_target_branch``,
 ``_io``, ``_snapshot_id``, ``_compression``, ``_added_data_files`` and
-``_deleted_data_files``.
+``_deleted_data_files`` (a set, read by ``_summary``).
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ from pyiceberg.table.update.snapshot import (
 )
 from pyiceberg.typedef import EMPTY_DICT
 
-from icespool.iceberg._upstream._delete_manifest import DeleteManifestWriter
+from icespool.iceberg._upstream._row_lineage import RowLineage
+from icespool.iceberg._upstream._v3_manifests import file_key
 
 __all__ = ["ReplaceFiles"]
 
 
-class ReplaceFiles(_OverwriteFiles):
-    """pyiceberg's overwrite producer, committing a snapshot with operation ``replace``.
+class ReplaceFiles(RowLineage, _OverwriteFiles):
+    """pyiceberg's overwrite producer, committing a snapshot with operation ``replace``
+    (and v3 tables' row lineage: ``RowLineage``).
 
     A rewrite that keeps every row must be a ``replace``: Spark Structured Streaming
     skips ``replace`` snapshots but fails on ``overwrite`` ones. pyiceberg 0.12's
@@ -59,6 +61,10 @@ class ReplaceFiles(_OverwriteFiles):
       on an unpartitioned spec once a delete file is removed), and manifests left with
       only removed entries by an earlier rewrite are not carried on.
 
+    - a file to remove is known by its path and, for a deletion vector, its blob's offset
+      (``file_key``): several vectors share one Puffin file, and pyiceberg's DataFile
+      equality (the path) would remove them all, or keep one of two to remove.
+
     "Missing required files to delete" (ValidationException) is raised when a file to
     remove is not live in the parent snapshot.
     """
@@ -68,26 +74,34 @@ class ReplaceFiles(_OverwriteFiles):
     #: that rewrites a file with its changes applied is an ``overwrite``.
     label: Operation = Operation.REPLACE
 
+    _removing: dict[tuple[str, int | None], DataFile] | None = None
+
+    @property
+    def _removed(self) -> dict[tuple[str, int | None], DataFile]:
+        if self._removing is None:
+            self._removing = {}
+        return self._removing
+
+    def delete_data_file(self, data_file: DataFile) -> ReplaceFiles:
+        super().delete_data_file(data_file)
+        self._removed[file_key(data_file)] = data_file
+        return self
+
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        overwrite = super()._summary(snapshot_properties).model_dump()
+        # The summary counts every removed file, vectors of one Puffin file included.
+        kept = self._deleted_data_files
+        self._deleted_data_files = list(self._removed.values())  # type: ignore[assignment]
+        try:
+            overwrite = super()._summary(snapshot_properties).model_dump()
+        finally:
+            self._deleted_data_files = kept
         overwrite.pop(OPERATION)
         return Summary(self.label, **overwrite)
 
     def _writer(self, spec_id: int, content: ManifestContent) -> ManifestWriter:
         if content == ManifestContent.DATA:
             return self.new_manifest_writer(self.spec(spec_id))
-        metadata = self._transaction.table_metadata
-        return (
-            DeleteManifestWriter(
-                spec=self.spec(spec_id),
-                schema=self.schema(),
-                output_file=self.new_manifest_output(),
-                snapshot_id=self._snapshot_id,
-                avro_compression=self._compression,
-            )
-            if metadata.format_version == 2
-            else self.new_manifest_writer(self.spec(spec_id))
-        )
+        return self.delete_manifest_writer(self.spec(spec_id))
 
     def _live_manifests(self) -> list[ManifestFile]:
         snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
@@ -103,14 +117,19 @@ class ReplaceFiles(_OverwriteFiles):
         manifests = self._live_manifests()
         kept: list[ManifestFile] = []
         removed: dict[tuple[int, ManifestContent], list[ManifestEntry]] = defaultdict(list)
+        removing = self._removed
+        contents = {_content(f) for f in removing.values()}
         for manifest in manifests:
-            entries = manifest.fetch_manifest_entry(io=self._io, discard_deleted=True)
-            staying = [e for e in entries if e.data_file not in self._deleted_data_files]
+            if manifest.content not in contents:
+                kept.append(manifest)  # holds nothing to remove: not read
+                continue
+            entries = self.fetch_manifest_entry(manifest, discard_deleted=True)
+            staying = [e for e in entries if file_key(e.data_file) not in removing]
             if len(staying) == len(entries):
                 kept.append(manifest)
                 continue
             key = (manifest.partition_spec_id, manifest.content)
-            removed[key] += [e for e in entries if e.data_file in self._deleted_data_files]
+            removed[key] += [e for e in entries if file_key(e.data_file) in removing]
             if staying:
                 with self._writer(*key) as writer:
                     for entry in staying:
@@ -124,10 +143,8 @@ class ReplaceFiles(_OverwriteFiles):
                             )
                         )
                 kept.append(writer.to_manifest_file())
-        found = {entry.data_file.file_path for entries in removed.values() for entry in entries}
-        if missing := sorted(
-            f.file_path for f in self._deleted_data_files if f.file_path not in found
-        ):
+        found = {file_key(entry.data_file) for entries in removed.values() for entry in entries}
+        if missing := sorted(f.file_path for k, f in removing.items() if k not in found):
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         written: list[ManifestFile] = []
         # Added data files go to a manifest of the current spec; added delete files
@@ -171,3 +188,11 @@ class ReplaceFiles(_OverwriteFiles):
                     )
             written.append(writer.to_manifest_file())
         return written + kept
+
+
+def _content(data_file: DataFile) -> ManifestContent:
+    return (
+        ManifestContent.DATA
+        if data_file.content == DataFileContent.DATA
+        else ManifestContent.DELETES
+    )

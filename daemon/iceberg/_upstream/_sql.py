@@ -37,6 +37,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from icespool.iceberg._upstream._metadata import apply_updates
+from icespool.iceberg._upstream._v3_metadata import write_metadata
 
 __all__ = ["IcespoolSqlCatalog", "current_location"]
 
@@ -45,7 +46,10 @@ _log = logging.getLogger("icespool.commit")
 
 class IcespoolSqlCatalog(SqlCatalog):
     """pyiceberg's SQL catalog with a commit that does not re-read the table's history
-    (see the module doc). Everything else is pyiceberg's."""
+    (see the module doc), and that writes v3 metadata (``_v3_metadata``). Everything else
+    is pyiceberg's."""
+
+    _write_metadata = staticmethod(write_metadata)
 
     def commit_table(
         self,

@@ -11,7 +11,8 @@ transaction's staged state: building and sending one commit attempt.
   ``_clean_all_uncommitted`` and ``_written_manifests``), deleted when an attempt did not
   land, or when a merge left the first one unlisted.
 - ``staged_snapshot_ids``: the snapshots a transaction's producers add (how a later look
-  recognises an attempt that landed).
+  recognises an attempt that landed); ``staged_row_ids``: the row ids their data files
+  were given (v3 tables: ``_row_lineage``).
 
 Relies on (checked by ``_contract``): ``Transaction`` keeping ``_table``, ``_updates``
 (replaced, never mutated, by ``_stage``), ``_requirements`` and ``_snapshot_producers``;
@@ -36,6 +37,7 @@ __all__ = [
     "abandon",
     "send",
     "stage",
+    "staged_row_ids",
     "staged_snapshot_ids",
     "staged_table",
     "staged_updates",
@@ -123,6 +125,15 @@ def staged_snapshot_ids(transaction: Transaction) -> tuple[int, ...]:
     """The ids of the snapshots ``transaction`` adds, in order (none: it changes only
     metadata, as a property or schema update)."""
     return tuple(producer.snapshot_id for producer in transaction._snapshot_producers)
+
+
+def staged_row_ids(transaction: Transaction) -> dict[str, int]:
+    """The ``first_row_id`` each data file ``transaction``'s snapshots add was given, by
+    path (empty for a table without row lineage)."""
+    found: dict[str, int] = {}
+    for producer in transaction._snapshot_producers:
+        found.update(getattr(producer, "first_row_ids", {}))
+    return found
 
 
 def stage(transaction: Transaction, updates: tuple[TableUpdate, ...]) -> None:
