@@ -155,6 +155,7 @@ class KafkaSource:
         # Its series exists from the start at 0: a source that never connects is seen.
         self._metrics.kafka_connected.labels(source=name).set(0)
         self._last_tick = time.monotonic()
+        self._ids_checked = time.monotonic()
         self._catch_up = CatchUp(tables=lambda: self.tables, writer_for=writer_for)
         self._init_retry_at = 0.0
         self._last_error = ""
@@ -355,6 +356,11 @@ class KafkaSource:
                         await self._init_partitions(consumer)
                     await self._sleep(_POLL_MS / 1000)
                     continue
+                if fetched and self._ids_overdue():
+                    # The watch missed its ticks (this process was stopped, or starved):
+                    # a topic re-created meanwhile would be fetched without an error, so
+                    # its id is asked before anything fetched since is handed over.
+                    await self._check_topic_ids(consumer)
                 async with self._lock:
                     await self._init_partitions(consumer)
                     if fetched and not self._stop.is_set():
@@ -601,9 +607,14 @@ class KafkaSource:
         fresh.topic_id = topic_id
         self._parts.start_fetching(consumer, fresh, {t: Ranges() for t in self.tables}, start)
 
+    def _ids_overdue(self) -> bool:
+        """Whether the watch's topic id check is two ticks late."""
+        return time.monotonic() - self._ids_checked > 2 * self.config.offset_commit_interval
+
     async def _check_topic_ids(self, consumer: AIOKafkaConsumer) -> None:
         """Whether a topic was re-created under partitions this member kept through
         it (see `icespool.kafka._upstream._topic_ids`): its id is not the one seen at assignment."""
+        self._ids_checked = time.monotonic()
         asked = [p for p in self._parts if p.ready]
         ids = await topic_ids(consumer, sorted({p.tp.topic for p in asked}), PROBE_TIMEOUT)
         if not ids:
