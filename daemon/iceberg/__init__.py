@@ -12,6 +12,7 @@
                 and replace snapshots for maintenance, with the compare-and-swap
                 requirements of its lease; row deletes; schema changes
     _segments   which spool segments a table holds: the marks those commits leave
+    _segment_ranges  ranges of a spool's segment ids per writer a table holds, at any age
     _rest       which REST requests commit (and get an Idempotency-Key)
     _defaults   table properties the daemon sets on the tables it creates
     _properties integer table properties: one parser; a warning and the default for
@@ -59,6 +60,7 @@ from icespool.iceberg._parquet import (
     encode_equality_deletes,
     remove_files,
 )
+from icespool.iceberg._segment_ranges import SpoolSegments, segment_ranges_key
 from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
@@ -104,6 +106,7 @@ __all__ = [
     "IcespoolSqlCatalog",
     "PropertyUpdate",
     "ReplaceConflictError",
+    "SpoolSegments",
     "StaleEncodingError",
     "apply_defaults",
     "catalog_properties",
@@ -132,6 +135,7 @@ __all__ = [
     "partition_transform",
     "refresh_table",
     "remove_files",
+    "segment_ranges_key",
     "short_error",
     "split_identifier",
     "startup_timeout",

@@ -32,6 +32,7 @@ from icespool.iceberg import (
     DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
+    SpoolSegments,
     check_upsert_layout,
     commit_files,
     committed_marks,
@@ -412,8 +413,23 @@ class FlushJob:
         if (refusal := self._commit_refusal()) is not None:
             await in_flush_thread(remove_files, self._table, files)  # never committed
             raise CommitError(refusal)
-        commit = await self._commit(files, seg_ids, spans, claims, reason)
+        known = await self._spool_segments(segments)
+        commit = await self._commit(files, seg_ids, spans, claims, reason, known)
         return commit, files, sum(b.num_rows for b in rows)
+
+    async def _spool_segments(self, segments: list[SegmentData]) -> SpoolSegments:
+        """What this spool knows of the commit's segments and the table's others, for
+        the spool's segment ranges in the table."""
+        spool = self._spool
+        ids = {data.info.id for data in segments}
+        held = await spool.held_ids(self.name)
+        return SpoolSegments(
+            writers=frozenset(
+                [spool.incarnation.tag, *(i.tag for i in spool.earlier_incarnations)]
+            ),
+            whole=frozenset(data.info.id for data in segments if data.info.whole),
+            held=held - ids,
+        )
 
     def _unheld_rows(
         self, segments: list[SegmentData], marks: _Marks, claims: Claims
@@ -477,6 +493,7 @@ class FlushJob:
         spans: Mapping[str, tuple[int, int]],
         claims: Claims,
         reason: str,
+        known: SpoolSegments,
     ) -> CommitResult:
         """One snapshot of ``files`` naming the segments; a rejection is the segments'."""
         try:
@@ -489,6 +506,7 @@ class FlushJob:
                 update_properties=claims.properties,
                 spool_id=self._spool.id,
                 segment_spans=spans,
+                spool_segments=known,
             )
         except CommitError as exc:
             # A commit that fails had its conflicts too (a landed one: `_record`).
