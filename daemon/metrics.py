@@ -108,6 +108,21 @@ class Metrics:
             ["table"],
             registry=r,
         )
+        self.upsert_commits = Counter(
+            "icespool_upsert_commits_total",
+            "Commits of upsert tables by how they delete the older rows of the keys they "
+            "change: by position (the key index located the rows; readers apply them per "
+            "file) or by equality (the index could not answer yet; maintenance converts them)",
+            ["table", "deletes"],
+            registry=r,
+        )
+        self.key_index_ready = Gauge(
+            "icespool_key_index_ready",
+            "1 when an upsert table's key index answers for the table, 0 while it is "
+            "being built or cannot read the table (commits then write equality deletes)",
+            ["table"],
+            registry=r,
+        )
         self.commit_duration = Histogram(
             "icespool_commit_duration_seconds",
             "Time from flush start to committed snapshot (read, encode, commit)",

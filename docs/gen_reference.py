@@ -75,14 +75,33 @@ def _unit_kind(field: FieldInfo) -> str | None:
     return None
 
 
-def _bounds(schema: Mapping[str, Any]) -> str:
+def _bounds(schema: Mapping[str, Any], kind: str) -> str:
+    """The tightest lower and upper bound, in the key's own units: a field whose type has
+    a bound of its own (durations are > 0) and one of its own (claim_ttl >= 3 s) shows
+    the one that holds, ">= 3s", not both."""
+    from icespool.config._units import format_bytes, format_duration
+
+    def shown(value: float) -> object:
+        if value == 0:
+            return 0
+        if kind.startswith("duration"):
+            return format_duration(value)
+        return format_bytes(int(value)) if kind.startswith("size") else value
+
+    lows = [
+        (schema[k], k == "minimum") for k in ("minimum", "exclusiveMinimum", "gt") if k in schema
+    ]
+    highs = [
+        (schema[k], k == "maximum") for k in ("maximum", "exclusiveMaximum", "lt") if k in schema
+    ]
     parts = []
-    for key, sign in (("minimum", ">="), ("exclusiveMinimum", ">"), ("gt", ">")):
-        if key in schema:
-            parts.append(f"{sign} {schema[key]}")
-    for key, sign in (("maximum", "<="), ("exclusiveMaximum", "<"), ("lt", "<")):
-        if key in schema:
-            parts.append(f"{sign} {schema[key]}")
+    if lows:
+        # The highest lower bound; at a tie the exclusive one (False sorts first).
+        value, inclusive = max(lows, key=lambda bound: (bound[0], not bound[1]))
+        parts.append(f"{'>=' if inclusive else '>'} {shown(value)}")
+    if highs:
+        value, inclusive = min(highs, key=lambda bound: (bound[0], bound[1]))
+        parts.append(f"{'<=' if inclusive else '<'} {shown(value)}")
     if "minLength" in schema:
         parts.append(f"at least {schema['minLength']}")
     return ", ".join(parts)
@@ -162,7 +181,7 @@ def configuration() -> str:
             description = _cell(field.description or prop.get("description", ""))
             lines.append(
                 f"| `{key}` | {_cell(kind)} | {_cell(_default(model, name, field))} "
-                f"| {_cell(_bounds(prop))} | {description} |\n"
+                f"| {_cell(_bounds(prop, kind))} | {description} |\n"
             )
         if model_schema.get("additionalProperties") not in (None, False):
             lines.append("\nFurther keys are passed through (see the section's description).\n")

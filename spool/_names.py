@@ -45,6 +45,12 @@ def segment_file_name(table: str, segment_id: str) -> str:
     Names too long for one path component keep a readable prefix plus a hash
     of the full table name, so two long names still never collide.
     """
+    return f"{table_file_stem(table)}{_SEP}{segment_id}{SUFFIX}"
+
+
+def table_file_stem(table: str) -> str:
+    """``{namespace}__{table}``, encoded as in `segment_file_name`: a name for a file of
+    the table's own that no table name can escape or collide through."""
     if not table:
         raise ValueError("table name must not be empty")
     namespace, _, name = table.rpartition(".")
@@ -54,7 +60,7 @@ def segment_file_name(table: str, segment_id: str) -> str:
         half = (_BUDGET - len(digest) - 1) // 2
         ns_enc = _shorten(ns_enc, half)
         name_enc = _shorten(name_enc, half) + "-" + digest
-    return f"{ns_enc}{_SEP}{name_enc}{_SEP}{segment_id}{SUFFIX}"
+    return f"{ns_enc}{_SEP}{name_enc}"
 
 
 def segment_writer(segment_id: str) -> str:

@@ -13,6 +13,9 @@ change per key (`last_changes`). Readers of the merged state (`read_merged`,
     _merge     last change per key; equality deletes applied to rows
     _deletes   which delete files apply to which data files (Iceberg's scoping rules)
     _read      a table's merged state (data files minus the deletes that apply)
+    _index     the key index: key -> (data file, position) of each live row
+    _key_values  one comparable value per key (what the index stores)
+    _files     key columns, positions and keys read from a table's files
 """
 
 from __future__ import annotations
@@ -32,7 +35,17 @@ if TYPE_CHECKING:
         droppable,
         live_files,
     )
+    from icespool.cdc._files import read_columns, read_positions
+    from icespool.cdc._index import (
+        Change,
+        IndexBehindError,
+        IndexUnavailableError,
+        KeyIndex,
+        Located,
+        NewFile,
+    )
     from icespool.cdc._key import key_type_problem
+    from icespool.cdc._key_values import KeyValue, key_array, key_values
     from icespool.cdc._merge import Resolved, apply_equality_deletes, last_changes
     from icespool.cdc._read import read_merged
 
@@ -40,19 +53,30 @@ __all__ = [
     "DELETE",
     "OP_COLUMN",
     "UPSERT",
+    "Change",
+    "IndexBehindError",
+    "IndexUnavailableError",
+    "KeyIndex",
+    "KeyValue",
     "LiveData",
     "LiveDelete",
     "LiveFiles",
+    "Located",
+    "NewFile",
     "Resolved",
     "applies",
     "apply_equality_deletes",
     "change_schema",
     "conform_changes",
     "droppable",
+    "key_array",
     "key_type_problem",
+    "key_values",
     "last_changes",
     "live_files",
+    "read_columns",
     "read_merged",
+    "read_positions",
     "spoolable",
     "with_ops",
 ]
@@ -77,7 +101,17 @@ __getattr__ = lazy_exports(
             "droppable",
             "live_files",
         ),
+        "icespool.cdc._index": (
+            "Change",
+            "IndexBehindError",
+            "IndexUnavailableError",
+            "KeyIndex",
+            "Located",
+            "NewFile",
+        ),
         "icespool.cdc._key": ("key_type_problem",),
+        "icespool.cdc._files": ("read_columns", "read_positions"),
+        "icespool.cdc._key_values": ("KeyValue", "key_array", "key_values"),
         "icespool.cdc._merge": (
             "Resolved",
             "apply_equality_deletes",

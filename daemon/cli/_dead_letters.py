@@ -32,7 +32,7 @@ def list_dead_letters(
 
     selection = ReplayFilter.from_json(dict(filters))
     name = config.catalog.name
-    catalog = load_catalog(name, config.catalog.properties(), config.timeouts)
+    catalog = load_catalog(name, config.catalog.properties(), config.timeouts, create=False)
     try:
         loaded = catalog.load_table(table)
     except NoSuchTableError:

@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status", help="ask the running daemon what it is doing (GET /v1/status)"
     )
     _add_config_option(status)
-    _add_daemon_options(status)
+    _add_daemon_options(status, json_help="print the raw /v1/status JSON")
     status.add_argument(
         "--watch",
         nargs="?",
@@ -147,7 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "tables", help="list the running daemon's tables (--offline: the config's and catalog's)"
     )
     _add_config_option(tables)
-    _add_daemon_options(tables)
+    _add_daemon_options(
+        tables,
+        json_help="print JSON: an object of each table's /v1/status entry with its "
+        "'degraded' reason (null when it is not); --offline: a list of "
+        '{"table", "source"}',
+    )
     tables.add_argument(
         "--offline",
         action="store_true",
@@ -164,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_daemon_options(parser: argparse.ArgumentParser) -> None:
+def _add_daemon_options(parser: argparse.ArgumentParser, *, json_help: str) -> None:
     _add_connection_options(parser)
     parser.add_argument(
         "--timeout",
@@ -173,7 +178,7 @@ def _add_daemon_options(parser: argparse.ArgumentParser) -> None:
         help="give up on a request after this long (default: 5 s; --offline: the "
         "catalog's start-up timeout)",
     )
-    parser.add_argument("--json", action="store_true", help="print the raw /v1/status JSON")
+    parser.add_argument("--json", action="store_true", help=json_help)
 
 
 def _add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -258,9 +263,27 @@ def _load(args: argparse.Namespace) -> Config:
     return config
 
 
+def _note_relative_default(args: argparse.Namespace) -> None:
+    """The embedded default's data directory is ./icespool-data of the working directory.
+    A command that reads it, run from another directory than the daemon's, would look at
+    a catalog that is not there: say so on stderr (stdout stays the command's output)."""
+    from icespool.config import DEFAULT_DATA_DIR, resolve_config_path
+
+    if resolve_config_path(args.config) is None and not os.path.isdir(DEFAULT_DATA_DIR):
+        print(
+            f"note: no --config (nor ICESPOOL_CONFIG): the embedded default's data directory "
+            f"is ./{DEFAULT_DATA_DIR} of the working directory, "
+            f"{os.path.abspath(DEFAULT_DATA_DIR)}, which does not exist; run this where "
+            "`icespool run` runs, or pass --config",
+            file=sys.stderr,
+        )
+
+
 def _cmd_check_config(args: argparse.Namespace) -> int:
     from icespool.config import env_overrides, redacted, render_toml, resolve_config_path
 
+    if args.connect:
+        _note_relative_default(args)
     config = _load(args)
     _check_http_files(config)
     data = redacted(config)
@@ -330,6 +353,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_spark_conf(args: argparse.Namespace) -> int:
     from icespool.spark.conf import RUNTIME_DIR_ENV, render, spark_settings
 
+    _note_relative_default(args)
     config = _load(args)
     runtime_dir = args.runtime_dir or os.environ.get(RUNTIME_DIR_ENV) or None
     try:
@@ -454,6 +478,7 @@ def _cmd_tables(args: argparse.Namespace) -> int:
 def _tables_offline(args: argparse.Namespace) -> int:
     from icespool.iceberg import catalog_tables
 
+    _note_relative_default(args)
     config = _load(args)
     rows = catalog_tables(config, timeout=args.timeout)
     if args.json:
@@ -523,6 +548,8 @@ def _cmd_dead_letters(args: argparse.Namespace) -> int:
     """`icespool dead-letters list`: read from the catalog. `replay`: one POST to the
     running daemon, which holds the spool lock and the writers (an offline replay would
     need it stopped)."""
+    if args.action == "list":
+        _note_relative_default(args)
     config = _load(args)
     table = args.table
     if table is None:
@@ -589,7 +616,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from icespool.config import ConfigFileError
 
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader gone away shows here, in the handler below
+        return code
     except ConfigFileError as exc:
         _error(str(exc))
         return EXIT_USAGE
@@ -610,3 +639,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`icespool tables --json | head`): what it wanted it got.
+        # stdout goes to /dev/null so the interpreter's last flush finds no pipe either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK

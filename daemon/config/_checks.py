@@ -23,20 +23,45 @@ from icespool.schema._grammar import (
     type_columns,
 )
 
-__all__ = ["check_avro", "check_changes", "check_maintenance", "check_table", "check_width"]
+__all__ = [
+    "REGISTRY_FORMATS",
+    "check_avro",
+    "check_changes",
+    "check_maintenance",
+    "check_table",
+    "check_width",
+]
+
+
+#: Kafka formats whose values carry a schema registry's id (Confluent wire format).
+REGISTRY_FORMATS = ("avro", "protobuf", "json-schema")
 
 
 def check_avro(i: int, kafka: KafkaConfig) -> None:
+    """The schema registry keys of a ``[[kafka]]`` section, for its format."""
     registry, schema_file = kafka.schema_registry_url, kafka.avro_schema_file
-    if kafka.format != "avro":
+    if kafka.format not in REGISTRY_FORMATS:
         for key in ("schema_registry_url", "avro_schema_file"):
             if getattr(kafka, key) is not None:
                 raise ConfigError(
                     f"kafka[{i}].{key}",
-                    f'only used with format = "avro" (format is {kafka.format!r}); remove it',
+                    f'only used with format = "avro", "protobuf" or "json-schema" (format is '
+                    f"{kafka.format!r}); remove it",
                 )
         return
-    if (registry is None) == (schema_file is None):
+    if kafka.format != "avro":
+        if schema_file is not None:
+            raise ConfigError(
+                f"kafka[{i}].avro_schema_file",
+                f'only used with format = "avro" (format is {kafka.format!r}); remove it',
+            )
+        if registry is None:
+            raise ConfigError(
+                f"kafka[{i}].schema_registry_url",
+                f"format {kafka.format!r} needs 'schema_registry_url' (Confluent wire format: "
+                "magic byte, schema id, then the value)",
+            )
+    elif (registry is None) == (schema_file is None):
         raise ConfigError(
             f"kafka[{i}].schema_registry_url",
             "format 'avro' needs exactly one of 'schema_registry_url' (Confluent wire format: "
@@ -51,7 +76,7 @@ def check_avro(i: int, kafka: KafkaConfig) -> None:
     if kafka.dynamic and kafka.route_field is not None:
         raise ConfigError(
             f"kafka[{i}].route_field",
-            "format 'avro' routes records before decoding them; route by 'route_header'",
+            f"format {kafka.format!r} routes records before decoding them; route by 'route_header'",
         )
     if schema_file is not None:
         from icespool.decode._avro_schema import load_schema_file  # fastavro: only for this check
@@ -71,6 +96,12 @@ def check_changes(i: int, kafka: KafkaConfig) -> None:
                 "remove it or set 'changes'",
             )
         return
+    if kafka.format in ("protobuf", "json-schema"):
+        raise ConfigError(
+            f"kafka[{i}].changes",
+            f"changes = {kafka.changes!r} reads values as JSON or Avro; format "
+            f"{kafka.format!r} is read as rows only",
+        )
     if kafka.format == "raw":
         raise ConfigError(
             f"kafka[{i}].changes",

@@ -106,6 +106,8 @@ class TableConfig(Section):
     """Deepest nesting of a record for this table (unset: [defaults] max_nesting_depth)."""
     max_columns: MaxColumns | None = None
     """Columns this table may grow to, nested counted (unset: [defaults] max_columns)."""
+    key_index_memory: Bytes | None = None
+    """Memory this upsert table's key index may cache (unset: [defaults] key_index_memory)."""
     maintenance: MaintenanceOverride | None = None
     """Overrides of [maintenance] for this table, e.g. { enabled = false }."""
 
@@ -171,12 +173,13 @@ class KafkaConfig(Section):
     # A route field holding a user id by mistake must not create a table per user.
     max_tables: PositiveInt = 1000
     """With auto_create: tables this source routes to at most; further routes are dead letters."""
-    format: Literal["json", "raw", "avro"] = "json"
-    """Value format: "json", "raw" (bytes, key and headers kept) or "avro"."""
-    # Exactly one of the registry (Confluent wire format: magic byte 0, 4-byte schema
-    # id, Avro binary) or one fixed .avsc schema (values are plain Avro binary).
+    format: Literal["json", "raw", "avro", "protobuf", "json-schema"] = "json"
+    """Value format: "json", "raw" (bytes, key, headers), "avro", "protobuf" or "json-schema"."""
+    # Avro: exactly one of the registry (Confluent wire format: magic byte 0, 4-byte
+    # schema id, Avro binary) or one fixed .avsc schema (values are plain Avro binary);
+    # Protobuf and JSON Schema: the registry.
     schema_registry_url: HttpUrl | None = None
-    """format "avro": Confluent-compatible schema registry URL the writer schemas come from."""
+    """avro, protobuf, json-schema: Confluent-compatible registry URL the schemas come from."""
     schema_registry_username: str | None = None
     """Basic auth user name for the schema registry."""
     schema_registry_password: str | None = None

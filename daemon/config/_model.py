@@ -10,6 +10,7 @@ nested model does not know its own position in the file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from collections.abc import Callable, Sequence
@@ -323,6 +324,17 @@ class Config(Section):
     def table_settings(self, name: str) -> WriterSettings:
         """Effective writer settings of a table: ``[defaults]`` overlaid by its overrides."""
         return self.defaults.model_copy(update=self.table(name).overrides())
+
+    def writer_settings(self, name: str) -> WriterSettings:
+        """The writer settings of any table the daemon writes: a declared table's
+        (`table_settings`); a Kafka source's dead-letter table, those of the source's
+        declared table (its dead letters commit on that table's schedule, not on
+        ``[defaults]``', which may be far longer); any other table's, ``[defaults]``."""
+        sources = [k.table for k in self.kafka if k.dead_letter_table == name and k.table]
+        for declared in (name, *sources):
+            with contextlib.suppress(UnknownTableError):
+                return self.table_settings(declared)
+        return self.defaults
 
 
 # ------------------------------------------------------------------ schema navigation

@@ -348,6 +348,10 @@ class WriterSettings(Section):
     """Deepest nesting a JSON record (or Avro schema) may have (1-512); deeper ones are refused."""
     max_columns: MaxColumns = 1000
     """Columns a table may grow to by evolve/infer, nested fields counted (1-100000)."""
+    # The index itself is on disk (the spool directory's key-index/), any size; this is
+    # what of it stays in memory.
+    key_index_memory: Bytes = 64 * 2**20
+    """Memory an upsert table's key index (key -> row position, on disk) may cache."""
 
 
 # ------------------------------------------------------------------ [encode], [log], [timeouts]

@@ -43,6 +43,7 @@ from icespool.decode._locate import split_failures
 from icespool.decode._nesting import DEFAULT_MAX_DEPTH
 from icespool.decode._records import Binary, Records, Target
 from icespool.decode._screen import EMPTY, oversized
+from icespool.decode._wire import HEADER, bad_header, in_order
 from icespool.errors import BadInputError, SchemaError
 
 __all__ = ["AvroValues", "avro_rows"]
@@ -57,12 +58,13 @@ def _frame(
 ) -> None:
     """Group a value by its writer schema: the Confluent wire format's schema id, or
     None for the one fixed schema; a value without the wire header is a dead letter."""
+    problem = bad_header(value) if schemas.framed else None
     if not schemas.framed:
         groups.setdefault(None, []).append(index)
-    elif len(value) < 5 or value[0] != 0:
-        dead.append(DeadRecord(index, "invalid", _bad_header(value)))
+    elif problem is not None:
+        dead.append(DeadRecord(index, "invalid", problem))
     else:
-        groups.setdefault(int.from_bytes(value[1:5], "big"), []).append(index)
+        groups.setdefault(int.from_bytes(value[1:HEADER], "big"), []).append(index)
 
 
 def _writer_schema(
@@ -75,7 +77,7 @@ def _writer_schema(
     except SchemaUnavailable as exc:
         dead.extend(DeadRecord(i, exc.reason, str(exc)) for i in indices)
         return None
-    return writer, 0 if schema_id is None else 5
+    return writer, 0 if schema_id is None else HEADER
 
 
 class AvroValues:
@@ -122,12 +124,7 @@ class AvroValues:
         dead.sort(key=lambda d: d.index)
         if not tables:
             return Decoded(None, np.empty(0, np.int64), dead)
-        ok = np.asarray([i for _, idx in tables for i in idx], dtype=np.int64)
-        table = pa.Table.from_batches([t for t, _ in tables], schema=tables[0][0].schema)
-        order = np.argsort(ok, kind="stable")
-        if np.any(order != np.arange(len(ok))):
-            table = table.take(pa.array(order))
-            ok = ok[order]
+        table, ok = in_order(tables, tables[0][0].schema)
         rows = records.take(ok)
         return Decoded(
             with_source_columns(table, rows, target.schema, self._source_columns), ok, dead
@@ -145,15 +142,6 @@ class AvroValues:
 
     def rephrase(self, error: BadInputError) -> BadInputError:
         return error
-
-
-def _bad_header(value: bytes) -> str:
-    if len(value) < 5:
-        return (
-            f"value of {len(value)} byte(s) is too short for the Confluent wire format "
-            "(magic byte 0 and a 4-byte schema id)"
-        )
-    return f"magic byte is {value[0]}, not 0: not the Confluent wire format"
 
 
 def _decode_group(
@@ -248,9 +236,7 @@ def avro_rows(
             )
         if not tables:
             return None, np.empty(0, np.int64), dead
-        ok = np.asarray([i for _, idx in tables for i in idx], dtype=np.int64)
-        table = pa.Table.from_batches([t for t, _ in tables], schema=schema)
-        order = np.argsort(ok, kind="stable")
-        return table.take(pa.array(order)), ok[order], dead
+        table, ok = in_order(tables, schema)
+        return table, ok, dead
 
     return decode

@@ -8,42 +8,21 @@ reason ``schema_unavailable``.
 
 from __future__ import annotations
 
-import base64
-import http.client
-import json
-import logging
-import threading
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from icespool.decode._avro_schema import WriterSchema, load_schema_file, parse_writer_schema
-from icespool.runtime.retry import retry
+from icespool.decode._registry import (
+    CachedSchemas,
+    RegistryAnswer,
+    SchemaRegistry,
+    SchemaUnavailable,
+)
 
 if TYPE_CHECKING:
     from icespool.config import KafkaConfig
 
 __all__ = ["AvroSchemas", "FileSchema", "RegistrySchemas", "SchemaUnavailable", "avro_schemas"]
-
-_log = logging.getLogger("icespool.kafka")
-
-#: Registry lookups: tries and the pauses between them (``schema_registry_timeout``
-#: bounds each request).
-_TRIES: Final = 3
-_BACKOFF: Final = (0.25, 0.75)
-#: A failed lookup is not repeated for this long: a stream of records with an unknown
-#: id must not wait for the retries in every fetch batch.
-_FAILURE_TTL: Final = 5.0
-
-
-class SchemaUnavailable(Exception):
-    """A writer schema cannot be had; ``reason`` is the dead-letter reason."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
-        super().__init__(message)
 
 
 class AvroSchemas:
@@ -82,18 +61,9 @@ class FileSchema(AvroSchemas):
             return None  # a missing file fails in load_schema_file, by name
 
 
-class _RegistryFailed(Exception):
-    """One failed request to the registry: what went wrong, and whether to ask again."""
-
-    def __init__(self, error: str, *, again: bool) -> None:
-        super().__init__(error)
-        self.error = error
-        self.again = again
-
-
 class RegistrySchemas(AvroSchemas):
-    """A blocking client of a Confluent-compatible registry (``GET /schemas/ids/{id}``)
-    with an in-process cache by id. Safe to share between threads."""
+    """Avro writer schemas from a Confluent-compatible registry
+    (`icespool.decode._registry`), cached by id. Safe to share between threads."""
 
     framed = True
 
@@ -104,96 +74,21 @@ class RegistrySchemas(AvroSchemas):
         password: str | None = None,
         timeout: float = 2.0,
     ) -> None:
-        self.url = url.rstrip("/")
-        self._timeout = timeout
-        self._headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
-        if username is not None:
-            token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
-            self._headers["Authorization"] = f"Basic {token}"
-        self._schemas: dict[int, WriterSchema] = {}
-        self._failed: dict[int, tuple[float, SchemaUnavailable]] = {}
-        self._lock = threading.Lock()
+        registry = SchemaRegistry(url, username, password, timeout, format="Avro")
+        self.url = registry.url
+        self._schemas = CachedSchemas(registry, _parse)
 
     def get(self, schema_id: int) -> WriterSchema:
-        with self._lock:
-            found = self._schemas.get(schema_id)
-            if found is not None:
-                return found
-            failed = self._failed.get(schema_id)
-            if failed is not None and time.monotonic() < failed[0]:
-                raise failed[1]
-        try:
-            schema = self._fetch(schema_id)
-        except SchemaUnavailable as exc:
-            with self._lock:
-                self._failed[schema_id] = (time.monotonic() + _FAILURE_TTL, exc)
-            raise
-        with self._lock:
-            self._failed.pop(schema_id, None)
-            self._schemas[schema_id] = schema
-        return schema
-
-    def _fetch(self, schema_id: int) -> WriterSchema:
-        label = f"schema id {schema_id}"
-        tries = 0
-
-        def request() -> bytes:
-            nonlocal tries
-            tries += 1
-            try:
-                return self._request(f"{self.url}/schemas/ids/{schema_id}")
-            except urllib.error.HTTPError as exc:
-                detail = _error_detail(exc)
-                error = f"the registry answered {exc.code}{': ' + detail if detail else ''}"
-                # Credentials do not fix themselves within seconds.
-                raise _RegistryFailed(error, again=exc.code not in (401, 403)) from None
-            except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, timeouts
-                error = f"the registry is unreachable: {getattr(exc, 'reason', exc)}"
-                raise _RegistryFailed(error, again=True) from None
-
-        try:
-            body = retry(
-                request,
-                attempts=_TRIES,
-                retryable=lambda exc: isinstance(exc, _RegistryFailed) and exc.again,
-                pause=lambda number, _: _BACKOFF[min(number - 1, len(_BACKOFF) - 1)],
-            )
-        except _RegistryFailed as exc:
-            # Rejected credentials end the retries after one try: say how many were made.
-            made = "1 try" if tries == 1 else f"{tries} tries"
-            _log.warning("Avro %s is unavailable after %s: %s", label, made, exc.error)
-            raise SchemaUnavailable(
-                "schema_unavailable", f"{label} unavailable after {made}: {exc.error}"
-            ) from None
-        try:
-            answer = json.loads(body)
-            kind = answer.get("schemaType", "AVRO")
-            text = answer["schema"]
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise SchemaUnavailable(
-                "invalid", f"{label}: the registry's answer has no 'schema'"
-            ) from None
-        if kind != "AVRO":
-            raise SchemaUnavailable("invalid", f"{label} is a {kind} schema, not Avro")
-        try:
-            return parse_writer_schema(text, label)
-        except ValueError as exc:
-            raise SchemaUnavailable("invalid", str(exc)) from None
-
-    def _request(self, url: str) -> bytes:
-        request = urllib.request.Request(url, headers=self._headers)
-        with urllib.request.urlopen(request, timeout=self._timeout) as response:
-            body: bytes = response.read()
-            return body
+        return self._schemas.get(schema_id)
 
 
-def _error_detail(exc: urllib.error.HTTPError) -> str:
+def _parse(answer: RegistryAnswer, registry: SchemaRegistry) -> WriterSchema:
+    if answer.kind != "AVRO":
+        raise SchemaUnavailable("invalid", f"{answer.label} is a {answer.kind} schema, not Avro")
     try:
-        body = exc.read(2048)
-        message = json.loads(body).get("message")
-        return str(message) if message else ""
-    except Exception:  # any body at all: the status code says enough
-        return ""
+        return parse_writer_schema(answer.text, answer.label)
+    except ValueError as exc:
+        raise SchemaUnavailable("invalid", str(exc)) from None
 
 
 def avro_schemas(config: KafkaConfig) -> AvroSchemas:

@@ -4,6 +4,8 @@ by `decoder_for` from the format.
     Kafka  format "json"   `JsonValues`     each value one JSON object
            format "raw"    `RawValues`      key, value and headers as they are
            format "avro"   `AvroValues`     Confluent wire format or one .avsc schema
+           format "protobuf"     `ProtobufValues`    Confluent wire format, registry
+           format "json-schema"  `JsonSchemaValues`  Confluent wire format, registry
            changes         `KeyedChanges`   Debezium envelopes or keyed rows (JSON or
                                             Avro) -> one change batch per table
     HTTP   NDJSON          `NdjsonBody`     all or nothing; with changes: the table's
@@ -74,7 +76,8 @@ def decoder_for(
     format: str, *, changes: str = "none", source: KafkaConfig | None = None
 ) -> Decoder:
     """The decoder of ``format``: an HTTP Content-Type (``changes = "keyed"``: a change
-    body), or a Kafka source's ``format`` ("json", "raw", "avro") with its ``changes``
+    body), or a Kafka source's ``format`` ("json", "raw", "avro", "protobuf",
+    "json-schema") with its ``changes``
     ("none", "keyed", "debezium"), key format, metadata columns, record size bound and
     Avro schemas from ``source`` (its ``[[kafka]]`` section)."""
     if format in _BODIES:
@@ -101,6 +104,24 @@ def decoder_for(
         from icespool.decode._avro import AvroValues  # fastavro: only for format avro
 
         return AvroValues(avro, source_columns=columns, max_record_bytes=max_bytes)
+    if format == "protobuf":
+        from icespool.decode._protobuf import ProtobufValues  # protobuf: only for this format
+        from icespool.decode._registry_sources import registry_schemas
+
+        return ProtobufValues(
+            functools.cache(functools.partial(registry_schemas, source, format)),
+            source_columns=columns,
+            max_record_bytes=max_bytes,
+        )
+    if format == "json-schema":
+        from icespool.decode._json_schema_values import JsonSchemaValues
+        from icespool.decode._registry_sources import registry_schemas
+
+        return JsonSchemaValues(
+            functools.cache(functools.partial(registry_schemas, source, format)),
+            source_columns=columns,
+            max_record_bytes=max_bytes,
+        )
     if format == "raw":
         return RawValues(source_columns=columns, max_record_bytes=max_bytes)
     if format == "json":

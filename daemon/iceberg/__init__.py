@@ -6,6 +6,7 @@
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
+    _position_deletes  rows named by data file and position -> position-delete files
     _transforms the partition transforms, vectorized over Arrow arrays
     _commit     every commit, by one engine (its doc lists the modules): ONE snapshot per
                 flush, idempotent per spool segment; property commits; snapshot expiry
@@ -29,6 +30,7 @@ from icespool.iceberg._check import catalog_tables, check_catalog
 from icespool.iceberg._commit import (
     AssertProperty,
     AssertUnreferenced,
+    AttemptChanges,
     ClaimsMovedError,
     CommitOutcomeUnknownError,
     CommitRejectedError,
@@ -36,12 +38,15 @@ from icespool.iceberg._commit import (
     ExpiredSnapshots,
     PropertyUpdate,
     ReplaceConflictError,
+    ReplaceExtra,
     StaleEncodingError,
+    UpsertResult,
     commit_evolution,
     commit_expiry,
     commit_files,
     commit_properties,
     commit_replace,
+    commit_upsert,
     delete_rows,
     validates_locally,
 )
@@ -56,10 +61,14 @@ from icespool.iceberg._health import CatalogHealth
 from icespool.iceberg._parquet import (
     COMPRESSION_CODECS,
     DELETE_FILE_MARK,
+    TAIL_FILE_MARK,
+    EncodedFile,
     encode_data_files,
+    encode_data_files_with_rows,
     encode_equality_deletes,
     remove_files,
 )
+from icespool.iceberg._position_deletes import POSITION_DELETE_MARK, encode_position_deletes
 from icespool.iceberg._segment_ranges import SpoolSegments, segment_ranges_key
 from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
@@ -70,6 +79,7 @@ from icespool.iceberg._segments import (
 )
 from icespool.iceberg._tables import (
     check_key,
+    check_key_columns,
     check_upsert_layout,
     create_inferred,
     create_with,
@@ -92,40 +102,50 @@ __all__ = [
     "DELETE_FILE_MARK",
     "MAX_SNAPSHOT_AGE_MS",
     "MIN_SNAPSHOTS_TO_KEEP",
+    "POSITION_DELETE_MARK",
     "SEGMENTS_SUMMARY_KEY",
     "SEGMENT_RECORDS_SUMMARY_KEY",
     "TABLE_DEFAULTS",
+    "TAIL_FILE_MARK",
     "AssertProperty",
     "AssertUnreferenced",
+    "AttemptChanges",
     "CatalogHealth",
     "ClaimsMovedError",
     "CommitOutcomeUnknownError",
     "CommitRejectedError",
     "CommitResult",
+    "EncodedFile",
     "ExpiredSnapshots",
     "IcespoolSqlCatalog",
     "PropertyUpdate",
     "ReplaceConflictError",
+    "ReplaceExtra",
     "SpoolSegments",
     "StaleEncodingError",
+    "UpsertResult",
     "apply_defaults",
     "catalog_properties",
     "catalog_tables",
     "check_catalog",
     "check_compatible",
     "check_key",
+    "check_key_columns",
     "check_upsert_layout",
     "commit_evolution",
     "commit_expiry",
     "commit_files",
     "commit_properties",
     "commit_replace",
+    "commit_upsert",
     "committed_marks",
     "create_inferred",
     "create_with",
     "delete_rows",
     "encode_data_files",
+    "encode_data_files_with_rows",
     "encode_equality_deletes",
+    "encode_position_deletes",
     "ensure_table",
     "existing_table",
     "find_committed_segments",

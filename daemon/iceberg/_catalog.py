@@ -39,30 +39,45 @@ from icespool.schema import SchemaDifference, schema_diff
 if TYPE_CHECKING:
     from icespool.iceberg._upstream._hive import BoundedHiveCatalog
 
-__all__ = ["check_compatible", "ensure_table", "load_catalog", "split_identifier"]
+__all__ = [
+    "check_compatible",
+    "ensure_table",
+    "load_catalog",
+    "missing_sqlite_database",
+    "split_identifier",
+]
 
 _log = logging.getLogger("icespool.catalog")
 
 
 def load_catalog(
-    name: str, props: Mapping[str, str], timeouts: TimeoutsConfig | None = None
+    name: str,
+    props: Mapping[str, str],
+    timeouts: TimeoutsConfig | None = None,
+    *,
+    create: bool = True,
 ) -> Catalog:
     """Load the pyiceberg catalog ``name`` configured by ``props`` (the ``[catalog]`` table).
 
     For SQL catalogs on SQLite the database's directory is created first, because
     SQLite creates the file but not its parent directories, and a local warehouse
-    directory likewise (not for REST catalogs). Every call the catalog and its FileIO
-    make later is bounded by ``timeouts`` (default: the ``[timeouts]`` defaults). A SQL
-    catalog is pyiceberg's with the daemon's commit (`IcespoolSqlCatalog`: commits cost
-    the same whatever the table's history).
+    directory likewise (not for REST catalogs). With ``create=False`` (the commands that
+    only look) nothing is created: a SQLite database that does not exist raises
+    `CatalogError` naming it, where connecting would create an empty one. Every call the
+    catalog and its FileIO make later is bounded by ``timeouts`` (default: the
+    ``[timeouts]`` defaults). A SQL catalog is pyiceberg's with the daemon's commit
+    (`IcespoolSqlCatalog`: commits cost the same whatever the table's history).
     """
     timeouts = timeouts or TimeoutsConfig()
     texts = {key: str(value) for key, value in props.items() if key != "name"}
     if texts.get("type", "").lower() == "sql":
         uri = texts.get("uri", "")
         if uri.startswith("sqlite"):
-            _ensure_sqlite_directory(uri)
-    if texts.get("type", "").lower() != "rest":
+            if create:
+                _ensure_sqlite_directory(uri)
+            else:
+                _require_sqlite_database(name, uri)
+    if create and texts.get("type", "").lower() != "rest":
         # A REST catalog's warehouse is the catalog's to interpret (often a name, as for
         # Polaris or Lakekeeper), never a directory of this machine.
         _ensure_local_warehouse(texts.get("warehouse", ""))
@@ -164,13 +179,41 @@ def _check_azure_file_io(properties: Mapping[str, str]) -> None:
     )
 
 
-def _ensure_sqlite_directory(uri: str) -> None:
+def _sqlite_file(uri: str) -> str | None:
+    """The database file a SQLite URI names, or None (in memory, or a ``file:`` URI)."""
     from sqlalchemy.engine import make_url
 
     database = make_url(uri).database
     if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database)
+
+
+def missing_sqlite_database(props: Mapping[str, str]) -> str | None:
+    """The absolute path of the SQLite database a SQL catalog's ``props`` name, when that
+    file does not exist (connecting would create it); else None."""
+    uri = str(props.get("uri", ""))
+    if str(props.get("type", "")).lower() != "sql" or not uri.startswith("sqlite"):
+        return None
+    database = _sqlite_file(uri)
+    return database if database is not None and not os.path.isfile(database) else None
+
+
+def _require_sqlite_database(name: str, uri: str) -> None:
+    database = missing_sqlite_database({"type": "sql", "uri": uri})
+    if database is not None:
+        raise CatalogError(
+            f"catalog {name!r}: the SQLite database {database} does not exist (catalog.uri "
+            f"{uri!r}); check the path: `icespool run` creates it at its first start, this "
+            "command creates nothing"
+        )
+
+
+def _ensure_sqlite_directory(uri: str) -> None:
+    database = _sqlite_file(uri)
+    if database is None:
         return
-    directory = os.path.dirname(os.path.abspath(database))
+    directory = os.path.dirname(database)
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:

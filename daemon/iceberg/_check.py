@@ -15,6 +15,7 @@ on after ``timeout`` seconds (default: what start-up would wait).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,7 +28,7 @@ from pyiceberg.table import Table
 
 from icespool.config import Config, TableConfig, hide_secrets
 from icespool.errors import CatalogError, SchemaError
-from icespool.iceberg._catalog import check_compatible, load_catalog
+from icespool.iceberg._catalog import check_compatible, load_catalog, missing_sqlite_database
 from icespool.iceberg._tables import declared_schema, table_names
 from icespool.iceberg._timeouts import short_error, startup_timeout
 from icespool.spool import new_uuid7
@@ -97,7 +98,9 @@ def _list_tables(config: Config) -> list[tuple[str, str]]:
             declared.setdefault(kafka.table, "[[kafka]] route")
     namespaces = {name.split(".", 1)[0] for name in declared}
     namespaces |= {k.table_template.split(".", 1)[0] for k in config.kafka if k.table_template}
-    catalog = load_catalog(config.catalog.name, config.catalog.properties(), config.timeouts)
+    catalog = load_catalog(
+        config.catalog.name, config.catalog.properties(), config.timeouts, create=False
+    )
     try:
         listed = {name for ns in sorted(namespaces) for name in table_names(catalog, ns)}
     finally:
@@ -120,12 +123,21 @@ def _dispose(catalog: Any) -> None:
 
 
 def _probe(config: Config) -> list[str]:
-    catalog = load_catalog(config.catalog.name, config.catalog.properties(), config.timeouts)
+    properties = config.catalog.properties()
+    # A SQLite catalog the daemon has not created yet: checked as the empty catalog it
+    # would be, in memory, so that the check creates no database file.
+    new_database = missing_sqlite_database(properties)
+    if new_database is not None:
+        properties = {**properties, "uri": "sqlite:///:memory:"}
+    catalog = load_catalog(config.catalog.name, properties, config.timeouts, create=False)
     try:
         namespaces = catalog.list_namespaces()
         lines = [
             f"catalog {config.catalog.name!r} ({config.catalog.type}) is reachable: "
             f"{len(namespaces)} namespaces"
+            if new_database is None
+            else f"catalog {config.catalog.name!r} ({config.catalog.type}): the SQLite "
+            f"database {new_database} does not exist yet; `icespool run` creates it at start"
         ]
         missing: list[str] = []
         mismatched: list[str] = []
@@ -148,7 +160,13 @@ def _probe(config: Config) -> list[str]:
             problems.insert(
                 0,
                 f"{', '.join(missing)} not found in catalog {config.catalog.name!r} and "
-                "create = false; create the table, or set create = true with a schema",
+                "create = false; create the table, or set create = true with a schema"
+                + (
+                    ""
+                    if new_database is None
+                    else f" (its SQLite database {new_database} does not exist: is "
+                    "catalog.uri right?)"
+                ),
             )
         if problems:
             raise CatalogError("\n".join(problems))
@@ -176,8 +194,15 @@ def _schema_problem(existing: Table, table: TableConfig) -> str | None:
 
 def _probe_storage(catalog: Catalog, table: Table | None, warehouse: str | None) -> str:
     """Write, list and delete a probe object where data files go; the line to print."""
+    local = urlparse(warehouse or "")
     if table is not None:
         io, location, where = table.io, f"{table.location()}/data", f"table {table.name()[-1]}"
+    elif local.scheme == "file" and not os.path.isdir(local.path):
+        # The probe would create it: the check creates nothing.
+        return (
+            f"storage: the warehouse directory {local.path} does not exist yet; "
+            "`icespool run` creates it (not probed)"
+        )
     elif warehouse and "://" in warehouse:
         io, location, where = load_file_io(catalog.properties, warehouse), warehouse, "warehouse"
     else:

@@ -63,7 +63,10 @@ from icespool.schema import arrow_schema_for, conform, fill_masked_children
 __all__ = [
     "COMPRESSION_CODECS",
     "DELETE_FILE_MARK",
+    "TAIL_FILE_MARK",
+    "EncodedFile",
     "encode_data_files",
+    "encode_data_files_with_rows",
     "encode_equality_deletes",
     "partition_transform",
     "remove_files",
@@ -101,6 +104,8 @@ _RAW_TEMPORAL: Final[dict[type, Callable[[Any], int]]] = {
 #: Appended to a segment's id to name its equality-delete files
 #: (``{segment}-eq-{partition:05d}-{file:05d}.parquet``): the orphan sweep knows the shape.
 DELETE_FILE_MARK: Final = "-eq"
+#: In the names of an upsert table's rewritten last file: ``{prefix}-t{attempt}-...``.
+TAIL_FILE_MARK: Final = "-t"
 
 _FILE_PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # A file is closed once it is this close to the target: one more row group would
@@ -202,6 +207,17 @@ class _Partition:
     record: Record
     key: PartitionKey | None
     rows: pa.Table
+    # Which input rows ``rows`` holds, in order (None: all of them, in order).
+    source: pa.Array | None = None
+
+
+@dataclass(frozen=True)
+class EncodedFile:
+    """A file `encode_data_files_with_rows` wrote, and which of its input rows it holds
+    (their indices, in file order: the position of each row in the file)."""
+
+    file: DataFile
+    rows: pa.Array
 
 
 def _row_numbers(count: int) -> pa.Array:
@@ -242,7 +258,7 @@ def _split_partitions(spec: PartitionSpec, schema: Schema, data: pa.Table) -> li
             rows = data.slice(first, count)
         else:
             rows = data.take(indices)
-        partitions.append(_Partition(record, partition_key, rows))
+        partitions.append(_Partition(record, partition_key, rows, indices))
     return partitions
 
 
@@ -426,16 +442,18 @@ def _write_one_file(
     return data_file, offset
 
 
-def _write_partition(context: _Context, index: int, partition: _Partition) -> list[DataFile]:
+def _write_partition(context: _Context, index: int, partition: _Partition) -> list[EncodedFile]:
     rows = partition.rows
     if not context.bytes_per_row:
         context.bytes_per_row = max(rows.nbytes / rows.num_rows, 1e-3)
-    files: list[DataFile] = []
+    source = partition.source if partition.source is not None else _row_numbers(rows.num_rows)
+    files: list[EncodedFile] = []
     offset = 0
     while offset < rows.num_rows:
         name = f"{context.file_prefix}-{index:05d}-{len(files):05d}.parquet"
-        data_file, offset = _write_one_file(context, rows, offset, partition, name)
-        files.append(data_file)
+        data_file, end = _write_one_file(context, rows, offset, partition, name)
+        files.append(EncodedFile(data_file, source.slice(offset, end - offset)))
+        offset = end
     return files
 
 
@@ -488,10 +506,31 @@ def encode_data_files(
     segment ids) never collide. Callers must therefore not re-encode a prefix whose
     files are already committed (check ``find_committed_segments`` first).
     """
-    schema = table.metadata.schema()
+    encoded = encode_data_files_with_rows(
+        table,
+        batches,
+        target_file_size=target_file_size,
+        row_group_records=row_group_records,
+        compression=compression,
+        file_prefix=file_prefix,
+    )
+    return [e.file for e in encoded]
+
+
+def encode_data_files_with_rows(
+    table: Table,
+    batches: Sequence[pa.RecordBatch],
+    *,
+    target_file_size: int,
+    row_group_records: int,
+    compression: str,
+    file_prefix: str,
+) -> list[EncodedFile]:
+    """`encode_data_files`, saying which rows of ``batches`` (their indices in the
+    batches taken as one table) each file holds, in file order."""
     return _encode(
         table,
-        schema,
+        table.metadata.schema(),
         batches,
         target_file_size=target_file_size,
         row_group_records=row_group_records,
@@ -524,7 +563,7 @@ def encode_equality_deletes(
     schema = table.metadata.schema()
     ids = [schema.find_field(column).field_id for column in key]
     projected = schema.select(*key)
-    return _encode(
+    encoded = _encode(
         table,
         projected,
         keys,
@@ -535,6 +574,7 @@ def encode_equality_deletes(
         content=DataFileContent.EQUALITY_DELETES,
         equality_ids=ids,
     )
+    return [e.file for e in encoded]
 
 
 def _encode(
@@ -548,7 +588,7 @@ def _encode(
     file_prefix: str,
     content: DataFileContent,
     equality_ids: list[int] | None,
-) -> list[DataFile]:
+) -> list[EncodedFile]:
     """Files of ``content`` holding ``batches`` in ``schema`` (the table's, or the
     key columns' projection of it for equality deletes)."""
     if not _FILE_PREFIX_RE.match(file_prefix):
@@ -592,14 +632,18 @@ def _encode(
         content=content,
         equality_ids=equality_ids,
     )
-    data_files: list[DataFile] = []
+    data_files: list[EncodedFile] = []
     try:
         for index, partition in enumerate(partitions):
             rows = partition.rows
             if write_schema is not target_schema:
                 rows = pa.Table.from_arrays(rows.columns, schema=write_schema)
             data_files.extend(
-                _write_partition(context, index, _Partition(partition.record, partition.key, rows))
+                _write_partition(
+                    context,
+                    index,
+                    _Partition(partition.record, partition.key, rows, partition.source),
+                )
             )
     except OSError as exc:
         _remove_quietly(context.io, context.written)

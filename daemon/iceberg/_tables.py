@@ -36,6 +36,7 @@ from icespool.schema import (
 
 __all__ = [
     "check_key",
+    "check_key_columns",
     "check_upsert_layout",
     "create_inferred",
     "create_with",
@@ -122,18 +123,10 @@ def _partition_problem(table: Table, key: Sequence[str], name: str) -> str | Non
     return None
 
 
-def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
+def check_key_columns(table: Table, key: Sequence[str], name: str) -> None:
     """Raise `TableLayoutError` when the table lacks a key column (renamed by another
     writer: changes could not be resolved, and quarantining them would blame the
-    rows) or the daemon's equality deletes (written in the table's current partition
-    spec) would miss live rows of their keys (blocking; reads the manifest list only).
-
-    Iceberg applies an equality delete only to data files of its own spec and
-    partition, or to every data file when its spec is unpartitioned. Another writer
-    may change the partitioning while the daemon runs: a partition on a non-key
-    column, or any partitioned spec while data files of another spec are live, would
-    let upserts leave old rows of their keys (Spark shows the key twice).
-    """
+    rows)."""
     schema = table.schema()
     for column in key:
         try:
@@ -145,6 +138,21 @@ def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
                 f"the table's identifier fields {sorted(schema.identifier_field_names())} "
                 "and restart"
             ) from None
+
+
+def check_upsert_layout(table: Table, key: Sequence[str], name: str) -> None:
+    """Raise `TableLayoutError` when the table lacks a key column (`check_key_columns`)
+    or equality deletes of the key (written in the table's current partition spec)
+    would miss live rows of their keys (blocking; reads the manifest list only).
+
+    Iceberg applies an equality delete only to data files of its own spec and
+    partition, or to every data file when its spec is unpartitioned. Another writer
+    may change the partitioning while the daemon runs: a partition on a non-key
+    column, or any partitioned spec while data files of another spec are live, would
+    let upserts leave old rows of their keys (Spark shows the key twice). Position
+    deletes have no such limit: each names its data file, in that file's spec.
+    """
+    check_key_columns(table, key, name)
     if (problem := _partition_problem(table, key, name)) is not None:
         raise TableLayoutError(problem)
     spec = table.spec()

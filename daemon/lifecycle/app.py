@@ -126,7 +126,12 @@ async def _serve(
             max_body_bytes=config.http.max_body_bytes,
         )
     except OSError as exc:
-        _log.error("cannot listen on %s: %s", config.http.listen, exc)
+        _log.error(
+            "cannot listen on %s: %s; give another address in [http] listen or as "
+            "ICESPOOL__HTTP__LISTEN (e.g. ICESPOOL__HTTP__LISTEN=127.0.0.1:8081)",
+            config.http.listen,
+            exc,
+        )
         await systemd.stop()
         return _EXIT_FAILED
     scheme = "https" if http.tls else "http"

@@ -9,6 +9,7 @@ for the background reload that `icespool.lifecycle.service.Icespool` runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -138,7 +139,8 @@ class TableRegistry:
         evolve: Policy | None = None,
     ) -> TableWriter:
         """Start serving ``name`` with a loaded ``table`` (not started: see `TableWriter.start`)."""
-        settings = self.config.table_settings(name) if table_config else self.config.defaults
+        settings = self.config.writer_settings(name)
+        loop = asyncio.get_running_loop()
         writer = TableWriter(
             name,
             table,
@@ -152,6 +154,10 @@ class TableRegistry:
             key=table_config.key if table_config else (),
             commit_refusal=self._commit_refusal,
             on_spool_refused=self._pressure.refused,
+            # Maintenance turns equality deletes into position deletes within seconds.
+            on_equality_deletes=functools.partial(
+                loop.call_soon_threadsafe, self._maintenance.soon, name
+            ),
         )
         self.writers[name] = writer
         self._maintenance.add(name)
@@ -261,7 +267,7 @@ class TableRegistry:
             if name in self.writers:
                 return self.writers[name]
             table_config = self._awaiting_schema.get(name)
-            settings = self.config.table_settings(name) if table_config else self.config.defaults
+            settings = self.config.writer_settings(name)
             table = await asyncio.to_thread(
                 create_inferred,
                 self.require_catalog(),

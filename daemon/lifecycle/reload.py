@@ -156,8 +156,7 @@ def plan_reload(old: Config, new: Config, running_tables: Iterable[str]) -> Relo
     for name in running_tables:
         if name in old_tables and name not in new_tables:
             continue  # removed from the file: it keeps what it runs with until restart
-        before_s = old.table_settings(name) if name in old_tables else old.defaults
-        after_s = effective.table_settings(name) if name in new_tables else effective.defaults
+        before_s, after_s = old.writer_settings(name), effective.writer_settings(name)
         if before_s != after_s:
             settings[name] = after_s
     return ReloadPlan(effective, tuple(applied), tuple(sorted(not_applied)), settings)

@@ -91,6 +91,7 @@ class StatusReport:
                     "age_seconds": None if since is None else round(max(0.0, now - since), 1),
                 },
                 "maintenance": self._maintenance.status(name),
+                "key_index": writer.key_index,
             }
         return {
             "quarantine": {

@@ -5,6 +5,7 @@
     _expire     snapshot expiry by retention; the files only expired snapshots reached
     _compact    bin-packing the daemon's small files into one replace snapshot per run:
                 the rewrite; _compact_plan the plan, _compact_commit the commit
+    _convert    equality deletes turned into position deletes (no data rewritten)
     _budget     the I/O budget (bytes per second) every maintenance step passes
     _orphans    data files the daemon wrote but never committed
     _tasks      the tasks of a run, in order (DEFAULT_TASKS), and the table defaults
@@ -26,6 +27,12 @@ from icespool.maintenance._compact import (
     commit_rewrite,
     plan_compaction,
     rewrite,
+)
+from icespool.maintenance._convert import (
+    Conversion,
+    commit_conversion,
+    plan_conversion,
+    write_conversion,
 )
 from icespool.maintenance._expire import choose_expired, delete_files, find_garbage
 from icespool.maintenance._lease import LEASE_PROPERTY, Lease, LeaseHeld, acquire, release
@@ -76,6 +83,7 @@ __all__ = [
     "CompactionError",
     "CompactionPlan",
     "CompactionResult",
+    "Conversion",
     "FileOwner",
     "IoBudget",
     "Lease",
@@ -89,6 +97,7 @@ __all__ = [
     "TaskResult",
     "acquire",
     "choose_expired",
+    "commit_conversion",
     "commit_rewrite",
     "created_table_properties",
     "daemon_file_id",
@@ -98,9 +107,11 @@ __all__ = [
     "find_garbage",
     "is_daemon_file",
     "plan_compaction",
+    "plan_conversion",
     "release",
     "remove_orphans",
     "resolve",
     "rewrite",
     "table_shape",
+    "write_conversion",
 ]

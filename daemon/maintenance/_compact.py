@@ -87,7 +87,7 @@ from icespool.cdc import LiveDelete, applies
 from icespool.cdc._merge import apply_equality_deletes
 from icespool.iceberg._parquet import (
     _remove_quietly,
-    encode_data_files,
+    encode_data_files_with_rows,
     partition_transform,
 )
 from icespool.maintenance._budget import IoBudget
@@ -107,6 +107,7 @@ from icespool.maintenance._compact_plan import (
     payload_bytes,
     plan_compaction,
 )
+from icespool.maintenance._lineage import Lineage, Rewritten
 from icespool.maintenance._orphans import compaction_file_prefix
 from icespool.schema import arrow_schema_for, conform
 
@@ -131,6 +132,7 @@ _SORT_ORDER_ID_POSITION: Final = 15  # DataFile.sort_order_id reads _data[15]
 _POSITION_PATH: Final = "file_path"  # a position delete file's columns
 _POSITION_POS: Final = "pos"
 _SEQUENCE: Final = "_icespool_delete_seq"
+_ROW_POSITION: Final = "_icespool_row_position"
 
 
 def _read(io: FileIO, data_file: DataFile) -> list[pa.RecordBatch]:
@@ -170,7 +172,7 @@ def _sort_keys(
 
 def _sorted(
     batches: list[pa.RecordBatch], schema: Schema, order: SortOrder
-) -> list[pa.RecordBatch] | None:
+) -> tuple[list[pa.RecordBatch], np.ndarray] | None:
     target = arrow_schema_for(schema)
     data = pa.Table.from_batches(
         [conform(b, target, match_field_ids=True, drop_extra=True) for b in batches if b.num_rows],
@@ -182,7 +184,7 @@ def _sorted(
     frame = pa.table({name: values for name, values, _ in keys})
     indices = pc.sort_indices(frame, sort_keys=[(name, how) for name, _, how in keys])
     ordered: list[pa.RecordBatch] = data.take(indices).to_batches()
-    return ordered
+    return ordered, indices.to_numpy()
 
 
 def _gone(table: Table, path: str, exc: FileNotFoundError) -> CompactionConflictError:
@@ -219,7 +221,7 @@ class _DeleteReader:
             return cached
         tables = []
         for delete in deletes:
-            rows = self.read(delete)
+            rows = _storage_columns(self.read(delete))
             sequence = pa.array(np.full(rows.num_rows, delete.sequence_number, dtype=np.int64))
             tables.append(rows.append_column(_SEQUENCE, sequence))
         keys = [c for c in tables[0].column_names if c != _SEQUENCE]
@@ -265,6 +267,17 @@ class _DeleteReader:
         return pa.Table.from_batches([batch], schema=target)
 
 
+def _storage_columns(rows: pa.Table) -> pa.Table:
+    """``rows`` with extension-typed columns (uuid) as their storage: Arrow's hash
+    kernels take no extension type, and the storage compares the same."""
+    for index, field in enumerate(rows.schema):
+        if isinstance(field.type, pa.BaseExtensionType):
+            column = rows.column(index)
+            storage = pa.chunked_array([c.storage for c in column.chunks], field.type.storage_type)
+            rows = rows.set_column(index, field.with_type(field.type.storage_type), storage)
+    return rows
+
+
 def _read_conformed(
     table: Table, data_file: DataFile, budget: IoBudget, deadline: float | None, target: pa.Schema
 ) -> pa.Table:
@@ -296,22 +309,26 @@ def _merged_bin(
     *,
     budget: IoBudget,
     deadline: float | None,
-) -> tuple[list[pa.RecordBatch], int]:
+) -> tuple[list[pa.RecordBatch], int, list[np.ndarray]]:
     """The bin's rows with its delete files applied, each to the files Iceberg's rules
-    scope it to (``_deletes.applies``: per file, by its data sequence number); and the
-    number of rows read. Whole-file pyarrow: position masks, then equality deletes
-    as one anti-join per file and key (``icespool.cdc.apply_equality_deletes``)."""
+    scope it to (``_deletes.applies``: per file, by its data sequence number); the
+    number of rows read; and, per input file, the positions of its rows that were kept.
+    Whole-file pyarrow: position masks, then equality deletes as one anti-join per file
+    and key (``icespool.cdc.apply_equality_deletes``)."""
     metadata = table.metadata
     schema = metadata.schema()
     spec_id = metadata.default_spec_id
     target = arrow_schema_for(schema)
     reader.for_partition(piece.partition)
     pieces: list[pa.Table] = []
+    kept: list[np.ndarray] = []
     read = 0
     for data_file, sequence in zip(piece.files, piece.sequences, strict=True):
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError("compaction rewrite passed its deadline")
         data = _read_conformed(table, data_file, budget, deadline, target)
+        # Row positions ride along through the filters (which keep row order).
+        data = data.append_column(_ROW_POSITION, pa.array(np.arange(data.num_rows)))
         if data.num_rows != data_file.record_count:
             raise CompactionError(
                 f"table {'.'.join(table.name())}: {data_file.file_path} holds {data.num_rows} "
@@ -342,9 +359,10 @@ def _merged_bin(
             keys = newest.filter(pc.greater(newest.column(_SEQUENCE), sequence))
             key = [schema.find_column_name(field_id) or "" for field_id in ids]
             data = apply_equality_deletes(data, keys.drop_columns([_SEQUENCE]), key)
-        pieces.append(data)
+        kept.append(data.column(_ROW_POSITION).to_numpy())
+        pieces.append(data.drop_columns([_ROW_POSITION]))
     merged = pa.concat_tables(pieces) if pieces else target.empty_table()
-    return merged.to_batches(), read
+    return merged.to_batches(), read, kept
 
 
 def _rewrite_bin(
@@ -358,20 +376,25 @@ def _rewrite_bin(
     compression: str,
     incarnation: str,
     reader: _DeleteReader,
-) -> list[DataFile]:
+) -> tuple[list[DataFile], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The bin's new files, and for each the input (index in ``plan.files``) and
+    position every row came from."""
     batches: list[pa.RecordBatch] = []
     if piece.deletes:
-        batches, read = _merged_bin(table, piece, reader, budget=budget, deadline=deadline)
+        batches, read, kept = _merged_bin(table, piece, reader, budget=budget, deadline=deadline)
     else:
+        kept = []
         for data_file in piece.files:
             # Per file: thousands of small files slow to open take time the budget never sees.
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("compaction rewrite passed its deadline")
             budget.acquire(data_file.file_size_in_bytes, deadline=deadline)
             try:
-                batches += _read(table.io, data_file)
+                read_batches = _read(table.io, data_file)
             except FileNotFoundError as exc:
                 raise _gone(table, data_file.file_path, exc) from exc
+            batches += read_batches
+            kept.append(np.arange(sum(b.num_rows for b in read_batches), dtype=np.int64))
         read = sum(batch.num_rows for batch in batches)
     if read != piece.records:
         raise CompactionError(
@@ -380,25 +403,37 @@ def _rewrite_bin(
         )
     expected = sum(batch.num_rows for batch in batches)
     if not expected:
-        return []  # every row deleted: the inputs go, nothing replaces them
+        return [], {}  # every row deleted: the inputs go, nothing replaces them
+    inputs = {data_file.file_path: number for number, data_file in enumerate(plan.files)}
+    sources = np.concatenate(
+        [
+            np.full(len(k), inputs[f.file_path], dtype=np.int32)
+            for f, k in zip(piece.files, kept, strict=True)
+        ]
+    )
+    positions = np.concatenate(kept)
     metadata = table.metadata
     order = metadata.sort_order()
-    sorted_batches = None if order.is_unsorted else _sorted(batches, metadata.schema(), order)
+    ordered = None if order.is_unsorted else _sorted(batches, metadata.schema(), order)
+    if ordered is not None:
+        batches, permutation = ordered
+        sources, positions = sources[permutation], positions[permutation]
     # The write, charged before it happens at the input's payload (close to the output).
     budget.acquire(piece.payload, deadline=deadline)
-    written = encode_data_files(
+    encoded = encode_data_files_with_rows(
         table,
-        batches if sorted_batches is None else sorted_batches,
+        batches,
         target_file_size=plan.target_file_size,
         row_group_records=row_group_records,
         compression=compression,
         file_prefix=compaction_file_prefix(piece.file_id, incarnation),
     )
+    written = [e.file for e in encoded]
     try:
         extra = sum(f.file_size_in_bytes for f in written) - piece.payload
         if extra > 0:
             budget.acquire(extra)  # no deadline: the bytes are written already
-        if sorted_batches is not None:
+        if ordered is not None:
             for data_file in written:
                 # DataFile exposes sort_order_id read-only; its slot is position 15.
                 data_file[_SORT_ORDER_ID_POSITION] = order.order_id
@@ -411,7 +446,11 @@ def _rewrite_bin(
     except BaseException:
         _remove_quietly(table.io, [f.file_path for f in written])
         raise
-    return written
+    rows = {}
+    for e in encoded:
+        taken = e.rows.to_numpy(zero_copy_only=False)
+        rows[e.file.file_path] = (sources[taken], positions[taken])
+    return written, rows
 
 
 def rewrite(
@@ -423,8 +462,9 @@ def rewrite(
     compression: str,
     incarnation: str,
     deadline: float | None = None,
-) -> list[DataFile]:
-    """Write the plan's bins as new data files (not committed) and return them.
+) -> Rewritten:
+    """Write the plan's bins as new data files (not committed) and return them, with
+    where each of their rows came from (`Lineage`).
 
     One bin in memory at a time (about the target size of compressed data). Reads and
     writes pass ``budget``; past ``deadline`` (``time.monotonic()``) it stops with
@@ -437,12 +477,13 @@ def rewrite(
             f"table {'.'.join(table.name())}: the partition spec changed since planning"
         )
     written: list[DataFile] = []
+    lineage: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     reader = _DeleteReader(table, budget, deadline)
     try:
         for piece in plan.bins:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("compaction rewrite passed its deadline")
-            written += _rewrite_bin(
+            files, rows = _rewrite_bin(
                 table,
                 plan,
                 piece,
@@ -453,7 +494,10 @@ def rewrite(
                 incarnation=incarnation,
                 reader=reader,
             )
+            written += files
+            lineage.update(rows)
     except BaseException:
         _remove_quietly(table.io, [f.file_path for f in written])
         raise
-    return written
+    inputs = tuple(data_file.file_path for data_file in plan.files)
+    return Rewritten(tuple(written), Lineage(inputs, lineage))

@@ -3,26 +3,45 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import numpy as np
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update import ValidatableTableRequirement
 
-from icespool.cdc import applies, droppable, live_files
+from icespool.cdc import (
+    LiveData,
+    LiveDelete,
+    Located,
+    applies,
+    droppable,
+    live_files,
+    read_positions,
+)
 from icespool.errors import CommitError
-from icespool.iceberg import CommitOutcomeUnknownError, ReplaceConflictError, commit_replace
+from icespool.iceberg import (
+    POSITION_DELETE_MARK,
+    CommitOutcomeUnknownError,
+    ReplaceConflictError,
+    ReplaceExtra,
+    commit_replace,
+    encode_position_deletes,
+)
 from icespool.iceberg._parquet import _remove_quietly
 from icespool.maintenance._compact_plan import CompactionError, CompactionPlan
+from icespool.maintenance._lineage import Lineage, Rewritten
 from icespool.runtime.retry import CONFLICTS, Backoff
 
 __all__ = ["COMPACTION_SUMMARY_KEY", "CompactionResult", "commit_rewrite"]
 
 _log = logging.getLogger("icespool.maintenance.compact")
+_NONE: Final = np.zeros(0, dtype=np.int64)
 
 #: Snapshot summary key of a compaction's replace snapshot: the plan's id.
 COMPACTION_SUMMARY_KEY: Final = "icespool.compaction"
@@ -47,16 +66,21 @@ class CompactionResult:
     rows_removed: int = 0  # rows the applied deletes removed
 
 
-def _validator(plan: CompactionPlan) -> Callable[[Table], list[DataFile]]:
+def _validator(
+    plan: CompactionPlan, new_files: Sequence[DataFile], compression: str
+) -> Callable[[Table], ReplaceExtra]:
     """The commit-time check of a plan against the refreshed table; returns the delete
-    files the replace removes too (those nothing live needs once the inputs are gone)."""
+    files the replace removes too (those nothing live needs once the inputs are gone),
+    and the position deletes it carries to the new files (module doc of ``_lineage``)."""
     known = plan.known_deletes
     positions = {
         d.path: d.paths for b in plan.bins for d in (*b.deletes, *plan.drops) if not d.is_equality
     }
     inputs = {data_file.file_path for data_file in plan.files}
+    lineage = new_files.lineage if isinstance(new_files, Rewritten) else None
+    attempts = itertools.count()
 
-    def check(table: Table) -> list[DataFile]:
+    def check(table: Table) -> ReplaceExtra:
         name = ".".join(table.name())
         metadata = table.metadata
         if metadata.default_spec_id != plan.spec_id:
@@ -72,6 +96,7 @@ def _validator(plan: CompactionPlan) -> Callable[[Table], list[DataFile]]:
                 f"table {name}: {len(missing)} file(s) to replace are no longer live in main "
                 f"(removed by another writer's rewrite or delete): {shown}"
             )
+        carried: list[LiveDelete] = []
         for delete in live.deletes:
             if delete.path in known:
                 continue  # applied by the rewrite, or applying to nothing
@@ -82,19 +107,61 @@ def _validator(plan: CompactionPlan) -> Callable[[Table], list[DataFile]]:
                     applies(delete, data.file, data.sequence_number, data.spec_id)
                     for data in (live.data[path] for path in inputs)
                 )
+            elif delete.paths.isdisjoint(inputs):
+                continue
+            elif lineage is not None and delete.paths <= inputs:
+                carried.append(delete)  # naming only inputs: moved to the new files
+                continue
             else:
-                hit = not delete.paths.isdisjoint(inputs)
+                hit = True
             if hit:
                 raise ReplaceConflictError(
                     f"table {name}: delete file {delete.path} (sequence number "
                     f"{delete.sequence_number}) was added since planning and applies to "
                     "files being replaced"
                 )
-        return [
-            d.file for d in droppable(live, inputs) if d.sequence_number <= plan.sequence_number
-        ]
+        drops = {
+            d.path: d.file
+            for d in droppable(live, inputs)
+            if d.sequence_number <= plan.sequence_number
+        }
+        drops.update((d.path, d.file) for d in carried)
+        added = _carry(table, lineage, carried, new_files, plan, compression, next(attempts))
+        return ReplaceExtra(list(drops.values()), added)
 
     return check
+
+
+def _carry(
+    table: Table,
+    lineage: Lineage | None,
+    carried: Sequence[LiveDelete],
+    new_files: Sequence[DataFile],
+    plan: CompactionPlan,
+    compression: str,
+    attempt: int,
+) -> list[DataFile]:
+    """Position deletes for the new files naming the rows ``carried`` deletes in the
+    inputs (one file per new file, ``{output prefix}-pos{attempt}-...``)."""
+    if lineage is None or not carried or not new_files:
+        return []
+    dead: dict[str, np.ndarray] = {}
+    for delete in carried:
+        for path, named in read_positions(table.io, delete.file, delete.paths).items():
+            dead[path] = np.union1d(dead.get(path, _NONE), named)
+    moved = lineage.remap(dead)
+    if not moved:
+        return []
+    outputs = {f.file_path: LiveData(f, plan.sequence_number, plan.spec_id) for f in new_files}
+    # The new files' names without their numbers: the orphan sweep knows the deletes too.
+    prefix = new_files[0].file_path.rsplit("/", 1)[-1].rsplit("-", 2)[0]
+    written = encode_position_deletes(
+        table,
+        Located(moved, {path: outputs[path] for path in moved}),
+        file_prefix=f"{prefix}{POSITION_DELETE_MARK}{attempt}",
+        compression=compression,
+    )
+    return list(written.values())
 
 
 def commit_rewrite(
@@ -104,6 +171,7 @@ def commit_rewrite(
     *,
     retry: Backoff = CONFLICTS,
     requirements: Sequence[ValidatableTableRequirement] = (),
+    compression: str = "zstd",
 ) -> CompactionResult:
     """Commit ``new_files`` in place of the plan's inputs as one ``replace`` snapshot.
 
@@ -137,7 +205,7 @@ def commit_rewrite(
             retry=retry,
             requirements=requirements,
             data_sequence_number=plan.sequence_number,
-            check=_validator(plan),
+            check=_validator(plan, new_files, compression),
         )
     except ReplaceConflictError as exc:
         _remove_quietly(table.io, paths)

@@ -66,7 +66,12 @@ from pyarrow import fs as pafs
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from icespool.iceberg import DELETE_FILE_MARK, refresh_table
+from icespool.iceberg import (
+    DELETE_FILE_MARK,
+    POSITION_DELETE_MARK,
+    TAIL_FILE_MARK,
+    refresh_table,
+)
 from icespool.spool import new_uuid7
 
 __all__ = [
@@ -86,12 +91,18 @@ _log = logging.getLogger("icespool.maintenance.orphans")
 #: Compaction outputs are named ``c-{uuid7}-...``: told apart from flush files at a glance.
 COMPACTION_PREFIX: Final = "c-"
 
+_MARKS: Final = "|".join(
+    re.escape(mark) for mark in (DELETE_FILE_MARK, POSITION_DELETE_MARK, TAIL_FILE_MARK)
+)
 _UUID7: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _INCARNATION: Final = r"[0-9a-f]{12}"
-# An upsert table's flush also writes equality deletes: ``{segment}-{incarnation}-eq-...``.
+# An upsert table's flush also writes delete files: ``{segment}-{incarnation}-eq-...``
+# (equality) or ``...-pos-...`` (position), and rewrites its last small data file
+# (``...-t-...``), each mark numbered by the commit attempt.
 _NAME: Final = re.compile(
     rf"^(?:{re.escape(COMPACTION_PREFIX)})?(?P<id>{_UUID7})(?:-(?P<incarnation>{_INCARNATION}))?"
-    rf"(?:{re.escape(DELETE_FILE_MARK)})?-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
+    rf"(?:(?:{_MARKS})[0-9]*)?"
+    rf"-[0-9]{{5,}}-[0-9]{{5,}}\.parquet$"
 )
 _DELETE_WORKERS: Final = 8
 

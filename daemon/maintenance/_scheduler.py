@@ -77,6 +77,8 @@ _BACKOFF_FACTOR: Final = 8
 _PENDING_MAX: Final = 100_000
 # Leases are released at shutdown within this (the rest lapse after their TTL).
 _RELEASE_TIMEOUT: Final = 5.0
+# A run asked for out of turn starts this soon (requests meanwhile ride on it).
+_SOON: Final = 1.0
 
 
 class RunDeadlineError(TimeoutError):
@@ -145,6 +147,11 @@ class TableState:
     # Input files a compaction plans at most, after a run ran out of time (None: the
     # default); halved on each such run, doubled back on each that fits.
     compact_max_files: int | None = None
+    # The tasks of a run asked for out of turn (`MaintenanceScheduler.soon`), set from
+    # the request until that run ends; a run of either kind that came due while one
+    # ran waits for it to end (``waiting``).
+    urgent: frozenset[str] | None = None
+    waiting: set[bool] = field(default_factory=set)  # True: an urgent run, False: regular
 
 
 class RunContext:
@@ -248,7 +255,8 @@ class MaintenanceScheduler:
         self._states: dict[str, TableState] = {}
         # [[tables]] entries by name: settings are resolved per run without a scan.
         self._declared = {t.name: t for t in config.tables}
-        self._heap: list[tuple[float, int, str]] = []
+        # (due, order, table, urgent): a regular run, or one of only the urgent tasks.
+        self._heap: list[tuple[float, int, str, bool]] = []
         self._order = itertools.count()
         self._wake = asyncio.Event()
         self._runs: set[asyncio.Task[None]] = set()
@@ -261,6 +269,16 @@ class MaintenanceScheduler:
 
     def declared(self, name: str) -> TableConfig | None:
         return self._declared.get(name)
+
+    def soon(self, name: str, tasks: frozenset[str] = frozenset({"convert"})) -> None:
+        """Run ``tasks`` of ``name`` within seconds, out of its turn (an upsert table
+        committed equality deletes: maintenance turns them into position deletes).
+        Requests before that run starts ride on it; its regular runs stay as they are."""
+        state = self._states.get(name)
+        if state is None or state.urgent is not None:
+            return
+        state.urgent = tasks
+        self._push(name, time.monotonic() + _SOON, urgent=True)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -381,18 +399,18 @@ class MaintenanceScheduler:
 
     # ------------------------------------------------------------------ the loop
 
-    def _push(self, name: str, due: float) -> None:
-        heapq.heappush(self._heap, (due, next(self._order), name))
+    def _push(self, name: str, due: float, *, urgent: bool = False) -> None:
+        heapq.heappush(self._heap, (due, next(self._order), name, urgent))
         self._wake.set()
 
-    async def _next_due(self) -> str:
+    async def _next_due(self) -> tuple[str, bool]:
         while True:
             if self._heap:
-                due, _, name = self._heap[0]
+                due, _, name, urgent = self._heap[0]
                 delay = due - time.monotonic()
                 if delay <= 0:
                     heapq.heappop(self._heap)
-                    return name
+                    return name, urgent
             else:
                 delay = math.inf
             self._wake.clear()
@@ -406,15 +424,20 @@ class MaintenanceScheduler:
         while True:
             await self._slots.acquire()
             try:
-                name = await self._next_due()
+                name, urgent = await self._next_due()
             except BaseException:
                 self._slots.release()
                 raise
-            run = asyncio.create_task(self._run(self._states[name]), name=f"maintain-{name}")
+            state = self._states[name]
+            if state.running:  # one run of a table at a time: this one waits for it
+                state.waiting.add(urgent)
+                self._slots.release()
+                continue
+            run = asyncio.create_task(self._run(state, urgent), name=f"maintain-{name}")
             self._runs.add(run)
             run.add_done_callback(self._runs.discard)
 
-    async def _run(self, state: TableState) -> None:
+    async def _run(self, state: TableState, urgent: bool = False) -> None:
         started, wall = time.monotonic(), time.time()
         state.running = True
         state.held = None
@@ -425,7 +448,8 @@ class MaintenanceScheduler:
         run_timeout = effective(self.config, self._declared.get(state.name)).run_timeout
         try:
             async with asyncio.timeout(run_timeout + min(_ABANDON_AFTER, run_timeout)):
-                outcome, error = await self._maintain(state, started, tasks, removed)
+                only = state.urgent if urgent else None
+                outcome, error = await self._maintain(state, started, tasks, removed, only)
         except TimeoutError:
             outcome, error = "timeout", f"abandoned after {run_timeout:g}s"
         except asyncio.CancelledError:
@@ -437,7 +461,14 @@ class MaintenanceScheduler:
             state.running = False
             self._slots.release()
             ended = time.time()
-            self._finish(state, outcome, error, tasks, removed, wall, ended, started)
+            if urgent:
+                state.urgent = None
+                self._log_run(state, outcome, error, removed, wall, ended, started)
+            else:
+                self._finish(state, outcome, error, tasks, removed, wall, ended, started)
+            for kind in sorted(state.waiting):
+                self._push(state.name, time.monotonic(), urgent=kind)
+            state.waiting.clear()
 
     def _finish(
         self,
@@ -476,6 +507,22 @@ class MaintenanceScheduler:
             self._metrics.maintenance_runs.labels(
                 table=state.name, task="lease", outcome="skipped"
             ).inc()
+        self._log_run(state, outcome, error, removed, wall, ended, started, log)
+
+    def _log_run(
+        self,
+        state: TableState,
+        outcome: str,
+        error: str | None,
+        removed: Mapping[str, int],
+        wall: float,
+        ended: float,
+        started: float,
+        log: Callable[..., None] | None = None,
+    ) -> None:
+        now = time.monotonic()
+        if log is None:
+            log = _log.warning if outcome in ("failed", "timeout") else _log.info
         log(
             "maintenance of %s by %s: %s in %.0f ms (started_at=%.3f ended_at=%.3f%s)%s%s%s",
             state.name,
@@ -504,8 +551,9 @@ class MaintenanceScheduler:
         started: float,
         tasks: dict[str, str],
         removed: dict[str, int],
+        only: frozenset[str] | None = None,
     ) -> tuple[str, str | None]:
-        """One run; returns (outcome, error)."""
+        """One run (of the tasks named ``only``, when given); returns (outcome, error)."""
         assert self._catalog is not None
         catalog, name = self._catalog, state.name
         table = await self.off_lane(catalog.load_table, name)
@@ -536,7 +584,7 @@ class MaintenanceScheduler:
             ctx = RunContext(self, state, table, settings, lease, started + settings.run_timeout)
             held_from = time.time()
             try:
-                await self._run_tasks(ctx, tasks, removed, errors)
+                await self._run_tasks(ctx, tasks, removed, errors, only)
             finally:
                 # Nothing is committed or deleted past the deadline (each step checks
                 # it just before), so that is where acting under the lease ended.
@@ -553,10 +601,11 @@ class MaintenanceScheduler:
         tasks: dict[str, str],
         removed: dict[str, int],
         errors: list[str],
+        only: frozenset[str] | None = None,
     ) -> None:
         run_deadline = ctx.deadline
         for task in self.tasks:
-            if not task.wanted(ctx.settings):
+            if not task.wanted(ctx.settings) or (only is not None and task.name not in only):
                 continue
             if self.stopping:
                 break

@@ -21,9 +21,14 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 
-from icespool.iceberg import apply_defaults, commit_expiry
+from icespool.iceberg import (
+    CommitOutcomeUnknownError,
+    ReplaceConflictError,
+    apply_defaults,
+    commit_expiry,
+)
 from icespool.iceberg._parquet import _remove_quietly
-from icespool.maintenance import _compact, _orphans
+from icespool.maintenance import _compact, _convert, _orphans
 from icespool.maintenance._expire import (
     ExpiryConflictError,
     ExpiryDeadlineError,
@@ -31,10 +36,12 @@ from icespool.maintenance._expire import (
     delete_files,
     find_garbage,
 )
+from icespool.maintenance._lineage import Rewritten
 from icespool.maintenance._scheduler import _PENDING_MAX, RunContext, Task, TaskResult
 from icespool.maintenance._settings import created_table_properties
+from icespool.spool import new_uuid7
 
-__all__ = ["COMPACT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS"]
+__all__ = ["COMPACT", "CONVERT", "DEFAULTS", "DEFAULT_TASKS", "EXPIRE", "ORPHANS"]
 
 # Expired snapshots whose garbage one search looks for (it reads their manifest lists,
 # and the retained ones until every candidate is decided).
@@ -149,7 +156,7 @@ class _Outputs:
         self._files: list[DataFile] = []
         self._state = "writing"  # then "written", "committing" or "abandoned"
 
-    def written(self, io: FileIO, files: list[DataFile]) -> list[DataFile]:
+    def written(self, io: FileIO, files: Rewritten) -> Rewritten:
         """In the rewrite's thread, when it is done."""
         with self._lock:
             if self._state == "abandoned":
@@ -201,7 +208,7 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
     state.compacting = plan.file_ids
     outputs = _Outputs()
 
-    def write() -> list[DataFile]:
+    def write() -> Rewritten:
         return outputs.written(
             table.io,
             _compact.rewrite(
@@ -215,9 +222,11 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
             ),
         )
 
-    def commit(new_files: list[DataFile]) -> _compact.CompactionResult:
+    def commit(new_files: Rewritten) -> _compact.CompactionResult:
         outputs.committing()
-        return _compact.commit_rewrite(table, plan, new_files, requirements=ctx.requirements)
+        return _compact.commit_rewrite(
+            table, plan, new_files, requirements=ctx.requirements, compression=writer.compression
+        )
 
     try:
         new_files = await ctx.off_lane(write)
@@ -254,6 +263,46 @@ async def _compact_task(ctx: RunContext) -> TaskResult:
             f"{result.delete_files_removed} delete files removed"
         )
     return TaskResult(detail=detail)
+
+
+async def _convert_task(ctx: RunContext) -> TaskResult:
+    """Turn the table's equality deletes into position deletes (no data rewritten):
+    find the rows they delete off the lane (budgeted), commit in the lane."""
+    table = ctx.table
+    conversion = await ctx.off_lane(
+        _convert.plan_conversion, table, budget=ctx.budget, deadline=ctx.deadline
+    )
+    if conversion is None:
+        return TaskResult(detail="no equality deletes")
+    writer = ctx.config.table_settings(ctx.name)
+    prefix = f"{_orphans.COMPACTION_PREFIX}{new_uuid7()}-{ctx.files.current}-pos"
+    files = await ctx.off_lane(
+        _convert.write_conversion,
+        table,
+        conversion,
+        file_prefix=prefix,
+        compression=writer.compression,
+    )
+    try:
+        await ctx.in_lane(
+            lambda: _convert.commit_conversion(
+                table, conversion, files, requirements=ctx.requirements
+            )
+        )
+    except ReplaceConflictError as exc:
+        await ctx.off_lane(_remove_quietly, table.io, [f.file_path for f in files])
+        return TaskResult(detail=f"conflict: {exc}", conflict=True)
+    except CommitOutcomeUnknownError:
+        raise  # it may have landed: its files stay (the orphan sweep knows them)
+    except BaseException:
+        await asyncio.shield(ctx.off_lane(_remove_quietly, table.io, [f.file_path for f in files]))
+        raise
+    return TaskResult(
+        detail=(
+            f"{len(conversion.equality)} equality delete files turned into "
+            f"{len(files)} position delete files ({conversion.located.rows} rows)"
+        )
+    )
 
 
 async def _orphans_task(ctx: RunContext) -> TaskResult:
@@ -299,9 +348,10 @@ async def _defaults(ctx: RunContext) -> TaskResult:
 
 
 DEFAULTS: Final = Task("defaults", _defaults, wanted=lambda s: s.apply_to_existing)
+CONVERT: Final = Task("convert", _convert_task)
 COMPACT: Final = Task("compact", _compact_task, wanted=lambda s: s.compaction)
 ORPHANS: Final = Task("orphans", _orphans_task)
 
 #: What every run does, in order: compaction first, so the expiry of the same run can
 #: already count the replaced files' snapshots; the orphan sweep last.
-DEFAULT_TASKS: Final = (DEFAULTS, COMPACT, EXPIRE, ORPHANS)
+DEFAULT_TASKS: Final = (DEFAULTS, CONVERT, COMPACT, EXPIRE, ORPHANS)

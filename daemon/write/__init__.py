@@ -6,6 +6,10 @@ writer       `TableWriter`: owns a table's queue and flush job, and what they sh
 queue        spool appends (the ack), pending counts, the flush triggers
 flush        seal -> read back -> encode -> commit; strikes and quarantine
 result       `FlushResult`: what a flush committed
+rows         how spooled rows become one commit: `AppendRows` (append tables)
+upserts      `UpsertRows`: last change per key, deletes by position through the key index
+upsert_changes  one upsert commit attempt's changes: merged position deletes, the tail
+index_keeper `IndexKeeper`: an upsert table's key index, ready for its commits or not
 cadence      how long past ``batch_timeout`` a table waits while its commits collide
 pressure     an append the spool refused for room commits the tables holding it
 early_acks   acks while the start waits for the catalog
@@ -27,15 +31,21 @@ if TYPE_CHECKING:
     from icespool.write.pressure import PressureRelief
     from icespool.write.queue import Flusher, TableQueue
     from icespool.write.result import FlushResult
-    from icespool.write.writer import TableWriter
+    from icespool.write.rows import AppendRows, CommitMarks, Encoded, TableRows
+    from icespool.write.upserts import UpsertRows
+    from icespool.write.writer import KEY_INDEX_DIR, TableWriter
 
 __all__ = [
     "AUTO_CREATED",
+    "KEY_INDEX_DIR",
     "NICENESS",
     "SEGMENT_ATTEMPTS",
+    "AppendRows",
     "Cadence",
     "Column",
+    "CommitMarks",
     "EarlyAcks",
+    "Encoded",
     "FlushJob",
     "FlushResult",
     "Flusher",
@@ -44,9 +54,11 @@ __all__ = [
     "PressureRelief",
     "TableInput",
     "TableQueue",
+    "TableRows",
     "TableWriter",
     "Tables",
     "UncommittableSegmentError",
+    "UpsertRows",
     "flush_calls",
     "flush_executor",
     "in_flush_thread",
@@ -81,6 +93,8 @@ __getattr__ = lazy_exports(
         "icespool.write.pressure": ("PressureRelief",),
         "icespool.write.queue": ("Flusher", "TableQueue"),
         "icespool.write.result": ("FlushResult",),
-        "icespool.write.writer": ("TableWriter",),
+        "icespool.write.rows": ("AppendRows", "CommitMarks", "Encoded", "TableRows"),
+        "icespool.write.upserts": ("UpsertRows",),
+        "icespool.write.writer": ("KEY_INDEX_DIR", "TableWriter"),
     },
 )

@@ -25,19 +25,13 @@ from typing import Any, Protocol
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from icespool.cdc import OP_COLUMN, last_changes
 from icespool.config import WriterSettings
 from icespool.errors import BadInputError, CatalogError, CommitError, IcespoolError
 from icespool.iceberg import (
-    DELETE_FILE_MARK,
     CommitRejectedError,
     CommitResult,
     SpoolSegments,
-    check_upsert_layout,
-    commit_files,
     committed_marks,
-    encode_data_files,
-    encode_equality_deletes,
     refresh_table,
     remove_files,
     unavailable,
@@ -48,6 +42,7 @@ from icespool.source_claims import Claims, ClaimsFactory, ClaimsMovedError
 from icespool.spool import SegmentCorruptError, SegmentData, SegmentInfo, Spool, SpoolIOError
 from icespool.write.encode_pool import in_flush_thread
 from icespool.write.result import FlushResult
+from icespool.write.rows import CommitMarks, Encoded, TableRows
 
 __all__ = ["SEGMENT_ATTEMPTS", "FlushJob", "Ledger", "UncommittableSegmentError"]
 
@@ -119,7 +114,7 @@ class FlushJob:
         spool: Spool,
         metrics: Metrics,
         *,
-        key: tuple[str, ...],
+        rows: TableRows,
         settings: Callable[[], WriterSettings],
         sync_schema: Callable[[], pa.Schema],
         on_commit: Callable[[FlushResult], None],
@@ -135,10 +130,7 @@ class FlushJob:
         self._table = table
         self._spool = spool
         self._metrics = metrics
-        # An upsert table's key columns (empty: an append table). Its spooled batches
-        # are plain rows (all upserts) or change batches (`icespool.cdc`); each commit
-        # keeps the last change per key (`_encode_upserts`).
-        self._key = key
+        self._rows = rows
         self._settings = settings
         self._sync_schema = sync_schema
         self._on_commit = on_commit
@@ -157,6 +149,19 @@ class FlushJob:
         self.last_commit_at: float | None = None
         self.last_commit_wall: float | None = None
         self._committed_files: OrderedDict[str, None] = OrderedDict()
+
+    def start(self) -> None:
+        """Prepare the table's first commit (an upsert table's key index)."""
+        self._rows.start(self._table)
+
+    def close(self) -> None:
+        """The table commits no more: release what its rows hold (the key index)."""
+        self._rows.close()
+
+    @property
+    def key_index(self) -> dict[str, object] | None:
+        """An upsert table's key index as /v1/status shows it (None: an append table)."""
+        return self._rows.status()
 
     def last_chance(self, segment_id: str) -> None:
         """The segment's next failure by its own fault quarantines it (an operator's
@@ -407,14 +412,15 @@ class FlushJob:
             ) from exc
         if not rows:
             return None
-        files = await self._encode_files(rows, seg_ids, claims, schema)
-        if not files:
+        encoded = await self._encode_files(rows, seg_ids, claims, schema)
+        if not encoded.files and encoded.plan is None:
             return None
+        files = list(encoded.files)
         if (refusal := self._commit_refusal()) is not None:
             await in_flush_thread(remove_files, self._table, files)  # never committed
             raise CommitError(refusal)
         known = await self._spool_segments(segments)
-        commit = await self._commit(files, seg_ids, spans, claims, reason, known)
+        commit = await self._commit(encoded, seg_ids, spans, claims, reason, known)
         return commit, files, sum(b.num_rows for b in rows)
 
     async def _spool_segments(self, segments: list[SegmentData]) -> SpoolSegments:
@@ -463,11 +469,14 @@ class FlushJob:
 
     async def _encode_files(
         self, rows: list[pa.RecordBatch], seg_ids: list[str], claims: Claims, schema: pa.Schema
-    ) -> list[Any]:
+    ) -> Encoded:
         """The commit's files, written; a failure the rows caused is the segments'."""
         encode_started = time.perf_counter()
+        prefix = self._file_prefix(seg_ids[0])
         try:
-            files = await in_flush_thread(self._encode, rows, self._file_prefix(seg_ids[0]), schema)
+            encoded = await in_flush_thread(
+                self._rows.encode, self._table, rows, prefix, schema, self._settings()
+            )
         except (CatalogError, OSError, MemoryError):
             raise  # storage or the machine, not the rows: retried with backoff
         except Exception as exc:
@@ -484,30 +493,28 @@ class FlushJob:
         self._metrics.encode_duration.labels(table=self.name).observe(
             time.perf_counter() - encode_started
         )
-        return files
+        return encoded
 
     async def _commit(
         self,
-        files: list[Any],
+        encoded: Encoded,
         seg_ids: list[str],
         spans: Mapping[str, tuple[int, int]],
         claims: Claims,
         reason: str,
         known: SpoolSegments,
     ) -> CommitResult:
-        """One snapshot of ``files`` naming the segments; a rejection is the segments'."""
+        """One snapshot of ``encoded`` naming the segments; a rejection is the segments'."""
+        marks = CommitMarks(
+            segment_ids=seg_ids,
+            spans=spans,
+            spool_id=self._spool.id,
+            summary={"icespool.reason": reason, **claims.summary()},
+            update_properties=claims.properties,
+            spool_segments=known,
+        )
         try:
-            return await in_flush_thread(
-                commit_files,
-                self._table,
-                files,
-                segment_ids=seg_ids,
-                summary={"icespool.reason": reason, **claims.summary()},
-                update_properties=claims.properties,
-                spool_id=self._spool.id,
-                segment_spans=spans,
-                spool_segments=known,
-            )
+            return await in_flush_thread(self._rows.commit, self._table, encoded, marks)
         except CommitError as exc:
             # A commit that fails had its conflicts too (a landed one: `_record`).
             if exc.conflicts:
@@ -515,7 +522,7 @@ class FlushJob:
             if isinstance(exc, ClaimsMovedError):
                 # Raised before anything was sent: these files are never committed (the
                 # next round encodes what is left), and no snapshot will name their rows.
-                await in_flush_thread(remove_files, self._table, files)
+                await in_flush_thread(remove_files, self._table, encoded.files)
             if isinstance(exc, CommitRejectedError):
                 raise UncommittableSegmentError(
                     f"{_segments_text(seg_ids)} of {self.name}: {exc}",
@@ -523,49 +530,6 @@ class FlushJob:
                     claims=claims,
                 ) from exc
             raise
-
-    # ------------------------------------------------------------------ encode (blocking)
-
-    def _encode(self, rows: list[pa.RecordBatch], prefix: str, schema: pa.Schema) -> list[Any]:
-        """The files of one commit (blocking)."""
-        settings = self._settings()
-        if self._key:
-            return self._encode_upserts(rows, prefix, schema, settings)
-        if any(OP_COLUMN in batch.schema.names for batch in rows):
-            # Spooled while the table had a key: appending them would turn deletes
-            # into rows. The segment's strikes quarantine it, naming the fix.
-            raise BadInputError(
-                f"the spooled rows are keyed changes ({OP_COLUMN}), but table "
-                f"{self.name} has no key now; restore its [[tables]] key and replay"
-            )
-        return _encode_rows(self._table, rows, prefix, settings)
-
-    def _encode_upserts(
-        self, rows: list[pa.RecordBatch], prefix: str, schema: pa.Schema, settings: WriterSettings
-    ) -> list[Any]:
-        """An upsert table's files (blocking): its rows are changes, and the last change
-        per key wins. Its upserts become data files, and every key touched gets an
-        equality delete (files ``{prefix}-eq-...``), so every older row of the key goes
-        while the ones added in the same snapshot stay."""
-        # Another writer may have repartitioned the table: deletes that would miss
-        # rows hold the table back (retried, nothing quarantined) instead.
-        check_upsert_layout(self._table, self._key, self.name)
-        resolved = last_changes(rows, schema, self._key)
-        data = _encode_rows(self._table, resolved.upserts.to_batches(), prefix, settings)
-        try:
-            deletes = encode_equality_deletes(
-                self._table,
-                resolved.keys.to_batches(),
-                self._key,
-                target_file_size=settings.target_file_size,
-                row_group_records=settings.row_group_records,
-                compression=settings.compression,
-                file_prefix=f"{prefix}{DELETE_FILE_MARK}",
-            )
-        except BaseException:
-            remove_files(self._table, data)  # written by this attempt, never committed
-            raise
-        return [*data, *deletes]
 
     def _committed_marks(self, ids: list[str]) -> dict[str, tuple[int, int | None]]:
         refresh_table(self._table)
@@ -634,19 +598,6 @@ class FlushJob:
             snapshots=len(metadata.snapshots),
             data_files=int(total) if total else None,
         )
-
-
-def _encode_rows(
-    table: Table, rows: Sequence[pa.RecordBatch], prefix: str, settings: WriterSettings
-) -> list[Any]:
-    return encode_data_files(
-        table,
-        rows,
-        target_file_size=settings.target_file_size,
-        row_group_records=settings.row_group_records,
-        compression=settings.compression,
-        file_prefix=prefix,
-    )
 
 
 def _segments_text(ids: Sequence[str]) -> str:

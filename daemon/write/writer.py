@@ -35,13 +35,19 @@ from icespool.metrics import Metrics
 from icespool.runtime.lanes import Lane
 from icespool.schema import EvolutionPlan, Policy, arrow_schema_for
 from icespool.source_claims import NO_CLAIMS, ClaimsFactory
-from icespool.spool import SegmentInfo, Spool, SpoolError
+from icespool.spool import SegmentInfo, Spool, SpoolError, table_file_stem
 from icespool.write.cadence import Cadence
 from icespool.write.flush import FlushJob
 from icespool.write.queue import TableQueue
 from icespool.write.result import FlushResult
+from icespool.write.rows import AppendRows, TableRows
+from icespool.write.upserts import UpsertRows
 
-__all__ = ["TableWriter"]
+__all__ = ["KEY_INDEX_DIR", "TableWriter"]
+
+#: Where upsert tables' key indexes live, in the spool directory (a cache of the tables:
+#: rebuilt when missing or damaged; the spool's own files are beside it).
+KEY_INDEX_DIR = "key-index"
 
 _log = logging.getLogger("icespool.writer")
 
@@ -63,11 +69,13 @@ class TableWriter:
         key: Sequence[str] = (),
         commit_refusal: Callable[[], str | None] = lambda: None,
         on_spool_refused: Callable[[str, SpoolError], None] | None = None,
+        on_equality_deletes: Callable[[], object] = lambda: None,
     ) -> None:
         """``commit_refusal()``: why this process must not commit now (its spool claim:
         daemon/lifecycle/spool_claim.py); ``on_spool_refused(table, error)``: told of
         every append the spool refused (the daemon's `icespool.write.pressure.PressureRelief`
-        frees room held by other tables)."""
+        frees room held by other tables); ``on_equality_deletes()``: an upsert table's
+        commit deleted by key (called from the flush's thread)."""
         self.name = name
         self.arrow_schema = arrow_schema
         # An upsert table's key columns (empty: an append table): see `append`.
@@ -79,12 +87,23 @@ class TableWriter:
         self._lane = lane
         self._metrics = metrics
         self.cadence = Cadence()
+        rows: TableRows = AppendRows(name)
+        if self.key:
+            rows = UpsertRows(
+                name,
+                self.key,
+                index_path=spool.directory / KEY_INDEX_DIR / f"{table_file_stem(name)}.sqlite3",
+                # Its own Table object: a Table must not be shared with a running commit.
+                load_table=lambda: table.catalog.load_table(table.name()),
+                metrics=metrics,
+                on_equality_deletes=on_equality_deletes,
+            )
         self._job = FlushJob(
             name,
             table,
             spool,
             metrics,
-            key=self.key,
+            rows=rows,
             settings=lambda: self._settings,
             sync_schema=self._sync_schema,
             on_commit=self._committed,
@@ -126,8 +145,15 @@ class TableWriter:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start the age trigger."""
+        """Start the age trigger (and an upsert table's key index)."""
         self._queue.start()
+        self._job.start()
+
+    @property
+    def key_index(self) -> dict[str, object] | None:
+        """An upsert table's key index: ``ready`` (commits delete by position) and the
+        ``snapshot_id`` it is at; None for an append table."""
+        return self._job.key_index
 
     def adopt(self, segments: Iterable[SegmentInfo]) -> None:
         """Count recovered segments as pending, so they are committed and gauged."""
@@ -135,7 +161,10 @@ class TableWriter:
 
     async def close(self, reason: str = "close") -> FlushResult:
         """Stop accepting, commit what is pending, stop the timer. Idempotent."""
-        return await self._queue.close(reason)
+        try:
+            return await self._queue.close(reason)
+        finally:
+            await asyncio.to_thread(self._job.close)
 
     # ------------------------------------------------------------------ ingest
 

@@ -9,7 +9,9 @@ Steps (each bounded in time; a failing step is named and the daemon's log tail s
    Maven Central) on free loopback ports, and create the topic ``shop-orders``;
 2. write ``<dir>/icespool.toml``: the embedded default (SQLite catalog, local warehouse
    and spool, all under ``<dir>``) plus a table ``shop.orders`` and a ``[[kafka]]``
-   source feeding it, with a 2 s ``batch_timeout`` so commits come quickly;
+   source feeding it, with a 2 s ``batch_timeout`` so commits come quickly (and
+   ``<dir>/icespool-http.toml``, the same without the Kafka source, for a daemon started
+   by hand afterwards, when the broker is gone);
 3. start ``icespool run --config <dir>/icespool.toml`` as a child process;
 4. produce sample shop orders (JSON, ids 1..N, timestamps, amounts, a few kinds);
 5. wait until the table holds all of them;
@@ -18,7 +20,7 @@ Steps (each bounded in time; a failing step is named and the daemon's log tail s
    ``--runtime-dir``, else ``$ICESPOOL_SPARK_RUNTIME``, else Maven), and print it (Spark
    starts in the background before the daemon, so it is warmed up by then);
 7. stop the daemon (SIGTERM: it commits and exits) and the broker, and print the commands
-   that run the same query by hand.
+   that run the same query, and a daemon on the demo's tables, by hand.
 
 This is a demonstration, not production code: it lives in deploy/, not in daemon/.
 ``<dir>`` is wiped at the start (only if an earlier demo made it): the broker's data
@@ -34,6 +36,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import json
+import logging
 import os
 import random
 import re
@@ -197,8 +200,10 @@ def _refuse_if_daemon_runs(lock: Path) -> None:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def write_config(root: Path, bootstrap: str) -> Path:
-    """The embedded default under ``root`` plus the demo table and its Kafka source."""
+def write_config(root: Path, bootstrap: str) -> tuple[Path, Path]:
+    """The embedded default under ``root`` plus the demo table and its Kafka source; and
+    the same without the Kafka source (``icespool-http.toml``), for a daemon started by
+    hand once the demo's broker is gone (one with the source would wait for the broker)."""
     from icespool.config import embedded_default, render_toml, validate_config
 
     raw = embedded_default(root)
@@ -226,7 +231,17 @@ def write_config(root: Path, bootstrap: str) -> Path:
             "+ shop.orders fed from Kafka",
         )
     )
-    return path
+    del raw["kafka"]
+    validate_config(raw)
+    http = root / "icespool-http.toml"
+    http.write_text(
+        render_toml(
+            raw,
+            header="icespool demo config without Kafka (deploy/demo/demo.py): the demo's "
+            "tables over HTTP only",
+        )
+    )
+    return path, http
 
 
 def load_table(root: Path) -> Any:
@@ -344,14 +359,27 @@ class Broker:
                 stdin=subprocess.DEVNULL,
             )
         deadline = time.monotonic() + BROKER_START_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise DemoError(f"Kafka exited with {self.process.returncode}:\n{tail(self.log)}")
-            try:
-                run_bounded(list_topics(self.bootstrap), 10, "listing the topics")
-                return
-            except DemoError:  # refused or not yet serving metadata
-                time.sleep(0.2)
+        # aiokafka logs every refused connect as an error ("Unable connect to ..."): while
+        # the JVM starts, wait for the port with a plain connect, and ask for metadata with
+        # those lines held back (a real failure still ends the wait, with its reason).
+        quiet = logging.getLogger("aiokafka")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise DemoError(
+                        f"Kafka exited with {self.process.returncode}:\n{tail(self.log)}"
+                    )
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                        pass
+                    run_bounded(list_topics(self.bootstrap), 10, "listing the topics")
+                    return
+                except (OSError, DemoError):  # refused or not yet serving metadata
+                    time.sleep(0.2)
+        finally:
+            quiet.setLevel(level)
         raise DemoError(f"Kafka did not answer on {self.bootstrap} within {BROKER_START_S} s")
 
     def stop(self) -> None:
@@ -672,7 +700,7 @@ def _shown(path: Path | str) -> str:
     return shlex.quote(str(path))
 
 
-def by_hand(root: Path, config: Path, runtime_dir: str | None) -> str:
+def by_hand(root: Path, config: Path, http_config: Path, runtime_dir: str | None) -> str:
     """The commands that run the same query by hand (checked by tests/ops/test_demo.py)."""
     activate = Path(sys.executable).parent / "activate"
     setup = (
@@ -690,10 +718,10 @@ The same query by hand (the table stays in {_shown(root)}):
   spark-sql --conf spark.sql.catalogImplementation=in-memory $({conf}) \\
       -e {shlex.quote(query("icespool"))}
 
-The daemon on the demo's config (HTTP on 127.0.0.1:8080, the embedded default's; it
-consumes {TOPIC} from the broker in the config's [[kafka]] bootstrap_servers):
+The daemon on the demo's tables (HTTP on 127.0.0.1:8080, the embedded default's), without
+Kafka: the demo's broker is stopped, and a daemon on {_shown(config)} would wait for it:
 
-  icespool run --config {_shown(config)}
+  icespool run --config {_shown(http_config)}
 """
 
 
@@ -741,7 +769,7 @@ def run_demo(args: argparse.Namespace) -> int:
         with step(f"creating topic {TOPIC} ({PARTITIONS} partitions)"):
             run_bounded(create_topic(broker.bootstrap), TOPIC_S, "creating the topic")
         with step("writing the config"):
-            config = write_config(root, broker.bootstrap)
+            config, http_config = write_config(root, broker.bootstrap)
             say(f"  {config}: embedded default + table {TABLE} + [[kafka]] {TOPIC} -> {TABLE}")
         with step("starting Spark in the background"):
             if runtime_dir:
@@ -770,7 +798,7 @@ def run_demo(args: argparse.Namespace) -> int:
             daemon.stop()
         with step("stopping the broker"):
             broker.stop()
-        print(by_hand(root, config, runtime_dir), flush=True)
+        print(by_hand(root, config, http_config, runtime_dir), flush=True)
         say("done")
         return 0
     except DemoError as exc:

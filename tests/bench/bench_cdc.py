@@ -4,6 +4,11 @@ before and after compaction.
 
     python tests/bench/bench_cdc.py [--changes 1000000] [--keys 100000] [--batch 50000]
                                     [--pyiceberg-budget 600]
+    python tests/bench/bench_cdc.py --live [--keys 100000] [--rate 2000] [--deletes 0.3]
+        [--live-seconds 60] [--live-changes 2000000] [--baseline-tree PATH]
+
+``--live`` measures only the write side at a 1 s commit cadence: position deletes beside
+the equality-delete path (tests/bench/_cdc_live.py says how). Without it:
 
 1. A deterministic stream of ``--changes`` changes over ``--keys`` ids (85 % upserts of a
    4-column row, 15 % deletes), cut into batches of ``--batch`` changes.
@@ -46,7 +51,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cdc_live import live
 from _spark import BENCH_CONF
 
 from icespool.config import Config, validate_config
@@ -225,7 +232,19 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--pyiceberg-budget", type=float, default=600.0)
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="only the write side at a 1 s cadence, position beside equality deletes",
+    )
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--deletes", type=float, default=0.3)
+    parser.add_argument("--live-seconds", type=float, default=60.0)
+    parser.add_argument("--live-changes", type=int, default=2_000_000)
+    parser.add_argument("--baseline-tree", type=Path, default=None)
     args = parser.parse_args()
+    if args.live:
+        return asyncio.run(live(args))
     runtime = os.environ.get(RUNTIME_DIR_ENV) or str(REPO / ".spark-runtime")
 
     changes = stream(args.changes, args.keys)

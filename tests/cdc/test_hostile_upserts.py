@@ -219,17 +219,81 @@ async def test_hostile_changes_through_a_real_daemon(tmp_path: Path) -> None:
     assert got == expected
 
 
-async def test_another_writer_repartitioning_an_upsert_table_holds_it_back_naming_why(
+async def _key_indexes_ready(session: aiohttp.ClientSession, daemon: Daemon, *names: str) -> None:
+    for _ in range(600):
+        async with session.get(f"{daemon.url}/v1/status") as resp:
+            tables = (await resp.json())["tables"]
+        if all((tables[n]["key_index"] or {}).get("ready") for n in names):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"key indexes not ready: {[tables[n]['key_index'] for n in names]}")
+
+
+def _repartition(home: DaemonDir) -> None:
+    """Another writer's new partitioning: the key (identity) for t.events, a non-key
+    column for h.keyed."""
+    catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
+    try:
+        with catalog.load_table("t.events").update_spec() as spec:
+            spec.add_field("id", IdentityTransform(), "id_p")
+        with catalog.load_table("h.keyed").update_spec() as spec:
+            spec.add_field("v", IdentityTransform(), "v")
+    finally:
+        catalog.engine.dispose()
+
+
+async def test_another_writer_repartitioning_an_upsert_table_changes_nothing_by_position(
     tmp_path: Path,
 ) -> None:
-    """Iceberg applies an equality delete only to data files of its own partition spec
-    and partition (or everywhere from an unpartitioned spec). After another writer
-    changes an upsert table's partitioning, the daemon's deletes (current spec) no
-    longer reach the rows of the old spec: Spark would show a key twice. The table is
-    held back (flush 503 naming the fix, nothing quarantined) until those rows are
-    rewritten into the current spec; a partition on a non-key column likewise."""
+    """Position deletes name their data files, in those files' own partition spec: after
+    another writer repartitions an upsert table (by the key, or by a non-key column),
+    upserts still delete exactly the older rows of their keys, whatever spec those rows
+    were written in."""
     home = DaemonDir(tmp_path / "d")
     home.write_config(extra=_EXTRA)
+    daemon = Daemon(home)
+    keys = np.arange(30, dtype=np.int64)
+    try:
+        daemon.start()
+        await daemon.wait_ready()
+        async with aiohttp.ClientSession(timeout=_TIMEOUT) as session:
+            await _key_indexes_ready(session, daemon, "t.events", "h.keyed")
+            for name in ("t.events", "h.keyed"):
+                body = _changes(keys, [f"a{i}" for i in keys], [UPSERT] * len(keys))
+                status, text = await _post(session, daemon.records_url(name), body, _ARROW)
+                assert status == 200, text
+                await _flush(session, daemon, name, 200)
+            _repartition(home)
+            for round_ in ("b", "c"):
+                for name in ("t.events", "h.keyed"):
+                    values = [f"{round_}{i}" for i in keys]
+                    body = _changes(keys, values, [UPSERT] * len(keys))
+                    status, text = await _post(session, daemon.records_url(name), body, _ARROW)
+                    assert status == 200, text
+                    await _flush(session, daemon, name, 200)
+            assert daemon.running and not home.quarantined()
+    finally:
+        daemon.cleanup()
+    for name in ("t.events", "h.keyed"):
+        merged = read_merged(_table(home, name)).sort_by("id")
+        assert merged.column("id").to_pylist() == keys.tolist()  # each key once
+        assert merged.column("v").to_pylist() == [f"c{i}" for i in keys]
+
+
+async def test_deleting_by_key_a_repartitioned_upsert_table_is_held_back_naming_why(
+    tmp_path: Path,
+) -> None:
+    """Without its key index (here its directory cannot be made), an upsert table's
+    commits delete by key. Iceberg applies an equality delete only to data files of its
+    own partition spec and partition (or everywhere from an unpartitioned spec): after
+    another writer changes an upsert table's partitioning, such deletes (current spec)
+    no longer reach the rows of the old spec, and Spark would show a key twice. The
+    table is held back (flush 503 naming the fix, nothing quarantined) until those rows
+    are rewritten into the current spec; a partition on a non-key column likewise."""
+    home = DaemonDir(tmp_path / "d")
+    home.write_config(extra=_EXTRA)
+    home.spool_dir.mkdir(parents=True, exist_ok=True)
+    (home.spool_dir / "key-index").write_text("not a directory")
     daemon = Daemon(home)
     keys = np.arange(30, dtype=np.int64)
     try:
@@ -242,16 +306,7 @@ async def test_another_writer_repartitioning_an_upsert_table_holds_it_back_namin
                 assert status == 200, text
                 async with session.post(daemon.flush_url(name)) as resp:
                     assert resp.status == 200, await resp.text()
-            # Another writer: the key (identity) for one table, a non-key column for
-            # the other.
-            catalog = load_catalog(CATALOG_NAME, **home.catalog_properties)
-            try:
-                with catalog.load_table("t.events").update_spec() as spec:
-                    spec.add_field("id", IdentityTransform(), "id_p")
-                with catalog.load_table("h.keyed").update_spec() as spec:
-                    spec.add_field("v", IdentityTransform(), "v")
-            finally:
-                catalog.engine.dispose()
+            _repartition(home)
             for name, needle in (("t.events", "rewrite_data_files"), ("h.keyed", "'v'")):
                 body = _changes(keys, [f"b{i}" for i in keys], [UPSERT] * len(keys))
                 status, text = await _post(session, daemon.records_url(name), body, _ARROW)

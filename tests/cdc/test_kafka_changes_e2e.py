@@ -149,8 +149,10 @@ def merged_rows(service: Icespool, table: str) -> list[dict[str, Any]]:
     if snapshot is None:
         return []
     io = loaded.io
-    data: list[tuple[int, pa.Table]] = []
+    data: list[tuple[str, int, pa.Table]] = []
     deleted: dict[tuple[Any, ...], int] = {}  # key -> highest delete sequence number
+    # (data file, position) -> highest sequence number of a position delete naming it
+    positions: dict[tuple[str, int], int] = {}
     for manifest in snapshot.manifests(io):
         for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
             file = entry.data_file
@@ -158,7 +160,15 @@ def merged_rows(service: Icespool, table: str) -> list[dict[str, Any]]:
             with io.new_input(file.file_path).open() as stream:
                 rows = pq.read_table(stream)
             if file.content == DataFileContent.DATA:
-                data.append((entry.sequence_number, rows))
+                data.append((file.file_path, entry.sequence_number, rows))
+            elif file.content == DataFileContent.POSITION_DELETES:
+                for path, pos in zip(
+                    rows.column("file_path").to_pylist(),
+                    rows.column("pos").to_pylist(),
+                    strict=True,
+                ):
+                    at = (path, pos)
+                    positions[at] = max(positions.get(at, 0), entry.sequence_number)
             else:
                 assert file.content == DataFileContent.EQUALITY_DELETES, file.content
                 names = [loaded.schema().find_column_name(f) for f in file.equality_ids or []]
@@ -166,8 +176,10 @@ def merged_rows(service: Icespool, table: str) -> list[dict[str, Any]]:
                     deleted[key] = max(deleted.get(key, 0), entry.sequence_number)
     key_names = [loaded.schema().find_column_name(f) for f in loaded.schema().identifier_field_ids]
     out: list[dict[str, Any]] = []
-    for sequence, rows in data:
-        for row in rows.to_pylist():
+    for path, sequence, rows in data:
+        for pos, row in enumerate(rows.to_pylist()):
+            if positions.get((path, pos), 0) >= sequence:
+                continue  # a position delete applies to files of its sequence number or older
             if deleted.get(tuple(row[n] for n in key_names), 0) <= sequence:
                 out.append(row)
     return out

@@ -1,24 +1,30 @@
 """Upsert tables through a real daemon (in-process service, SQLite catalog): each flush
-commits ONE snapshot of data files plus equality deletes, and the merged state equals
-the state computed here key by key."""
+commits ONE snapshot of data files plus the deletes of the older rows of its keys (by
+position once the key index is ready, by equality while it cannot answer), and the
+merged state equals the state computed here key by key."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyiceberg.manifest import DataFileContent, ManifestContent
+from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
+from support.cdc_tables import assert_index_exact, delete_files
+from support.service_helpers import key_index_ready, metric
 
-from icespool.cdc import read_merged
+from icespool.cdc import KeyIndex, live_files, read_merged
 from icespool.errors import BadInputError, SchemaError
 from icespool.iceberg import SEGMENTS_SUMMARY_KEY, load_catalog
 from icespool.maintenance import daemon_file_id, is_daemon_file
+from icespool.spool import table_file_stem
+from icespool.write import KEY_INDEX_DIR
 
 TABLE = "cdc.users"
 SCHEMA = [
@@ -72,6 +78,7 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
     expected: State = {}
     async with run_daemon(config) as (service, _):
         table = service.writer(TABLE)
+        await key_index_ready(service, TABLE)
         created = iceberg_table(service)
         assert created.metadata.format_version == 2
         assert created.schema().identifier_field_names() == {"id", "region"}
@@ -103,29 +110,39 @@ async def test_several_flushes_leave_the_merged_state_key_by_key(
             assert result.records == 600  # every change of the flush, counted once
             iceberg = iceberg_table(service)
             snapshot = iceberg.metadata.snapshot_by_id(result.snapshot_id)
-            assert snapshot.summary.operation.value == "overwrite"
+            # Nothing to delete in the first flush (every key new): a plain append.
+            assert snapshot.summary.operation.value == ("overwrite" if flush_no else "append")
             assert snapshot.summary[SEGMENTS_SUMMARY_KEY] == ",".join(result.segments)
             added = files_of(iceberg, result.snapshot_id)
-            deletes = [f for f in added if f.content == DataFileContent.EQUALITY_DELETES]
-            assert deletes and all(f.equality_ids == [1, 2] for f in deletes)
             # The orphan sweep knows every file, and each names the flush's first segment.
             assert all(is_daemon_file(f.file_path) for f in added)
             assert {daemon_file_id(f.file_path) for f in added} == {result.segments[0]}
-            # {segment uuid7: 5 parts}-{incarnation}-eq-{partition}-{file}.parquet
-            assert {f.file_path.rsplit("/", 1)[-1].split("-")[6] for f in deletes} == {"eq"}
-            # One delete file per partition the flush touched (key -> partition).
-            partitions = [f.partition for f in deletes]
-            assert len(partitions) == len(set(map(tuple, partitions)))
+            # Every new row went at the end of the writer's last file of its partition
+            # (copied with them), older rows were deleted by position: one small data
+            # file per partition, with at most one delete file naming it alone.
+            live = live_files(iceberg.io, iceberg.metadata, snapshot)
+            per_partition = Counter(d.file.partition for d in live.data.values())
+            assert set(per_partition.values()) == {1}
+            assert all(not d.is_equality and len(d.paths) == 1 for d in live.deletes)
+            per_file = Counter(next(iter(d.paths)) for d in live.deletes)
+            assert set(per_file) <= set(live.data) and set(per_file.values()) <= {1}
             assert merged(iceberg) == expected, f"after flush {flush_no}"
+            # A tail more than half dead is copied with its live rows only (every flush
+            # here changes about as many keys as the table holds).
+            assert sum(d.file.record_count for d in live.data.values()) <= 2 * len(expected)
         manifests = iceberg.current_snapshot().manifests(iceberg.io)
-        data_manifests = [m for m in manifests if m.content == ManifestContent.DATA]
-        assert len(data_manifests) < 5, "the data manifests never merged"
-        # Delete manifests merge by the same rules (not one more per commit), and the
-        # merged ones keep each delete's sequence number (the state above is exact).
-        delete_manifests = [m for m in manifests if m.content == ManifestContent.DELETES]
-        assert 1 <= len(delete_manifests) < 5, "the delete manifests never merged"
-        assert sum(m.existing_files_count or 0 for m in delete_manifests) > 0
+        assert len(manifests) < 5, "a manifest more per commit"
     assert len(expected) > 100
+    # The daemon's own key index took every commit without reading it back: at the last
+    # snapshot, naming exactly the live row of each key.
+    iceberg = load_catalog(config.catalog.name, config.catalog.properties()).load_table(TABLE)
+    index_file = config.spool.dir / KEY_INDEX_DIR / f"{table_file_stem(TABLE)}.sqlite3"
+    index = KeyIndex(index_file, [1, 2], cache_bytes=1 << 20)
+    try:
+        assert index.snapshot_id == iceberg.metadata.current_snapshot_id
+        assert_index_exact(index, iceberg, ("id", "region"))
+    finally:
+        index.close()
 
 
 async def test_a_delete_only_chunk_writes_only_delete_files(
@@ -134,6 +151,7 @@ async def test_a_delete_only_chunk_writes_only_delete_files(
     config = make_config(tables=[upsert_table()])
     async with run_daemon(config) as (service, _):
         table = service.writer(TABLE)
+        await key_index_ready(service, TABLE)
         await table.upsert(
             [{"id": i, "region": "eu", "name": f"n{i}", "score": i} for i in range(10)]
         )
@@ -145,8 +163,9 @@ async def test_a_delete_only_chunk_writes_only_delete_files(
         snapshot = iceberg.metadata.snapshot_by_id(result.snapshot_id)
         assert snapshot.summary.operation.value == "delete"
         added = files_of(iceberg, result.snapshot_id)
-        assert [f.content for f in added] == [DataFileContent.EQUALITY_DELETES]
-        assert added[0].record_count == 3
+        # The two rows that existed, by position; the key never written needs nothing.
+        assert [f.content for f in added] == [DataFileContent.POSITION_DELETES]
+        assert added[0].record_count == 2
         assert merged(iceberg) == {(i, "eu"): (f"n{i}", i) for i in range(10) if i not in (3, 5)}
 
 
@@ -266,3 +285,38 @@ async def test_two_replicas_committing_one_upsert_table_at_once_keep_every_chang
         assert len(iceberg.metadata.snapshots) == 12
     # The flushes raced: some row deltas were retried after a conflict.
     assert any("commit conflict" in r.getMessage() for r in caplog.records)
+
+
+async def test_without_a_key_index_commits_delete_by_key_and_maintenance_converts_them(
+    make_config: Any, run_daemon: Any
+) -> None:
+    """The key index cannot be opened (a file stands where its directory goes): every
+    commit deletes by key (equality deletes, counted), /v1/status says so, and
+    maintenance turns those deletes into position deletes within seconds, out of its
+    hour-long turn, with the merged state exactly the same."""
+    config = make_config(tables=[upsert_table()], maintenance={"interval": "1h"})
+    config.spool.dir.mkdir(parents=True, exist_ok=True)
+    (config.spool.dir / "key-index").write_text("not a directory")
+    async with run_daemon(config) as (service, _):
+        table = service.writer(TABLE)
+        for n in range(3):
+            rows = [{"id": i, "region": "eu", "name": f"v{n}", "score": n} for i in range(20)]
+            await table.upsert(rows)
+            await table.delete([{"id": n, "region": "eu"}])
+            await table.flush()
+        expected = {(i, "eu"): ("v2", 2) for i in range(20) if i != 2}
+        assert service.status()["tables"][TABLE]["key_index"] == {
+            "ready": False,
+            "snapshot_id": None,
+        }
+        assert (
+            metric(service, "icespool_upsert_commits_total", table=TABLE, deletes="equality") == 3
+        )
+        for _ in range(300):
+            kinds = {f.content for f in delete_files(iceberg_table(service))}
+            if kinds == {DataFileContent.POSITION_DELETES}:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"equality deletes not converted: {kinds}")
+        assert merged(iceberg_table(service)) == expected

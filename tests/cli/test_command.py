@@ -359,6 +359,61 @@ def test_log_options_are_validated(capsys: pytest.CaptureFixture[str]) -> None:
     assert "icespool run: error: argument --log-format: invalid choice: 'xml'" in err
 
 
+def test_a_reader_that_goes_away_is_no_traceback(command: list[str], tmp_path: Path) -> None:
+    """`icespool ... | head`: the pipe closed before the output is written is exit 0 and
+    nothing on stderr, not a BrokenPipeError traceback."""
+    read, written = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [*command, "check-config", "--format", "json"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=written,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(written)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_tables_json_help_says_what_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tables", "--help"])
+    tables_help = " ".join(capsys.readouterr().out.split())
+    assert "each table's /v1/status entry with its 'degraded' reason" in tables_help
+    assert "raw /v1/status" not in tables_help
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    assert "print the raw /v1/status JSON" in capsys.readouterr().out
+
+
+def test_a_port_in_use_names_the_setting_and_variable(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = icespool(
+            COMMANDS["console-script"],
+            "run",
+            "--log-format",
+            "text",
+            cwd=tmp_path,
+            env=clean_env(ICESPOOL__HTTP__LISTEN=f"127.0.0.1:{port}"),
+        )
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}: " in result.stderr
+    assert (
+        "give another address in [http] listen or as ICESPOOL__HTTP__LISTEN "
+        "(e.g. ICESPOOL__HTTP__LISTEN=127.0.0.1:8081)" in result.stderr
+    )
+
+
 # ------------------------------------------------------------------ logging
 
 

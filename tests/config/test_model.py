@@ -396,7 +396,7 @@ def test_invalid_toml_is_a_config_file_error(tmp_path: Path) -> None:
             "max_batch_records, "
             "max_batch_bytes, batch_timeout, "
             "target_file_size, compression, row_group_records, max_queue_bytes, max_nesting_depth, "
-            "max_columns, "
+            "max_columns, key_index_memory, "
             "maintenance",
         ),
         (
@@ -767,6 +767,33 @@ def test_table_settings_overlay_defaults_with_table_overrides() -> None:
     assert str(info.value) == (
         "table 'demo.nope' is not configured; add a [[tables]] entry with name = 'demo.nope'"
     )
+
+
+def test_a_dead_letter_table_writes_with_its_source_tables_settings() -> None:
+    """A Kafka source's dead-letter table (not declared) commits on its source table's
+    batch_timeout, not [defaults]' (60 s); a declared one keeps its own settings, and a
+    routed source's (no one table) gets [defaults]'."""
+    raw = raw_contract()
+    raw["defaults"]["batch_timeout"] = "60s"
+    raw["tables"][0].update(batch_timeout="2s")
+    raw["tables"].append({"name": "demo.own_dead_letter", "batch_timeout": "7s"})
+    raw["tables"].append({"name": "routed.clicks", "batch_timeout": "3s"})
+    raw["kafka"] = [
+        {"bootstrap_servers": ["127.0.0.1:9092"], "topics": ["a"], "table": "demo.events"},
+        {
+            "bootstrap_servers": ["127.0.0.1:9092"],
+            "topics": ["b"],
+            "table_template": "routed.{value}",
+            "route_field": "kind",
+        },
+    ]
+    config = validate_config(raw)
+    assert config.writer_settings("demo.events_dead_letter") == config.table_settings("demo.events")
+    assert config.writer_settings("demo.events_dead_letter").batch_timeout == 2.0
+    assert config.writer_settings("routed.kafka_dead_letter") == config.defaults
+    assert config.writer_settings("demo.own_dead_letter").batch_timeout == 7.0
+    assert config.writer_settings("routed.clicks").batch_timeout == 3.0
+    assert config.writer_settings("routed.anything") == config.defaults
 
 
 def test_every_default_can_be_overridden_per_table() -> None:

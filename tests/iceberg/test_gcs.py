@@ -76,7 +76,8 @@ def test_check_config_connect_probes_the_gs_warehouse(
     assert main(["check-config", "--connect", "--config", str(path)]) == 0
     printed = capsys.readouterr()
     assert printed.err.splitlines()[-3:] == [
-        "catalog 'lake' (sql) is reachable: 0 namespaces",
+        f"catalog 'lake' (sql): the SQLite database {tmp_path / 'catalog.db'} does not exist "
+        "yet; `icespool run` creates it at start",
         f"table {TABLE}: missing, created at start (create = true)",
         f"storage (warehouse): wrote, listed and deleted a probe object under {warehouse}",
     ]

@@ -201,7 +201,7 @@ def test_small_files_merge_into_target_sized_files_in_one_replace_snapshot(
     plan2, new2, result2 = _compact(table)
     assert {f.file_path for f in plan2.files} == {f.file_path for f in fresh}
     assert result2.outcome == "committed" and len(new2) == 1
-    assert set(live_files(table)) == foreign_paths | {f.file_path for f in new + new2}
+    assert set(live_files(table)) == foreign_paths | {f.file_path for f in [*new, *new2]}
     assert table_ids(table) == sorted(
         [*range(120 * 40), *range(10_000, 10_030), *range(50_000, 50_240)]
     )
@@ -231,7 +231,7 @@ def test_partitioned_table_compacts_each_partition_of_the_current_spec_only(
             kinds = set(pq.read_table(stream).column("kind").to_pylist())
         assert kinds == {data_file.partition[0]}
     live = set(live_files(table))
-    assert live == {f.file_path for f in old_spec + c + new}
+    assert live == {f.file_path for f in [*old_spec, *c, *new]}
     assert table_ids(table) == sorted(
         [*range(120), *range(1_000, 1_120), *range(2_000, 2_140), *range(3_000, 3_060)]
     )

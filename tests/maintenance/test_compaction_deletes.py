@@ -10,9 +10,12 @@ table's merged state is read by the test's own row-by-row reader (``merged_rows`
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import random
 import time
+import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from support.cdc_tables import (
     commit_changes,
+    commit_position_delete_across,
     commit_position_deletes,
     delete_files,
     merged_rows,
@@ -142,6 +146,10 @@ def _compact(table: Table, **plan: Any) -> tuple[CompactionPlan, CompactionResul
     (found,) = plan_compaction(table, **options)
     new = rewrite(table, found, budget=UNLIMITED, **WRITER)
     return found, commit_rewrite(table, found, new, retry=FAST)
+
+
+def _paths(table: Table) -> list[str]:
+    return [d.file.file_path for d in _data_files(table)]
 
 
 def _data_files(table: Table) -> list[Any]:
@@ -282,11 +290,12 @@ def test_a_delete_committed_during_the_rewrite_still_applies(
     assert late.file_path not in plan.known_deletes
 
 
-def test_a_position_delete_committed_during_the_rewrite_is_a_conflict(
+def test_a_position_delete_committed_during_the_rewrite_moves_to_the_new_files(
     catalog: Catalog, tmp_path: Path
 ) -> None:
-    """A position delete (another engine's row delete) naming an input after planning
-    would be lost by the replace: ``conflict``, the new files deleted, nothing lost."""
+    """A position delete (another engine's row delete, or an upsert's) naming only
+    inputs, committed after planning, would be lost by the replace: it moves to the new
+    files instead (the rewrite knows where each row went), in the same snapshot."""
     table = _table(catalog)
     state: State = {}
     _change_rounds(table, state, commits=10, keys=100, per_commit=20, regions=("eu",))
@@ -301,14 +310,44 @@ def test_a_position_delete_committed_during_the_rewrite_is_a_conflict(
     state.pop(key)
 
     result = commit_rewrite(table, plan, new, retry=FAST)
+    assert result.outcome == "committed"
+    assert merged_rows(table, ("region", "id")) == state
+    # The late delete is gone with the input it named; one delete file, naming the
+    # new file that holds the row now.
+    (moved,) = delete_files(table)
+    assert moved.content == DataFileContent.POSITION_DELETES and moved.record_count == 1
+    assert moved.lower_bounds[2147483546].decode() in {f.file_path for f in new}
+
+
+def test_a_delete_naming_inputs_and_other_files_committed_during_the_rewrite_is_a_conflict(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """A position delete naming an input AND a file the compaction keeps cannot be
+    split: ``conflict``, the new files deleted, nothing lost."""
+    table = _table(catalog)
+    state: State = {}
+    foreign = [("eu", i) for i in range(1000, 1010)]
+    table.append(_rows(foreign, -1).cast(table.schema().as_arrow()))  # kept: not the daemon's
+    for k in foreign:
+        state[k] = {"region": k[0], "id": k[1], "payload": f"{k[0]}-{k[1]}-v-1", "version": -1}
+    _change_rounds(table, state, commits=10, keys=100, per_commit=20, regions=("eu",))
+    table.refresh()
+    options = {"target_file_size": TARGET, "max_bytes": 1 << 30, "rewrite_foreign": False}
+    (plan,) = plan_compaction(table, **options)
+    new = rewrite(table, plan, budget=UNLIMITED, **WRITER)
+    other = sql_catalog(tmp_path).load_table("m.upserts")
+    victim = plan.files[-1].file_path
+    kept = next(p for p in _paths(other) if not is_daemon_file(p))
+    (pos, key), *_ = merged_positions(other, victim)
+    (kept_pos, kept_key), *_ = merged_positions(other, kept)
+    commit_position_delete_across(other, {victim: [pos], kept: [kept_pos]})
+    state.pop(key)
+    state.pop(kept_key)
+
+    result = commit_rewrite(table, plan, new, retry=FAST)
     assert result.outcome == "conflict" and "applies to files being replaced" in result.detail
     assert all(not local_path(f.file_path).exists() for f in new)
     assert merged_rows(table, ("region", "id")) == state
-    # The next run plans again on the table as it is and succeeds.
-    _, again = _compact(table)
-    assert again.outcome == "committed"
-    assert merged_rows(table, ("region", "id")) == state
-    assert delete_files(table) == []
 
 
 def test_delete_files_stay_while_a_file_the_compaction_keeps_needs_them(
@@ -486,3 +525,45 @@ async def test_the_daemons_scheduled_maintenance_keeps_an_upsert_table_bounded(
         assert merged_rows(table, KEY) == state
         assert {(r["region"], r["id"]): r for r in read_merged(table).to_pylist()} == state
         assert len(_data_files(table)) <= 4
+
+
+_KEY_SAMPLES: dict[str, list[Any]] = {
+    "uuid": [uuid.UUID(int=i * 7919 + 1) for i in range(30)],
+    "fixed(4)": [bytes([i, 1, 2, 3]) for i in range(30)],
+    "binary": [bytes(range(i + 1)) for i in range(30)],
+    "decimal(12, 2)": [Decimal(i * 37).scaleb(-2) for i in range(30)],
+    "date": [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(30)],
+    "timestamptz": [
+        dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=i) for i in range(30)
+    ],
+    "string": [f"k{i}" for i in range(30)],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_KEY_SAMPLES))
+def test_compaction_applies_equality_deletes_for_every_key_type(
+    catalog: Catalog, kind: str
+) -> None:
+    """The deletes of a table keyed by any column type Iceberg allows are applied when
+    its files are rewritten (a uuid key once failed every compaction: Arrow cannot hash
+    its extension type), and the merged state stays the same."""
+    schema = parse_schema(
+        [{"name": "k", "type": kind, "required": True}, {"name": "v", "type": "long"}]
+    )
+    table = ensure_table(
+        catalog, "m.typed", schema, parse_partition_spec(schema, []), {}, create=True
+    )
+    values = _KEY_SAMPLES[kind]
+    first = pa.table({"k": values, "v": list(range(len(values)))})
+    commit_changes(table, first, None, ("k",))
+    commit_changes(
+        table,
+        first.slice(0, 10).set_column(1, "v", pa.array([-1] * 10)),
+        first.slice(20).select(["k"]),
+        ("k",),
+    )
+    before = merged_rows(table, ("k",))
+    assert len(before) == 20
+    _compact(table)
+    assert not delete_files(table)
+    assert merged_rows(table, ("k",)) == before

@@ -261,7 +261,12 @@ async def test_expiry_deletes_exactly_the_files_no_retained_snapshot_reaches(
             properties
         )
         assert table.metadata.properties[LEASE_PROPERTY].startswith(service._spool.id + " ")
-        assert state["last_run"]["tasks"] == {"compact": "ok", "expire": "ok", "orphans": "ok"}
+        assert state["last_run"]["tasks"] == {
+            "convert": "ok",
+            "compact": "ok",
+            "expire": "ok",
+            "orphans": "ok",
+        }
         assert state["lease"]["holder"] == "this replica" and state["pending_deletes"] == 0
         # The shape gauges, set by the run.
         current = table.metadata.current_snapshot()
@@ -542,6 +547,7 @@ async def test_apply_to_existing_sets_only_the_defaults_a_table_lacks(
         state = await _wait_for_run(service, outcome="ok")
         assert state["last_run"]["tasks"] == {
             "defaults": "ok",
+            "convert": "ok",
             "compact": "ok",
             "expire": "ok",
             "orphans": "ok",

@@ -243,6 +243,9 @@ def test_daemon_file_names() -> None:
     assert daemon_file_id(f"/w/{segment}-{inc}-123456-00000.parquet") == segment  # > 99,999
     assert daemon_file_id(f"/w/t/data/{segment}-{inc}-eq-00001-00000.parquet") == segment
     assert daemon_file_incarnation(f"/w/t/data/{segment}-{inc}-eq-00001-00000.parquet") == inc
+    assert daemon_file_id(f"/w/t/data/{segment}-{inc}-pos-00001-00000.parquet") == segment
+    assert daemon_file_id(f"/w/t/data/{segment}-{inc}-pos3-00001-00000.parquet") == segment
+    assert daemon_file_id(f"/w/t/data/{segment}-{inc}-eq12-00000-00000.parquet") == segment
     assert daemon_file_incarnation(f"/w/c-{segment}-{inc}-00000-00000.parquet") == inc
     # Names written before incarnations: still the daemon's (compaction rewrites them),
     # but of no known incarnation (the sweep leaves them).

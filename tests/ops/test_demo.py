@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from support.jvm import free_ports
 
 from icespool.spark.conf import RUNTIME_DIR_ENV
 
@@ -69,6 +72,15 @@ def _shown_table(stdout: str) -> dict[str, tuple[int, Decimal]]:
         assert kind not in shown, f"kind {kind} shown twice:\n{stdout}"
         shown[kind] = (int(orders), Decimal(revenue))
     return shown
+
+
+def _daemon_command(stdout: str) -> str:
+    """The printed command that starts a daemon on the demo's tables."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("The daemon on the demo"))
+    commands = [line.strip() for line in lines[start:] if line.startswith("  icespool run ")]
+    assert len(commands) == 1, stdout
+    return commands[0]
 
 
 def _by_hand_block(stdout: str) -> str:
@@ -140,3 +152,37 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         kind, count, revenue = line.split("\t")
         printed[kind] = (int(count), Decimal(revenue))
     assert printed == expected, f"{block}\n{by_hand.stdout}"
+
+    # The printed daemon command gets ready (on a free port: 8080 may be taken here).
+    _daemon_gets_ready(_daemon_command(result.stdout), tmp_path)
+
+
+def _daemon_gets_ready(command: str, cwd: Path) -> None:
+    port = free_ports(1)[0]
+    env = {**_env(), "ICESPOOL__HTTP__LISTEN": f"127.0.0.1:{port}"}
+    log_path = cwd / "by-hand-daemon.log"
+    with log_path.open("wb") as log:
+        daemon = subprocess.Popen(
+            ["bash", "-c", f". {Path(sys.executable).parent / 'activate'} && exec {command}"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert daemon.poll() is None, f"{command} exited:\n{log_path.read_text()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"{command} not ready within 60 s"
+                time.sleep(0.3)
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(60) == 0, log_path.read_text()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(10)

@@ -139,15 +139,49 @@ def _install_steps() -> list[str]:
 
 def test_systemd_install_steps_install_from_a_clone_not_pypi() -> None:
     steps = _install_steps()
-    assert len(steps) == 7
-    # icespool is not on PyPI: the venv installs the clone (the cwd of every step).
-    assert "python3 -m venv /opt/icespool && /opt/icespool/bin/pip install ." in steps
+    assert len(steps) == 9
+    # icespool is not on PyPI: the venv installs the clone (the cwd of every step), from
+    # the lock the suite ran against.
+    assert _venv_steps(steps) == [
+        "python3 -m venv /opt/icespool",
+        "/opt/icespool/bin/pip install --require-hashes --no-deps -r requirements/run.txt",
+        "/opt/icespool/bin/pip install --no-deps --no-build-isolation .",
+    ]
     readme = (ROOT / "README.md").read_text()
     warning = "(`pip install icespool` finds nothing)"
     assert warning in readme
     for text in (UNIT.read_text(), readme.replace(warning, "")):
         assert not re.search(r"pip install '?icespool\b", text)
     assert "/opt/icespool/bin/icespool" in _unit_settings(UNIT.read_text())["ExecStart"][0]
+
+
+def _venv_steps(steps: list[str]) -> list[str]:
+    return [s for s in steps if "/opt/icespool" in s and "useradd" not in s]
+
+
+@pytest.mark.slow
+def test_systemd_install_steps_make_a_venv_that_runs(tmp_path: Path) -> None:
+    """The header's venv steps, as written but under tmp_path: the venv holds exactly the
+    lock's versions and its icespool runs."""
+    venv = tmp_path / "opt/icespool"
+    for step in _venv_steps(_install_steps()):
+        local = step.replace("/opt/icespool", str(venv))
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", local],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, f"{local}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    version = _run(str(venv / "bin/icespool"), "--version")
+    assert version.returncode == 0 and version.stdout.startswith("icespool "), version.stderr
+    frozen = _run(str(venv / "bin/pip"), "freeze", "--all").stdout.splitlines()
+    locked = (ROOT / "requirements/run.txt").read_text().lower().replace("_", "-")
+    pins = [line.lower().replace("_", "-") for line in frozen if "==" in line]
+    not_locked = [pin for pin in pins if f"\n{pin} " not in locked and not pin.startswith("pip==")]
+    assert len(pins) > 30 and not_locked == [], not_locked
 
 
 def test_systemd_install_steps_create_what_the_example_config_needs(
@@ -464,7 +498,7 @@ def test_chart_values_are_consistent_with_the_daemon(clean_env: None) -> None:
 
 
 def test_promtool_check_and_unit_test_the_rules() -> None:
-    promtool = _tool("promtool", "install the Debian package 'prometheus' (make test-deps)")
+    promtool = _tool("promtool", "make test-deps puts it in .venv/bin (from Debian's prometheus)")
     check = _run(promtool, "check", "rules", str(RULES))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 17 rules found" in check.stdout

@@ -3,6 +3,7 @@ in strict mode (a broken link, a missing page or a page outside the nav fails)."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,9 @@ def test_every_config_key_and_metric_is_in_the_reference() -> None:
         del model
     for key in ("claim_ttl", "max_columns", "metadata_max_age", "isolation_level"):
         assert f"| `{key}` |" in config_page, key
+    # The tightest bounds, in the key's units: not the duration type's "> 0" beside the
+    # field's own ">= 3", in seconds.
+    assert '| `claim_ttl` | duration | `"30s"` | >= 3s, <= 1h |' in config_page
     metrics_page = (REPO / "docs" / "reference" / "metrics.md").read_text()
     families = {
         family.name
@@ -54,7 +58,15 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "index.html").is_file()
-    assert (tmp_path / "reference" / "configuration" / "index.html").is_file()
+    assert (tmp_path / "reference" / "configuration.html").is_file()
+    # Opened from disk, every page's links name files, never a directory (which a
+    # browser shows as a listing there). 404.html is a server's page: its links are
+    # absolute on purpose.
+    for page in set(tmp_path.rglob("*.html")) - {tmp_path / "404.html"}:
+        for link in re.findall(r'href="([^"#?]*)"', page.read_text()):
+            if link and "://" not in link and not link.startswith(("mailto:", "data:")):
+                target = (page.parent / link).resolve()
+                assert target.is_file(), f"{page.relative_to(tmp_path)} links to {link}"
 
 
 def test_the_readme_is_a_front_door() -> None:

@@ -432,7 +432,7 @@ def _names_for(fullname: str) -> list[tuple[str, str]]:
 def _promtool() -> str:
     local = Path(sys.executable).parent / "promtool"
     found = str(local) if local.exists() else __import__("shutil").which("promtool")
-    assert found, "promtool is not installed: install the Debian package 'prometheus'"
+    assert found, "promtool is not installed: make test-deps puts it in .venv/bin"
     return found
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
 from support.daemon_harness import daemon_command
 from support.fixture_types import RunDaemon
 
@@ -65,6 +66,13 @@ schema = [{{ name = "id", type = "long" }}]
 
 def test_check_config_connect_reports_a_reachable_catalog(tmp_path: Path) -> None:
     config = _write(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}")
+    # The catalog and warehouse a first `icespool run` leaves.
+    SqlCatalog(
+        "lake",
+        uri=f"sqlite:///{tmp_path / 'catalog.db'}",
+        warehouse=(tmp_path / "warehouse").as_uri(),
+    ).engine.dispose()
+    (tmp_path / "warehouse").mkdir()
     result = _icespool("check-config", "--config", str(config), "--connect", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [
@@ -78,14 +86,64 @@ def test_check_config_connect_reports_a_reachable_catalog(tmp_path: Path) -> Non
     assert result.stdout.startswith("# icespool effective config from the config file")
 
 
+def test_check_config_connect_creates_nothing_before_the_first_start(tmp_path: Path) -> None:
+    """A SQLite catalog the daemon has not created yet is checked as the empty catalog it
+    will be; neither the database nor its directory nor the warehouse is created."""
+    config = _write(tmp_path, f"sqlite:///{tmp_path / 'new' / 'catalog.db'}")
+    before = sorted(tmp_path.iterdir())
+    result = _icespool("check-config", "--config", str(config), "--connect", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"catalog 'lake' (sql): the SQLite database {tmp_path / 'new' / 'catalog.db'} does "
+        "not exist yet; `icespool run` creates it at start",
+        "table a.b: missing, created at start (create = true)",
+        f"storage: the warehouse directory {tmp_path / 'warehouse'} does not exist yet; "
+        "`icespool run` creates it (not probed)",
+    ]
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def test_check_config_connect_fails_on_a_missing_table_without_create(tmp_path: Path) -> None:
-    config = _write(tmp_path, f"sqlite:///{tmp_path / 'catalog.db'}", create=False)
+    """A mistyped database path: the table that should be there is missing, and the error
+    names the database that is not; nothing is created there."""
+    database = tmp_path / "typo" / "catalog.db"
+    config = _write(tmp_path, f"sqlite:///{database}", create=False)
     result = _icespool("check-config", "--config", str(config), "--connect", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr == (
         "error: tables[0] 'a.b' not found in catalog 'lake' and create = false; create the "
-        "table, or set create = true with a schema\n"
+        f"table, or set create = true with a schema (its SQLite database {database} does "
+        "not exist: is catalog.uri right?)\n"
     )
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "warehouse").exists()
+
+
+def test_read_only_commands_create_nothing(tmp_path: Path) -> None:
+    """tables --offline and dead-letters list, in a directory without the embedded
+    default's data, or with a mistyped database path: an error naming the missing
+    database, and nothing on disk."""
+    result = _icespool("tables", "--offline", cwd=tmp_path)
+    assert result.returncode == 1
+    database = tmp_path / "icespool-data" / "catalog.db"
+    assert result.stderr.splitlines() == [
+        "note: no --config (nor ICESPOOL_CONFIG): the embedded default's data directory is "
+        f"./icespool-data of the working directory, {tmp_path / 'icespool-data'}, which does "
+        "not exist; run this where `icespool run` runs, or pass --config",
+        f"error: catalog 'icespool': the SQLite database {database} does not exist "
+        f"(catalog.uri 'sqlite:///{database}'); check the path: `icespool run` creates it at "
+        "its first start, this command creates nothing",
+    ]
+    typo = tmp_path / "typo" / "catalog.db"
+    config = _write(tmp_path, f"sqlite:///{typo}")
+    with config.open("a") as out:
+        out.write(
+            '\n[[kafka]]\nbootstrap_servers = ["127.0.0.1:1"]\ntopics = ["t"]\ntable = "a.b"\n'
+        )
+    for command in (["tables", "--offline"], ["dead-letters", "list"]):
+        result = _icespool(*command, "--config", str(config), cwd=tmp_path)
+        assert result.returncode == 1, (command, result.stderr)
+        assert f"the SQLite database {typo} does not exist" in result.stderr, command
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["icespool.toml"]
 
 
 def test_check_config_connect_exits_2_when_the_catalog_is_unreachable(tmp_path: Path) -> None:

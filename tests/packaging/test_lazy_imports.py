@@ -218,6 +218,7 @@ def test_http_only_daemon_never_imports_the_kafka_client(tmp_path: Path) -> None
     assert [m for m in modules if _within(m, KAFKA_CLIENT)] == []
     # Nor the Avro reader: only a source of format "avro" needs it.
     assert [m for m in modules if _within(m, ("fastavro", "icespool.decode._avro"))] == []
+    assert [m for m in modules if _within(m, SCHEMA_FORMATS)] == []
 
 
 def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
@@ -238,6 +239,20 @@ def test_a_kafka_source_imports_the_kafka_client(tmp_path: Path) -> None:
         "icespool.kafka._upstream",
     ):
         assert name in modules, name
+    # A JSON source imports no Protobuf runtime, compiler or JSON Schema decoder.
+    assert [m for m in modules if _within(m, SCHEMA_FORMATS)] == []
+
+
+# What only sources of format "protobuf" or "json-schema" import.
+SCHEMA_FORMATS = (
+    "google.protobuf",
+    "grpc_tools",
+    "icespool.decode._protobuf",
+    "icespool.decode._proto_schema",
+    "icespool.decode._proto_convert",
+    "icespool.decode._json_schema",
+    "icespool.decode._json_schema_values",
+)
 
 
 @pytest.mark.parametrize(

@@ -138,10 +138,11 @@ def test_the_makefile_makes_the_locks_the_installs_read() -> None:
         "test.txt": ["test", "spark", "demo"],
         "run.txt": [],
         "demo.txt": ["demo"],
+        "docs.txt": ["docs"],
         "image.txt": ["glue", "azure", "hive"],
     }
     makefile = (ROOT / "Makefile").read_text()
-    for name in ("test.txt", "run.txt", "demo.txt", "helm-sdkpy.txt"):
+    for name in ("test.txt", "run.txt", "demo.txt", "docs.txt", "helm-sdkpy.txt"):
         assert f"$(PIP_LOCKED) $(LOCK)/{name}" in makefile, name
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "ARG ICESPOOL_LOCK=image.txt" in dockerfile

@@ -15,7 +15,7 @@ apply). It refuses a key that is live twice.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,7 +37,7 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from icespool.cdc import live_files
+from icespool.cdc import KeyIndex, key_values, live_files
 from icespool.iceberg import (
     DELETE_FILE_MARK,
     commit_files,
@@ -47,10 +47,12 @@ from icespool.iceberg import (
 )
 from icespool.schema import arrow_schema_for, conform
 from icespool.spool import new_uuid7
-from support.maintenance_helpers import ENCODE
+from support.maintenance_helpers import ENCODE, local_path
 
 __all__ = [
+    "assert_index_exact",
     "commit_changes",
+    "commit_position_delete_across",
     "commit_position_deletes",
     "delete_files",
     "merged_rows",
@@ -132,7 +134,14 @@ def commit_changes(
         touched.append(deletes.select(list(key)))
     key_arrow = arrow_schema_for(schema.select(*key))
     keys = pa.concat_tables([pa.Table.from_batches([conform(t, key_arrow)]) for t in touched])
-    keys = keys.group_by(list(key), use_threads=False).aggregate([])
+    # Distinct keys (by row: Arrow's hash kernels take no extension type such as uuid).
+    seen: set[tuple[Any, ...]] = set()
+    unique = [
+        row
+        for row in keys.to_pylist()
+        if (k := tuple(row.values())) not in seen and not seen.add(k)
+    ]
+    keys = pa.Table.from_pylist(unique, schema=keys.schema)
     files += encode_equality_deletes(
         table,
         [conform(keys, key_arrow)],
@@ -174,6 +183,31 @@ def write_position_delete(table: Table, data_file: DataFile, positions: Iterable
         name=f"{new_uuid7()}{DELETE_FILE_MARK}-00000-00000.parquet",
         equality_ids=None,
     )
+
+
+def commit_position_delete_across(table: Table, deletes: Mapping[str, Iterable[int]]) -> int:
+    """Commit ONE position-delete file naming rows of several data files (in one
+    partition), as an engine writing partition-scoped deletes does."""
+    table.refresh()
+    live = live_files(table.io, table.metadata, table.metadata.current_snapshot())  # type: ignore[arg-type]
+    arrow = arrow_schema_for(_POSITION_SCHEMA)
+    pairs = sorted((path, pos) for path, positions in deletes.items() for pos in positions)
+    rows = pa.Table.from_arrays(
+        [pa.array([p for p, _ in pairs], pa.string()), pa.array([q for _, q in pairs], pa.int64())],
+        schema=arrow,
+    )
+    first = live.data[pairs[0][0]].file
+    written = _write_delete_file(
+        table,
+        rows,
+        _POSITION_SCHEMA,
+        content=DataFileContent.POSITION_DELETES,
+        partition=first.partition,
+        partition_key=None,
+        name=f"{new_uuid7()}{DELETE_FILE_MARK}-00000-00000.parquet",
+        equality_ids=None,
+    )
+    return _commit(table, [written], new_uuid7())
 
 
 def commit_position_deletes(table: Table, deletes: Mapping[str, Iterable[int]]) -> int:
@@ -247,3 +281,20 @@ def merged_rows(table: Table, key: Sequence[str]) -> dict[tuple[Any, ...], dict[
                 raise AssertionError(f"key {k} is live twice: {state[k]} and {row}")
             state[k] = row
     return state
+
+
+def assert_index_exact(index: KeyIndex, table: Table, key: Sequence[str]) -> None:
+    """The index holds one row per live row of the table, and each row it names holds
+    the key it is found under."""
+    table.refresh()
+    index.sync(table)
+    expected = merged_rows(table, key)
+    wanted = [tuple(k) for k in expected]
+    located = index.locate(key_values([pa.array([k[i] for k in wanted]) for i in range(len(key))]))
+    assert located.rows == len(expected) == index.rows()
+    seen: Counter[tuple[Any, ...]] = Counter()
+    for path, positions in located.positions.items():
+        read = pq.read_table(local_path(path)).take(pa.array(positions))
+        for row in read.to_pylist():
+            seen[tuple(row[c] for c in key)] += 1
+    assert seen == Counter(wanted)

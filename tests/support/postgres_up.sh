@@ -2,8 +2,9 @@
 # Make the test PostgreSQL answer on 127.0.0.1:5432 as user `postgres` with trust auth and
 # wal_level = logical (Debezium's pgoutput needs it). Called by `make test-deps`.
 #
-# Idempotent: a server already answering as the tests need is left alone; one that answers
-# but refuses the tests' login is reported, not reconfigured. Otherwise Debian's PostgreSQL
+# Idempotent: a server already answering as the tests need is left alone, and the script
+# says it reuses it; one that answers but refuses the tests' login (user postgres, trust
+# auth, a superuser) is reported, not reconfigured. Otherwise Debian's PostgreSQL
 # is installed if missing, and a cluster of the tests' own (Debian's `main`, its auth and its
 # settings, stay as they are) is created with trust auth and started.
 set -euo pipefail
@@ -19,19 +20,43 @@ fail() {
   exit 1
 }
 
-wal_level() {
-  psql "host=$HOST port=$PORT user=postgres dbname=postgres connect_timeout=5" \
-    -Atqc 'SHOW wal_level' 2>/dev/null
+query() {
+  psql "host=$HOST port=$PORT user=postgres dbname=postgres connect_timeout=5" -Atqc "$1" \
+    2>/dev/null
 }
 
-if command -v pg_isready >/dev/null && pg_isready -q -h "$HOST" -p "$PORT" -t 3; then
-  level="$(wal_level)" || fail "a server answers but refuses 'psql -h $HOST -U postgres' \
-without a password; give 127.0.0.1 trust auth in its pg_hba.conf, or stop it and rerun"
+# The client first: whether a server already answers is asked with it.
+if ! command -v pg_isready >/dev/null || ! command -v psql >/dev/null; then
+  echo "installing the PostgreSQL client from Debian's packages"
+  $SUDO apt-get update -qq || fail "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    postgresql-client >/dev/null || fail "apt-get install postgresql-client failed"
+fi
+
+if pg_isready -q -h "$HOST" -p "$PORT" -t 3; then
+  # Not ours (or ours from an earlier run): reused as it is, so say so, and check that the
+  # tests can use it the way they do: user postgres, no password, a superuser.
+  super="$(query 'SELECT rolsuper FROM pg_roles WHERE rolname = current_user')" \
+    || fail "a server answers but refuses 'psql -h $HOST -U postgres' without a password; \
+the tests need trust auth for user postgres on $HOST (its pg_hba.conf), or stop that \
+server and rerun to get the tests' own"
+  [ "$super" = t ] || fail "a server answers, but user postgres is not a superuser there; \
+the tests create databases, roles and replication slots"
+  level="$(query 'SHOW wal_level')"
   if [ "$level" != logical ]; then
     echo "warning: the test PostgreSQL on $HOST:$PORT runs with wal_level=$level;" \
       "the Debezium tests need wal_level=logical" >&2
   fi
-  echo "test PostgreSQL: already running on $HOST:$PORT (wal_level=$level)"
+  cluster="$(query 'SHOW cluster_name')"
+  version="$(query 'SHOW server_version')"
+  if [ "${cluster#*/}" = "$CLUSTER" ]; then
+    echo "test PostgreSQL: the tests' own cluster $cluster already runs on $HOST:$PORT" \
+      "($version, wal_level=$level)"
+  else
+    echo "test PostgreSQL: REUSING a server that is not the tests' own, already answering" \
+      "on $HOST:$PORT (cluster '${cluster:-unnamed}', $version, wal_level=$level): trust" \
+      "auth for superuser postgres works there; stop it to get the tests' own instead"
+  fi
   exit 0
 fi
 
@@ -82,5 +107,5 @@ for _ in $(seq 1 60); do
   pg_isready -q -h "$HOST" -p "$PORT" -t 1 && break
   sleep 0.5
 done
-level="$(wal_level)" || fail "started, but 'psql -h $HOST -U postgres' fails; see $log"
+level="$(query 'SHOW wal_level')" || fail "started, but 'psql -h $HOST -U postgres' fails; see $log"
 echo "test PostgreSQL $version: running on $HOST:$PORT (cluster $CLUSTER, trust, wal_level=$level)"

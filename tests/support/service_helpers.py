@@ -10,7 +10,7 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from icespool.lifecycle.service import Icespool
 
-__all__ = ["metric", "table_rows", "wait_rows"]
+__all__ = ["key_index_ready", "metric", "table_rows", "wait_rows"]
 
 
 def table_rows(service: Icespool, table: str) -> list[dict[str, Any]]:
@@ -40,3 +40,17 @@ async def wait_rows(
 def metric(service: Icespool, name: str, **labels: str) -> float:
     value = service.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
+
+
+async def key_index_ready(service: Icespool, table: str, within: float = 60) -> int | None:
+    """Poll /v1/status until ``table``'s key index is ready (its commits then delete by
+    position); return the snapshot it is at."""
+    deadline = time.monotonic() + within
+    state: Any = None
+    while time.monotonic() < deadline:
+        state = service.status()["tables"][table]["key_index"]
+        if state is not None and state["ready"]:
+            snapshot: int | None = state["snapshot_id"]
+            return snapshot
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{table}: key index not ready after {within}s: {state}")

@@ -20,8 +20,9 @@ __all__ = ["GROUPED_DIRS", "DirectoryGroupScheduling"]
 
 TESTS = Path(__file__).resolve().parents[1]
 
-# Test directory -> group name: every test under the directory runs on one worker.
-GROUPED_DIRS = {TESTS / "spark": "spark"}
+# Test directory or file -> group name: every test under it runs on one worker. The image
+# tests share one image build (tests/ops/test_image.py's module fixture).
+GROUPED_DIRS = {TESTS / "spark": "spark", TESTS / "ops" / "test_image.py": "image"}
 
 
 class DirectoryGroupScheduling(LoadGroupScheduling):
@@ -32,9 +33,10 @@ class DirectoryGroupScheduling(LoadGroupScheduling):
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)
         root = Path(config.rootpath)
+        # A directory's node ids go on with "/", a file's with "::".
         self._prefixes = {
-            f"{directory.relative_to(root).as_posix()}/": group
-            for directory, group in GROUPED_DIRS.items()
+            f"{path.relative_to(root).as_posix()}{'::' if path.suffix == '.py' else '/'}": group
+            for path, group in GROUPED_DIRS.items()
         }
 
     def _split_scope(self, nodeid: str) -> str:

@@ -9,20 +9,17 @@
                      keys, their result and errors
     _marks           the spool segments a data commit adds: its summary marks and
                      properties, and how an attempt recognises them
-    _append          ONE snapshot per flush (rows, and an upsert table's equality
-                     deletes), idempotent per spool segment
+    _append          ONE snapshot per flush of rows, idempotent per spool segment
+    _upsert          an upsert table's flush: its rows and the deletes resolved on each
+                     attempt's base (position deletes of the rows the key index finds)
     _replace         maintenance rewrites (compaction) as ONE ``replace`` snapshot
     _housekeeping    table properties, snapshot expiry, row deletes
     _schema          a schema change for incoming data
 
 A new kind implements `_engine.CommitKind`: what it decides and stages on the refreshed
-table, how it recognises its change, its result. A row delta adding data files with
-position deletes, say: ``landed`` by its `_marks.SegmentMarks`, ``decide`` resolving the
-deletes against the refreshed table (raising when a data file they point at is no longer
-live, or a delete file added since its base conflicts), ``stage`` the row delta, the
-errors as the append's; a conflict resolves them again on the next attempt. The pieces
-of pyiceberg they extend or replace (transactions, snapshot producers, manifest writers)
-live in the fence, ``_upstream``.
+table, how it recognises its change, its result. The pieces of pyiceberg they extend or
+replace (transactions, snapshot producers, manifest writers) live in the fence,
+``_upstream``.
 
 Everything here blocks; the daemon calls it through ``asyncio.to_thread``. A Table
 instance must not be shared between threads while a commit runs (it is refreshed in
@@ -42,6 +39,7 @@ from icespool.iceberg._commit._marks import ClaimsMovedError
 from icespool.iceberg._commit._replace import (
     CommitOutcomeUnknownError,
     ReplaceConflictError,
+    ReplaceExtra,
     commit_replace,
 )
 from icespool.iceberg._commit._requirements import (
@@ -51,10 +49,12 @@ from icespool.iceberg._commit._requirements import (
 )
 from icespool.iceberg._commit._schema import commit_evolution
 from icespool.iceberg._commit._snapshot import CommitRejectedError, CommitResult
+from icespool.iceberg._commit._upsert import AttemptChanges, UpsertResult, commit_upsert
 
 __all__ = [
     "AssertProperty",
     "AssertUnreferenced",
+    "AttemptChanges",
     "ClaimsMovedError",
     "CommitOutcomeUnknownError",
     "CommitRejectedError",
@@ -62,12 +62,15 @@ __all__ = [
     "ExpiredSnapshots",
     "PropertyUpdate",
     "ReplaceConflictError",
+    "ReplaceExtra",
     "StaleEncodingError",
+    "UpsertResult",
     "commit_evolution",
     "commit_expiry",
     "commit_files",
     "commit_properties",
     "commit_replace",
+    "commit_upsert",
     "delete_rows",
     "validates_locally",
 ]

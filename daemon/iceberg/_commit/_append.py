@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from pyiceberg.manifest import DataFile, DataFileContent
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Operation
 
 from icespool.errors import CommitError
@@ -39,7 +39,7 @@ from icespool.iceberg._upstream._merge_append import MergeAppend, MergeRowDelta
 from icespool.iceberg._upstream._transaction import Staging, abandon
 from icespool.runtime.retry import CONFLICTS, Backoff
 
-__all__ = ["PropertyUpdate", "StaleEncodingError", "commit_files"]
+__all__ = ["PropertyUpdate", "StaleEncodingError", "check_spec", "commit_files", "stage_files"]
 
 
 #: Called inside every commit attempt with the refreshed table's properties; returns the
@@ -56,7 +56,8 @@ class StaleEncodingError(CommitError):
     """
 
 
-def _check_spec(table: Table, data_files: Sequence[DataFile]) -> None:
+def check_spec(table: Table, data_files: Sequence[DataFile]) -> None:
+    """Refuse data files encoded for a partition spec the table no longer has."""
     current = table.metadata.default_spec_id
     for data_file in data_files:
         try:
@@ -81,6 +82,39 @@ def _operation(files: Sequence[DataFile]) -> Operation:
     return Operation.OVERWRITE if data else Operation.DELETE
 
 
+def stage_files(
+    table: Table,
+    files: Sequence[DataFile],
+    summary: Mapping[str, str],
+    properties: Mapping[str, str],
+) -> Transaction:
+    """Build the snapshot adding ``files`` (writes manifests), with ``properties`` set
+    in the same commit.
+
+    A merge append (``MergeAppend``): with ``commit.manifest-merge.enabled`` (the
+    table's choice; unset: true, Iceberg's default) the new manifest is merged with the
+    existing small ones once ``commit.manifest.min-count-to-merge`` of them are due,
+    bin-packed to ``commit.manifest.target-size-bytes``; disabled, it adds one manifest
+    like a fast append. With delete files among the files (an upsert table's deletes)
+    the same merge append also writes delete manifests (``MergeRowDelta``) and the
+    operation is ``overwrite`` (``delete`` when only delete files are added). Nothing is
+    committed here; a failure deletes what was written.
+    """
+    transaction = Staging(table)
+    try:
+        if properties:
+            transaction.set_properties(dict(properties))
+        operation = _operation(files)
+        producer = MergeAppend if operation == Operation.APPEND else MergeRowDelta
+        with producer(transaction, table.io, dict(summary), operation) as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+    except BaseException:
+        abandon(transaction)  # certainly not committed: nothing was sent
+        raise
+    return transaction
+
+
 @dataclass(frozen=True)
 class _Append(CommitKind[dict[str, str], CommitResult]):
     """``data_files`` as one snapshot marked with the segments they come from; the
@@ -97,38 +131,15 @@ class _Append(CommitKind[dict[str, str], CommitResult]):
         return self.marks.landed(table, attempts)
 
     def decide(self, table: Table) -> dict[str, str]:
-        _check_spec(table, self.data_files)
+        check_spec(table, self.data_files)
         # Raises (nothing committed) when the refreshed table contradicts the caller.
         update = self.update_properties
         properties = table.metadata.properties
         return {**(update(properties) if update else {}), **self.marks.properties(properties)}
 
     def stage(self, table: Table, decision: dict[str, str]) -> Staged:
-        """Build the append (writes manifests).
-
-        A merge append (``MergeAppend``): with ``commit.manifest-merge.enabled`` (the
-        table's choice; unset: true, Iceberg's default) the new manifest is merged with the
-        existing small ones once ``commit.manifest.min-count-to-merge`` of them are due,
-        bin-packed to ``commit.manifest.target-size-bytes``; disabled, it adds one manifest
-        like a fast append. With delete files among the files (an upsert table's equality
-        deletes) the same merge append also writes a delete manifest (``MergeRowDelta``)
-        and the operation is ``overwrite`` (``delete`` when only delete files are added).
-        Nothing is committed here; a failure deletes what was written.
-        """
-        transaction = Staging(table)
-        try:
-            if decision:
-                transaction.set_properties(decision)
-            operation = _operation(self.data_files)
-            producer = MergeAppend if operation == Operation.APPEND else MergeRowDelta
-            summary = {**self.summary, **self.marks.summary()}
-            with producer(transaction, table.io, summary, operation) as append:
-                for data_file in self.data_files:
-                    append.append_data_file(data_file)
-        except BaseException:
-            abandon(transaction)  # certainly not committed: nothing was sent
-            raise
-        return Staged(transaction)
+        summary = {**self.summary, **self.marks.summary()}
+        return Staged(stage_files(table, self.data_files, summary, decision))
 
     def committed(self, table: Table, staged: Staged, attempts: Attempts) -> CommitResult:
         return result_from_snapshot(table, staged.snapshot_id, attempts, ours=True)

@@ -102,11 +102,13 @@ from pyiceberg.exceptions import (
     ResolveError,
     ValidationException,
 )
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.update import AssertTableUUID, TableRequirement, ValidatableTableRequirement
 
 from icespool.errors import CommitError, IcespoolError
 from icespool.iceberg._commit._requirements import refuse_unchecked
+from icespool.iceberg._parquet import remove_files
 from icespool.iceberg._upstream._refresh import refresh_table
 from icespool.iceberg._upstream._transaction import (
     abandon,
@@ -152,12 +154,15 @@ def table_name(table: Table) -> str:
 
 @dataclass(frozen=True)
 class Staged:
-    """One attempt's commit, built and not sent yet: the staged ``transaction`` and the
+    """One attempt's commit, built and not sent yet: the staged ``transaction``, the
     ``requirements`` the catalog checks at the swap besides the transaction's own (a
-    maintenance lease, the refs an expiry relies on)."""
+    maintenance lease, the refs an expiry relies on), and the ``files`` written for this
+    attempt alone (an upsert's deletes, resolved against its base): deleted with its
+    manifests when it does not land."""
 
     transaction: Transaction
     requirements: Sequence[ValidatableTableRequirement] = ()
+    files: Sequence[DataFile] = ()
 
     @property
     def snapshot_ids(self) -> tuple[int, ...]:
@@ -373,7 +378,7 @@ def _send(table: Table, kind: CommitKind[_D, _R_co], staged: Staged, attempts: A
         send(transaction, requirements)
     except CommitFailedException as exc:
         # The catalog refused the swap: nothing of ours landed. Retry on a fresh table.
-        abandon(transaction)
+        _discard(table, staged)
         attempts.conflicts += 1
         _log.info(
             "table %s: %s conflict (attempt %d/%d): %s",
@@ -412,7 +417,7 @@ def _settle(table: Table, attempts: Attempts) -> None:
             if any(table.metadata.snapshot_by_id(i) is not None for i in staged.snapshot_ids):
                 tidy(table, staged.transaction)
             else:
-                abandon(staged.transaction)
+                _discard(table, staged)
         except Exception as exc:
             _log.warning(
                 "table %s: could not delete files of an earlier commit attempt: %s: %s",
@@ -420,3 +425,9 @@ def _settle(table: Table, attempts: Attempts) -> None:
                 type(exc).__name__,
                 exc,
             )
+
+
+def _discard(table: Table, staged: Staged) -> None:
+    """Delete what an attempt that certainly did not land wrote."""
+    abandon(staged.transaction)
+    remove_files(table, staged.files)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from pyiceberg.exceptions import ValidationException
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Operation
@@ -33,11 +33,12 @@ from icespool.iceberg._commit._snapshot import (
     check_summary,
     result_from_snapshot,
 )
+from icespool.iceberg._parquet import remove_files
 from icespool.iceberg._upstream._replace import ReplaceFiles
 from icespool.iceberg._upstream._transaction import Staging
 from icespool.runtime.retry import CONFLICTS, Backoff
 
-__all__ = ["CommitOutcomeUnknownError", "ReplaceConflictError", "commit_replace"]
+__all__ = ["CommitOutcomeUnknownError", "ReplaceConflictError", "ReplaceExtra", "commit_replace"]
 
 
 class ReplaceConflictError(CommitError):
@@ -52,6 +53,17 @@ class ReplaceConflictError(CommitError):
     """
 
 
+@dataclass(frozen=True)
+class ReplaceExtra:
+    """What a replace's ``check`` decides on an attempt's refreshed table besides the
+    replace itself: more files to remove (delete files nothing live needs any more, or
+    superseded ones), and files written for this attempt to add (deletes carried over
+    to the new files); the latter are deleted if the attempt does not land."""
+
+    remove: Sequence[DataFile] = ()
+    add: Sequence[DataFile] = ()
+
+
 class CommitOutcomeUnknownError(CommitError):
     """The last attempt's outcome could not be seen (catalog unreachable, lost
     response): the commit may have landed. Files it adds must not be deleted by the
@@ -59,9 +71,11 @@ class CommitOutcomeUnknownError(CommitError):
 
 
 def _check_added_spec(table: Table, added: Sequence[DataFile]) -> None:
+    """Added data files must be of the current spec (delete files take the spec of the
+    data files they apply to, any of the table's)."""
     current_spec = table.metadata.default_spec_id
     for data_file in added:
-        if data_file.spec_id != current_spec:
+        if data_file.content == DataFileContent.DATA and data_file.spec_id != current_spec:
             raise ReplaceConflictError(
                 f"table {table_name(table)}: the partition spec changed to {current_spec} since "
                 f"{data_file.file_path} was written for spec {data_file.spec_id}"
@@ -113,7 +127,7 @@ def _check_replace(table: Table, deleted: Sequence[DataFile], added: Sequence[Da
 
 
 @dataclass(frozen=True)
-class _Replace(CommitKind[list[DataFile], CommitResult]):
+class _Replace(CommitKind[ReplaceExtra, CommitResult]):
     """``added`` in place of ``deleted`` as one snapshot; the decision is every file the
     snapshot removes (``check`` may add delete files nothing live needs any more)."""
 
@@ -122,7 +136,7 @@ class _Replace(CommitKind[list[DataFile], CommitResult]):
     summary: Mapping[str, str]
     requirements: Sequence[ValidatableTableRequirement]
     data_sequence_number: int | None
-    check: Callable[[Table], Sequence[DataFile]] | None
+    check: Callable[[Table], ReplaceExtra] | None
     noun = "replace"
     retries_outages = True
 
@@ -130,17 +144,26 @@ class _Replace(CommitKind[list[DataFile], CommitResult]):
         mine = attempts.landed_snapshot(table)
         return None if mine is None else result_from_snapshot(table, mine, attempts, ours=True)
 
-    def decide(self, table: Table) -> list[DataFile]:
+    def decide(self, table: Table) -> ReplaceExtra:
         if self.check is None:
             _check_replace(table, self.deleted, self.added)
-            return list(self.deleted)
+            return ReplaceExtra(remove=self.deleted)
         _check_added_spec(table, self.added)
-        removing = [*self.deleted, *self.check(table)]
+        extra = self.check(table)
+        removing = [*self.deleted, *extra.remove]
         if not removing:
+            remove_files(table, extra.add)
             raise ReplaceConflictError(f"table {table_name(table)}: nothing left to replace")
-        return removing
+        return ReplaceExtra(removing, extra.add)
 
-    def stage(self, table: Table, decision: list[DataFile]) -> Staged:
+    def stage(self, table: Table, decision: ReplaceExtra) -> Staged:
+        try:
+            return self._stage(table, decision)
+        except BaseException:
+            remove_files(table, decision.add)  # written for this attempt, never sent
+            raise
+
+    def _stage(self, table: Table, decision: ReplaceExtra) -> Staged:
         transaction = Staging(table)
         try:
             producer = ReplaceFiles(
@@ -151,14 +174,14 @@ class _Replace(CommitKind[list[DataFile], CommitResult]):
                 branch=MAIN_BRANCH,
             )
             producer.data_sequence_number = self.data_sequence_number
-            for data_file in decision:
+            for data_file in decision.remove:
                 producer.delete_data_file(data_file)
-            for data_file in self.added:
+            for data_file in [*self.added, *decision.add]:
                 producer.append_data_file(data_file)
             producer.commit()
         except ValidationException as exc:  # "Missing required files to delete"
             raise ReplaceConflictError(f"table {table_name(table)}: {exc}") from exc
-        return Staged(transaction, self.requirements)
+        return Staged(transaction, self.requirements, files=decision.add)
 
     def committed(self, table: Table, staged: Staged, attempts: Attempts) -> CommitResult:
         return result_from_snapshot(table, staged.snapshot_id, attempts, ours=True)
@@ -195,16 +218,16 @@ def commit_replace(
     retry: Backoff = CONFLICTS,
     requirements: Sequence[ValidatableTableRequirement] = (),
     data_sequence_number: int | None = None,
-    check: Callable[[Table], Sequence[DataFile]] | None = None,
+    check: Callable[[Table], ReplaceExtra] | None = None,
 ) -> CommitResult:
     """Replace ``deleted`` by ``added`` in ``main`` as ONE snapshot with operation ``replace``.
 
     ``data_sequence_number``: the data sequence number the added files carry (None:
     the new snapshot's). ``check``: the caller's validation of the refreshed table on
     every attempt instead of ``_check_replace`` (which refuses any delete file applying
-    to ``deleted``); it raises ReplaceConflictError or returns more files to remove in
-    the same snapshot (delete files nothing live needs any more). The added files'
-    partition spec is checked either way.
+    to ``deleted``); it raises ReplaceConflictError or returns what the attempt removes
+    and adds besides (`ReplaceExtra`). The added data files' partition spec is checked
+    either way.
 
     For rewrites that keep every row (compaction): the caller guarantees ``added``
     holds exactly the rows of ``deleted``. Every attempt refreshes the table, looks for

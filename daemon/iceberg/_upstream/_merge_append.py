@@ -13,6 +13,7 @@ the producer's ``_added_data_files``, ``_snapshot_id``, ``_compression`` and
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
@@ -142,7 +143,7 @@ class MergeRowDelta(MergeAppend):
             merge_enabled=self._merge_enabled,
             snapshot_producer=cast(Any, DeleteMerging(self)),
         )
-        return [*data, *merging.merge_manifests([self._delete_manifest(deletes), *old])]
+        return [*data, *merging.merge_manifests([*self._delete_manifests(deletes), *old])]
 
     def delete_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
         return DeleteManifestWriter(
@@ -153,20 +154,30 @@ class MergeRowDelta(MergeAppend):
             self._compression,
         )
 
-    def _delete_manifest(self, deletes: Sequence[DataFile]) -> ManifestFile:
-        writer = self.delete_manifest_writer(self._transaction.table_metadata.spec())
-        with writer:
-            for delete_file in deletes:
-                writer.add(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED,
-                        snapshot_id=self._snapshot_id,
-                        sequence_number=None,
-                        file_sequence_number=None,
-                        data_file=delete_file,
+    def _delete_manifests(self, deletes: Sequence[DataFile]) -> list[ManifestFile]:
+        """One manifest per partition spec of ``deletes``: a position delete carries the
+        spec of the data files it names, which may predate the table's current one."""
+        metadata = self._transaction.table_metadata
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for delete_file in deletes:
+            by_spec[getattr(delete_file, "spec_id", metadata.default_spec_id)].append(delete_file)
+        specs = metadata.specs()
+        manifests = []
+        for spec_id, files in by_spec.items():
+            writer = self.delete_manifest_writer(specs[spec_id])
+            with writer:
+                for delete_file in files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=delete_file,
+                        )
                     )
-                )
-        return writer.to_manifest_file()
+            manifests.append(writer.to_manifest_file())
+        return manifests
 
 
 class DeleteMerging:

@@ -15,6 +15,8 @@ from pyiceberg.exceptions import (
     ValidationException,
 )
 from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
     ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
@@ -62,11 +64,14 @@ class ReplaceFiles(_OverwriteFiles):
     """
 
     data_sequence_number: int | None = None
+    #: The snapshot's operation: ``replace`` for rewrites that keep every row; an upsert
+    #: that rewrites a file with its changes applied is an ``overwrite``.
+    label: Operation = Operation.REPLACE
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         overwrite = super()._summary(snapshot_properties).model_dump()
         overwrite.pop(OPERATION)
-        return Summary(Operation.REPLACE, **overwrite)
+        return Summary(self.label, **overwrite)
 
     def _writer(self, spec_id: int, content: ManifestContent) -> ManifestWriter:
         if content == ManifestContent.DATA:
@@ -125,14 +130,28 @@ class ReplaceFiles(_OverwriteFiles):
         ):
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         written: list[ManifestFile] = []
-        if self._added_data_files:
-            with self.new_manifest_writer(self._transaction.table_metadata.spec()) as writer:
-                for data_file in self._added_data_files:
+        # Added data files go to a manifest of the current spec; added delete files
+        # (equality deletes turned into position deletes) to delete manifests of the
+        # spec of the data files they name.
+        added: dict[tuple[int, ManifestContent], list[DataFile]] = defaultdict(list)
+        current = self._transaction.table_metadata.default_spec_id
+        for data_file in self._added_data_files:
+            if data_file.content == DataFileContent.DATA:
+                added[(current, ManifestContent.DATA)].append(data_file)
+            else:
+                added[(data_file.spec_id, ManifestContent.DELETES)].append(data_file)
+        for (spec_id, content), files in added.items():
+            with self._writer(spec_id, content) as writer:
+                for data_file in files:
                     writer.add_entry(
                         ManifestEntry.from_args(
                             status=ManifestEntryStatus.ADDED,
                             snapshot_id=self._snapshot_id,
-                            sequence_number=self.data_sequence_number,
+                            sequence_number=(
+                                self.data_sequence_number
+                                if content == ManifestContent.DATA
+                                else None
+                            ),
                             file_sequence_number=None,
                             data_file=data_file,
                         )

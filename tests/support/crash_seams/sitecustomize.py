@@ -91,7 +91,7 @@ elif _POINT == "during-expiry-delete":
 elif _POINT == "during-compaction-rewrite":
     from icespool.maintenance import _compact
 
-    _encode = _compact.encode_data_files
+    _encode = _compact.encode_data_files_with_rows
 
     def _encode_then_die(*args: Any, **kwargs: Any) -> Any:
         written = _encode(*args, **kwargs)
@@ -99,7 +99,7 @@ elif _POINT == "during-compaction-rewrite":
             _die(_POINT)
         return written
 
-    _compact.encode_data_files = _encode_then_die  # type: ignore[assignment]
+    _compact.encode_data_files_with_rows = _encode_then_die  # type: ignore[assignment]
 
 elif _POINT == "after-compaction-commit":
     from icespool.maintenance import _compact
@@ -134,9 +134,9 @@ elif _POINT == "during-manifest-merge":
 elif _POINT == "pause-before-commit":
     import threading
 
-    from icespool.write import flush
+    from icespool.write import rows
 
-    _commit_files = flush.commit_files
+    _commit_files = rows.commit_files
     _paused = threading.Event()
 
     def _pause_then_commit(*args: Any, **kwargs: Any) -> Any:
@@ -146,7 +146,7 @@ elif _POINT == "pause-before-commit":
             os.kill(os.getpid(), signal.SIGSTOP)
         return _commit_files(*args, **kwargs)
 
-    flush.commit_files = _pause_then_commit  # type: ignore[assignment]
+    rows.commit_files = _pause_then_commit  # type: ignore[assignment]
 
 elif _POINT:
     raise SystemExit(f"unknown TEST_CRASH_AT {_POINT!r}")
