@@ -3,12 +3,14 @@ with servers of its own. Exits 0 when the checker passed; on failure its directo
 replica's logs) is kept and named.
 
     python -m nemesis --seed 7 --minutes 60 --variant sql
+    python -m nemesis --seed 3,11 --seconds 20     (each seed's schedule in turn)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import random
 import shutil
 import signal
@@ -47,17 +49,23 @@ async def _main(config: RunConfig, root: Path) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m nemesis", description=__doc__)
-    parser.add_argument("--seed", type=int, default=None, help="default: a random one")
-    parser.add_argument("--minutes", type=float, default=None)
-    parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument(
+        "--seed", default=None, help="a seed, or seeds separated by commas; default: a random one"
+    )
+    parser.add_argument("--minutes", type=float, default=None, help="of each seed's schedule")
+    parser.add_argument("--seconds", type=float, default=None, help="of each seed's schedule")
     parser.add_argument("--variant", choices=("sql", "rest"), default="sql")
     parser.add_argument("--replicas", type=int, default=3)
     args = parser.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    seeds = (
+        tuple(int(s) for s in args.seed.split(",")) if args.seed else (random.randrange(1 << 31),)
+    )
     seconds = args.seconds or (args.minutes or 1) * 60
-    print(f"nemesis: seed {seed}, {seconds:g} s, {args.variant}", flush=True)
-    root = Path(tempfile.mkdtemp(prefix=f"nemesis-{seed}-"))
-    config = RunConfig(seed, seconds, args.variant, args.replicas)
+    print(f"nemesis: seeds {seeds}, {seconds:g} s each, {args.variant}", flush=True)
+    # A broker stopped on purpose makes aiokafka log every failed attempt.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    root = Path(tempfile.mkdtemp(prefix=f"nemesis-{seeds[0]}-"))
+    config = RunConfig(seeds, seconds, args.variant, args.replicas)
     passed = asyncio.run(_main(config, root))
     if passed:
         shutil.rmtree(root, ignore_errors=True)

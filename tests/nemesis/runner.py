@@ -45,7 +45,7 @@ from nemesis.checker import (
 from nemesis.reader import topic_log
 from nemesis.recorder import Exit, History
 from nemesis.replicas import Slot, SlotSettings, readyz
-from nemesis.schedule import describe, draw
+from nemesis.schedule import describe, draw_rounds
 from nemesis.world import (
     EVENTS,
     KAFKA_PARTITIONS,
@@ -68,7 +68,8 @@ _DRAIN_WITHIN = 180.0
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int
+    # One seed's schedule after the other's, each ``seconds`` long.
+    seeds: tuple[int, ...]
     seconds: float
     variant: Variant = "sql"
     replicas: int = 3
@@ -90,16 +91,16 @@ class Report:
 
     def text(self) -> str:
         config = self.config
-        minutes = max(1, round(config.seconds / 60))
+        seeds = ",".join(map(str, config.seeds))
         lines = [
-            f"nemesis seed={config.seed} variant={config.variant} replicas={config.replicas} "
-            f"seconds={config.seconds:g}: {'PASSED' if self.passed else 'FAILED'} "
+            f"nemesis seeds={seeds} variant={config.variant} replicas={config.replicas} "
+            f"seconds={config.seconds:g} each: {'PASSED' if self.passed else 'FAILED'} "
             f"({self.wall_seconds:.0f} s of wall time)",
             "faults injected: "
             + ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())),
             *self.verdict.lines,
-            f"replay: make nemesis SEED={config.seed} MINUTES={minutes} VARIANT={config.variant}"
-            f"  (or SECONDS={config.seconds:g})",
+            f"replay: make nemesis SEED={seeds} SECONDS={config.seconds:g} "
+            f"VARIANT={config.variant}",
         ]
         if not self.passed:
             lines += ["schedule:", self.schedule]
@@ -112,7 +113,7 @@ def _say(began: float, text: str) -> None:
 
 async def run(config: RunConfig, servers: Servers, root: Path) -> Report:
     began = time.monotonic()
-    steps = draw(config.seed, config.seconds, config.replicas, config.variant)
+    steps = draw_rounds(config.seeds, config.seconds, config.replicas, config.variant)
     report = Report(config, describe(steps), Verdict())
     history = History()
     warehouse = await asyncio.to_thread(Warehouse.create, servers, config.variant)
@@ -125,7 +126,7 @@ async def run(config: RunConfig, servers: Servers, root: Path) -> Report:
     settings = SlotSettings(first, extra, lease)
     slots = [Slot(i, root / f"r{i}", warehouse, settings) for i in range(config.replicas)]
     stage = Stage(slots, servers, warehouse, history, Quiet(), root)
-    rng = random.Random(config.seed)
+    rng = random.Random(config.seeds[0])
     try:
         for slot in slots:
             slot.new_home()
@@ -145,7 +146,7 @@ async def run(config: RunConfig, servers: Servers, root: Path) -> Report:
             asyncio.create_task(CommitWatcher(warehouse, history).run(watch_stop)),
             asyncio.create_task(_supervise(slots, history, watch_stop)),
         ]
-        faults = await _play(stage, steps, config.seconds)
+        faults = await _play(stage, steps, config.seconds * len(config.seeds))
         report.faults = history.fault_counts()
         _say(began, "every fault healed")
         await _ready(slots)
@@ -238,15 +239,18 @@ async def _await_resume(history: History, bound: float) -> None:
 
 
 async def _each_flush(slots: list[Slot], session: aiohttp.ClientSession) -> None:
-    for slot in slots:
-        for table in TABLES:
-            if slot.url:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.post(
-                        f"{slot.url}/v1/tables/{table}/flush",
-                        timeout=aiohttp.ClientTimeout(total=60),
-                    ) as answer:
-                        await answer.read()
+    """Flush every table on every running replica, all at once (a flush waits for its
+    commit; one after the other they took most of a drain)."""
+
+    async def flush(url: str, table: str) -> None:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.post(
+                f"{url}/v1/tables/{table}/flush", timeout=aiohttp.ClientTimeout(total=60)
+            ) as answer:
+                await answer.read()
+
+    urls = [slot.url for slot in slots if slot.url]
+    await asyncio.gather(*(flush(url, table) for url in urls for table in TABLES))
 
 
 async def _drain(
@@ -352,7 +356,8 @@ async def _calm_round(
     )
     if not sent == acked == committed == gained:
         verdict.fail(
-            f"metrics disagree with the table: sent {sent}, acked {acked}, committed {committed}, gained {gained}"
+            f"metrics disagree with the table: sent {sent}, acked {acked}, "
+            f"committed {committed}, gained {gained}"
         )
 
 

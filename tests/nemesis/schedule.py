@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from nemesis.catalogue import KINDS, Kind
 
-__all__ = ["Step", "describe", "draw"]
+__all__ = ["Step", "describe", "draw", "draw_rounds"]
 
 # Mean seconds between two faults' starts.
 _MEAN_GAP = 2.5
@@ -53,6 +53,19 @@ def draw(seed: int, seconds: float, replicas: int, variant: str) -> list[Step]:
             )
         )
         at += rng.expovariate(1 / _MEAN_GAP)
+    return steps
+
+
+def draw_rounds(seeds: tuple[int, ...], seconds: float, replicas: int, variant: str) -> list[Step]:
+    """Each seed's schedule of ``seconds``, one after the other on the same replicas and
+    tables: a short run covers several seeds without starting its world once per seed."""
+    steps: list[Step] = []
+    for n, seed in enumerate(seeds):
+        offset = n * seconds
+        steps += [
+            Step(round(s.at + offset, 2), s.kind, s.target, s.seconds, s.choice)
+            for s in draw(seed, seconds, replicas, variant)
+        ]
     return steps
 
 
