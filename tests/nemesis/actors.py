@@ -58,6 +58,7 @@ class Quiet:
 
     held: set[int] = field(default_factory=set)
     in_flight: dict[int, int] = field(default_factory=dict)
+    _ended: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     @contextlib.asynccontextmanager
     async def slot(self, index: int) -> AsyncIterator[None]:
@@ -65,8 +66,8 @@ class Quiet:
         requests in flight to it have ended."""
         self.held.add(index)
         try:
-            while self.in_flight.get(index, 0):
-                await asyncio.sleep(0.02)
+            async with self._ended:
+                await self._ended.wait_for(lambda: not self.in_flight.get(index, 0))
             yield
         finally:
             self.held.discard(index)
@@ -78,6 +79,8 @@ class Quiet:
             yield
         finally:
             self.in_flight[index] -= 1
+            async with self._ended:
+                self._ended.notify_all()
 
 
 async def _post(

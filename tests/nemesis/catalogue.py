@@ -5,21 +5,25 @@ Each fault runs as one task: inject, wait its duration, heal, record. A fault ca
 (proxies, the clock, the disk: the latest applies until healed), and whatever replaces a
 slot's process takes the slot's lock, so a kill and a copy never interleave.
 
-| kind | what |
-| --- | --- |
-| kill | kill -9 a replica, start it again after the fault's seconds |
-| pause | SIGSTOP a replica past its Kafka session, claim and lease, then SIGCONT |
-| catalog_refused / _blackholed / _slow | a replica's (or every replica's) catalog link refuses, accepts and never answers, or slows |
-| catalog_answer_lost | commits reach the catalog and their answers are lost |
-| broker_restart | the Kafka broker killed, started again on its data |
-| store_errors / store_slow | the object store answers 503 to a third of the requests, or slowly |
-| spool_full | the replica's spool volume (a tmpfs) filled to the last byte |
-| spool_read_only | the spool's file system refuses every change (EROFS; EIO one time in three) |
-| clock_step | the replica's wall clock stepped hours or minutes ahead or back (libfaketime) |
-| spool_copied | the replica's spool copied: started in its place after a kill, or beside it (refused) |
-| old_spool_restored | a snapshot of the spool taken now, restored after a kill seconds later (what the replica acked meanwhile and did not commit is lost with its disk) |
-| outside_expiry | pyiceberg expires every snapshot older than 2 s |
-| outside_compaction | pyiceberg rewrites a few files of an append table as one |
+- kill: kill -9 a replica, start it again after the fault's seconds
+- pause: SIGSTOP a replica past its Kafka session, claim and lease, then SIGCONT
+- catalog_refused / _blackholed / _slow: a replica's (or every replica's) catalog link
+  refuses, accepts and never answers, or slows
+- catalog_answer_lost: commits reach the catalog and their answers are lost
+- broker_restart: the Kafka broker killed, started again on its data
+- store_errors / store_slow: the object store answers 503 to a third of the requests,
+  or slowly
+- spool_full: the replica's spool volume (a tmpfs) filled to the last byte
+- spool_read_only: the spool's file system refuses every change (EROFS; EIO one time
+  in three)
+- clock_step: the replica's wall clock stepped hours or minutes ahead or back
+  (libfaketime)
+- spool_copied: the replica's spool copied: started in its place after a kill, or
+  beside it (refused)
+- old_spool_restored: a snapshot of the spool taken now, restored after a kill seconds
+  later (what the replica acked meanwhile and did not commit is lost with its disk)
+- outside_expiry: pyiceberg expires every snapshot older than 2 s
+- outside_compaction: pyiceberg rewrites a few files of an append table as one
 
 The daemon's own maintenance runs every 4 s on every table (compaction, expiry with a
 20 s retention, orphan files), so every fault meets it at some point of a run.
@@ -233,7 +237,9 @@ async def _clock_step(stage: Stage, step: Step, detail: list[str]) -> None:
 async def _spool_copied(stage: Stage, step: Step, detail: list[str]) -> None:
     slot = stage.slots[step.target]
     async with slot.lock:
-        if step.choice % 2 == 0 or not slot.running:
+        # Beside it only once it holds the spool's claim: two copies starting together
+        # race for the claim, and either may win (the other exits, rightly).
+        if step.choice % 2 == 0 or not slot.holds_claim():
             detail.append("in its place")
             slot.held_down += 1
             try:
@@ -252,7 +258,7 @@ async def _copy_beside(stage: Stage, slot: Slot) -> None:
     copy = Daemon(await asyncio.to_thread(slot.copy_spool_aside))
     copy.start()
     try:
-        status = await copy.wait_exit(60)
+        status = await copy.wait_exit(30)
         if status == 0 or "is held by incarnation" not in copy.log():
             stage.violations.append(
                 f"a copy of {slot.name}'s spool started beside it: {copy.tail()}"

@@ -50,11 +50,13 @@ def compact(catalog: Catalog, name: str, rng: random.Random) -> str:
         pq.write_table(rows, out)
     new_file = parquet_file_to_data_file(table.io, table.metadata, path)
     try:
-        with table.transaction() as transaction:
-            with transaction.update_snapshot().overwrite() as overwrite:
-                for data_file in chosen:
-                    overwrite.delete_data_file(data_file)
-                overwrite.append_data_file(new_file)
+        with (
+            table.transaction() as transaction,
+            transaction.update_snapshot().overwrite() as overwrite,
+        ):
+            for data_file in chosen:
+                overwrite.delete_data_file(data_file)
+            overwrite.append_data_file(new_file)
     except CommitFailedException:
         table.io.delete(path)
         return "lost a race with a replica"

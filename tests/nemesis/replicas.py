@@ -165,6 +165,8 @@ lease = "{self.settings.maintenance_lease}"
     def start(self) -> Daemon:
         """Start the slot's next process on its current home."""
         if self.daemon is None or self.daemon.home is not self.home:
+            if self.daemon is not None:
+                self.daemon.cleanup()  # the process on the old home is gone: close its log
             self.daemon = Daemon(self.home)
         env = {
             "LD_PRELOAD": str(FAKETIME),
@@ -199,6 +201,17 @@ lease = "{self.settings.maintenance_lease}"
         if pid is not None and self.daemon is not None and self.daemon.pid == pid:
             with _gone():
                 os.kill(pid, signal.SIGCONT)
+
+    def holds_claim(self) -> bool:
+        """Whether the running process took its spool's claim in the catalog (it does
+        before it is ready; a catalog that refused it then leaves it without one)."""
+        daemon = self.daemon
+        return (
+            self.running
+            and daemon is not None
+            and "icespool ready: " in daemon.log()
+            and "the spool's identity cannot be claimed" not in daemon.log()
+        )
 
     @property
     def url(self) -> str | None:
