@@ -217,8 +217,10 @@ class KafkaWrites:
                 self.failures += 1
                 await asyncio.sleep(0.5)
             finally:
+                # Without a timeout: a stop cut short leaves its connections and sender
+                # task behind (a stop waits at worst for the broker to be back).
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(producer.stop(), 10)
+                    await producer.stop()
 
     async def _round(self, producer: AIOKafkaProducer) -> None:
         ids = range(self.next_id, self.next_id + 40)

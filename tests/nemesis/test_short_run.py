@@ -4,6 +4,7 @@ and tables, checked record by record. ``make nemesis`` runs long ones."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import random
@@ -34,8 +35,9 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
         broker.stop()
 
 
-# aiokafka leaves the connections of a client stopped while its broker was killed to the
-# garbage collector: collected before the test ends, their warnings fall under this filter.
+# aiokafka leaves a client stopped while its broker was killed to the garbage collector
+# (its connections, its sender task pending): ended and collected before the test ends,
+# their warnings fall under this filter.
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 async def test_a_short_nemesis_run(
     tmp_path: Path,
@@ -51,6 +53,10 @@ async def test_a_short_nemesis_run(
     try:
         report = await run(config, Servers(own_broker, object_store), tmp_path / "run")
     finally:
+        left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
         gc.collect()
     print(report.text(), flush=True)
     assert report.passed, report.text()
