@@ -14,7 +14,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
 __all__ = ["compact", "expire"]
@@ -57,7 +57,9 @@ def compact(catalog: Catalog, name: str, rng: random.Random) -> str:
             for data_file in chosen:
                 overwrite.delete_data_file(data_file)
             overwrite.append_data_file(new_file)
-    except CommitFailedException:
+    except (CommitFailedException, ValidationException):
+        # A replica committed meanwhile: its files match the overwrite's conflict filter
+        # (ValidationException), or the catalog refused the stale base.
         table.io.delete(path)
         return "lost a race with a replica"
     return f"{len(chosen)} files ({rows.num_rows} rows) -> 1"
