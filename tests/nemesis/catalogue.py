@@ -45,6 +45,7 @@ from support.table_reader import append_ids, merged_rows
 
 from nemesis import outside
 from nemesis.actors import HEARTBEAT, Quiet
+from nemesis.reader import read_table
 from nemesis.recorder import FaultEvent, History
 from nemesis.replicas import Slot
 from nemesis.world import APPEND_TABLES, EVENTS, TABLES, USERS, Servers, Warehouse
@@ -299,11 +300,11 @@ async def _lost_with_the_disk(stage: Stage, slot: Slot, since: float) -> str:
     await asyncio.sleep(3.0)  # a delayed REST request of the dead process lands, or not
     history = stage.history
     catalog = await asyncio.to_thread(stage.warehouse.catalog)
-    held = await asyncio.to_thread(append_ids, catalog, EVENTS)
+    held = await read_table(append_ids, catalog, EVENTS)
     acked = history.acked.get(EVENTS, {})
     lost = [i for i, (at, who) in acked.items() if who == slot.name and at > since and not held[i]]
     history.lost.setdefault(EVENTS, set()).update(lost)
-    merged = await asyncio.to_thread(merged_rows, catalog, USERS)
+    merged = await read_table(merged_rows, catalog, USERS)
     heartbeat = merged.rows.get(HEARTBEAT + slot.index)
     committed = int(heartbeat["seq"]) if heartbeat else 0
     mine = [b for b in history.batches if b.slot == slot.index and b.acked_at is not None]

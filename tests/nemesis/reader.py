@@ -1,14 +1,18 @@
 """A Kafka topic read back whole: the checker's model of the Kafka tables is their topics'
-logs (the tables themselves are read by `support.table_reader`)."""
+logs; and the tables read (by `support.table_reader`) while the replicas run."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-__all__ = ["KafkaRecord", "topic_log"]
+__all__ = ["KafkaRecord", "read_table", "topic_log"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -36,3 +40,17 @@ async def topic_log(bootstrap: str, topic: str, partitions: int) -> list[KafkaRe
         return records
     finally:
         await consumer.stop()
+
+
+async def read_table(read: Callable[[Any, str], _T], catalog: Any, name: str) -> _T:
+    """``read(catalog, name)`` off the event loop, again when a file it read is gone: the
+    replicas' maintenance goes on meanwhile (the snapshot a read loaded may expire and
+    its files be removed before the read ends)."""
+    for attempt in range(5):
+        try:
+            return await asyncio.to_thread(read, catalog, name)
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")

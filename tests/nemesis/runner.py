@@ -42,7 +42,7 @@ from nemesis.checker import (
     resume_times,
     users_model,
 )
-from nemesis.reader import topic_log
+from nemesis.reader import read_table, topic_log
 from nemesis.recorder import Exit, History
 from nemesis.replicas import Slot, SlotSettings, readyz
 from nemesis.schedule import describe, draw_rounds
@@ -333,7 +333,7 @@ async def _calm_round(
     catalog = await asyncio.to_thread(warehouse.catalog)
     async with aiohttp.ClientSession() as session:
         before = await _metrics(slots, session)
-        rows_before = sum((await asyncio.to_thread(append_ids, catalog, EVENTS)).values())
+        rows_before = sum((await read_table(append_ids, catalog, EVENTS)).values())
         sent = 0
         for n in range(12):
             slot = slots[n % len(slots)]
@@ -359,7 +359,7 @@ async def _calm_round(
             if after[key] - before[key] >= sent or time.monotonic() > deadline:
                 break
             await asyncio.sleep(1.0)
-    rows_after = sum((await asyncio.to_thread(append_ids, catalog, EVENTS)).values())
+    rows_after = sum((await read_table(append_ids, catalog, EVENTS)).values())
     acked = after[("icespool_records_acked", EVENTS)] - before[("icespool_records_acked", EVENTS)]
     committed = (
         after[("icespool_records_committed", EVENTS)]
@@ -383,7 +383,7 @@ async def _check(
     history = stage.history
     catalog = await asyncio.to_thread(stage.warehouse.catalog)
     bootstrap = stage.servers.broker.bootstrap
-    events = await asyncio.to_thread(append_ids, catalog, EVENTS)
+    events = await read_table(append_ids, catalog, EVENTS)
     check_appends(
         verdict,
         EVENTS,
@@ -399,15 +399,15 @@ async def _check(
     acked_stream = history.acked.get(STREAM, {})
     if missing := sorted(set(acked_stream) - set(logged)):
         verdict.fail(f"the broker lost acked records (not the daemon): the first {missing[0]}")
-    found = await asyncio.to_thread(append_ids, catalog, STREAM)
+    found = await read_table(append_ids, catalog, STREAM)
     check_appends(verdict, STREAM, found, logged, ())
     model, problems = users_model(history.batches)
     for problem in problems:
         verdict.fail(f"{USERS}: the model cannot be known: {problem}")
-    users = await asyncio.to_thread(merged_rows, catalog, USERS)
+    users = await read_table(merged_rows, catalog, USERS)
     check_upserts(verdict, USERS, users.rows, users.doubled, model, changes_by_key(history))
     keyed_log = await topic_log(bootstrap, keyed, KAFKA_PARTITIONS)
-    merged = await asyncio.to_thread(merged_rows, catalog, KEYED)
+    merged = await read_table(merged_rows, catalog, KEYED)
     check_upserts(verdict, KEYED, merged.rows, merged.doubled, keyed_model(keyed_log))
     _check_resume(history, verdict, config.resume_bound)
     for exit in history.exits:
