@@ -6,6 +6,8 @@
 #   make demo    quick start: local Kafka broker -> icespool -> Iceberg -> a Spark query
 #   make lint    ruff check, ruff format --check, mypy (strict) on the icespool package
 #   make bench   run every tests/bench/bench_*.py script
+#   make nemesis   a nemesis run (tests/nemesis): SEED=7 (or 3,11; default random)
+#                MINUTES=60 or SECONDS=90 of faults per seed, VARIANT=sql|rest
 #   make docs    generate the reference pages and build the docs site (strict) into build/site
 #   make docs-serve   the same, served on 127.0.0.1:8000 (DOCS_ADDR=...), rebuilt on each change
 #   make lock    re-resolve requirements/*.txt (hashed pins) after editing pyproject.toml
@@ -37,7 +39,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MAVEN_OPTS += -Djansi.noreset=true
 export MAVEN_OPTS
 
-.PHONY: help run test lint pytest bench test-deps spark-deps spark-runtime spark35 java21 demo \
+.PHONY: help run test lint pytest bench nemesis test-deps spark-deps spark-runtime spark35 java21 demo \
   clean distclean lock lock-upgrade docs docs-serve pkgroot
 
 help:
@@ -442,6 +444,16 @@ bench: $(STAMP_TEST) test-deps spark-runtime
 	  echo "=== $$bench"; \
 	  ICESPOOL_SPARK_RUNTIME=$(CURDIR)/$(SPARK_RUNTIME) $(BIN)/python "$$bench"; \
 	done
+
+# One nemesis run with servers of its own (SEED replays a run; the suite runs a short one).
+SEED ?=
+MINUTES ?= 60
+SECONDS ?=
+VARIANT ?= sql
+nemesis: $(STAMP_TEST) test-deps
+	cd tests && PYTHONPATH=$(CURDIR)/tests $(CURDIR)/$(BIN)/python -m nemesis \
+	  $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) $(if $(SECONDS),--seconds $(SECONDS)) \
+	  --variant $(VARIANT)
 
 clean:
 	rm -rf build dist .eggs *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

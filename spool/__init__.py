@@ -15,7 +15,7 @@ from ._errors import (
 from ._fs import FileSystem
 from ._incarnation import Incarnation
 from ._names import new_segment_id as new_uuid7
-from ._names import segment_file_name, table_file_stem
+from ._names import segment_file_name, segment_writer, table_file_stem
 from ._recovery import QuarantinedSegment, RecoveryReport, SegmentInfo
 from ._spool import AppendAck, Durability, SegmentData, Spool, SpoolStats, TableUsage
 
@@ -40,5 +40,6 @@ __all__ = [
     "UnknownSegmentError",
     "new_uuid7",
     "segment_file_name",
+    "segment_writer",
     "table_file_stem",
 ]

@@ -15,7 +15,11 @@ covered by the same checksum.
 
 The seal batch is a zero-row batch marked ``icespool.seal``; it is what tells a
 finished segment from one whose writer died, so damage to the final bytes of a
-sealed file is reported as corruption rather than mistaken for a torn write.
+sealed file is reported as corruption rather than mistaken for a torn write. Its
+value says who sealed it: ``1`` the process that wrote the segment, ``recovery``
+the recovery of a later one (or of a copy of the directory). Only the writer's seal
+says the segment is whole: a copy taken while the writer was still appending holds
+a prefix of it, sealed by its recovery.
 
 Why parse the framing by hand: to tell a torn tail (kill -9 in the middle of a
 write; the complete prefix must be recovered) from corruption (quarantine), the
@@ -43,6 +47,8 @@ CRC_KEY = "icespool.crc"
 CRC_MARKER = b"icespool-crc32c="
 META_KEY = "icespool.meta"
 SEAL_KEY = "icespool.seal"
+SEALED_BY_WRITER = "1"
+SEALED_BY_RECOVERY = "recovery"
 _PLACEHOLDER = "00000000"
 _MAX_METADATA = 16 << 20  # far above any real flatbuffer header; bigger means damage
 _HEADER_SCHEMA = 1
@@ -106,14 +112,17 @@ class Encoder:
         self.schema_message = schema_message
         self._schema_crc = crc32c.crc32c(schema_message) if schema_message else 0
 
-    def encode(self, batch: pa.RecordBatch, meta: str | None, *, seal: bool = False) -> memoryview:
+    def encode(
+        self, batch: pa.RecordBatch, meta: str | None, *, seal: str | None = None
+    ) -> memoryview:
         """One encapsulated batch message, its CRC filled in: a view into this
-        thread's buffer, valid until this thread's next `encode`."""
+        thread's buffer, valid until this thread's next `encode`. ``seal``: the seal
+        batch's value (`SEALED_BY_WRITER` or `SEALED_BY_RECOVERY`)."""
         metadata = {CRC_KEY: CRC_MARKER.decode() + _PLACEHOLDER}
         if meta is not None:
             metadata[META_KEY] = meta
-        if seal:
-            metadata[SEAL_KEY] = "1"
+        if seal is not None:
+            metadata[SEAL_KEY] = seal
         needed = (
             self._schema_size
             + ipc.get_record_batch_size(batch)
@@ -150,6 +159,8 @@ class Scan:
     sealed: bool
     clean_end: bool  # sealed and terminated by the end-of-stream marker
     error: str | None  # corruption: the file must be quarantined
+    # Sealed by the process that wrote it (not by a recovery): no copy holds more.
+    whole: bool = False
 
 
 def scan(data: bytes) -> Scan:
@@ -165,6 +176,7 @@ def scan(data: bytes) -> Scan:
     table: str | None = None
     batches = 0
     sealed = False
+    whole = False
     try:
         while pos < len(data):
             header = _parse_header(view, pos)
@@ -179,7 +191,7 @@ def scan(data: bytes) -> Scan:
                     return Scan(table, batches, pos, False, False, "end-of-stream before seal")
                 if end != len(data):
                     return Scan(table, batches, pos, True, False, "bytes after end-of-stream")
-                return Scan(table, batches, end, True, True, None)
+                return Scan(table, batches, end, True, True, None, whole)
             if sealed:
                 return Scan(table, batches, pos, True, False, f"message after seal at {pos}")
             message = view[pos:end]
@@ -194,8 +206,9 @@ def scan(data: bytes) -> Scan:
                 problem = _verify(message, schema_crc)
                 if problem is not None:
                     return Scan(table, batches, pos, False, False, f"{problem} at offset {pos}")
-                if _is_seal(message):
-                    sealed = True
+                seal = _seal_of(message)
+                if seal is not None:
+                    sealed, whole = True, seal != SEALED_BY_RECOVERY
                 else:
                     batches += 1
             pos = end
@@ -334,9 +347,14 @@ def _verify(message: memoryview, schema_crc: int) -> str | None:
     return None
 
 
-def _is_seal(message: memoryview) -> bool:
+def _seal_of(message: memoryview) -> str | None:
+    """Who sealed the segment, if ``message`` is its seal batch (an older version's
+    seals are all `SEALED_BY_WRITER`'s)."""
     (meta_len,) = struct.unpack_from("<i", message, 4)
-    return SEAL_KEY.encode() in bytes(message[8 : 8 + meta_len])
+    meta = bytes(message[8 : 8 + meta_len])
+    if SEAL_KEY.encode() not in meta:
+        return None
+    return SEALED_BY_RECOVERY if SEALED_BY_RECOVERY.encode() in meta else SEALED_BY_WRITER
 
 
 def _schema_table(message: memoryview) -> str | None:

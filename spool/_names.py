@@ -63,6 +63,12 @@ def table_file_stem(table: str) -> str:
     return f"{ns_enc}{_SEP}{name_enc}"
 
 
+def segment_writer(segment_id: str) -> str:
+    """The last group of a segment id's text: its writer's incarnation tag, for the ids
+    this version makes (`new_segment_id` with a writer); random digits for others."""
+    return segment_id.rpartition("-")[2].lower()
+
+
 def segment_id_of(file_name: str) -> str | None:
     """The segment id of a file name made by `segment_file_name`, else None."""
     if not file_name.endswith(SUFFIX):
@@ -78,7 +84,11 @@ class _Uuid7:
     """RFC 9562 version-7 ids, strictly increasing within this process.
 
     Their canonical text sorts in creation order, which is how recovery orders
-    a table's leftover segments.
+    a table's leftover segments. A segment's id also names the process that wrote
+    it: its last 48 bits (the text's last group) are the writer's incarnation tag
+    (`segment_writer`), where other ids have random bits. A table records which of
+    a spool's segments it holds as ranges of ids per writer; one writer's ids sort
+    in the order it made them, and no other writer's id falls into its ranges.
     """
 
     def __init__(self) -> None:
@@ -86,7 +96,12 @@ class _Uuid7:
         self._last_ms = 0
         self._counter = 0
 
-    def __call__(self) -> str:
+    def __call__(self, writer: str | None = None) -> str:
+        """A new id; ``writer`` (12 hex digits, an incarnation's tag) fills its last
+        48 bits, else they are random."""
+        low = (
+            secrets.randbits(62) if writer is None else secrets.randbits(14) << 48 | int(writer, 16)
+        )
         with self._lock:
             ms = time.time_ns() // 1_000_000
             if ms > self._last_ms:
@@ -99,7 +114,7 @@ class _Uuid7:
                     self._counter = 0
             value = (self._last_ms & ((1 << 48) - 1)) << 80
             value |= 0x7 << 76 | self._counter << 64
-            value |= 0b10 << 62 | secrets.randbits(62)
+            value |= 0b10 << 62 | low
         text = f"{value:032x}"
         return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 

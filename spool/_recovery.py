@@ -14,7 +14,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from ._format import EOS, Encoder, Scan, decode, empty_batch, scan, schema_message_of
+from ._format import (
+    EOS,
+    SEALED_BY_RECOVERY,
+    Encoder,
+    Scan,
+    decode,
+    empty_batch,
+    scan,
+    schema_message_of,
+)
 from ._fs import REAL, FileSystem
 from ._names import segment_id_of
 
@@ -36,6 +45,10 @@ class SegmentInfo:
     # False: sealing failed (full or broken disk); the first `bytes` bytes are a
     # verified prefix, read as such, and the file is sealed at the next start.
     sealed: bool = True
+    # Sealed by the process that wrote it: every copy of it holds these records and
+    # no more. Not so for a segment sealed by a recovery (its writer died, or this is
+    # a copy of a directory taken while it wrote), nor for an unsealed prefix.
+    whole: bool = False
 
 
 @dataclass(slots=True)
@@ -247,8 +260,9 @@ def _recover_one(
                 result.batches,
                 extra={"segment": path.name, "error": str(exc)},
             )
+    whole = sealed and result.sealed and result.whole
     report.segments.append(
-        SegmentInfo(segment_id, result.table, path, size, result.batches, rows, sealed)
+        SegmentInfo(segment_id, result.table, path, size, result.batches, rows, sealed, whole)
     )
 
 
@@ -263,7 +277,7 @@ def _finish(path: Path, data: bytes, result: Scan, fs: FileSystem) -> int:
         schema_message = schema_message_of(data)
         schema = ipc.read_schema(pa.py_buffer(schema_message))
         encoder = Encoder(schema, schema_message)
-        tail = bytes(encoder.encode(empty_batch(schema), None, seal=True)) + EOS
+        tail = bytes(encoder.encode(empty_batch(schema), None, seal=SEALED_BY_RECOVERY)) + EOS
     fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
         fs.ftruncate(fd, result.good_end)

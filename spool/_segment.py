@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ._errors import SpoolIOError
-from ._format import EOS, Encoder, empty_batch, segment_schema
+from ._format import EOS, SEALED_BY_WRITER, Encoder, empty_batch, segment_schema
 from ._fs import FileSystem
 from ._names import segment_file_name
 
@@ -131,7 +131,7 @@ class OpenSegment:
                 self._fs.unlink(self.path)
             return False
         data_end = self.size
-        seal = self._encoder.encode(empty_batch(self.schema), None, seal=True)
+        seal = self._encoder.encode(empty_batch(self.schema), None, seal=SEALED_BY_WRITER)
         try:
             self._write_all([seal, EOS], f"sealing segment {self.path.name}")
             with self._fd_lock:

@@ -29,7 +29,7 @@ from ._format import Scan, decode, encode_meta, scan
 from ._fs import REAL, FileSystem
 from ._incarnation import Incarnation
 from ._lock import DirectoryLock
-from ._names import new_segment_id
+from ._names import new_segment_id, segment_id_of
 from ._recovery import (
     QUARANTINE,
     REASON_SUFFIX,
@@ -349,7 +349,11 @@ class Spool:
                 segment = None
             if segment is None:
                 segment = OpenSegment(
-                    self.directory, table, group[0].batch.schema, new_segment_id(), self._fs
+                    self.directory,
+                    table,
+                    group[0].batch.schema,
+                    new_segment_id(self.incarnation.tag or None),
+                    self._fs,
                 )
                 self._schemas[table] = group[0].batch.schema
                 lane.open = segment
@@ -434,6 +438,24 @@ class Spool:
 
     def tables(self) -> list[str]:
         return list(self._lanes)
+
+    async def held_ids(self, table: str) -> frozenset[str]:
+        """The id of every segment of ``table`` this directory holds: sealed, open,
+        quarantined, and those recovery left in place (a quarantined or left file whose
+        table is unknown counts for every table). Whoever records segments as committed
+        by ranges of ids must never let a range cover one of these."""
+        lane = self._lanes.get(table)
+        held = set(lane.sealed) if lane else set()
+        if lane is not None and lane.open is not None:
+            held.add(lane.open.id)
+        held.update(
+            found
+            for path, _ in self.recovered.failed
+            if (found := segment_id_of(path.name)) is not None
+        )
+        quarantined = await self._in_thread(list_quarantined, self.directory)
+        held.update(q.id for q in quarantined if q.id is not None and q.table in (table, None))
+        return frozenset(held)
 
     def open_segment(self, table: str) -> tuple[str, int, int] | None:
         """(id, bytes, rows) of the table's open segment, if it has one."""
@@ -582,7 +604,13 @@ class Spool:
             return None
         self._bytes += segment.size - before
         info = SegmentInfo(
-            segment.id, table, segment.path, segment.size, segment.batches, segment.rows
+            segment.id,
+            table,
+            segment.path,
+            segment.size,
+            segment.batches,
+            segment.rows,
+            whole=True,
         )
         self._add_sealed(info)
         return info
@@ -744,7 +772,9 @@ def _restore(directory: Path, entry: QuarantinedSegment, fs: FileSystem) -> Segm
         fs.unlink(directory / QUARANTINE / (entry.path.name + REASON_SUFFIX))
     fs.fsync_directory(directory)
     fs.fsync_directory(directory / QUARANTINE)
-    return SegmentInfo(entry.id, result.table, target, len(data), result.batches, rows)
+    return SegmentInfo(
+        entry.id, result.table, target, len(data), result.batches, rows, whole=result.whole
+    )
 
 
 def _unlink(path: Path, directory: Path, fs: FileSystem) -> None:

@@ -14,6 +14,7 @@
                 and replace snapshots for maintenance, with the compare-and-swap
                 requirements of its lease; row deletes; schema changes
     _segments   which spool segments a table holds: the marks those commits leave
+    _segment_ranges  ranges of a spool's segment ids per writer a table holds, at any age
     _rest       which REST requests commit (and get an Idempotency-Key)
     _defaults   table properties the daemon sets on the tables it creates
     _properties integer table properties: one parser; a warning and the default for
@@ -77,6 +78,7 @@ from icespool.iceberg._parquet import (
     remove_files,
 )
 from icespool.iceberg._position_deletes import POSITION_DELETE_MARK, encode_position_deletes
+from icespool.iceberg._segment_ranges import SpoolSegments, segment_ranges_key
 from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
@@ -135,6 +137,7 @@ __all__ = [
     "PropertyUpdate",
     "ReplaceConflictError",
     "ReplaceExtra",
+    "SpoolSegments",
     "StaleEncodingError",
     "UpsertResult",
     "apply_defaults",
@@ -172,6 +175,7 @@ __all__ = [
     "read_deletion_vector",
     "refresh_table",
     "remove_files",
+    "segment_ranges_key",
     "serialize_vector",
     "short_error",
     "snapshot_entries",

@@ -3,8 +3,9 @@
 Every snapshot the daemon commits carries ``icespool.segments`` = the comma-joined ids of
 the spool segments whose rows it adds, and ``icespool.segment-records`` = how many of
 each segment's records the table holds after it. The same commit sets the table property
-``icespool.spool.<spool-id>.last-segments`` (and its record counts), which snapshot
-expiry never removes. Why these marks make commits idempotent: ``_commit/_engine``'s doc.
+``icespool.spool.<spool-id>.last-segments`` (and its record counts), and adds its segments
+to the spool's ranges (``_segment_ranges``), properties snapshot expiry never removes.
+Why these marks make commits idempotent: ``_commit/_engine``'s doc.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pyiceberg.table.snapshots import (
     Snapshot,
 )
 
+from icespool.iceberg._segment_ranges import held_by_ranges, segment_ranges_key
 from icespool.iceberg._upstream._summary import summary_value
 
 __all__ = [
@@ -83,8 +85,8 @@ def committed_marks(
 
     Looks at every snapshot in the table's metadata as loaded (refresh first for the
     catalog's current state), not only the current ancestry. With ``spool_id``, the
-    marks of that spool's ``last-segments`` property count too (their snapshot may have
-    expired; the snapshot id is then -1).
+    marks of that spool's ``last-segments`` property and segment ranges count too (their
+    snapshot may have expired; the snapshot id is then -1).
     """
     wanted = set(segment_ids)
     found: dict[str, tuple[int, int | None]] = {}
@@ -108,6 +110,9 @@ def committed_marks(
             properties.get(last_segment_records_key(spool_id)),
         ):
             keep(segment, _EXPIRED, records)
+        ranges = properties.get(segment_ranges_key(spool_id))
+        for segment, held in held_by_ranges(ranges, wanted).items():
+            keep(segment, _EXPIRED, held)
     return found
 
 

@@ -30,6 +30,7 @@ from icespool.errors import BadInputError, CatalogError, CommitError, IcespoolEr
 from icespool.iceberg import (
     CommitRejectedError,
     CommitResult,
+    SpoolSegments,
     committed_marks,
     refresh_table,
     remove_files,
@@ -418,8 +419,23 @@ class FlushJob:
         if (refusal := self._commit_refusal()) is not None:
             await in_flush_thread(remove_files, self._table, files)  # never committed
             raise CommitError(refusal)
-        commit = await self._commit(encoded, seg_ids, spans, claims, reason)
+        known = await self._spool_segments(segments)
+        commit = await self._commit(encoded, seg_ids, spans, claims, reason, known)
         return commit, files, sum(b.num_rows for b in rows)
+
+    async def _spool_segments(self, segments: list[SegmentData]) -> SpoolSegments:
+        """What this spool knows of the commit's segments and the table's others, for
+        the spool's segment ranges in the table."""
+        spool = self._spool
+        ids = {data.info.id for data in segments}
+        held = await spool.held_ids(self.name)
+        return SpoolSegments(
+            writers=frozenset(
+                [spool.incarnation.tag, *(i.tag for i in spool.earlier_incarnations)]
+            ),
+            whole=frozenset(data.info.id for data in segments if data.info.whole),
+            held=held - ids,
+        )
 
     def _unheld_rows(
         self, segments: list[SegmentData], marks: _Marks, claims: Claims
@@ -486,6 +502,7 @@ class FlushJob:
         spans: Mapping[str, tuple[int, int]],
         claims: Claims,
         reason: str,
+        known: SpoolSegments,
     ) -> CommitResult:
         """One snapshot of ``encoded`` naming the segments; a rejection is the segments'."""
         marks = CommitMarks(
@@ -494,6 +511,7 @@ class FlushJob:
             spool_id=self._spool.id,
             summary={"icespool.reason": reason, **claims.summary()},
             update_properties=claims.properties,
+            spool_segments=known,
         )
         try:
             return await in_flush_thread(self._rows.commit, self._table, encoded, marks)

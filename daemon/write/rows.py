@@ -20,7 +20,13 @@ from pyiceberg.table import Table
 from icespool.cdc import OP_COLUMN
 from icespool.config import WriterSettings
 from icespool.errors import BadInputError
-from icespool.iceberg import CommitResult, PropertyUpdate, commit_files, encode_data_files
+from icespool.iceberg import (
+    CommitResult,
+    PropertyUpdate,
+    SpoolSegments,
+    commit_files,
+    encode_data_files,
+)
 
 __all__ = ["AppendRows", "CommitMarks", "Encoded", "TableRows"]
 
@@ -38,13 +44,15 @@ class Encoded:
 class CommitMarks:
     """What a flush's commit carries besides its files: the segments it adds and how
     much of each, the spool they come from, its summary, and the source positions it
-    claims (set as table properties in the same commit)."""
+    claims (set as table properties in the same commit), and what the spool knows of its
+    segments (to add them to the spool's segment ranges in the table)."""
 
     segment_ids: Sequence[str]
     spans: Mapping[str, tuple[int, int]]
     spool_id: str
     summary: Mapping[str, str] = field(default_factory=dict)
     update_properties: PropertyUpdate | None = None
+    spool_segments: SpoolSegments | None = None
 
 
 class TableRows(Protocol):
@@ -111,6 +119,7 @@ class AppendRows:
             update_properties=marks.update_properties,
             spool_id=marks.spool_id,
             segment_spans=marks.spans,
+            spool_segments=marks.spool_segments,
         )
 
     def start(self, table: Table) -> None:

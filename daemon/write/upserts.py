@@ -147,6 +147,7 @@ class UpsertRows:
             update_properties=marks.update_properties,
             spool_id=marks.spool_id,
             segment_spans=marks.spans,
+            spool_segments=marks.spool_segments,
         )
         self._record(table, result, plan)
         return result.commit

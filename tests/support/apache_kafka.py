@@ -293,6 +293,16 @@ class KafkaBroker:
                 interval=0.1,
             )
 
+    def kill(self) -> None:
+        """SIGKILL the broker, keeping its data and ports for `restart`."""
+        self.jvm.stop()
+
+    def restart(self) -> None:
+        """Start the killed broker again on its data and ports; returns once it serves."""
+        began = time.monotonic()
+        self.jvm.start("kafka.Kafka", str(self.root / "server.properties"))
+        self._wait_ready(began)
+
     def log_tail(self, lines: int = 60) -> str:
         return self.jvm.log_tail(lines)
 

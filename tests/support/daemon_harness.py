@@ -230,11 +230,13 @@ class Daemon:
         env: Mapping[str, str] | None = None,
         wrapper: Sequence[str] = (),
         crash: Sequence[str] = (),
+        control: Path | None = None,
     ) -> None:
         """Start ``icespool run``; ``wrapper`` prefixes the command (e.g. strace).
 
         ``crash``: crash points ``OP:PATTERN:N`` (see support/fault_daemon.py): the
-        daemon runs with a file-system seam that SIGKILLs it at that call.
+        daemon runs with a file-system seam that SIGKILLs it at that call. ``control``:
+        the seam's control file, naming the fault the disk has (support/fault_daemon.py).
         """
         if self.running:
             raise DaemonError(f"daemon already running (pid {self.pid})")
@@ -248,11 +250,13 @@ class Daemon:
         child_env.update(env or {})
         child_env["PYTHONUNBUFFERED"] = "1"
         command = [*daemon_command(), "run", "--config", str(self.home.config_path)]
-        if crash:
+        if crash or control is not None:
             launcher = Path(__file__).with_name("fault_daemon.py")
             points = [arg for point in crash for arg in ("--crash", point)]
             command = [sys.executable, str(launcher), "--config", str(self.home.config_path)]
             command += points
+            if control is not None:
+                command += ["--control", str(control)]
         self.proc = subprocess.Popen(
             [*wrapper, *command],
             cwd=self.home.root,

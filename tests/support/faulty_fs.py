@@ -6,7 +6,9 @@ Every call is the real one unless a fault is queued for that operation
 - ``enospc`` / ``eio``: the call fails with that errno, nothing done;
 - ``short``: a write stores only part of its bytes and says so (POSIX allows it);
 - ``torn``: a write stores part of its bytes, then fails with ENOSPC (the
-  harshest case for rollback).
+  harshest case for rollback);
+- ``erofs``: the volume is read-only: every call that would change it fails with
+  EROFS (an open for reading still succeeds).
 
 Crash points (`crash_at`): the process kills itself with SIGKILL at the n-th call
 of an operation on a path matching a pattern, before the call does anything: the
@@ -33,8 +35,9 @@ from typing import Literal
 
 from icespool.spool import FileSystem, Spool
 
-Fault = Literal["enospc", "eio", "short", "torn"]
-FAULTS: tuple[Fault, ...] = ("enospc", "eio", "short", "torn")
+Fault = Literal["enospc", "eio", "short", "torn", "erofs"]
+FAULTS: tuple[Fault, ...] = ("enospc", "eio", "short", "torn", "erofs")
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 OPS = ("open", "write", "fsync", "fdatasync", "ftruncate", "replace", "unlink")
 
 
@@ -83,7 +86,9 @@ class FaultyFileSystem(FileSystem):
 
     def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:  # type: ignore[override]
         self._crash_if("open", path)
-        self._fail_if("open")
+        fault = self._next("open")
+        if fault is not None and (fault != "erofs" or flags & _WRITING):
+            raise _error(fault)
         fd = os.open(path, flags, mode)
         self._paths[fd] = str(path)
         return fd
@@ -173,7 +178,7 @@ class FaultyFileSystem(FileSystem):
 
 
 def _error(fault: Fault) -> OSError:
-    code = errno.EIO if fault == "eio" else errno.ENOSPC
+    code = {"eio": errno.EIO, "erofs": errno.EROFS}.get(fault, errno.ENOSPC)
     return OSError(code, os.strerror(code))
 
 

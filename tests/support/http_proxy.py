@@ -20,6 +20,7 @@ Faults for one request (``fail``; the first matching rule is used up):
 Modes (all requests, switch any time):
 - ``forward``; ``down``: every request's connection is reset (the store is unreachable);
   ``stall``: requests are read and never answered until the mode changes (then dropped).
+``delay`` (seconds, any time): every forwarded request waits that long first (latency).
 
 The request line and headers go upstream as they came (``Host`` included): S3 and the
 catalog verify SigV4 signatures over them. Threads, not asyncio, like TcpProxy.
@@ -84,6 +85,7 @@ class HttpProxy:
     def __init__(self, upstream: tuple[str, int], *, upstream_timeout: float = 120.0) -> None:
         self.upstream = upstream
         self.upstream_timeout = upstream_timeout
+        self.delay = 0.0
         self._state = _State()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -224,6 +226,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, page, [("Content-Type", "text/html")])
             self._record(probe, 200, fault)
             return
+        if owner.delay:
+            time.sleep(owner.delay)
         try:
             status, reason, answer_headers, answer = self._forward(body, headers)
         except OSError:

@@ -11,6 +11,10 @@ Modes (switch at any moment; they apply to open connections too):
   answered; the client only learns of it through its own timeout.
 - ``slow``: every chunk is forwarded after ``delay`` seconds.
 - ``reset``: new connections are accepted and reset at once; open ones are reset.
+- ``lose_commits``: a plain proxy, except that a PostgreSQL ``COMMIT`` (a simple query,
+  as psycopg2 sends it) is forwarded and its connection reset before the answer comes
+  back: the transaction is committed, the client cannot know (the client must not use
+  TLS, ``sslmode=disable``: the proxy reads the messages).
 
 Threads, not asyncio: the proxy keeps working while a test blocks its own event loop.
 """
@@ -27,7 +31,9 @@ from typing import Literal
 
 __all__ = ["Mode", "TcpProxy"]
 
-Mode = Literal["forward", "refuse", "silent", "slow", "reset"]
+Mode = Literal["forward", "refuse", "silent", "slow", "reset", "lose_commits"]
+# psycopg2's commit: a simple-query message "Q", its length (4 + 7), "COMMIT" and a NUL.
+_PG_COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
 _TICK = 0.05
 
 
@@ -37,6 +43,7 @@ class TcpProxy:
         self.delay = delay
         self.port = 0
         self.connections = 0  # accepted so far, whatever the mode
+        self.lost_answers = 0  # answers to a COMMIT dropped in ``lose_commits`` mode
         self._mode: Mode = "forward"
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -148,6 +155,7 @@ class TcpProxy:
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         peer = {client: upstream, upstream: client}
+        committing = False
         while not self._closed.is_set():
             if self._mode == "silent":
                 time.sleep(_TICK)
@@ -161,6 +169,13 @@ class TcpProxy:
                     return
                 if self._mode == "slow":
                     time.sleep(self.delay)
+                if sock is upstream and committing:
+                    self.lost_answers += 1
+                    _reset(client)
+                    _reset(upstream)
+                    return
+                if sock is client and self._mode == "lose_commits" and _PG_COMMIT in data:
+                    committing = True
                 peer[sock].sendall(data)
 
     def _reset_all(self) -> None:

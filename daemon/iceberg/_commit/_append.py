@@ -34,6 +34,7 @@ from icespool.iceberg._commit._snapshot import (
     rejected,
     result_from_snapshot,
 )
+from icespool.iceberg._segment_ranges import SpoolSegments
 from icespool.iceberg._upstream._merge_append import MergeAppend, MergeRowDelta
 from icespool.iceberg._upstream._transaction import Staging, abandon
 from icespool.runtime.retry import CONFLICTS, Backoff
@@ -133,7 +134,8 @@ class _Append(CommitKind[dict[str, str], CommitResult]):
         check_spec(table, self.data_files)
         # Raises (nothing committed) when the refreshed table contradicts the caller.
         update = self.update_properties
-        return {**(update(table.metadata.properties) if update else {}), **self.marks.properties()}
+        properties = table.metadata.properties
+        return {**(update(properties) if update else {}), **self.marks.properties(properties)}
 
     def stage(self, table: Table, decision: dict[str, str]) -> Staged:
         summary = {**self.summary, **self.marks.summary()}
@@ -162,6 +164,7 @@ def commit_files(
     update_properties: PropertyUpdate | None = None,
     spool_id: str | None = None,
     segment_spans: Mapping[str, tuple[int, int]] | None = None,
+    spool_segments: SpoolSegments | None = None,
 ) -> CommitResult:
     """Commit ``data_files`` as ONE append snapshot tagged with ``segment_ids``.
 
@@ -190,9 +193,13 @@ def commit_files(
     the count is unknown and the mark covers the whole segment. Raises
     `ClaimsMovedError` (nothing committed) when another writer committed more of a
     segment meanwhile.
+
+    ``spool_segments`` (with ``spool_id`` and ``segment_spans``): what the committing
+    process knows of its spool; the segments join the spool's segment ranges in the
+    same commit, so the table recognises them after their snapshot expired.
     """
     if not data_files:
         raise ValueError("commit_files needs at least one data file")
-    marks = SegmentMarks.of(segment_ids, segment_spans, spool_id)
+    marks = SegmentMarks.of(segment_ids, segment_spans, spool_id, spool_segments)
     check_summary(summary)
     return run(table, _Append(data_files, marks, summary, update_properties), retry)

@@ -13,6 +13,7 @@ from pyiceberg.table import Table
 from icespool.errors import CommitError
 from icespool.iceberg._commit._engine import Attempts, table_name
 from icespool.iceberg._commit._snapshot import CommitResult, result_from_snapshot
+from icespool.iceberg._segment_ranges import SpoolSegments, segment_ranges_key, with_segments
 from icespool.iceberg._segments import (
     SEGMENT_RECORDS_SUMMARY_KEY,
     SEGMENTS_SUMMARY_KEY,
@@ -38,12 +39,14 @@ class ClaimsMovedError(CommitError):
 class SegmentMarks:
     """The spool segments one commit adds: ``spans`` maps each to the records
     ``[start, end)`` of it the commit adds (``(0, 0)`` when the count is unknown: the mark
-    then covers the whole segment, and any earlier mark holds it)."""
+    then covers the whole segment, and any earlier mark holds it); ``spool`` what the
+    committing process knows of its spool, to add them to the spool's segment ranges."""
 
     segments: tuple[str, ...]
     spans: Mapping[str, tuple[int, int]]
     counted: bool
     spool_id: str | None
+    spool: SpoolSegments | None = None
 
     @classmethod
     def of(
@@ -51,6 +54,7 @@ class SegmentMarks:
         segment_ids: Sequence[str],
         spans: Mapping[str, tuple[int, int]] | None,
         spool_id: str | None,
+        spool: SpoolSegments | None = None,
     ) -> SegmentMarks:
         """The marks for ``segment_ids``; ValueError for ids a summary cannot list."""
         segments = tuple(segment_ids)
@@ -66,7 +70,7 @@ class SegmentMarks:
         if spans is not None and set(spans) != set(segments):
             raise ValueError(f"segment_spans must name exactly the segments {list(segments)}")
         whole = dict.fromkeys(segments, (0, 0))
-        return cls(segments, spans or whole, spans is not None, spool_id)
+        return cls(segments, spans or whole, spans is not None, spool_id, spool)
 
     @property
     def text(self) -> str:
@@ -82,16 +86,21 @@ class SegmentMarks:
             marks[SEGMENT_RECORDS_SUMMARY_KEY] = self._counts()
         return marks
 
-    def properties(self) -> dict[str, str]:
-        """The table properties recording them as the spool's latest commit (none
-        without a spool id)."""
+    def properties(self, current: Mapping[str, str]) -> dict[str, str]:
+        """The table properties recording them as the spool's latest commit and among
+        its segment ranges (none without a spool id); ``current``: the properties of
+        the table the attempt builds on."""
         if self.spool_id is None:
             return {}
         counts = self._counts() if self.counted else ""
-        return {
+        properties = {
             last_segments_key(self.spool_id): self.text,
             last_segment_records_key(self.spool_id): counts,
         }
+        if self.spool is not None and self.counted:
+            key = segment_ranges_key(self.spool_id)
+            properties[key] = with_segments(current.get(key), self.spans, self.spool)
+        return properties
 
     def landed(self, table: Table, attempts: Attempts) -> CommitResult | None:
         """The result when a snapshot of ``table`` holds the segments already, this

@@ -38,6 +38,7 @@ from icespool.iceberg._commit._snapshot import (
     result_from_snapshot,
 )
 from icespool.iceberg._parquet import remove_files
+from icespool.iceberg._segment_ranges import SpoolSegments
 from icespool.iceberg._upstream._replace import ReplaceFiles
 from icespool.iceberg._upstream._transaction import Staging, abandon, staged_row_ids
 from icespool.runtime.retry import CONFLICTS, Backoff
@@ -107,7 +108,8 @@ class _Upsert(CommitKind[dict[str, str], CommitResult]):
 
     def decide(self, table: Table) -> dict[str, str]:
         update = self.update_properties
-        return {**(update(table.metadata.properties) if update else {}), **self.marks.properties()}
+        properties = table.metadata.properties
+        return {**(update(properties) if update else {}), **self.marks.properties(properties)}
 
     def stage(self, table: Table, decision: dict[str, str]) -> Staged:
         current = table.metadata.current_snapshot()
@@ -186,12 +188,14 @@ def commit_upsert(
     update_properties: PropertyUpdate | None = None,
     spool_id: str | None = None,
     segment_spans: Mapping[str, tuple[int, int]] | None = None,
+    spool_segments: SpoolSegments | None = None,
 ) -> UpsertResult:
     """Commit the files ``resolve`` decides for each attempt's base (an upsert table's
     new rows and the deletes of its keys' older rows), as ONE snapshot tagged with
     ``segment_ids``. Everything else as `commit_files` (the marks, ``spool_id``,
-    ``segment_spans``, ``update_properties``, conflicts and unknown outcomes)."""
-    marks = SegmentMarks.of(segment_ids, segment_spans, spool_id)
+    ``segment_spans``, ``spool_segments``, ``update_properties``, conflicts and unknown
+    outcomes)."""
+    marks = SegmentMarks.of(segment_ids, segment_spans, spool_id, spool_segments)
     check_summary(summary)
     kind = _Upsert(resolve, marks, summary, update_properties)
     result = run(table, kind, retry)
