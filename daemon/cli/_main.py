@@ -324,8 +324,8 @@ def _check_connect(config: Config, kafka_timeout: float) -> int:
 
 def _app() -> Any:
     # Imported lazily: the CLI (check-config, --help) must work without the daemon's heavy
-    # imports, and import_module keeps type checking independent of icespool.lifecycle.app's state.
-    return importlib.import_module("icespool.lifecycle.app")
+    # imports, and import_module keeps type checking independent of icespool.app's state.
+    return importlib.import_module("icespool.app")
 
 
 def _configure_logging(config: Config) -> None:
@@ -627,12 +627,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _error(problem.line())
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
-        if exc.name != "icespool.lifecycle.app":
+        if exc.name != "icespool.app":
             raise
-        _error(
-            f"'icespool {args.command}' needs the daemon (icespool.lifecycle.app), "
-            "which is not built yet"
-        )
+        _error(f"'icespool {args.command}' needs the daemon (icespool.app), which is not built yet")
         return EXIT_USAGE
     except IcespoolError as exc:
         _error(str(exc))

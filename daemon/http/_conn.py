@@ -64,7 +64,7 @@ _SHED_SCAN: Final = 32
 # Parked connections per IP, as a multiple of the cap, and for all IPs together. A
 # parked connection costs a descriptor and its socket's buffers (about 2 KiB of the
 # daemon's memory besides), no aiohttp protocol. The total stays at most half the
-# open-files limit (the daemon raises it to the hard one at start, icespool.lifecycle.app): spool
+# open-files limit (the daemon raises it to the hard one at start, icespool.app): spool
 # segments and the catalog need descriptors too.
 _PARK_PER_CAP: Final = 64
 _PARK_TOTAL: Final = 16384

@@ -1,6 +1,6 @@
-"""The daemon's life: start, serve, drain, and what it shows about itself.
+"""The daemon's life: start, serve, drain, and what it shows about itself (the process
+around it, with its signals and HTTP server, is ``icespool.app``).
 
-app          ``icespool run`` / ``replay``: signals, the HTTP server, the grace period
 service      `Icespool`: the spool, its claim, the catalog, tables, sources, shutdown
 registry     the tables by name: their writers, loading, creating, degraded ones
 leftovers    what runs over the spool's leftovers (start-up, a reloaded table, replay)

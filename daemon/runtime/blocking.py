@@ -4,7 +4,7 @@ Every pyiceberg and pyarrow call runs in this executor (``asyncio.to_thread``). 
 cannot stop a thread, and closing the loop joins the executor's threads, so one call
 stuck in a dependency beyond every timeout would keep the process alive forever after
 SIGTERM. The daemon asks this executor what is still running when its grace is over,
-names it in the log, and exits without joining it (``icespool.lifecycle.app``).
+names it in the log, and exits without joining it (``icespool.app``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 from support.daemon_harness import Daemon, DaemonDir
 from support.proxy import TcpProxy
 
-from icespool.lifecycle.app import AFTER_GRACE_SECONDS, EXIT_STUCK
+from icespool.app import AFTER_GRACE_SECONDS, EXIT_STUCK
 
 _PG = ("127.0.0.1", 5432)
 _BATCH = 200

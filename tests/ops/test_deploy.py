@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.daemon_harness import Daemon, DaemonDir, daemon_command
 from support.fixture_types import MakeConfig, RunDaemon
 
+from icespool.app import SHUTDOWN_GRACE_SECONDS
 from icespool.config import load_config, validate_config
-from icespool.lifecycle.app import SHUTDOWN_GRACE_SECONDS
 from icespool.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,13 +37,13 @@ print(json.dumps({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue
                   "modules": sorted(sys.modules)}))
 """
 
-# What `icespool run` imports (icespool.lifecycle.app), then a started service behind the
+# What `icespool run` imports (icespool.app), then a started service behind the
 # HTTP server with the embedded default under argv[1] and the [[kafka]] list argv[2]; one
 # record goes in and is committed over HTTP before the modules are reported.
 SERVICE_RUNNER = """
 import asyncio, json, sys, urllib.request
 from pathlib import Path
-import icespool.lifecycle.app
+import icespool.app
 from icespool.config import embedded_default, validate_config
 from icespool.http import start_http
 from icespool.lifecycle.service import Icespool
@@ -81,7 +81,7 @@ HEAVY = (
     "aiokafka",
     "aiohttp",
     "numpy",
-    "icespool.lifecycle.app",
+    "icespool.app",
     "icespool.lifecycle.service",
     "icespool.write.writer",
     "icespool.write.ingest",

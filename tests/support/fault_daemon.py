@@ -30,8 +30,8 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from icespool.app import run_daemon
 from icespool.config import load_config
-from icespool.lifecycle.app import run_daemon
 from icespool.logs import configure_logging
 from support.faulty_fs import FAULTS, Fault, FaultyFileSystem
 
