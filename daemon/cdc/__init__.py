@@ -8,7 +8,6 @@ change per key (`last_changes`). Readers of the merged state (`read_merged`,
 `apply_equality_deletes`) apply the equality deletes pyiceberg's scan refuses.
 
     _changes   the change-batch contract (op column, change schema)
-    _key       which columns Iceberg allows as a key (identifier fields)
     _conform   an upsert table's input checked whole-batch before it is acked
     _merge     last change per key; equality deletes applied to rows
     _deletes   which delete files apply to which data files (Iceberg's scoping rules)
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
     from icespool.cdc._conform import conform_changes, spoolable
     from icespool.cdc._deletes import (
         DeleteKey,
-        LiveData,
         LiveDelete,
         LiveFiles,
         applies,
@@ -47,13 +45,13 @@ if TYPE_CHECKING:
         IndexBehindError,
         IndexUnavailableError,
         KeyIndex,
-        Located,
         NewFile,
     )
-    from icespool.cdc._key import key_type_problem
     from icespool.cdc._key_values import KeyValue, key_array, key_values
     from icespool.cdc._merge import Resolved, apply_equality_deletes, last_changes
     from icespool.cdc._read import read_merged
+    from icespool.iceberg._live_rows import LiveData, Located
+    from icespool.schema._key import key_type_problem
 
 __all__ = [
     "DELETE",
@@ -104,7 +102,6 @@ __getattr__ = lazy_exports(
         "icespool.cdc._conform": ("conform_changes", "spoolable"),
         "icespool.cdc._deletes": (
             "DeleteKey",
-            "LiveData",
             "LiveDelete",
             "LiveFiles",
             "applies",
@@ -116,10 +113,10 @@ __getattr__ = lazy_exports(
             "IndexBehindError",
             "IndexUnavailableError",
             "KeyIndex",
-            "Located",
             "NewFile",
         ),
-        "icespool.cdc._key": ("key_type_problem",),
+        "icespool.iceberg._live_rows": ("LiveData", "Located"),
+        "icespool.schema._key": ("key_type_problem",),
         "icespool.cdc._files": (
             "read_columns",
             "read_optional_columns",

@@ -7,7 +7,7 @@ from typing import Final
 
 import pyarrow as pa
 
-from icespool.cdc._key import OP_COLUMN
+from icespool.schema import OP_COLUMN
 
 __all__ = ["DELETE", "OP_COLUMN", "UPSERT", "change_schema", "with_ops"]
 

@@ -40,7 +40,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import StringType
 
-from icespool.iceberg import file_key, snapshot_entries, v3_value
+from icespool.iceberg import LiveData, file_key, snapshot_entries, v3_value
 
 __all__ = ["DeleteKey", "LiveDelete", "LiveFiles", "applies", "droppable", "live_files"]
 
@@ -79,17 +79,6 @@ class LiveDelete:
     @property
     def key(self) -> DeleteKey:
         return file_key(self.file)
-
-
-@dataclass(frozen=True)
-class LiveData:
-    """A live data file, its data sequence number and spec, and (format v3) the
-    ``_row_id`` of its first row (None: the table tracks no row lineage)."""
-
-    file: DataFile
-    sequence_number: int
-    spec_id: int
-    first_row_id: int | None = None
 
 
 @dataclass

@@ -49,10 +49,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-from icespool.cdc._deletes import DeleteKey, LiveData, LiveDelete, LiveFiles, live_files
+from icespool.cdc._deletes import DeleteKey, LiveDelete, LiveFiles, live_files
 from icespool.cdc._files import read_columns, read_positions
 from icespool.cdc._key_values import KeyValue, key_values
-from icespool.iceberg import file_key, snapshot_entries, v3_value
+from icespool.iceberg import LiveData, Located, file_key, snapshot_entries, v3_value
 
 __all__ = [
     "Change",
@@ -90,20 +90,6 @@ class IndexUnavailableError(Exception):
 class IndexBehindError(IndexUnavailableError):
     """Bringing the index to the table's snapshot would read more rows than the caller
     allows now (a rebuild, or another writer's rewrite of much of the table)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Located:
-    """Where the live rows of some keys are, at the index's snapshot: the positions
-    (sorted) in each data file, and those files (their partition and spec, which the
-    delete files naming them take)."""
-
-    positions: Mapping[str, np.ndarray]
-    files: Mapping[str, LiveData]
-
-    @property
-    def rows(self) -> int:
-        return sum(len(p) for p in self.positions.values())
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
-from icespool.cdc._deletes import LiveData, LiveDelete, live_files
+from icespool.cdc._deletes import LiveDelete, live_files
 from icespool.cdc._files import read_positions
+from icespool.iceberg import LiveData
 from icespool.schema import arrow_schema_for, conform
 
 __all__ = ["read_merged"]

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# Submodules, not the packages: these import no pyarrow, so loading a config (the CLI)
-# stays light.
-from icespool.cdc._key import OP_COLUMN, key_type_problem
 from icespool.config._entries import KafkaConfig, TableConfig
 from icespool.config._sections import MaintenanceConfig
 from icespool.config._units import format_duration
@@ -22,6 +19,10 @@ from icespool.schema._grammar import (
     transform_accepts,
     type_columns,
 )
+
+# Submodules, not the packages: these import no pyarrow, so loading a config (the CLI)
+# stays light.
+from icespool.schema._key import OP_COLUMN, key_type_problem
 
 __all__ = [
     "REGISTRY_FORMATS",

@@ -6,6 +6,7 @@
     _health     a background probe that tells /readyz whether the catalog answers
     _check      `check-config --connect`: prove the catalog and warehouse are reachable
     _parquet    Arrow rows -> Parquet data files written through the table's FileIO
+    _live_rows  where live rows are: a live data file, positions of rows in such files
     _position_deletes  rows named by data file and position -> position-delete files
     _deletion_vectors  the same for format-v3 tables: deletion vectors in a Puffin file
     _transforms the partition transforms, vectorized over Arrow arrays
@@ -66,6 +67,7 @@ from icespool.iceberg._deletion_vectors import (
     serialize_vector,
 )
 from icespool.iceberg._health import CatalogHealth
+from icespool.iceberg._live_rows import LiveData, Located
 from icespool.iceberg._parquet import (
     COMPRESSION_CODECS,
     DELETE_FILE_MARK,
@@ -134,6 +136,8 @@ __all__ = [
     "EncodedFile",
     "ExpiredSnapshots",
     "IcespoolSqlCatalog",
+    "LiveData",
+    "Located",
     "PropertyUpdate",
     "ReplaceConflictError",
     "ReplaceExtra",

@@ -42,7 +42,7 @@ from icespool.errors import CatalogError
 from icespool.iceberg._upstream._v3_manifests import v3_value
 
 if TYPE_CHECKING:
-    from icespool.cdc import Located
+    from icespool.iceberg._live_rows import Located
 
 __all__ = [
     "DELETION_VECTOR_MARK",

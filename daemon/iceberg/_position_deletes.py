@@ -37,7 +37,7 @@ from icespool.iceberg._upstream._partition_key import physical_partition_key
 from icespool.schema import arrow_schema_for
 
 if TYPE_CHECKING:
-    from icespool.cdc import LiveData, Located
+    from icespool.iceberg._live_rows import LiveData, Located
 
 __all__ = ["POSITION_DELETE_MARK", "encode_position_deletes"]
 

@@ -19,7 +19,6 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from icespool.cdc import key_type_problem
 from icespool.config import TableConfig
 from icespool.errors import CatalogError, TableLayoutError
 from icespool.iceberg._catalog import ensure_table
@@ -29,6 +28,7 @@ from icespool.schema import (
     check_width,
     count_columns,
     infer_schema,
+    key_type_problem,
     parse_partition_spec,
     parse_schema,
     parse_sort_order,

@@ -10,6 +10,7 @@ config validates types and partitions with the same code that builds the tables.
     _ranges      values Iceberg readers can hold (dates, times, decimals)
     _infer       an Iceberg schema from a first batch; declared vs existing diff
     _evolution   which schema change incoming data asks for (iceberg commits it)
+    _key         which columns Iceberg allows as a key; the change batches' op column
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         infer_schema,
         schema_diff,
     )
+    from icespool.schema._key import OP_COLUMN, key_type_problem
     from icespool.schema._ranges import (
         HUGE_EXPONENT,
         OutOfRange,
@@ -70,6 +72,7 @@ __all__ = [
     "FIELD_ID_KEY",
     "HUGE_EXPONENT",
     "MAX_INFERRED_FIELDS",
+    "OP_COLUMN",
     "PRIMITIVE_TYPES",
     "TYPE_HELP",
     "EvolutionPlan",
@@ -88,6 +91,7 @@ __all__ = [
     "find_out_of_range",
     "has_huge_exponent",
     "infer_schema",
+    "key_type_problem",
     "parse_partition",
     "parse_partition_spec",
     "parse_schema",
@@ -115,6 +119,7 @@ __getattr__ = lazy_exports(
             "conform",
             "fill_masked_children",
         ),
+        "icespool.schema._key": ("OP_COLUMN", "key_type_problem"),
         "icespool.schema._declare": (
             "parse_partition_spec",
             "parse_schema",

@@ -4,7 +4,8 @@ Iceberg's identifier-field rules: a key column is required, primitive, and not a
 float or double (NaN and -0.0 make equality ambiguous). Equality deletes match rows
 on exactly these columns, so the same rules decide what an upsert table may declare.
 The op column's name lives here too: the config refuses it as a column name, and this
-module stays light enough for the config to import (no pyarrow).
+module stays light enough for the config to import (no pyarrow). Below the config, the
+catalog code and the keyed changes, all of which check keys with it.
 """
 
 from __future__ import annotations
