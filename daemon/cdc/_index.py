@@ -596,7 +596,9 @@ def _open(path: Path, cache_bytes: int) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute(f"PRAGMA cache_size={-max(cache_bytes // 1024, 64)}")
-        db.execute("PRAGMA temp_store=MEMORY")
+        # Sorts (the lookup's CREATE INDEX after a build) spill to temporary files past
+        # the cache: the build's memory stays bounded by key_index_memory.
+        db.execute("PRAGMA temp_store=FILE")
         db.executescript(_SCHEMA)
         db.execute(_KEY_LOOKUP)
     except sqlite3.DatabaseError:
