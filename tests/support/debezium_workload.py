@@ -180,6 +180,11 @@ class Workload:
     columns: dict[str, list[str]] = field(default_factory=dict)
     alive: dict[str, set[tuple[Any, ...]]] = field(default_factory=dict)
     error: BaseException | None = None
+    #: Statement counts at which the workload waits (``waiting`` set) until ``go``: each
+    #: kill lands mid-stream, however slowly the daemon restarts.
+    gates: list[int] = field(default_factory=list)
+    waiting: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         try:
@@ -210,6 +215,12 @@ class Workload:
                         self.done += 1
                 conn.commit()
                 self.transactions += 1
+                if self.gates and self.done >= self.gates[0]:
+                    self.gates.pop(0)
+                    self.go.clear()
+                    self.waiting.set()
+                    if not self.go.wait(300):
+                        raise TimeoutError("the test never let the workload go on")
                 time.sleep(0.004)  # spread over seconds, so the kills land mid-stream
         finally:
             conn.close()
@@ -475,6 +486,7 @@ async def run_debezium(
         statements,
         columns={t: [n for n, _, _ in ICEBERG[t][1]] for t in DDL},
         alive={t: set() for t in DDL},
+        gates=[int(at * statements) for at in kills],
     )
     try:
         daemon.start()
@@ -482,15 +494,18 @@ async def run_debezium(
         thread = threading.Thread(target=workload.run, name="workload", daemon=True)
         thread.start()
         killed = 0
-        for at in kills:
+        for _ in kills:
             await _until(
-                lambda at=at: workload.done >= at * statements or not thread.is_alive(),  # type: ignore[misc]
+                lambda: workload.waiting.is_set() or not thread.is_alive(),
                 120,
                 lambda: f"the workload stalled at {workload.done} statements",
             )
             assert thread.is_alive(), f"the workload ended early: {workload.error!r}"
             assert daemon.kill() == -9
             killed += 1
+            # The source goes on while the daemon is down, as Debezium's would.
+            workload.waiting.clear()
+            workload.go.set()
             daemon.start()
             await daemon.wait_ready()
         await asyncio.to_thread(thread.join, 300)
