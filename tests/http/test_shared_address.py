@@ -195,14 +195,17 @@ def _established(pid: int, port: int, peers: set[int] | None = None) -> int:
             continue
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
-    count = 0
+    # Counted by inode: /proc's table is read in several reads while other tests' sockets
+    # come and go, and a line can then be listed twice.
+    found: set[str] = set()
     for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         local_port, state, inode = int(fields[1].split(":")[1], 16), fields[3], fields[9]
         peer = int(fields[2].split(":")[1], 16)
         ours = peers is None or peer in peers
-        count += local_port == port and state == "01" and inode in inodes and ours
-    return count
+        if local_port == port and state == "01" and inode in inodes and ours:
+            found.add(inode)
+    return len(found)
 
 
 async def test_one_client_opening_1000_idle_connections_is_read_on_the_cap_only(

@@ -302,6 +302,17 @@ def _post(port: int, path: str, body: bytes, token: str | None) -> tuple[int, st
         return exc.code, exc.read().decode()
 
 
+def _post_accepted(port: int, path: str, body: bytes, served: Served) -> tuple[int, str]:
+    """``_post`` with the token, sent again after each 503 (which carries Retry-After:
+    nothing was accepted), as the API asks of its clients; 60 s at most."""
+    deadline = time.monotonic() + 60
+    while True:
+        status, text = _post(port, path, body, served.token)
+        if status != 503 or time.monotonic() > deadline:
+            return status, text
+        time.sleep(1.0)
+
+
 def _records(ids: range) -> bytes:
     return b"".join(
         json.dumps({"event_id": i, "ts": "2026-12-01T10:00:00Z", "kind": "image"}).encode() + b"\n"
@@ -460,11 +471,8 @@ def test_the_image_serves_with_its_token_and_drains_on_sigterm(
         assert status == 401, body
 
         for start in range(0, 300, 100):
-            status, body = _post(
-                port,
-                "/v1/tables/demo.events/records",
-                _records(range(start, start + 100)),
-                served.token,
+            status, body = _post_accepted(
+                port, "/v1/tables/demo.events/records", _records(range(start, start + 100)), served
             )
             assert (status, json.loads(body)) == (200, {"accepted": 100})
         status, body = _post(port, "/v1/tables/demo.events/flush", b"", served.token)

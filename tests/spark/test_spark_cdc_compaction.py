@@ -188,17 +188,23 @@ async def test_spark_rewrites_beside_changes_and_the_daemons_compaction(
             before_spark = feeder.commits
             # The daemon's upserts delete by position: a rewrite whose inputs gained
             # position deletes meanwhile is refused by Spark's validation, and retried.
-            await asyncio.to_thread(
-                land,
-                spark,
-                f"CALL {procedures}.rewrite_data_files(table => '{TABLE}', "
-                "options => map('delete-file-threshold', '1', 'min-input-files', '2'))",
-            )
-            await asyncio.to_thread(
-                land,
-                spark,
-                f"CALL {procedures}.rewrite_position_delete_files(table => '{TABLE}')",
-            )
+            # Spark goes again until the feeder committed beside it at least once (a
+            # quick rewrite on a loaded machine can fall between two daemon commits).
+            deadline = time.monotonic() + 120
+            while True:
+                await asyncio.to_thread(
+                    land,
+                    spark,
+                    f"CALL {procedures}.rewrite_data_files(table => '{TABLE}', "
+                    "options => map('delete-file-threshold', '1', 'min-input-files', '2'))",
+                )
+                await asyncio.to_thread(
+                    land,
+                    spark,
+                    f"CALL {procedures}.rewrite_position_delete_files(table => '{TABLE}')",
+                )
+                if feeder.commits > before_spark or time.monotonic() > deadline:
+                    break
             during_spark = feeder.commits - before_spark
             # 2. The daemon's run gives up; a later one compacts what Spark left.
             gate.open.set()
