@@ -38,7 +38,7 @@ from icespool.decode import JsonOptions, RecordArrays, Target, decoder_for
 from icespool.errors import BackpressureError, BadInputError, SchemaError
 from icespool.metrics import Metrics
 from icespool.schema import arrow_schema_for, parse_schema
-from icespool.spool import AppendAck, SegmentInfo, Spool, SpoolError
+from icespool.spool import AppendAck, SegmentInfo, Spool, SpoolError, SpoolIOError
 
 __all__ = ["EarlyAcks", "known_schemas"]
 
@@ -119,7 +119,18 @@ class EarlyAcks:
         recovered = {s.id for s in self._spool.recovered.segments}
         segments: list[SegmentInfo] = []
         for name in sorted(self._acked):
-            await self._spool.seal(name)
+            try:
+                await self._spool.seal(name)
+            except SpoolIOError as exc:
+                # The spool kept the segment's acked prefix as sealed (a full disk needs
+                # not one more byte for it): committed with the rest, as a flush does.
+                _log.warning(
+                    "%s: sealing the records acked while waiting failed (%s); committing "
+                    "what the spool kept of them",
+                    name,
+                    exc,
+                    extra={"table": name},
+                )
             segments += [s for s in self._spool.segments(name) if s.id not in recovered]
         if self._acked:
             _log.info(

@@ -335,3 +335,30 @@ async def test_a_declaration_the_table_contradicts_keeps_what_was_acked_spooled(
     finally:
         daemon.cleanup()
         catalog.engine.dispose()
+
+
+async def test_a_full_disk_when_the_start_seals_what_it_acked_keeps_it_and_starts(
+    pg_proxy: tuple[TcpProxy, str], tmp_path: Path
+) -> None:
+    """The disk is full just as the catalog answers: sealing the records acked while
+    waiting fails, and the start commits the prefix the spool kept instead of ending."""
+    proxy, uri = pg_proxy
+    proxy.mode = "refuse"
+    control = tmp_path / "disk"
+    daemon = _daemon(tmp_path, uri)
+    try:
+        daemon.start(control=control)
+        await daemon.wait_listening(within=60)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            await daemon.wait_log("retrying in", within=30)
+            acked = await _ack_batches(daemon, session, 0, 4)
+            control.write_text("enospc")
+            proxy.mode = "forward"
+            await daemon.wait_log("sealing the records acked while waiting failed", within=90)
+            control.write_text("")
+            await daemon.wait_ready(within=90)
+            acked += await _ack_batches(daemon, session, 10_000, 1)
+        await _stop(daemon)
+        _assert_committed_once(daemon, acked)
+    finally:
+        daemon.cleanup()
