@@ -25,10 +25,10 @@ import threading
 import time
 from typing import Any
 
-import pyarrow as pa
+from support.cdc_tables import feed_change_set
 from support.spark_helpers import land
 
-from icespool.cdc import DELETE, UPSERT, read_merged, with_ops
+from icespool.cdc import DELETE, UPSERT, read_merged
 from icespool.iceberg._catalog import load_catalog
 from icespool.lifecycle.service import Icespool
 from icespool.maintenance import IoBudget
@@ -84,29 +84,8 @@ class _Feeder:
         universe = [(r, i) for r in REGIONS for i in range(KEYS)]
         touched = self.rng.sample(universe, 40)
         ops = [DELETE if self.rng.random() < 0.3 else UPSERT for _ in touched]
-        n = self.commits + 1
-        rows = pa.table(
-            {
-                "region": [r for r, _ in touched],
-                "id": [i for _, i in touched],
-                "payload": [f"{r}-{i}-v{n}" for r, i in touched],
-                "version": [n] * len(touched),
-            }
-        )
-        await self.writer.append(with_ops(rows, pa.array(ops, pa.int8()), KEY))
-        result = await self.writer.flush()
-        assert result.records == len(touched), result
-        self.commits = n
-        for (r, i), op in zip(touched, ops, strict=True):
-            if op == UPSERT:
-                self.state[(r, i)] = {
-                    "region": r,
-                    "id": i,
-                    "payload": f"{r}-{i}-v{n}",
-                    "version": n,
-                }
-            else:
-                self.state.pop((r, i), None)
+        await feed_change_set(self.writer, touched, ops, self.commits + 1, self.state)
+        self.commits += 1
 
     async def run(self, done: asyncio.Event) -> None:
         while not done.is_set():

@@ -27,12 +27,11 @@ import asyncio
 import random
 from typing import Any
 
-import pyarrow as pa
-from support.cdc_tables import assert_index_exact
+from support.cdc_tables import assert_index_exact, feed_change_set, versioned_row
 from support.service_helpers import key_index_ready
 from support.spark_helpers import land
 
-from icespool.cdc import DELETE, UPSERT, KeyIndex, read_merged, with_ops
+from icespool.cdc import DELETE, UPSERT, KeyIndex, read_merged
 from icespool.iceberg._catalog import load_catalog
 from icespool.lifecycle.service import Icespool
 from icespool.spool import table_file_stem
@@ -54,15 +53,6 @@ SPARK_EVERY = 5
 State = dict[tuple[str, int], dict[str, Any]]
 
 
-def _row(region: str, key: int, version: int) -> dict[str, Any]:
-    return {
-        "region": region,
-        "id": key,
-        "payload": f"{region}-{key}-v{version}",
-        "version": version,
-    }
-
-
 class _Feeder:
     """Random change batches over the daemon's keys, a flush each; ``state`` follows
     every flushed batch (the last change per key wins)."""
@@ -77,24 +67,8 @@ class _Feeder:
     async def once(self) -> None:
         touched = self.rng.sample(self.universe, 30)
         ops = [DELETE if self.rng.random() < 0.3 else UPSERT for _ in touched]
-        n = self.commits + 1
-        rows = pa.table(
-            {
-                "region": [r for r, _ in touched],
-                "id": [i for _, i in touched],
-                "payload": [f"{r}-{i}-v{n}" for r, i in touched],
-                "version": [n] * len(touched),
-            }
-        )
-        await self.writer.append(with_ops(rows, pa.array(ops, pa.int8()), KEY))
-        result = await self.writer.flush()
-        assert result.records == len(touched), result
-        self.commits = n
-        for (r, i), op in zip(touched, ops, strict=True):
-            if op == UPSERT:
-                self.state[(r, i)] = _row(r, i, n)
-            else:
-                self.state.pop((r, i), None)
+        await feed_change_set(self.writer, touched, ops, self.commits + 1, self.state)
+        self.commits += 1
 
     async def run(self, done: asyncio.Event) -> None:
         while not done.is_set():
@@ -192,7 +166,7 @@ async def test_spark_merge_delete_and_rewrites_beside_position_upserts(
     async with run_daemon(config) as (service, _):
         writer = service.writer(TABLE)
         await key_index_ready(service, TABLE)
-        everything = [_row(r, i, 0) for r in REGIONS for i in range(KEYS)]
+        everything = [versioned_row(r, i, 0) for r in REGIONS for i in range(KEYS)]
         await writer.upsert(everything)
         await writer.flush()
         state.update({(r["region"], r["id"]): r for r in everything})

@@ -46,7 +46,7 @@ from pyiceberg.table.puffin import Footer, PuffinFile
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
-from icespool.cdc import KeyIndex, key_values, live_files
+from icespool.cdc import UPSERT, KeyIndex, key_values, live_files, with_ops
 from icespool.iceberg import (
     DELETE_FILE_MARK,
     commit_files,
@@ -65,9 +65,11 @@ __all__ = [
     "commit_position_deletes",
     "delete_files",
     "entries",
+    "feed_change_set",
     "merged_rows",
     "v3_field",
     "vector_positions",
+    "versioned_row",
     "write_position_delete",
 ]
 
@@ -343,6 +345,37 @@ def merged_rows(table: Table, key: Sequence[str]) -> dict[tuple[Any, ...], dict[
                 raise AssertionError(f"key {k} is live twice: {state[k]} and {row}")
             state[k] = row
     return state
+
+
+def versioned_row(region: str, key: int, version: int) -> dict[str, Any]:
+    """A row of the (region, id, payload, version) upsert tables the Spark tests feed."""
+    return {
+        "region": region,
+        "id": key,
+        "payload": f"{region}-{key}-v{version}",
+        "version": version,
+    }
+
+
+async def feed_change_set(
+    writer: Any,
+    touched: Sequence[tuple[str, int]],
+    ops: Sequence[int],
+    version: int,
+    state: dict[tuple[Any, ...], dict[str, Any]],
+) -> None:
+    """One change set through the daemon's table ``writer`` (append, then flush: one
+    commit): each touched (region, id) upserted as `versioned_row` or deleted, by
+    ``ops``; ``state`` follows it (the last change per key wins)."""
+    rows = pa.Table.from_pylist([versioned_row(r, i, version) for r, i in touched])
+    await writer.append(with_ops(rows, pa.array(ops, pa.int8()), ["region", "id"]))
+    result = await writer.flush()
+    assert result.records == len(touched), result
+    for (r, i), op in zip(touched, ops, strict=True):
+        if op == UPSERT:
+            state[(r, i)] = versioned_row(r, i, version)
+        else:
+            state.pop((r, i), None)
 
 
 def assert_index_exact(index: KeyIndex, table: Table, key: Sequence[str]) -> None:
